@@ -1,0 +1,330 @@
+"""The persisted session document (seed 004 §5.1.2–5.1.3 plus the history blueprint fields)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ce.core.schema._enums import (
+    AuthorKind,
+    BlockType,
+    EvidenceType,
+    LevelOfDetail,
+    ModelUsageStage,
+    ModelUsageStatus,
+    Priority,
+    ProviderKind,
+    Role,
+    RunStatus,
+    SourceKind,
+    TaskStatus,
+    ToolCallStatus,
+    ToolType,
+)
+
+__all__ = [
+    "Actor",
+    "AgentInfo",
+    "Author",
+    "ContextBlock",
+    "Evidence",
+    "EvidenceLinks",
+    "EvidenceSource",
+    "LodSections",
+    "Message",
+    "MessageIndexRange",
+    "Meta",
+    "ModelInvocation",
+    "ModelUsage",
+    "Ref",
+    "RunState",
+    "Section",
+    "Session",
+    "SessionDocument",
+    "Summary",
+    "Task",
+    "TaskState",
+    "TodoList",
+    "ToolCall",
+    "ToolCallRequest",
+    "ToolProvider",
+    "ToolState",
+    "sections_to_text",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class Author(_Model):
+    """Who produced a message (kept for multi-agent audit)."""
+
+    kind: AuthorKind
+    id: str
+
+
+class Ref(_Model):
+    """A reference to an evidence of the same session, optionally narrowed by a selector."""
+
+    evidence_id: str
+    selector: str | None = None
+
+
+class Section(_Model):
+    """One titled piece of a message at one level of detail (seed 003)."""
+
+    title: str = ""
+    body: str
+
+
+def sections_to_text(sections: list[Section]) -> str:
+    """Join sections as Markdown-ish plain text: ``title`` on its own line, then the body."""
+    parts = [f"{s.title}\n{s.body}" if s.title else s.body for s in sections]
+    return "\n\n".join(parts)
+
+
+class LodSections(_Model):
+    """Live / Summary / Gist renderings of one history entry (seed 003).
+
+    ``live`` is the full content; ``summary`` and ``gist`` are cheaper renderings. A level that
+    is not given falls back to the next richer one.
+    """
+
+    live: list[Section] = Field(default_factory=list)
+    summary: list[Section] | None = None
+    gist: list[Section] | None = None
+
+    def get(self, level: LevelOfDetail) -> list[Section]:
+        """The sections for ``level``, falling back gist -> summary -> live."""
+        if level is LevelOfDetail.GIST and self.gist is not None:
+            return self.gist
+        if level in (LevelOfDetail.GIST, LevelOfDetail.SUMMARY) and self.summary is not None:
+            return self.summary
+        return self.live
+
+
+class ToolCallRequest(_Model):
+    """A tool call declared by an assistant message.
+
+    ``raw_arguments`` always keeps the text the model produced; ``arguments`` holds the parsed
+    JSON object when it parsed, else ``parse_error`` says why it did not (seed 000).
+    """
+
+    tool_call_id: str
+    name: str
+    raw_arguments: str = ""
+    arguments: dict[str, Any] | None = None
+    parse_error: str | None = None
+
+
+class ModelInvocation(_Model):
+    """Which model produced an output (seed 000 ``ModelInvocationDescriptor``)."""
+
+    provider: str
+    model: str
+    specification: str = ""
+
+
+class Message(_Model):
+    """One entry of the conversation history.
+
+    Seed 004 fields (``role``, ``content``, ``author``, ``at``, ``refs``) plus what the history
+    blueprint needs: a stable ``message_id``; ``tool_calls`` on assistant messages;
+    ``tool_call_id`` (and the tool ``name``) on tool messages; optional Level-of-Detail
+    sections; the ``invocation`` that produced an assistant message; small ``meta`` data.
+    """
+
+    role: Role
+    content: str = ""
+    author: Author | None = None
+    at: str | None = None
+    refs: list[Ref] | None = None
+    message_id: str | None = None
+    tool_calls: list[ToolCallRequest] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    lod: LodSections | None = None
+    invocation: ModelInvocation | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_tool_structure(self) -> Message:
+        if self.tool_calls and self.role is not Role.ASSISTANT:
+            raise ValueError("tool_calls are only allowed on assistant messages")
+        if self.role is Role.TOOL and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        if self.tool_call_id is not None and self.role is not Role.TOOL:
+            raise ValueError("tool_call_id is only allowed on tool messages")
+        return self
+
+    def text_at(self, level: LevelOfDetail) -> str:
+        """The message text at ``level`` (the full content when it has no LoD sections)."""
+        if self.lod is None or level is LevelOfDetail.LIVE:
+            return self.content
+        return sections_to_text(self.lod.get(level))
+
+
+class MessageIndexRange(_Model):
+    from_index: int
+    to_index: int
+
+
+class Summary(_Model):
+    """Rolling summary replacing ``session.messages[from_index:to_index+1]``."""
+
+    content: str
+    updated_at: str
+    message_index_range: MessageIndexRange
+    evidence_ids: list[str] = Field(default_factory=list)
+
+
+class Task(_Model):
+    task_id: str
+    name: str
+    status: TaskStatus = TaskStatus.PENDING
+    depends_on: list[str] = Field(default_factory=list)
+    result_evidence_ids: list[str] = Field(default_factory=list)
+    error: str = ""
+
+
+class TodoList(_Model):
+    tasks: list[Task] = Field(default_factory=list)
+
+
+class TaskState(_Model):
+    todo_list: TodoList = Field(default_factory=TodoList)
+
+
+class ToolProvider(_Model):
+    kind: ProviderKind
+    name: str = ""
+    uri: str = ""
+
+
+class ToolCall(_Model):
+    """The record of one tool run with its terminal status."""
+
+    tool_call_id: str
+    tool: str
+    provider: ToolProvider
+    type: ToolType = ToolType.TOOL
+    called_at: str = ""
+    args_digest: dict[str, Any] = Field(default_factory=dict)
+    status: ToolCallStatus = ToolCallStatus.SUCCESS
+    duration_ms: int = 0
+    result_evidence_ids: list[str] = Field(default_factory=list)
+    task_id: str | None = None
+
+
+class ToolState(_Model):
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class ModelUsage(_Model):
+    model_usage_id: str
+    provider: str
+    model: str
+    stage: ModelUsageStage = ModelUsageStage.OTHER
+    params: dict[str, Any] = Field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    first_token_latency_ms: int | None = None
+    latency_ms: int = 0
+    status: ModelUsageStatus = ModelUsageStatus.SUCCESS
+    error: str = ""
+    task_id: str | None = None
+
+
+class RunState(_Model):
+    """The current run of the session (seed 002)."""
+
+    run_id: str | None = None
+    status: RunStatus = RunStatus.IDLE
+    last_error: str = ""
+
+
+class Session(_Model):
+    session_id: str = Field(min_length=1)
+    messages: list[Message] = Field(default_factory=list)
+    summary: Summary | None = None
+    task_state: TaskState = Field(default_factory=TaskState)
+    tool_state: ToolState = Field(default_factory=ToolState)
+    model_usage: list[ModelUsage] = Field(default_factory=list)
+    run: RunState = Field(default_factory=RunState)
+
+
+class EvidenceSource(_Model):
+    kind: SourceKind
+    name: str = ""
+    uri: str = ""
+
+
+class EvidenceLinks(_Model):
+    model_usage_id: str | None = None
+    tool_call_id: str | None = None
+
+
+class Evidence(_Model):
+    evidence_id: str
+    type: EvidenceType
+    source: EvidenceSource
+    content: str = ""
+    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    links: EvidenceLinks = Field(default_factory=EvidenceLinks)
+    created_at: str | None = None
+
+
+class ContextBlock(_Model):
+    block_id: str
+    block_type: BlockType
+    priority: Priority
+    token_estimate: int = 0
+    content: str = ""
+    refs: list[Ref] = Field(default_factory=list)
+
+
+class AgentInfo(_Model):
+    agent_id: str
+    name: str = ""
+    version: str = ""
+
+
+class Actor(_Model):
+    user_id: str = ""
+    user_role: str = ""
+    agent: AgentInfo | None = None
+
+
+class Meta(_Model):
+    locale: str = ""
+    created_at: str = ""
+    updated_at: str = ""
+    actor: Actor | None = None
+
+
+class SessionDocument(_Model):
+    """The whole persisted state of one session."""
+
+    schema_version: str
+    session: Session
+    evidences: dict[str, Evidence] = Field(default_factory=dict)
+    context_blocks: list[ContextBlock] = Field(default_factory=list)
+    meta: Meta | None = None
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> SessionDocument:
+        for key, evidence in self.evidences.items():
+            if key != evidence.evidence_id:
+                raise ValueError(
+                    f"evidences key {key!r} differs from its evidence_id {evidence.evidence_id!r}"
+                )
+        seen: set[str] = set()
+        for block in self.context_blocks:
+            if block.block_id in seen:
+                raise ValueError(f"duplicate context block id {block.block_id!r}")
+            seen.add(block.block_id)
+        return self

@@ -1,0 +1,97 @@
+"""Result types returned by stores and the engine (seed 004 §5.1.3)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ce.core.schema._document import ToolCallRequest
+from ce.core.schema._enums import BlockType, Priority, Role
+
+__all__ = [
+    "AssembledInput",
+    "ConflictRecord",
+    "MessagePart",
+    "PrepareResult",
+    "PruneDecision",
+    "PutResult",
+    "RedactionRecord",
+    "RenderedBlock",
+    "Report",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PutResult(_Model):
+    """Outcome of a store write; ``version`` is the session version after the write."""
+
+    success: bool
+    version: int
+    error: str | None = None
+
+
+class RenderedBlock(_Model):
+    block_id: str
+    block_type: BlockType
+    priority: Priority
+    rendered_content: str
+    token_estimate: int
+
+
+class MessagePart(_Model):
+    """One message of an assembled model input, keeping tool-call structure."""
+
+    role: Role
+    content: str
+    tool_calls: list[ToolCallRequest] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class AssembledInput(_Model):
+    parts: list[MessagePart]
+    text: str | None = None
+    total_tokens: int
+
+
+class PruneDecision(_Model):
+    block_id: str
+    action: Literal["kept", "dropped", "degraded"]
+    reason: str
+    token_estimate: int
+
+
+class ConflictRecord(_Model):
+    evidence_ids: list[str]
+    field_path: str
+    resolution: str
+    detail: str = ""
+
+
+class RedactionRecord(_Model):
+    evidence_id: str
+    rules_applied: list[str]
+    fields_redacted: int
+
+
+class Report(_Model):
+    turn_id: str
+    new_evidence_ids: list[str] = Field(default_factory=list)
+    new_block_ids: list[str] = Field(default_factory=list)
+    prune_decisions: list[PruneDecision] = Field(default_factory=list)
+    conflicts: list[ConflictRecord] = Field(default_factory=list)
+    redactions: list[RedactionRecord] = Field(default_factory=list)
+    token_budget: int = 0
+    token_used: int = 0
+    degradations: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+
+
+class PrepareResult(_Model):
+    assembled_input: AssembledInput
+    report: Report
+    session_version: int | None = None
