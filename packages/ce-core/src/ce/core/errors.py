@@ -41,9 +41,7 @@ class VersionConflictError(ContextEngineError):
     """An optimistic write saw another version than the one it expected."""
 
     def __init__(self, session_id: str, expected: int | None, actual: int) -> None:
-        super().__init__(
-            f"session {session_id!r}: expected version {expected}, store has {actual}"
-        )
+        super().__init__(f"session {session_id!r}: expected version {expected}, store has {actual}")
         self.session_id = session_id
         self.expected = expected
         self.actual = actual

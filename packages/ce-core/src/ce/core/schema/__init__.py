@@ -54,6 +54,7 @@ from ce.core.schema._io import (
     document_to_json,
     dump_document,
     json_schema,
+    json_schema_text,
     load_document,
     validate_model,
 )
@@ -128,6 +129,7 @@ __all__ = [
     "document_to_json",
     "dump_document",
     "json_schema",
+    "json_schema_text",
     "load_document",
     "sections_to_text",
     "validate_model",

@@ -16,6 +16,7 @@ __all__ = [
     "document_to_json",
     "dump_document",
     "json_schema",
+    "json_schema_text",
     "load_document",
     "validate_model",
 ]
@@ -32,6 +33,11 @@ def json_schema() -> dict[str, Any]:
         "x-schema-version": SCHEMA_VERSION,
         **schema,
     }
+
+
+def json_schema_text() -> str:
+    """:func:`json_schema` as the canonical text stored in ``docs/schema/``."""
+    return json.dumps(json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def _path(loc: tuple[int | str, ...]) -> str:

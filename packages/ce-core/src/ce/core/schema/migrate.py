@@ -108,7 +108,9 @@ def _migrate_0_9(data: dict[str, Any], log: list[str]) -> dict[str, Any]:
         )
         usages.append(usage)
     session["model_usage"] = usages
-    log.append(f"moved top-level usage to session.model_usage ({len(usages)}), id -> model_usage_id")
+    log.append(
+        f"moved top-level usage to session.model_usage ({len(usages)}), id -> model_usage_id"
+    )
 
     evidences: dict[str, Any] = {}
     for i, raw in enumerate(_pop_list(data, "evidences")):

@@ -136,7 +136,9 @@ class SessionChanges:
                 if not isinstance(value, list):
                     raise SchemaValidationError([(key, "must be a list")])
                 kwargs[key] = [
-                    item if isinstance(item, list_models[key]) else _validate_at(key, i, item, list_models[key])
+                    item
+                    if isinstance(item, list_models[key])
+                    else _validate_at(key, i, item, list_models[key])
                     for i, item in enumerate(value)
                 ]
             elif value is not None:
@@ -150,7 +152,10 @@ def _validate_at(key: str, index: int, item: Any, model: type[Any]) -> Any:
         return validate_model(model, item)
     except SchemaValidationError as exc:
         raise SchemaValidationError(
-            [(f"{key}.{index}.{path}" if path else f"{key}.{index}", msg) for path, msg in exc.errors]
+            [
+                (f"{key}.{index}.{path}" if path else f"{key}.{index}", msg)
+                for path, msg in exc.errors
+            ]
         ) from None
 
 
@@ -185,7 +190,9 @@ class Store(Protocol):
     async def list_evidences(
         self, session_id: str, filter: EvidenceFilter | None = None
     ) -> list[Evidence]: ...
-    async def put_context_blocks(self, session_id: str, blocks: list[ContextBlock]) -> PutResult: ...
+    async def put_context_blocks(
+        self, session_id: str, blocks: list[ContextBlock]
+    ) -> PutResult: ...
     async def list_context_blocks(
         self, session_id: str, filter: BlockFilter | None = None
     ) -> list[ContextBlock]: ...

@@ -1,0 +1,75 @@
+"""Development sessions. ``python3 -m nox`` runs the default ones (what CI runs).
+
+Each framework plugin adds one ``tests-<framework>`` session with its own virtualenv holding
+only that framework (see ``PLUGIN_SESSIONS``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CORE = "packages/ce-core"
+TEST_DEPS = ["pytest>=8", "pytest-asyncio>=0.23", "hypothesis>=6.100"]
+TIKTOKEN_CACHE = ROOT.parent / "shared" / "data" / "tiktoken-cache"
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "typecheck", "tests-core"]
+
+
+def _env() -> dict[str, str]:
+    env = {"PYTHONHASHSEED": "0"}
+    if TIKTOKEN_CACHE.is_dir():
+        env["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)
+    return env
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff format --check and ruff check over the whole tree."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "format", "--check", ".")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on ce.core."""
+    session.install("mypy>=1.10", "-e", CORE)
+    session.run("mypy", "packages/ce-core/src/ce/core")
+
+
+@nox.session(name="tests-core")
+def tests_core(session: nox.Session) -> None:
+    """Unit, property and store-contract tests of ce.core (no framework installed)."""
+    session.install(*TEST_DEPS, "-e", CORE)
+    session.run("pytest", "tests/core", *session.posargs, env=_env())
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Run the ce.core demo on the embedded default store (SQLite under ./.ce/)."""
+    session.install("-e", CORE)
+    session.run("python", "examples/core_demo.py", *session.posargs, env=_env())
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Run the benchmarks and write their figures into docs/benchmarks.md."""
+    session.install("-e", CORE)
+    session.run("python", "benchmarks/bench_stores.py", "--write", "docs/benchmarks.md", env=_env())
+
+
+@nox.session
+def schema(session: nox.Session) -> None:
+    """Regenerate docs/schema/session-document.schema.json from the pydantic models."""
+    session.install("-e", CORE)
+    session.run("python", "-m", "ce.core.schema", "docs/schema/session-document.schema.json")
+
+
+if os.environ.get("CI"):
+    nox.options.error_on_missing_interpreters = True
