@@ -43,13 +43,18 @@ class RenderedBlock(_Model):
 
 
 class MessagePart(_Model):
-    """One message of an assembled model input, keeping tool-call structure."""
+    """One message of an assembled model input, keeping tool-call structure.
+
+    ``is_error`` marks a tool result whose call did not succeed (its recorded status is not
+    ``success``); renderers that have an error flag (Anthropic ``is_error``) carry it over.
+    """
 
     role: Role
     content: str
     tool_calls: list[ToolCallRequest] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    is_error: bool = False
 
 
 class AssembledInput(_Model):

@@ -1,0 +1,557 @@
+"""AgentState: the per-session aggregate and the only write path into a session document."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+from ce.core.errors import InvariantViolationError
+from ce.core.primitives import Clock, IdGenerator, SystemClock, UuidV4Generator
+from ce.core.schema import (
+    SCHEMA_VERSION,
+    Author,
+    BlockType,
+    ContextBlock,
+    LodSections,
+    Message,
+    MessageIndexRange,
+    ModelUsage,
+    ModelUsageStage,
+    ModelUsageStatus,
+    Priority,
+    ProviderKind,
+    Ref,
+    Role,
+    RunState,
+    RunStatus,
+    Section,
+    Session,
+    SessionDocument,
+    Summary,
+    Task,
+    TaskStatus,
+    ToolCall,
+    ToolCallRequest,
+    ToolProvider,
+    load_document,
+)
+from ce.core.state._changes import ChangeBuffer
+from ce.core.state._checks import latest_system_instruction, normalize_content, validate_meta
+from ce.core.state._records import ModelOutput, ToolResult
+from ce.core.state._runs import check_transition
+from ce.core.state._tool_calls import args_digest, normalize_tool_call
+from ce.core.state._widgets import NOTEBOOK_BLOCK_ID
+from ce.core.stores.base import SessionChanges
+
+__all__ = ["AgentState"]
+
+_MAX_ID_ATTEMPTS = 10_000
+
+
+class AgentState:
+    """The per-session aggregate over a :class:`~ce.core.schema.SessionDocument`.
+
+    It is the ONLY write path into a session document, and every write is a semantic,
+    append-only method: nothing in this API edits or deletes a stored message, tool call or
+    usage record (the notebook block, the task list, the summary and the run state are
+    current-value records and are replaced). Writers validate everything before they change
+    anything, so a write that raises leaves the state exactly as it was. They stamp ``at`` /
+    ``called_at`` from the injected clock and give messages without an id one from the
+    injected id generator.
+
+    Invariants enforced (violations raise :class:`~ce.core.errors.InvariantViolationError`):
+
+    * model inputs and system instructions are not blank; a model output has text or tool
+      calls and carries its invocation (non-empty provider and model);
+    * tool call ids are unique in the session; a tool result answers a pending call (declared
+      by an assistant message, not answered yet), and each call gets at most one result;
+    * message ids are unique (generated ids never repeat an id of the document);
+    * metadata keys are snake_case and each value's JSON is at most 2048 bytes;
+    * run status changes follow :data:`RUN_TRANSITIONS`
+      (:class:`~ce.core.errors.InvalidTransitionError` otherwise).
+
+    Read accessors return copies, so they cannot be used to change the state. Two states are
+    equal when their documents are equal; ``AgentState.from_document(state.document)`` equals
+    ``state``. Not thread-safe: the engine serializes access per session.
+    """
+
+    _doc: SessionDocument
+    _clock: Clock
+    _ids: IdGenerator
+    _changes: ChangeBuffer
+    _declared: dict[str, ToolCallRequest]
+    _answered: set[str]
+    _used_ids: set[str]
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        clock: Clock | None = None,
+        id_generator: IdGenerator | None = None,
+    ) -> None:
+        """A new, empty session ``session_id`` (status ``idle``)."""
+        if not isinstance(session_id, str) or not session_id:
+            raise InvariantViolationError("session_id must be a non-empty string")
+        doc = SessionDocument(schema_version=SCHEMA_VERSION, session=Session(session_id=session_id))
+        self._attach(doc, clock, id_generator)
+
+    @classmethod
+    def from_document(
+        cls,
+        doc: SessionDocument | Mapping[str, Any],
+        *,
+        clock: Clock | None = None,
+        id_generator: IdGenerator | None = None,
+    ) -> AgentState:
+        """Rebuild the state of a stored document (a model, or a dict validated and migrated
+        by :func:`~ce.core.schema.load_document`). The document is copied; the result has no
+        pending changes and equals the state that wrote the document."""
+        if isinstance(doc, SessionDocument):
+            copied = doc.model_copy(deep=True)
+        else:
+            copied = load_document(dict(doc))
+        state = cls.__new__(cls)
+        state._attach(copied, clock, id_generator)
+        return state
+
+    def _attach(
+        self, doc: SessionDocument, clock: Clock | None, id_generator: IdGenerator | None
+    ) -> None:
+        self._doc = doc
+        self._clock = clock or SystemClock()
+        self._ids = id_generator or UuidV4Generator()
+        self._changes = ChangeBuffer()
+        self._declared = {}
+        self._answered = set()
+        self._used_ids = {u.model_usage_id for u in doc.session.model_usage}
+        for message in doc.session.messages:
+            self._index(message)
+
+    def _index(self, message: Message) -> None:
+        if message.message_id:
+            self._used_ids.add(message.message_id)
+        for call in message.tool_calls or ():
+            self._declared.setdefault(call.tool_call_id, call)
+        if message.role is Role.TOOL and message.tool_call_id in self._declared:
+            self._answered.add(message.tool_call_id)
+
+    # ----------------------------------------------------------------- equality
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AgentState):
+            return NotImplemented
+        return self._doc == other._doc
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        session = self._doc.session
+        return (
+            f"AgentState(session_id={session.session_id!r}, messages={len(session.messages)}, "
+            f"status={session.run.status.value!r})"
+        )
+
+    # ----------------------------------------------------------------- read views
+
+    @property
+    def session_id(self) -> str:
+        return self._doc.session.session_id
+
+    @property
+    def document(self) -> SessionDocument:
+        """A deep copy of the session document."""
+        return self._doc.model_copy(deep=True)
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """Copies of the history, oldest first."""
+        return tuple(m.model_copy(deep=True) for m in self._doc.session.messages)
+
+    @property
+    def status(self) -> RunStatus:
+        return self._doc.session.run.status
+
+    @property
+    def run(self) -> RunState:
+        """A copy of the current run (id, status, last error)."""
+        return self._doc.session.run.model_copy()
+
+    @property
+    def system_instruction(self) -> str | None:
+        """The latest system instruction, or None when none was set."""
+        message = latest_system_instruction(self._doc.session.messages)
+        return message.content if message else None
+
+    @property
+    def pending_tool_calls(self) -> list[ToolCallRequest]:
+        """Copies of the declared tool calls that have no result yet, in declaration order."""
+        return [
+            call.model_copy(deep=True)
+            for call_id, call in self._declared.items()
+            if call_id not in self._answered
+        ]
+
+    @property
+    def notebook(self) -> str:
+        """The memory notebook content ('' when never written)."""
+        block = self._notebook_block()
+        return block.content if block else ""
+
+    @property
+    def tasks(self) -> list[Task]:
+        """Copies of the task list, in insertion order."""
+        return [t.model_copy(deep=True) for t in self._doc.session.task_state.todo_list.tasks]
+
+    @property
+    def summary(self) -> Summary | None:
+        summary = self._doc.session.summary
+        return summary.model_copy(deep=True) if summary else None
+
+    # ----------------------------------------------------------------- history writers
+
+    def append_model_input(
+        self,
+        content: str | Sequence[Section],
+        *,
+        author: Author | None = None,
+        refs: Sequence[Ref] | None = None,
+        lod: LodSections | None = None,
+        meta: Mapping[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> Message:
+        """Append a user message and return (a copy of) it.
+
+        ``content`` is the Live text or sections; ``lod`` may add Summary/Gist renderings
+        (see :meth:`ce.core.schema.LodSections.get`). Blank content is rejected.
+        """
+        text, sections = normalize_content(content, lod)
+        if not text.strip():
+            raise InvariantViolationError("a model input needs non-blank content")
+        message = Message(
+            role=Role.USER,
+            content=text,
+            author=author.model_copy() if author else None,
+            refs=[r.model_copy() for r in refs] if refs is not None else None,
+            lod=sections,
+            meta=validate_meta(meta),
+            message_id=self._check_message_id(message_id),
+        )
+        return self._append(message)
+
+    def append_model_output(self, output: ModelOutput) -> Message:
+        """Append an assistant message built from ``output`` and return (a copy of) it.
+
+        Rejects an output with neither text nor tool calls, without an invocation (non-empty
+        provider and model), or whose tool call ids repeat or were already used in the
+        session. Tool calls are stored with ``arguments`` parsed from ``raw_arguments`` when
+        the caller left both unset. ``finish_reason`` goes into the message metadata unless
+        the output's ``meta`` sets that key. When ``output.usage`` is given, a
+        :class:`~ce.core.schema.ModelUsage` record is appended too (stage ``tool_call`` if
+        the output calls tools, else ``answer``; status ``error`` when ``output.error``).
+        """
+        invocation = output.invocation
+        if invocation is None or not invocation.provider.strip() or not invocation.model.strip():
+            raise InvariantViolationError(
+                "a model output must carry its invocation (non-empty provider and model)"
+            )
+        calls = [normalize_tool_call(call) for call in output.tool_calls]
+        seen: set[str] = set()
+        for call in calls:
+            if call.tool_call_id in seen or call.tool_call_id in self._declared:
+                raise InvariantViolationError(
+                    f"tool call id {call.tool_call_id!r} is already used in this session"
+                )
+            seen.add(call.tool_call_id)
+        if not output.text.strip() and not calls:
+            raise InvariantViolationError("a model output needs text or tool calls")
+        meta = dict(output.meta)
+        if output.finish_reason is not None:
+            meta.setdefault("finish_reason", output.finish_reason)
+        message = Message(
+            role=Role.ASSISTANT,
+            content=output.text,
+            author=output.author.model_copy() if output.author else None,
+            refs=[r.model_copy() for r in output.refs] if output.refs is not None else None,
+            tool_calls=calls or None,
+            invocation=invocation.model_copy(),
+            meta=validate_meta(meta),
+            message_id=self._check_message_id(output.message_id),
+        )
+        stored = self._append(message)
+        if output.usage is not None:
+            usage = ModelUsage(
+                model_usage_id=self._fresh_id(),
+                provider=invocation.provider,
+                model=invocation.model,
+                stage=ModelUsageStage.TOOL_CALL if calls else ModelUsageStage.ANSWER,
+                prompt_tokens=output.usage.prompt_tokens,
+                completion_tokens=output.usage.completion_tokens,
+                total_tokens=output.usage.total_tokens,
+                latency_ms=output.latency_ms or 0,
+                first_token_latency_ms=output.first_token_latency_ms,
+                status=ModelUsageStatus.ERROR if output.error else ModelUsageStatus.SUCCESS,
+                error=output.error or "",
+            )
+            self._doc.session.model_usage.append(usage)
+            self._used_ids.add(usage.model_usage_id)
+            self._changes.model_usage.append(usage)
+        return stored
+
+    def append_tool_results(self, results: Sequence[ToolResult]) -> list[Message]:
+        """Append one ``tool`` message and one ``ToolCall`` record per result, in order.
+
+        Each result must answer a pending tool call; a result for an unknown or already
+        answered call, or two results for one call, raise and nothing is written. The record
+        takes its status and duration from the result and its ``args_digest`` from the
+        call's parsed arguments; ``at`` and ``called_at`` are one clock reading.
+        """
+        if not results:
+            raise InvariantViolationError("append_tool_results needs at least one result")
+        prepared: list[
+            tuple[ToolResult, ToolCallRequest, str, LodSections | None, dict[str, Any]]
+        ] = []
+        batch_calls: set[str] = set()
+        batch_ids: set[str] = set()
+        for result in results:
+            call_id = result.tool_call_id
+            request = self._declared.get(call_id)
+            if request is None:
+                raise InvariantViolationError(f"no tool call {call_id!r} was declared")
+            if call_id in self._answered or call_id in batch_calls:
+                raise InvariantViolationError(f"tool call {call_id!r} already has its result")
+            if result.name and result.name != request.name:
+                raise InvariantViolationError(
+                    f"tool call {call_id!r} was declared as {request.name!r}, not {result.name!r}"
+                )
+            batch_calls.add(call_id)
+            text, sections = normalize_content(result.content, result.lod)
+            if not text and result.error:
+                text = result.error
+            meta = validate_meta(result.meta)
+            if result.message_id is not None:
+                batch_ids.add(self._check_message_id(result.message_id, batch_ids))
+            prepared.append((result, request, text, sections, meta))
+        stored: list[Message] = []
+        for result, request, text, sections, meta in prepared:
+            message = Message(
+                role=Role.TOOL,
+                content=text,
+                tool_call_id=request.tool_call_id,
+                name=request.name,
+                lod=sections,
+                meta=meta,
+                message_id=(
+                    result.message_id
+                    if result.message_id is not None
+                    else self._fresh_id(batch_ids)
+                ),
+            )
+            stored.append(self._append(message))
+            record = ToolCall(
+                tool_call_id=request.tool_call_id,
+                tool=request.name,
+                provider=(
+                    result.provider.model_copy()
+                    if result.provider
+                    else ToolProvider(kind=ProviderKind.OTHER)
+                ),
+                called_at=stored[-1].at or "",
+                args_digest=args_digest(request),
+                status=result.status,
+                duration_ms=result.duration_ms,
+                result_evidence_ids=list(result.result_evidence_ids),
+                task_id=result.task_id,
+            )
+            self._doc.session.tool_state.tool_calls.append(record)
+            self._changes.tool_calls.append(record)
+        return stored
+
+    def set_system_instruction(self, text: str) -> Message:
+        """Append ``text`` as a system message: the latest one is THE system instruction.
+
+        Blank text is rejected. Setting the instruction it already is writes nothing and
+        returns (a copy of) the current instruction message.
+        """
+        if not text.strip():
+            raise InvariantViolationError("a system instruction must not be blank")
+        current = latest_system_instruction(self._doc.session.messages)
+        if current is not None and current.content == text:
+            return current.model_copy(deep=True)
+        message = Message(role=Role.SYSTEM, content=text, message_id=self._fresh_id())
+        return self._append(message)
+
+    def _check_message_id(
+        self, message_id: str | None, batch: AbstractSet[str] = frozenset()
+    ) -> str:
+        if message_id is None:
+            return self._fresh_id(batch)
+        if not message_id:
+            raise InvariantViolationError("a message_id must be a non-empty string")
+        if message_id in self._used_ids or message_id in batch:
+            raise InvariantViolationError(f"message_id {message_id!r} is already used")
+        return message_id
+
+    def _fresh_id(self, batch: AbstractSet[str] = frozenset()) -> str:
+        # A generator restarted on a rebuilt state (e.g. a sequential one) may repeat ids the
+        # document already holds; stores skip records whose id they have, so never reuse one.
+        for _ in range(_MAX_ID_ATTEMPTS):
+            candidate = self._ids.generate()
+            if candidate not in self._used_ids and candidate not in batch:
+                return candidate
+        raise InvariantViolationError(
+            f"the id generator produced {_MAX_ID_ATTEMPTS} ids in a row that are already used"
+        )
+
+    def _append(self, message: Message) -> Message:
+        message.at = self._clock.now_iso()
+        self._doc.session.messages.append(message)
+        self._changes.messages.append(message)
+        self._index(message)
+        return message.model_copy(deep=True)
+
+    # ----------------------------------------------------------------- widget state
+
+    def update_notebook(self, content: str) -> ContextBlock:
+        """Replace the memory notebook content (the ``widget:notebook`` memory block, priority
+        high) and return a copy of the block. The same content again writes nothing."""
+        block = self._notebook_block()
+        if block is not None and block.content == content:
+            return block.model_copy(deep=True)
+        new = ContextBlock(
+            block_id=NOTEBOOK_BLOCK_ID,
+            block_type=BlockType.MEMORY,
+            priority=Priority.HIGH,
+            content=content,
+        )
+        blocks = self._doc.context_blocks
+        if block is None:
+            blocks.append(new)
+        else:
+            blocks[blocks.index(block)] = new
+        self._changes.block_ids[NOTEBOOK_BLOCK_ID] = None
+        return new.model_copy(deep=True)
+
+    def _notebook_block(self) -> ContextBlock | None:
+        for block in self._doc.context_blocks:
+            if block.block_id == NOTEBOOK_BLOCK_ID:
+                return block
+        return None
+
+    def upsert_tasks(self, tasks: Sequence[Task]) -> list[Task]:
+        """Insert or replace tasks by ``task_id`` (new ones are appended, replaced ones keep
+        their position) and return copies of them. Ids must be non-empty and unique."""
+        seen: set[str] = set()
+        for task in tasks:
+            if not task.task_id:
+                raise InvariantViolationError("a task needs a non-empty task_id")
+            if task.task_id in seen:
+                raise InvariantViolationError(f"task {task.task_id!r} appears twice")
+            seen.add(task.task_id)
+        todo = self._doc.session.task_state.todo_list.tasks
+        position = {t.task_id: i for i, t in enumerate(todo)}
+        for task in tasks:
+            copied = task.model_copy(deep=True)
+            if task.task_id in position:
+                todo[position[task.task_id]] = copied
+            else:
+                position[task.task_id] = len(todo)
+                todo.append(copied)
+            self._changes.task_ids[task.task_id] = None
+        return [t.model_copy(deep=True) for t in tasks]
+
+    def set_task_status(
+        self,
+        task_id: str,
+        status: TaskStatus,
+        *,
+        error: str | None = None,
+        result_evidence_ids: Sequence[str] | None = None,
+    ) -> Task:
+        """Set the status of a known task (and its error / result evidence ids when given);
+        an unknown id raises :class:`~ce.core.errors.InvariantViolationError`."""
+        for task in self._doc.session.task_state.todo_list.tasks:
+            if task.task_id == task_id:
+                break
+        else:
+            raise InvariantViolationError(f"no task {task_id!r}")
+        update: dict[str, Any] = {"status": TaskStatus(status)}
+        if error is not None:
+            update["error"] = error
+        if result_evidence_ids is not None:
+            update["result_evidence_ids"] = list(result_evidence_ids)
+        return self.upsert_tasks([task.model_copy(update=update)])[0]
+
+    # ----------------------------------------------------------------- summary
+
+    def set_summary(
+        self,
+        content: str,
+        *,
+        from_index: int,
+        to_index: int,
+        evidence_ids: Sequence[str] | None = None,
+    ) -> Summary:
+        """Replace the rolling summary, which stands for ``messages[from_index:to_index+1]``
+        when rendering (the messages themselves stay). The range must lie within the history
+        and the content must not be blank."""
+        if not content.strip():
+            raise InvariantViolationError("a summary must not be blank")
+        count = len(self._doc.session.messages)
+        if not 0 <= from_index <= to_index < count:
+            raise InvariantViolationError(
+                f"summary range {from_index}..{to_index} is not within the {count} messages"
+            )
+        summary = Summary(
+            content=content,
+            updated_at=self._clock.now_iso(),
+            message_index_range=MessageIndexRange(from_index=from_index, to_index=to_index),
+            evidence_ids=list(evidence_ids or []),
+        )
+        self._doc.session.summary = summary
+        self._changes.summary = True
+        return summary.model_copy(deep=True)
+
+    # ----------------------------------------------------------------- run status
+
+    def start_run(self, run_id: str | None = None) -> RunState:
+        """Start a new run (status ``preparing``) from ``idle``, ``completed``, ``failed`` or
+        ``aborted``; ``run_id`` defaults to a new id. Clears ``last_error``."""
+        check_transition(self.status, RunStatus.PREPARING)
+        if run_id is not None and not run_id:
+            raise InvariantViolationError("a run_id must be a non-empty string")
+        return self._set_run(
+            RunState(run_id=run_id or self._fresh_id(), status=RunStatus.PREPARING)
+        )
+
+    def transition(self, status: RunStatus, error: str | None = None) -> RunState:
+        """Move the current run to ``status`` (see :data:`RUN_TRANSITIONS`), recording
+        ``error`` as ``last_error`` when given. ``preparing`` starts a new run, as
+        :meth:`start_run` does. Raises :class:`~ce.core.errors.InvalidTransitionError`."""
+        target = RunStatus(status)
+        check_transition(self.status, target)
+        current = self._doc.session.run
+        if target is RunStatus.PREPARING:
+            run = RunState(run_id=self._fresh_id(), status=target, last_error=error or "")
+        else:
+            last_error = current.last_error if error is None else error
+            run = current.model_copy(update={"status": target, "last_error": last_error})
+        return self._set_run(run)
+
+    def _set_run(self, run: RunState) -> RunState:
+        self._doc.session.run = run
+        self._changes.run = True
+        return run.model_copy()
+
+    # ----------------------------------------------------------------- persistence
+
+    def take_changes(self) -> SessionChanges:
+        """Everything written since the previous call, as one change set for
+        :meth:`Store.commit <ce.core.stores.base.Store.commit>`; then the buffer is cleared.
+
+        Appended messages, tool calls and usage records come in write order; the notebook
+        block and tasks appear once each, in their latest version; ``run`` and ``summary``
+        are set only when they changed. The records are copies.
+        """
+        return self._changes.take(self._doc)
