@@ -39,7 +39,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on ce.core."""
-    session.install("mypy>=1.10", "-e", CORE)
+    session.install("mypy>=1.10", "-e", f"{CORE}[testing]")
     session.run("mypy", "packages/ce-core/src/ce/core")
 
 

@@ -4,9 +4,25 @@ A store persists session documents. Writes go through :meth:`Store.commit`, whic
 :class:`SessionChanges` atomically: either every record of it is stored or none is. Appends are
 idempotent on their ids (``message_id``, ``tool_call_id``, ``model_usage_id``,
 ``evidence_id``): a record whose id is already stored is skipped, so a retried write never
-duplicates anything. Every commit that stores something increments the session version by one;
-a commit with ``expected_version`` raises :class:`~ce.core.errors.VersionConflictError` when the
-stored version differs (a session that does not exist yet has version 0).
+duplicates anything. Context blocks and tasks are upserted by id (an updated block keeps its
+position); ``summary``, ``run`` and ``meta`` replace the stored value.
+
+Versions: a session that does not exist has version 0. Every commit that stores something
+(a new record, a block or task whose content differs, a summary/run/meta that differs) increments
+the version by one; a commit that changes nothing returns the current version unchanged and
+creates nothing. ``put_session`` always counts as a change; ``delete_evidence`` increments the
+version; ``delete_session`` removes the session, so its version is 0 again. A write with
+``expected_version`` raises :class:`~ce.core.errors.VersionConflictError` when the stored
+version differs, and then writes nothing.
+
+Validation: every record is validated again from its JSON form before it is stored, so a
+record mutated into an invalid state after construction (models do not validate assignment)
+raises :class:`~ce.core.errors.SchemaValidationError` and the commit stores nothing. What a
+store keeps is that JSON form: values JSON cannot represent (tuples, datetimes in ``meta``)
+come back the way JSON returns them, from every store alike.
+
+Compliance deletes (seed 004 §13) remove data for good and append an :class:`AuditRecord`
+that outlives it.
 
 The seed's convenience methods (``append_messages``, ``put_evidence``, ``append_tool_calls``,
 …) are all expressed through ``commit`` by :class:`BaseStore`.
@@ -16,11 +32,15 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ce.core.errors import SchemaValidationError
-from ce.core.primitives import IdGenerator, UuidV4Generator, parse_iso
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from ce.core.errors import SchemaValidationError, VersionConflictError
+from ce.core.primitives import Clock, IdGenerator, SystemClock, UuidV4Generator, parse_iso
 from ce.core.schema import (
+    SCHEMA_VERSION,
     BlockType,
     ContextBlock,
     Evidence,
@@ -49,6 +69,8 @@ __all__ = [
     "filter_blocks",
     "filter_evidences",
 ]
+
+_M = TypeVar("_M", bound=BaseModel)
 
 _PRIORITY_RANK = {Priority.MUST: 0, Priority.HIGH: 1, Priority.MEDIUM: 2, Priority.LOW: 3}
 
@@ -152,11 +174,77 @@ def _validate_at(key: str, index: int, item: Any, model: type[Any]) -> Any:
         return validate_model(model, item)
     except SchemaValidationError as exc:
         raise SchemaValidationError(
-            [
-                (f"{key}.{index}.{path}" if path else f"{key}.{index}", msg)
-                for path, msg in exc.errors
-            ]
+            [(_join(f"{key}.{index}", path), msg) for path, msg in exc.errors]
         ) from None
+
+
+def _join(prefix: str, path: str) -> str:
+    return f"{prefix}.{path}" if prefix and path else prefix or path
+
+
+def _revalidated(model: type[_M], record: object, path: str) -> _M:
+    """``record`` validated again from its JSON form, as a new instance of ``model``."""
+    if not isinstance(record, model):
+        raise SchemaValidationError(
+            [(path, f"expected {model.__name__}, got {type(record).__name__}")]
+        )
+    try:
+        return model.model_validate_json(record.model_dump_json(warnings=False))
+    except PydanticSerializationError as exc:
+        raise SchemaValidationError([(path, f"not JSON-serializable: {exc}")]) from None
+    except ValidationError as exc:
+        raise SchemaValidationError(
+            [(_join(path, ".".join(map(str, err["loc"]))), err["msg"]) for err in exc.errors()]
+        ) from None
+
+
+def _revalidated_changes(changes: SessionChanges) -> SessionChanges:
+    def each(items: list[Any], model: type[_M], key: str) -> list[_M]:
+        if not isinstance(items, list):
+            raise SchemaValidationError([(key, "must be a list")])
+        return [_revalidated(model, item, f"{key}.{i}") for i, item in enumerate(items)]
+
+    def one(value: object, model: type[_M], key: str) -> _M | None:
+        return None if value is None else _revalidated(model, value, key)
+
+    return SessionChanges(
+        messages=each(changes.messages, Message, "messages"),
+        tool_calls=each(changes.tool_calls, ToolCall, "tool_calls"),
+        model_usage=each(changes.model_usage, ModelUsage, "model_usage"),
+        evidences=each(changes.evidences, Evidence, "evidences"),
+        context_blocks=each(changes.context_blocks, ContextBlock, "context_blocks"),
+        tasks=each(changes.tasks, Task, "tasks"),
+        summary=one(changes.summary, Summary, "summary"),
+        run=one(changes.run, RunState, "run"),
+        meta=one(changes.meta, Meta, "meta"),
+    )
+
+
+def _check_unique_ids(doc: SessionDocument) -> None:
+    session = doc.session
+    groups: list[tuple[str, str, list[str | None]]] = [
+        ("session.messages", "message_id", [m.message_id for m in session.messages]),
+        (
+            "session.tool_state.tool_calls",
+            "tool_call_id",
+            [c.tool_call_id for c in session.tool_state.tool_calls],
+        ),
+        ("session.model_usage", "model_usage_id", [u.model_usage_id for u in session.model_usage]),
+        (
+            "session.task_state.todo_list.tasks",
+            "task_id",
+            [t.task_id for t in session.task_state.todo_list.tasks],
+        ),
+    ]
+    errors: list[tuple[str, str]] = []
+    for where, id_field, ids in groups:
+        seen: set[str | None] = set()
+        for i, record_id in enumerate(ids):
+            if record_id in seen:
+                errors.append((f"{where}.{i}.{id_field}", f"duplicate id {record_id!r}"))
+            seen.add(record_id)
+    if errors:
+        raise SchemaValidationError(errors)
 
 
 @dataclass(frozen=True)
@@ -205,40 +293,124 @@ class Store(Protocol):
     async def upsert_tasks(
         self, session_id: str, tasks: list[Task], expected_version: int | None = None
     ) -> PutResult: ...
-    async def list_sessions(self, user_id: str | None = None) -> list[str]: ...
-    async def delete_session(self, session_id: str) -> bool: ...
-    async def delete_evidence(self, session_id: str, evidence_id: str) -> bool: ...
-    async def audit_log(self, session_id: str | None = None) -> list[AuditRecord]: ...
+    async def list_sessions(self, user_id: str | None = None) -> list[str]:
+        """Stored session ids, sorted; only those whose ``meta.actor.user_id`` is ``user_id``
+        when it is given."""
+
+    async def delete_session(self, session_id: str) -> bool:
+        """Remove the session and every record of it; audited. False when it did not exist."""
+
+    async def delete_evidence(self, session_id: str, evidence_id: str) -> bool:
+        """Remove one evidence (its content is gone from storage); audited, bumps the version.
+        False when it did not exist."""
+
+    async def delete_user(self, user_id: str) -> list[str]:
+        """Delete every session whose ``meta.actor.user_id`` is ``user_id``; the ids deleted."""
+
+    async def audit_log(self, session_id: str | None = None) -> list[AuditRecord]:
+        """The compliance actions carried out, oldest first (only ``session_id``'s if given)."""
+
     async def close(self) -> None: ...
 
 
 class BaseStore(abc.ABC):
     """Implements the seed's convenience methods on top of :meth:`commit`.
 
-    Subclasses implement ``_commit`` plus the read and delete methods. ``commit`` fills in a
-    ``message_id`` for messages that have none, so every stored message has a stable id.
+    Subclasses implement ``_commit`` and ``_put_session`` (which receive records already
+    validated, owned by the store and never shared with the caller) plus the read and delete
+    methods. ``commit`` and ``put_session`` fill in a ``message_id`` for messages that have
+    none, so every stored message has a stable id. ``clock`` timestamps audit records.
     """
 
-    def __init__(self, *, id_generator: IdGenerator | None = None) -> None:
+    def __init__(
+        self, *, id_generator: IdGenerator | None = None, clock: Clock | None = None
+    ) -> None:
         self._ids: IdGenerator = id_generator or UuidV4Generator()
+        self._clock: Clock = clock or SystemClock()
 
     async def commit(
         self, session_id: str, changes: SessionChanges, expected_version: int | None = None
     ) -> PutResult:
-        """Apply ``changes`` atomically; see the module docstring for the rules."""
-        if not session_id:
-            raise SchemaValidationError([("session_id", "must be a non-empty string")])
+        """Apply ``changes`` atomically; see the module docstring for the rules.
+
+        Generated message ids are written back into ``changes.messages``. Raises
+        :class:`SchemaValidationError` for an empty ``session_id`` or an invalid record.
+        """
+        _check_session_id(session_id)
         if any(m.message_id is None for m in changes.messages):
             changes.messages = [
                 m if m.message_id else m.model_copy(update={"message_id": self._ids.generate()})
                 for m in changes.messages
             ]
-        return await self._commit(session_id, changes, expected_version)
+        return await self._commit(session_id, _revalidated_changes(changes), expected_version)
 
     @abc.abstractmethod
     async def _commit(
         self, session_id: str, changes: SessionChanges, expected_version: int | None
     ) -> PutResult: ...
+
+    async def put_session(
+        self, session_id: str, doc: SessionDocument, expected_version: int | None = None
+    ) -> PutResult:
+        """Replace the whole stored document of ``session_id`` by ``doc`` (used by import).
+
+        Always increments the version. Raises :class:`SchemaValidationError` when
+        ``doc.session.session_id`` differs from ``session_id``, when ``doc.schema_version`` is
+        not the current one (load older documents with ``load_document``, which migrates them),
+        when record ids repeat, or when the document is invalid.
+        """
+        _check_session_id(session_id)
+        if doc.session.session_id != session_id:
+            raise SchemaValidationError(
+                [("session.session_id", f"{doc.session.session_id!r} is not {session_id!r}")]
+            )
+        if doc.schema_version != SCHEMA_VERSION:
+            raise SchemaValidationError(
+                [("schema_version", f"must be {SCHEMA_VERSION!r}, got {doc.schema_version!r}")]
+            )
+        if any(m.message_id is None for m in doc.session.messages):
+            messages = [
+                m if m.message_id else m.model_copy(update={"message_id": self._ids.generate()})
+                for m in doc.session.messages
+            ]
+            doc = doc.model_copy(
+                update={"session": doc.session.model_copy(update={"messages": messages})}
+            )
+        checked = _revalidated(SessionDocument, doc, "")
+        _check_unique_ids(checked)
+        return await self._put_session(session_id, checked, expected_version)
+
+    @abc.abstractmethod
+    async def _put_session(
+        self, session_id: str, doc: SessionDocument, expected_version: int | None
+    ) -> PutResult: ...
+
+    async def delete_user(self, user_id: str) -> list[str]:
+        """Delete every session whose ``meta.actor.user_id`` is ``user_id``.
+
+        Returns the deleted session ids, sorted; each deletion is audited like
+        :meth:`delete_session`. A session that gains this user after the call started may
+        survive it. Raises :class:`SchemaValidationError` for an empty ``user_id`` (which
+        would match every session without an identified user).
+        """
+        if not user_id:
+            raise SchemaValidationError([("user_id", "must be a non-empty string")])
+        deleted = []
+        for session_id in await self.list_sessions(user_id=user_id):
+            if await self.delete_session(session_id):
+                deleted.append(session_id)
+        return deleted
+
+    @staticmethod
+    def _check_version(session_id: str, expected: int | None, actual: int) -> None:
+        """Raise :class:`VersionConflictError` unless ``expected`` is None or ``actual``."""
+        if expected is not None and expected != actual:
+            raise VersionConflictError(session_id, expected, actual)
+
+    def _audit_record(self, action: str, session_id: str, target: str = "") -> AuditRecord:
+        return AuditRecord(
+            at=self._clock.now_iso(), action=action, session_id=session_id, target=target
+        )
 
     async def append_messages(self, session_id: str, messages: list[Message]) -> PutResult:
         return await self.commit(session_id, SessionChanges(messages=list(messages)))
@@ -281,7 +453,48 @@ class BaseStore(abc.ABC):
         await self.close()
 
     @abc.abstractmethod
-    async def close(self) -> None: ...
+    async def get_session(self, session_id: str) -> SessionDocument | None:
+        """The stored document, or None when the session does not exist."""
+
+    @abc.abstractmethod
+    async def get_version(self, session_id: str) -> int:
+        """The stored version (0 when the session does not exist)."""
+
+    @abc.abstractmethod
+    async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None: ...
+
+    @abc.abstractmethod
+    async def list_evidences(
+        self, session_id: str, filter: EvidenceFilter | None = None
+    ) -> list[Evidence]:
+        """The session's evidences in insertion order, filtered by :func:`filter_evidences`."""
+
+    @abc.abstractmethod
+    async def list_context_blocks(
+        self, session_id: str, filter: BlockFilter | None = None
+    ) -> list[ContextBlock]:
+        """The session's blocks in stored order, filtered by :func:`filter_blocks`."""
+
+    @abc.abstractmethod
+    async def list_sessions(self, user_id: str | None = None) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def delete_session(self, session_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def delete_evidence(self, session_id: str, evidence_id: str) -> bool: ...
+
+    @abc.abstractmethod
+    async def audit_log(self, session_id: str | None = None) -> list[AuditRecord]: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release the store's resources; the store cannot be used afterwards."""
+
+
+def _check_session_id(session_id: str) -> None:
+    if not isinstance(session_id, str) or not session_id:
+        raise SchemaValidationError([("session_id", "must be a non-empty string")])
 
 
 def filter_evidences(evidences: list[Evidence], flt: EvidenceFilter | None) -> list[Evidence]:

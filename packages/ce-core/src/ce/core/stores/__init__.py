@@ -1,0 +1,90 @@
+"""Session stores (seed 004 §6.1): the ``Store`` protocol, its implementations and
+:func:`open_store`.
+
+========================  =====================================================================
+URL                       store
+========================  =====================================================================
+``memory://``             :class:`MemoryStore` (nothing survives the process)
+``sqlite:///rel/x.db``    :class:`SQLiteStore` at ``rel/x.db``, relative to the working directory
+``sqlite:////abs/x.db``   :class:`SQLiteStore` at ``/abs/x.db``
+``file:///abs/dir``       :class:`FileStore` in ``/abs/dir`` (``file://rel/dir`` is relative)
+========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import unquote
+
+from ce.core.errors import StoreError
+from ce.core.stores.base import (
+    AuditRecord,
+    BaseStore,
+    BlockFilter,
+    EvidenceFilter,
+    SessionChanges,
+    Store,
+    filter_blocks,
+    filter_evidences,
+)
+from ce.core.stores.file import FileStore
+from ce.core.stores.memory import MemoryStore
+from ce.core.stores.sqlite import SQLiteStore
+
+__all__ = [
+    "AuditRecord",
+    "BaseStore",
+    "BlockFilter",
+    "EvidenceFilter",
+    "FileStore",
+    "MemoryStore",
+    "SQLiteStore",
+    "SessionChanges",
+    "Store",
+    "filter_blocks",
+    "filter_evidences",
+    "open_store",
+]
+
+
+def _memory(rest: str) -> Store:
+    if rest:
+        raise StoreError(f"memory:// takes no path, got {rest!r}")
+    return MemoryStore()
+
+
+def _sqlite(rest: str) -> Store:
+    if not rest.startswith("/") or rest == "/":
+        raise StoreError("an SQLite URL is sqlite:///relative/path.db or sqlite:////abs/path.db")
+    return SQLiteStore(unquote(rest[1:]))
+
+
+def _file(rest: str) -> Store:
+    if not rest:
+        raise StoreError("a file URL is file:///abs/dir or file://relative/dir")
+    return FileStore(unquote(rest))
+
+
+# URL prefix (scheme plus "//") -> opener of the rest of the URL.
+_OPENERS: dict[str, Callable[[str], Store]] = {
+    "memory://": _memory,
+    "sqlite://": _sqlite,
+    "file://": _file,
+}
+
+
+def open_store(url: str) -> Store:
+    """Open the store that ``url`` names (see the module docstring for the forms).
+
+    Parent directories of an SQLite file and a FileStore directory are created. Raises
+    :class:`StoreError` for an unknown scheme (naming the supported ones), a malformed URL,
+    or a store that cannot be opened. Query strings are not supported.
+    """
+    for prefix, opener in _OPENERS.items():
+        if url.startswith(prefix):
+            rest = url[len(prefix) :]
+            if "?" in rest:
+                raise StoreError(f"{url!r}: store URLs take no query string")
+            return opener(rest)
+    supported = ", ".join(_OPENERS)
+    raise StoreError(f"unsupported store URL {url!r}; supported: {supported}")

@@ -1,0 +1,150 @@
+"""``MemoryStore``: sessions kept in process memory (tests, ephemeral runs)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ce.core.errors import StoreError
+from ce.core.primitives import Clock, IdGenerator
+from ce.core.schema import ContextBlock, Evidence, PutResult, SessionDocument
+from ce.core.stores._docops import apply_changes, new_document, remove_evidence, user_id_of
+from ce.core.stores.base import (
+    AuditRecord,
+    BaseStore,
+    BlockFilter,
+    EvidenceFilter,
+    SessionChanges,
+    filter_blocks,
+    filter_evidences,
+)
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    version: int
+    doc: SessionDocument
+
+
+class MemoryStore(BaseStore):
+    """Keeps every session in a dict guarded by a :class:`threading.Lock`.
+
+    Safe to share between threads and event loops. Whatever it returns is a copy, and what it
+    stores was copied from the caller's objects, so no caller can change stored state except
+    through the store. Nothing survives the process.
+    """
+
+    def __init__(
+        self, *, id_generator: IdGenerator | None = None, clock: Clock | None = None
+    ) -> None:
+        super().__init__(id_generator=id_generator, clock=clock)
+        self._lock = threading.Lock()
+        self._sessions: dict[str, _Entry] = {}
+        self._audit: list[AuditRecord] = []
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("MemoryStore is closed")
+
+    def _entry(self, session_id: str) -> _Entry | None:
+        self._check_open()
+        return self._sessions.get(session_id)
+
+    async def _commit(
+        self, session_id: str, changes: SessionChanges, expected_version: int | None
+    ) -> PutResult:
+        with self._lock:
+            entry = self._entry(session_id)
+            current = entry.version if entry else 0
+            self._check_version(session_id, expected_version, current)
+            changed = apply_changes(entry.doc if entry else new_document(session_id), changes)
+            if changed is None:
+                return PutResult(success=True, version=current)
+            self._sessions[session_id] = _Entry(current + 1, changed)
+            return PutResult(success=True, version=current + 1)
+
+    async def _put_session(
+        self, session_id: str, doc: SessionDocument, expected_version: int | None
+    ) -> PutResult:
+        with self._lock:
+            entry = self._entry(session_id)
+            current = entry.version if entry else 0
+            self._check_version(session_id, expected_version, current)
+            self._sessions[session_id] = _Entry(current + 1, doc)
+            return PutResult(success=True, version=current + 1)
+
+    async def get_session(self, session_id: str) -> SessionDocument | None:
+        with self._lock:
+            entry = self._entry(session_id)
+        if entry is None:
+            return None
+        # Stored documents are never modified in place, so copying outside the lock is safe.
+        return SessionDocument.model_validate_json(entry.doc.model_dump_json(exclude_none=True))
+
+    async def get_version(self, session_id: str) -> int:
+        with self._lock:
+            entry = self._entry(session_id)
+        return entry.version if entry else 0
+
+    async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
+        with self._lock:
+            entry = self._entry(session_id)
+        evidence = entry.doc.evidences.get(evidence_id) if entry else None
+        return evidence.model_copy(deep=True) if evidence else None
+
+    async def list_evidences(
+        self, session_id: str, filter: EvidenceFilter | None = None
+    ) -> list[Evidence]:
+        with self._lock:
+            entry = self._entry(session_id)
+        evidences = list(entry.doc.evidences.values()) if entry else []
+        return [e.model_copy(deep=True) for e in filter_evidences(evidences, filter)]
+
+    async def list_context_blocks(
+        self, session_id: str, filter: BlockFilter | None = None
+    ) -> list[ContextBlock]:
+        with self._lock:
+            entry = self._entry(session_id)
+        blocks = entry.doc.context_blocks if entry else []
+        return [b.model_copy(deep=True) for b in filter_blocks(blocks, filter)]
+
+    async def list_sessions(self, user_id: str | None = None) -> list[str]:
+        with self._lock:
+            self._check_open()
+            return sorted(
+                session_id
+                for session_id, entry in self._sessions.items()
+                if user_id is None or user_id_of(entry.doc.meta) == user_id
+            )
+
+    async def delete_session(self, session_id: str) -> bool:
+        with self._lock:
+            if self._entry(session_id) is None:
+                return False
+            del self._sessions[session_id]
+            self._audit.append(self._audit_record("delete_session", session_id))
+            return True
+
+    async def delete_evidence(self, session_id: str, evidence_id: str) -> bool:
+        with self._lock:
+            entry = self._entry(session_id)
+            changed = remove_evidence(entry.doc, evidence_id) if entry else None
+            if entry is None or changed is None:
+                return False
+            self._sessions[session_id] = _Entry(entry.version + 1, changed)
+            self._audit.append(self._audit_record("delete_evidence", session_id, evidence_id))
+            return True
+
+    async def audit_log(self, session_id: str | None = None) -> list[AuditRecord]:
+        with self._lock:
+            self._check_open()
+            return [r for r in self._audit if session_id is None or r.session_id == session_id]
+
+    async def close(self) -> None:
+        """Drop every session; later calls raise :class:`StoreError`."""
+        with self._lock:
+            self._closed = True
+            self._sessions.clear()

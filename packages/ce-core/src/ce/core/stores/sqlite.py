@@ -1,0 +1,589 @@
+"""``SQLiteStore``: the embedded default store — one SQLite file, a row per record.
+
+Layout (``PRAGMA user_version`` = :data:`USER_VERSION`, for future migrations): ``sessions``
+holds one row per session (version, schema version, the ``summary`` / ``run`` / ``meta`` JSON
+and ``user_id`` from ``meta.actor.user_id`` for compliance queries); ``messages``,
+``tool_calls``, ``model_usage``, ``evidences``, ``context_blocks`` and ``tasks`` hold one row
+per record (``session_id``, an ordering ``seq``, the record id — unique per session — the
+version of the commit that wrote it, and the record's JSON ``body``); ``audit`` holds the
+compliance log. A commit reads only the session row and inserts the new rows, so appending a
+message costs the same at 10 and at 10,000 stored messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Concatenate, Literal, ParamSpec, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ce.core.errors import StoreError
+from ce.core.primitives import Clock, IdGenerator
+from ce.core.schema import (
+    SCHEMA_VERSION,
+    ContextBlock,
+    Evidence,
+    Message,
+    PutResult,
+    RunState,
+    SessionDocument,
+)
+from ce.core.stores._docops import user_id_of
+from ce.core.stores.base import (
+    AuditRecord,
+    BaseStore,
+    BlockFilter,
+    EvidenceFilter,
+    SessionChanges,
+    filter_blocks,
+    filter_evidences,
+)
+
+__all__ = ["USER_VERSION", "SQLiteStore"]
+
+USER_VERSION = 1
+"""The layout version this module writes into ``PRAGMA user_version``."""
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_M = TypeVar("_M", bound=BaseModel)
+
+# Record table -> the column holding the record's id (unique per session).
+_RECORD_TABLES = {
+    "messages": "message_id",
+    "tool_calls": "tool_call_id",
+    "model_usage": "model_usage_id",
+    "evidences": "evidence_id",
+    "context_blocks": "block_id",
+    "tasks": "task_id",
+}
+_UPSERTED = frozenset({"context_blocks", "tasks"})
+
+_DDL = [
+    """CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        version INTEGER NOT NULL,
+        schema_version TEXT NOT NULL,
+        user_id TEXT,
+        summary TEXT,
+        run_state TEXT NOT NULL,
+        meta TEXT
+    )""",
+    "CREATE INDEX sessions_by_user ON sessions (user_id)",
+    *(
+        f"""CREATE TABLE {table} (
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            {id_column} TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (session_id, seq),
+            UNIQUE (session_id, {id_column})
+        )"""
+        for table, id_column in _RECORD_TABLES.items()
+    ),
+    """CREATE TABLE audit (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        at TEXT NOT NULL,
+        action TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        target TEXT NOT NULL
+    )""",
+    "CREATE INDEX audit_by_session ON audit (session_id)",
+]
+
+_DEFAULT_RUN = RunState().model_dump_json(exclude_none=True)
+
+
+def _json(model: BaseModel) -> str:
+    return model.model_dump_json(exclude_none=True)
+
+
+def _array(bodies: list[str]) -> str:
+    return "[" + ",".join(bodies) + "]"
+
+
+class SQLiteStore(BaseStore):
+    """Sessions in one SQLite file (WAL mode), one row per record.
+
+    One connection, guarded by a lock and driven through :func:`asyncio.to_thread`, so a store
+    can be shared by threads and event loops; any number of stores (in any number of
+    processes) may open the same file. Writes are ``BEGIN IMMEDIATE`` transactions that wait
+    up to ``busy_timeout`` seconds for another writer. ``synchronous="NORMAL"`` (the default)
+    keeps the file consistent on power loss but may lose the last commits; ``"FULL"`` makes
+    each commit durable at the cost of an fsync. Deleted content is overwritten in the file
+    and its write-ahead log (``secure_delete``, then a truncating checkpoint).
+
+    Opening creates missing parent directories and the schema. Raises :class:`StoreError`
+    naming the path when the file is not a database, has a newer layout, or cannot be opened.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout: float = 10.0,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        id_generator: IdGenerator | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(id_generator=id_generator, clock=clock)
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot open SQLite store: {exc}") from exc
+        try:
+            _prepare(conn, synchronous)
+        except (sqlite3.Error, StoreError) as exc:
+            conn.close()
+            raise StoreError(f"{self.path}: cannot open SQLite store: {exc}") from exc
+        self._conn: sqlite3.Connection | None = conn
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _run(
+        self,
+        fn: Callable[Concatenate[sqlite3.Connection, _P], _T],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        return await asyncio.to_thread(functools.partial(self._locked, fn, *args, **kwargs))
+
+    def _locked(
+        self,
+        fn: Callable[Concatenate[sqlite3.Connection, _P], _T],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        with self._lock:
+            if self._conn is None:
+                raise StoreError(f"{self.path}: store is closed")
+            try:
+                return fn(self._conn, *args, **kwargs)
+            except (sqlite3.Error, StoreError) as exc:
+                raise StoreError(f"{self.path}: {exc}") from exc
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def _commit(
+        self, session_id: str, changes: SessionChanges, expected_version: int | None
+    ) -> PutResult:
+        version = await self._run(_commit, session_id, changes, expected_version)
+        return PutResult(success=True, version=version)
+
+    async def _put_session(
+        self, session_id: str, doc: SessionDocument, expected_version: int | None
+    ) -> PutResult:
+        version = await self._run(_put, session_id, doc, expected_version)
+        return PutResult(success=True, version=version)
+
+    async def delete_session(self, session_id: str) -> bool:
+        record = self._audit_record("delete_session", session_id)
+        return await self._run(_delete_session, record)
+
+    async def delete_evidence(self, session_id: str, evidence_id: str) -> bool:
+        record = self._audit_record("delete_evidence", session_id, evidence_id)
+        return await self._run(_delete_evidence, record)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get_session(self, session_id: str) -> SessionDocument | None:
+        return await self._run(_load, session_id)
+
+    async def get_version(self, session_id: str) -> int:
+        return await self._run(_version, session_id)
+
+    async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
+        return await self._run(_evidence, session_id, evidence_id)
+
+    async def list_evidences(
+        self, session_id: str, filter: EvidenceFilter | None = None
+    ) -> list[Evidence]:
+        evidences = await self._run(_records, "evidences", Evidence, session_id)
+        return filter_evidences(evidences, filter)
+
+    async def list_context_blocks(
+        self, session_id: str, filter: BlockFilter | None = None
+    ) -> list[ContextBlock]:
+        blocks = await self._run(_records, "context_blocks", ContextBlock, session_id)
+        return filter_blocks(blocks, filter)
+
+    async def list_sessions(self, user_id: str | None = None) -> list[str]:
+        return await self._run(_session_ids, user_id)
+
+    async def audit_log(self, session_id: str | None = None) -> list[AuditRecord]:
+        return await self._run(_audit, session_id)
+
+    async def close(self) -> None:
+        def close() -> None:
+            with self._lock:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+
+        await asyncio.to_thread(close)
+
+
+def _prepare(conn: sqlite3.Connection, synchronous: str) -> None:
+    """Set the connection's pragmas and create (or check) the schema."""
+    (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    if mode.lower() != "wal":
+        raise StoreError(f"cannot enable WAL (journal_mode is {mode})")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA secure_delete = ON")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        (user_version,) = conn.execute("PRAGMA user_version").fetchone()
+        if user_version == 0:
+            for statement in _DDL:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {USER_VERSION}")
+        elif user_version > USER_VERSION:
+            raise StoreError(
+                f"layout version {user_version} is newer than this ce-core's {USER_VERSION}"
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _write_records(
+    conn: sqlite3.Connection,
+    table: str,
+    session_id: str,
+    version: int,
+    rows: list[tuple[str, str]],
+) -> int:
+    """Insert ``(record_id, body)`` rows after the stored ones; the number of rows changed.
+
+    Appended tables skip ids already stored; upserted tables replace a differing body in place.
+    """
+    if not rows:
+        return 0
+    id_column = _RECORD_TABLES[table]
+    on_conflict = (
+        f"DO UPDATE SET body = excluded.body, version = excluded.version"
+        f" WHERE {table}.body IS NOT excluded.body"
+        if table in _UPSERTED
+        else "DO NOTHING"
+    )
+    sql = (
+        f"INSERT INTO {table} (session_id, seq, {id_column}, version, body)"
+        f" VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, {id_column}) {on_conflict}"
+    )
+    (next_seq,) = conn.execute(
+        f"SELECT COALESCE(MAX(seq) + 1, 0) FROM {table} WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    changed = 0
+    for offset, (record_id, body) in enumerate(rows):
+        cursor = conn.execute(sql, (session_id, next_seq + offset, record_id, version, body))
+        changed += cursor.rowcount
+    return changed
+
+
+def _message_id(message: Message) -> str:
+    # BaseStore.commit and put_session give every message an id before it reaches a store.
+    assert message.message_id is not None
+    return message.message_id
+
+
+def _record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
+    return {
+        "messages": [(_message_id(m), _json(m)) for m in changes.messages],
+        "tool_calls": [(c.tool_call_id, _json(c)) for c in changes.tool_calls],
+        "model_usage": [(u.model_usage_id, _json(u)) for u in changes.model_usage],
+        "evidences": [(e.evidence_id, _json(e)) for e in changes.evidences],
+        "context_blocks": [(b.block_id, _json(b)) for b in changes.context_blocks],
+        "tasks": [(t.task_id, _json(t)) for t in changes.tasks],
+    }
+
+
+_HEAD_COLUMNS = ("summary", "run_state", "meta")
+
+
+def _commit(
+    conn: sqlite3.Connection,
+    session_id: str,
+    changes: SessionChanges,
+    expected_version: int | None,
+) -> int:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        row = conn.execute(
+            "SELECT version, summary, run_state, meta FROM sessions WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        current = row[0] if row else 0
+        BaseStore._check_version(session_id, expected_version, current)
+        version = current + 1
+        changed = sum(
+            _write_records(conn, table, session_id, version, rows)
+            for table, rows in _record_rows(changes).items()
+        )
+        stored: dict[str, str | None] = (
+            dict(zip(_HEAD_COLUMNS, row[1:], strict=True))
+            if row
+            else {"summary": None, "run_state": _DEFAULT_RUN, "meta": None}
+        )
+        given = zip(_HEAD_COLUMNS, (changes.summary, changes.run, changes.meta), strict=True)
+        updates: dict[str, str | None] = {
+            column: _json(value)
+            for column, value in given
+            if value is not None and _json(value) != stored[column]
+        }
+        if "meta" in updates:
+            updates["user_id"] = user_id_of(changes.meta)
+        if not changed and not updates:
+            conn.execute("ROLLBACK")
+            return current
+        if row is None:
+            head = {**stored, "user_id": None, **updates}
+            conn.execute(
+                "INSERT INTO sessions (session_id, version, schema_version, user_id, summary,"
+                " run_state, meta) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session_id,
+                    version,
+                    SCHEMA_VERSION,
+                    head["user_id"],
+                    *map(head.get, _HEAD_COLUMNS),
+                ),
+            )
+        else:
+            assignments = "".join(f", {column} = ?" for column in updates)
+            conn.execute(
+                f"UPDATE sessions SET version = ?{assignments} WHERE session_id = ?",
+                (version, *updates.values(), session_id),
+            )
+        conn.execute("COMMIT")
+        return version
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _delete_rows(conn: sqlite3.Connection, session_id: str) -> None:
+    for table in (*_RECORD_TABLES, "sessions"):
+        conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+
+
+def _put(
+    conn: sqlite3.Connection,
+    session_id: str,
+    doc: SessionDocument,
+    expected_version: int | None,
+) -> int:
+    session = doc.session
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = _version(conn, session_id)
+        BaseStore._check_version(session_id, expected_version, current)
+        version = current + 1
+        _delete_rows(conn, session_id)
+        conn.execute(
+            "INSERT INTO sessions (session_id, version, schema_version, user_id, summary,"
+            " run_state, meta) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                version,
+                doc.schema_version,
+                user_id_of(doc.meta),
+                _json(session.summary) if session.summary else None,
+                _json(session.run),
+                _json(doc.meta) if doc.meta else None,
+            ),
+        )
+        rows = _record_rows(
+            SessionChanges(
+                messages=session.messages,
+                tool_calls=session.tool_state.tool_calls,
+                model_usage=session.model_usage,
+                evidences=list(doc.evidences.values()),
+                context_blocks=doc.context_blocks,
+                tasks=session.task_state.todo_list.tasks,
+            )
+        )
+        for table, table_rows in rows.items():
+            conn.executemany(
+                f"INSERT INTO {table} (session_id, seq, {_RECORD_TABLES[table]}, version, body)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [
+                    (session_id, seq, rid, version, body)
+                    for seq, (rid, body) in enumerate(table_rows)
+                ],
+            )
+        conn.execute("COMMIT")
+        return version
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _insert_audit(conn: sqlite3.Connection, record: AuditRecord) -> None:
+    conn.execute(
+        "INSERT INTO audit (at, action, session_id, target) VALUES (?, ?, ?, ?)",
+        (record.at, record.action, record.session_id, record.target),
+    )
+
+
+def _scrub(conn: sqlite3.Connection) -> None:
+    """Move the zeroed pages into the database file and empty the write-ahead log."""
+    (busy, _, _) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    if busy:
+        raise StoreError(
+            "deleted, but readers kept the write-ahead log busy: the deleted bytes stay in it "
+            "until the next checkpoint"
+        )
+
+
+def _delete_session(conn: sqlite3.Connection, record: AuditRecord) -> bool:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not _version(conn, record.session_id):
+            conn.execute("ROLLBACK")
+            return False
+        _delete_rows(conn, record.session_id)
+        _insert_audit(conn, record)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    _scrub(conn)
+    return True
+
+
+def _delete_evidence(conn: sqlite3.Connection, record: AuditRecord) -> bool:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        deleted = conn.execute(
+            "DELETE FROM evidences WHERE session_id = ? AND evidence_id = ?",
+            (record.session_id, record.target),
+        ).rowcount
+        if not deleted:
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute(
+            "UPDATE sessions SET version = version + 1 WHERE session_id = ?", (record.session_id,)
+        )
+        _insert_audit(conn, record)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    _scrub(conn)
+    return True
+
+
+def _load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
+    conn.execute("BEGIN")  # one read snapshot across the tables
+    try:
+        head = conn.execute(
+            "SELECT schema_version, summary, run_state, meta FROM sessions WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        if head is None:
+            return None
+        rows = {
+            table: _bodies(conn, table, session_id)
+            for table in _RECORD_TABLES
+            if table != "evidences"
+        }
+        evidence_rows = conn.execute(
+            "SELECT evidence_id, body FROM evidences WHERE session_id = ? ORDER BY seq",
+            (session_id,),
+        ).fetchall()
+    finally:
+        conn.execute("COMMIT")
+    schema_version, summary, run_state, meta = head
+    if schema_version != SCHEMA_VERSION:
+        raise StoreError(
+            f"session {session_id!r} was written with schema version {schema_version!r}; "
+            f"this ce-core reads {SCHEMA_VERSION!r}"
+        )
+    session = [
+        f'"session_id":{json.dumps(session_id)}',
+        f'"messages":{_array(rows["messages"])}',
+        f'"task_state":{{"todo_list":{{"tasks":{_array(rows["tasks"])}}}}}',
+        f'"tool_state":{{"tool_calls":{_array(rows["tool_calls"])}}}',
+        f'"model_usage":{_array(rows["model_usage"])}',
+        f'"run":{run_state}',
+    ]
+    if summary is not None:
+        session.append(f'"summary":{summary}')
+    evidences = ",".join(f"{json.dumps(eid)}:{body}" for eid, body in evidence_rows)
+    parts = [
+        f'"schema_version":{json.dumps(schema_version)}',
+        f'"session":{{{",".join(session)}}}',
+        f'"evidences":{{{evidences}}}',
+        f'"context_blocks":{_array(rows["context_blocks"])}',
+    ]
+    if meta is not None:
+        parts.append(f'"meta":{meta}')
+    text = "{" + ",".join(parts) + "}"
+    try:
+        return SessionDocument.model_validate_json(text)
+    except ValidationError as exc:
+        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+
+
+def _version(conn: sqlite3.Connection, session_id: str) -> int:
+    row = conn.execute(
+        "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _bodies(conn: sqlite3.Connection, table: str, session_id: str) -> list[str]:
+    rows = conn.execute(
+        f"SELECT body FROM {table} WHERE session_id = ? ORDER BY seq", (session_id,)
+    ).fetchall()
+    return [body for (body,) in rows]
+
+
+def _records(conn: sqlite3.Connection, table: str, model: type[_M], session_id: str) -> list[_M]:
+    return [model.model_validate_json(body) for body in _bodies(conn, table, session_id)]
+
+
+def _evidence(conn: sqlite3.Connection, session_id: str, evidence_id: str) -> Evidence | None:
+    row = conn.execute(
+        "SELECT body FROM evidences WHERE session_id = ? AND evidence_id = ?",
+        (session_id, evidence_id),
+    ).fetchone()
+    return None if row is None else Evidence.model_validate_json(row[0])
+
+
+def _session_ids(conn: sqlite3.Connection, user_id: str | None) -> list[str]:
+    if user_id is None:
+        rows = conn.execute("SELECT session_id FROM sessions ORDER BY session_id").fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT session_id FROM sessions WHERE user_id = ? ORDER BY session_id", (user_id,)
+        ).fetchall()
+    return [session_id for (session_id,) in rows]
+
+
+def _audit(conn: sqlite3.Connection, session_id: str | None) -> list[AuditRecord]:
+    sql = "SELECT at, action, session_id, target FROM audit"
+    if session_id is None:
+        rows = conn.execute(sql + " ORDER BY seq").fetchall()
+    else:
+        rows = conn.execute(sql + " WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+    return [AuditRecord(at=a, action=b, session_id=c, target=d) for a, b, c, d in rows]

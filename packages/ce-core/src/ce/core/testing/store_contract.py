@@ -1,0 +1,681 @@
+"""The contract every :class:`~ce.core.stores.Store` implementation must pass.
+
+Subclass :class:`StoreContract` in a test module (the class name must start with ``Test``)
+and provide two fixtures::
+
+    class TestMyStore(StoreContract):
+        @pytest.fixture
+        async def store(self, tmp_path):          # a fresh, empty store
+            store = MyStore(tmp_path / "x")
+            yield store
+            await store.close()
+
+        @pytest.fixture
+        def fail_midway(self, monkeypatch):       # see StoreContract.fail_midway
+            def arm(store): ...
+            return arm
+
+The tests need ``pytest-asyncio`` with ``asyncio_mode = "auto"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ce.core.errors import SchemaValidationError, VersionConflictError
+from ce.core.primitives import parse_iso
+from ce.core.schema import (
+    SCHEMA_VERSION,
+    BlockType,
+    EvidenceType,
+    Message,
+    MessageIndexRange,
+    Priority,
+    PutResult,
+    Role,
+    RunState,
+    RunStatus,
+    Session,
+    SessionDocument,
+    SourceKind,
+    Summary,
+    TaskStatus,
+)
+from ce.core.stores.base import BlockFilter, EvidenceFilter, SessionChanges, Store
+from ce.core.testing import records
+
+__all__ = ["InjectedFailure", "StoreContract"]
+
+
+class InjectedFailure(Exception):
+    """Raised by a ``fail_midway`` injection in the middle of a write."""
+
+
+async def _document(store: Store, session_id: str) -> SessionDocument:
+    doc = await store.get_session(session_id)
+    assert doc is not None, f"session {session_id!r} is missing"
+    return doc
+
+
+async def _message_ids(store: Store, session_id: str) -> list[str | None]:
+    return [m.message_id for m in (await _document(store, session_id)).session.messages]
+
+
+class StoreContract:
+    """Behaviour every store must show; subclasses provide ``store`` and ``fail_midway``.
+
+    ``store`` yields a fresh, empty store. ``fail_midway`` returns a function that, given that
+    store, arranges for its next write to raise :class:`InjectedFailure` after it has written
+    part of the records of a commit holding messages, tool calls, evidences and blocks (for
+    example after the messages, before the evidences); later writes must work normally.
+    """
+
+    # -- reads of what does not exist -----------------------------------------------------------
+
+    async def test_missing_session_reads_as_absent(self, store: Store) -> None:
+        assert await store.get_session("missing") is None
+        assert await store.get_version("missing") == 0
+        assert await store.get_evidence("missing", "ev") is None
+        assert await store.list_evidences("missing") == []
+        assert await store.list_context_blocks("missing") == []
+        assert await store.list_sessions() == []
+        assert await store.delete_session("missing") is False
+        assert await store.delete_evidence("missing", "ev") is False
+        assert await store.audit_log() == []
+
+    async def test_empty_session_id_is_rejected(self, store: Store) -> None:
+        with pytest.raises(SchemaValidationError):
+            await store.append_messages("", [records.message("m1")])
+        assert await store.list_sessions() == []
+
+    # -- round trips ----------------------------------------------------------------------------
+
+    async def test_rich_document_round_trips(self, store: Store) -> None:
+        changes = records.rich_changes()
+        assert await store.commit("s1", changes) == PutResult(success=True, version=1)
+        assert await store.get_session("s1") == records.expected_document("s1", changes)
+        assert await store.get_version("s1") == 1
+
+    async def test_put_session_replaces_the_whole_document(self, store: Store) -> None:
+        await store.append_messages("s1", [records.message("old")])
+        rich = records.expected_document("s1", records.rich_changes())
+        assert (await store.put_session("s1", rich, expected_version=1)).version == 2
+        assert await store.get_session("s1") == rich
+        assert await store.list_sessions(user_id="user-1") == ["s1"]
+
+        small = SessionDocument(
+            schema_version=SCHEMA_VERSION,
+            session=Session(session_id="s1", messages=[records.message("imported")]),
+        )
+        assert (await store.put_session("s1", small)).version == 3
+        assert await store.get_session("s1") == small
+        assert await store.list_evidences("s1") == []
+        assert await store.list_context_blocks("s1") == []
+        assert await store.list_sessions(user_id="user-1") == []
+
+        # appends continue after the imported records and stay idempotent against them
+        result = await store.append_messages(
+            "s1", [records.message("imported"), records.message("next")]
+        )
+        assert result.version == 4
+        assert await _message_ids(store, "s1") == ["imported", "next"]
+
+    async def test_put_session_fills_missing_message_ids(self, store: Store) -> None:
+        doc = SessionDocument(
+            schema_version=SCHEMA_VERSION,
+            session=Session(
+                session_id="s1",
+                messages=[Message(role=Role.USER, content="a"), Message(role=Role.USER)],
+            ),
+        )
+        await store.put_session("s1", doc)
+        ids = await _message_ids(store, "s1")
+        assert all(ids) and len(set(ids)) == 2
+
+    async def test_put_session_rejects_invalid_documents(self, store: Store) -> None:
+        await store.append_messages("s1", [records.message("m1")])
+        before = await _document(store, "s1")
+        other_id = records.expected_document("s2", SessionChanges())
+        duplicates = records.expected_document(
+            "s1", SessionChanges(messages=[records.message("a")] * 2)
+        )
+        old_schema = records.expected_document("s1", SessionChanges()).model_copy(
+            update={"schema_version": "0.9"}
+        )
+        for doc in (other_id, duplicates, old_schema):
+            with pytest.raises(SchemaValidationError):
+                await store.put_session("s1", doc)
+        assert await store.get_session("s1") == before
+        assert await store.get_version("s1") == 1
+
+    # -- appends, versions, idempotency ---------------------------------------------------------
+
+    async def test_append_order_is_preserved(self, store: Store) -> None:
+        expected = []
+        for i in range(6):
+            batch = [
+                records.message(f"m{i}-a"),
+                records.message(f"m{i}-b"),
+                records.message(f"m{i}-c"),
+            ]
+            await store.append_messages("s1", batch)
+            expected += [m.message_id for m in batch]
+        assert await _message_ids(store, "s1") == expected
+        assert await store.get_version("s1") == 6
+
+    async def test_appends_are_idempotent_by_id(self, store: Store) -> None:
+        changes = SessionChanges(
+            messages=[records.message("m1"), records.message("m2")],
+            tool_calls=[records.tool_call("c1")],
+            model_usage=[records.usage("u1")],
+            evidences=[records.evidence("e1")],
+        )
+        assert (await store.commit("s1", changes)).version == 1
+        before = await _document(store, "s1")
+        assert (await store.commit("s1", changes)).version == 1
+        # a stored id wins over a new record carrying the same id
+        rewritten = SessionChanges(
+            messages=[records.message("m1", content="rewritten")],
+            evidences=[records.evidence("e1", content="rewritten")],
+        )
+        assert (await store.commit("s1", rewritten)).version == 1
+        assert await store.get_session("s1") == before
+
+        mixed = SessionChanges(
+            messages=[records.message("m2"), records.message("m3"), records.message("m3")],
+            tool_calls=[records.tool_call("c1"), records.tool_call("c2")],
+            model_usage=[records.usage("u1"), records.usage("u2")],
+            evidences=[records.evidence("e2"), records.evidence("e1")],
+        )
+        assert (await store.commit("s1", mixed)).version == 2
+        doc = await _document(store, "s1")
+        assert [m.message_id for m in doc.session.messages] == ["m1", "m2", "m3"]
+        assert [c.tool_call_id for c in doc.session.tool_state.tool_calls] == ["c1", "c2"]
+        assert [u.model_usage_id for u in doc.session.model_usage] == ["u1", "u2"]
+        assert list(doc.evidences) == ["e1", "e2"]
+        assert doc.evidences["e1"].content == "evidence e1"
+
+    async def test_version_counts_commits_that_change_something(self, store: Store) -> None:
+        assert (await store.commit("s1", SessionChanges())).version == 0
+        assert await store.get_session("s1") is None
+        assert await store.list_sessions() == []
+        assert (await store.append_messages("s1", [records.message("m1")])).version == 1
+        assert (await store.put_context_blocks("s1", [records.block("b1")])).version == 2
+        assert (await store.upsert_tasks("s1", [records.task("t1")])).version == 3
+        assert await store.put_evidence("s1", records.evidence("e1")) == "e1"
+        assert await store.get_version("s1") == 4
+        assert (await store.commit("s1", SessionChanges())).version == 4
+        assert (await store.append_messages("s1", [records.message("m1")])).version == 4
+        assert (await store.put_context_blocks("s1", [records.block("b1")])).version == 4
+        assert (await store.upsert_tasks("s1", [records.task("t1")])).version == 4
+        assert (await store.commit("s1", SessionChanges(run=RunState()))).version == 4
+        assert await store.get_version("s1") == 4
+
+    async def test_summary_run_and_meta_are_replaced(self, store: Store) -> None:
+        first = records.rich_changes()
+        await store.commit("s1", first)
+        summary = Summary(
+            content="newer",
+            updated_at="2026-01-02T00:00:00+00:00",
+            message_index_range=MessageIndexRange(from_index=0, to_index=3),
+        )
+        run = RunState(run_id="run-2", status=RunStatus.FAILED, last_error="boom")
+        meta = records.meta("user-2")
+        replace = SessionChanges(summary=summary, run=run, meta=meta)
+        assert (await store.commit("s1", replace)).version == 2
+        doc = await _document(store, "s1")
+        assert (doc.session.summary, doc.session.run, doc.meta) == (summary, run, meta)
+        assert (await store.commit("s1", replace)).version == 2
+        assert await store.list_sessions(user_id="user-1") == []
+        assert await store.list_sessions(user_id="user-2") == ["s1"]
+
+    # -- optimistic concurrency -----------------------------------------------------------------
+
+    async def test_expected_version_conflicts_write_nothing(self, store: Store) -> None:
+        with pytest.raises(VersionConflictError) as info:
+            await store.append_tool_calls("s1", [records.tool_call("c1")], expected_version=1)
+        assert (info.value.expected, info.value.actual) == (1, 0)
+        assert await store.get_session("s1") is None
+
+        assert (
+            await store.commit("s1", SessionChanges(messages=[records.message("m1")]), 0)
+        ).version == 1
+        before = await _document(store, "s1")
+        writes: list[Callable[[], Any]] = [
+            lambda: store.commit("s1", records.rich_changes(), expected_version=0),
+            lambda: store.patch_session(
+                "s1", {"messages": [records.message("m2")]}, expected_version=2
+            ),
+            lambda: store.append_tool_calls("s1", [records.tool_call("c1")], expected_version=0),
+            lambda: store.append_model_usage("s1", [records.usage("u1")], expected_version=0),
+            lambda: store.upsert_tasks("s1", [records.task("t1")], expected_version=0),
+            lambda: store.put_session(
+                "s1", records.expected_document("s1", records.rich_changes()), expected_version=0
+            ),
+        ]
+        for write in writes:
+            with pytest.raises(VersionConflictError) as info:
+                await write()
+            assert (info.value.session_id, info.value.actual) == ("s1", 1)
+        assert await store.get_session("s1") == before
+        assert await store.get_version("s1") == 1
+
+        result = await store.append_model_usage("s1", [records.usage("u1")], expected_version=1)
+        assert result.version == 2
+
+    async def test_only_one_of_racing_optimistic_writers_wins(self, store: Store) -> None:
+        async def write(n: int) -> bool:
+            try:
+                await store.commit("s1", SessionChanges(messages=[records.message(f"m{n}")]), 0)
+            except VersionConflictError:
+                return False
+            return True
+
+        results = await asyncio.gather(*(write(n) for n in range(8)))
+        assert sum(results) == 1
+        assert await store.get_version("s1") == 1
+        assert len(await _message_ids(store, "s1")) == 1
+
+    async def test_retrying_optimistic_writers_lose_nothing(self, store: Store) -> None:
+        async def write(n: int) -> None:
+            while True:
+                version = await store.get_version("s1")
+                try:
+                    await store.append_tool_calls("s1", [records.tool_call(f"c{n}")], version)
+                    return
+                except VersionConflictError:
+                    continue
+
+        await asyncio.gather(*(write(n) for n in range(10)))
+        doc = await _document(store, "s1")
+        assert sorted(c.tool_call_id for c in doc.session.tool_state.tool_calls) == sorted(
+            f"c{n}" for n in range(10)
+        )
+        assert await store.get_version("s1") == 10
+
+    # -- atomicity ------------------------------------------------------------------------------
+
+    async def test_invalid_record_stores_nothing(self, store: Store) -> None:
+        await store.append_messages("s1", [records.message("m1")])
+        before = await _document(store, "s1")
+
+        mutated = records.message("bad")
+        mutated.role = "narrator"  # type: ignore[assignment]  # models do not validate assignment
+        with pytest.raises(SchemaValidationError) as info:
+            await store.commit(
+                "s1",
+                SessionChanges(
+                    messages=[records.message("m2"), mutated],
+                    evidences=[records.evidence("e1")],
+                    meta=records.meta("u"),
+                ),
+            )
+        assert [path for path, _ in info.value.errors] == ["messages.1.role"]
+
+        unserializable = records.evidence("e2")
+        unserializable.metadata = {"handle": object()}
+        not_a_model: Any = {"evidence_id": "e3"}
+        for changes in (
+            SessionChanges(messages=[records.message("m3")], evidences=[unserializable]),
+            SessionChanges(messages=[records.message("m4")], evidences=[not_a_model]),
+        ):
+            with pytest.raises(SchemaValidationError):
+                await store.commit("s1", changes)
+        assert await store.get_session("s1") == before
+        assert await store.get_version("s1") == 1
+
+    async def test_failure_midway_stores_nothing(
+        self, store: Store, fail_midway: Callable[[Store], None]
+    ) -> None:
+        await store.commit(
+            "s1",
+            SessionChanges(messages=[records.message("m1")], evidences=[records.evidence("e0")]),
+        )
+        before = await _document(store, "s1")
+        changes = records.rich_changes()
+        changes.context_blocks.append(records.block("block-new"))
+
+        fail_midway(store)
+        with pytest.raises(InjectedFailure):
+            await store.commit("s1", changes)
+        assert await store.get_session("s1") == before
+        assert await store.get_version("s1") == 1
+
+        # the store is usable afterwards and the retried commit goes through whole
+        assert (await store.commit("s1", changes)).version == 2
+        doc = await _document(store, "s1")
+        assert len(doc.session.messages) == 1 + len(changes.messages)
+        assert list(doc.evidences) == ["e0", "ev-doc", "ev-tool"]
+        assert doc.session.summary == changes.summary
+
+    # -- concurrency ----------------------------------------------------------------------------
+
+    @staticmethod
+    async def _append_each(store: Store, writer: str, count: int) -> None:
+        for i in range(count):
+            await store.append_messages("s1", [records.message(f"{writer}-{i:03d}")])
+
+    @staticmethod
+    def _assert_all_kept(ids: list[str | None], writers: list[str], count: int) -> None:
+        assert len(ids) == len(set(ids)) == len(writers) * count
+        for writer in writers:
+            mine = [i for i in ids if i and i.startswith(f"{writer}-")]
+            assert mine == [f"{writer}-{i:03d}" for i in range(count)]
+
+    async def test_concurrent_tasks_lose_nothing(self, store: Store) -> None:
+        writers = [f"task{n}" for n in range(20)]
+        await asyncio.gather(*(self._append_each(store, w, 10) for w in writers))
+        self._assert_all_kept(await _message_ids(store, "s1"), writers, 10)
+        assert await store.get_version("s1") == 200
+
+    async def test_concurrent_threads_with_their_own_loops_lose_nothing(self, store: Store) -> None:
+        writers = [f"thread{n}" for n in range(4)]
+        errors: list[BaseException] = []
+
+        def run(writer: str) -> None:
+            try:
+                asyncio.run(self._append_each(store, writer, 25))
+            except BaseException as exc:  # reported below, in the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(w,)) for w in writers]
+        for thread in threads:
+            thread.start()
+        # meanwhile the test's own loop writes too
+        await self._append_each(store, "loop", 25)
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        self._assert_all_kept(await _message_ids(store, "s1"), [*writers, "loop"], 25)
+        assert await store.get_version("s1") == 125
+
+    # -- the seed's convenience methods ---------------------------------------------------------
+
+    async def test_append_messages_gives_every_message_an_id(self, store: Store) -> None:
+        await store.append_messages("s1", [Message(role=Role.USER, content="a")] * 3)
+        ids = await _message_ids(store, "s1")
+        assert all(ids) and len(set(ids)) == 3
+
+    async def test_patch_session_validates_and_applies(self, store: Store) -> None:
+        patch = {
+            "messages": [{"role": "user", "content": "hi", "message_id": "m1"}],
+            "tool_calls": [{"tool_call_id": "c1", "tool": "t", "provider": {"kind": "mcp"}}],
+            "summary": {
+                "content": "s",
+                "updated_at": "2026-01-01T00:00:00+00:00",
+                "message_index_range": {"from_index": 0, "to_index": 0},
+            },
+            "run": RunState(status=RunStatus.PREPARING),
+            "meta": None,
+        }
+        assert (await store.patch_session("s1", patch)).version == 1
+        doc = await _document(store, "s1")
+        assert doc.session.messages == [Message(role=Role.USER, content="hi", message_id="m1")]
+        assert [c.tool_call_id for c in doc.session.tool_state.tool_calls] == ["c1"]
+        assert doc.session.summary is not None and doc.session.summary.content == "s"
+        assert doc.session.run.status is RunStatus.PREPARING
+
+        with pytest.raises(SchemaValidationError) as info:
+            await store.patch_session("s1", {"messages": [], "colour": "red"})
+        assert info.value.errors == [("colour", "unknown patch key")]
+        with pytest.raises(SchemaValidationError) as info:
+            await store.patch_session(
+                "s1", {"messages": [{"role": "user", "message_id": "m2"}, {"role": "bogus"}]}
+            )
+        assert [path for path, _ in info.value.errors] == ["messages.1.role"]
+        assert await store.get_session("s1") == doc
+
+    async def test_put_and_get_evidence(self, store: Store) -> None:
+        evidence = records.evidence("e1", confidence=0.5, metadata={"uri": "https://x"})
+        assert await store.put_evidence("s1", evidence) == "e1"
+        assert await store.get_evidence("s1", "e1") == evidence
+        assert await store.get_evidence("s1", "e2") is None
+        assert await store.get_evidence("s2", "e1") is None
+
+    async def test_list_evidences_filters(self, store: Store) -> None:
+        evidences = [
+            records.evidence("doc-old", created_at="2026-01-01T00:00:00Z", metadata={"lang": "en"}),
+            records.evidence(
+                "tool",
+                EvidenceType.TOOL_RESULT,
+                SourceKind.TOOL,
+                created_at="2026-01-02T00:00:00+00:00",
+                metadata={"lang": "fr", "n": 1},
+            ),
+            records.evidence("undated", EvidenceType.USER_INPUT, SourceKind.USER),
+            records.evidence(
+                "doc-new",
+                created_at="2026-01-03T09:00:00+09:00",
+                metadata={"lang": "en", "n": 1},
+            ),
+            records.evidence(
+                "llm", EvidenceType.LLM_OUTPUT, SourceKind.LLM, created_at="2026-01-04"
+            ),
+        ]
+        for evidence in evidences:
+            await store.put_evidence("s1", evidence)
+
+        async def ids(flt: EvidenceFilter | None) -> list[str]:
+            return [e.evidence_id for e in await store.list_evidences("s1", flt)]
+
+        assert await store.list_evidences("s1") == evidences
+        assert await ids(EvidenceFilter(types=[EvidenceType.RAG_DOC])) == ["doc-old", "doc-new"]
+        assert await ids(EvidenceFilter(source_kinds=[SourceKind.TOOL, SourceKind.LLM])) == [
+            "tool",
+            "llm",
+        ]
+        assert await ids(EvidenceFilter(since="2026-01-02T00:00:00+00:00")) == [
+            "tool",
+            "doc-new",
+            "llm",
+        ]
+        assert await ids(EvidenceFilter(until="2026-01-02T12:00:00+00:00")) == [
+            "doc-old",
+            "tool",
+        ]
+        assert await ids(
+            EvidenceFilter(since="2026-01-02T01:00:00+00:00", until="2026-01-03T00:00:00Z")
+        ) == ["doc-new"]
+        assert await ids(EvidenceFilter(tags={"lang": "en"})) == ["doc-old", "doc-new"]
+        assert await ids(EvidenceFilter(tags={"lang": "en", "n": "1"})) == ["doc-new"]
+        assert await ids(EvidenceFilter(limit=2)) == ["doc-old", "tool"]
+        assert await ids(EvidenceFilter(types=[EvidenceType.RAG_DOC], limit=1)) == ["doc-old"]
+        assert await ids(EvidenceFilter(types=[EvidenceType.SKILL_OUTPUT])) == []
+
+    async def test_put_context_blocks_upserts_in_place(self, store: Store) -> None:
+        blocks = [records.block("b1"), records.block("b2"), records.block("b3")]
+        assert (await store.put_context_blocks("s1", blocks)).version == 1
+        changed = records.block("b2", BlockType.MEMORY, Priority.HIGH, content="rewritten")
+        result = await store.put_context_blocks("s1", [changed, records.block("b4")])
+        assert result.version == 2
+        expected = [blocks[0], changed, blocks[2], records.block("b4")]
+        assert await store.list_context_blocks("s1") == expected
+        assert (await _document(store, "s1")).context_blocks == expected
+        assert (await store.put_context_blocks("s1", [changed])).version == 2
+        # within one call the last record of an id wins
+        last = records.block("b5", content="second")
+        assert (await store.put_context_blocks("s1", [records.block("b5"), last])).version == 3
+        assert (await store.list_context_blocks("s1"))[-1] == last
+
+    async def test_list_context_blocks_filters(self, store: Store) -> None:
+        await store.put_context_blocks(
+            "s1",
+            [
+                records.block("low", BlockType.CONVERSATION, Priority.LOW),
+                records.block("must", BlockType.INSTRUCTION, Priority.MUST),
+                records.block("medium", BlockType.EVIDENCE, Priority.MEDIUM),
+                records.block("high", BlockType.EVIDENCE, Priority.HIGH),
+            ],
+        )
+
+        async def ids(flt: BlockFilter) -> list[str]:
+            return [b.block_id for b in await store.list_context_blocks("s1", flt)]
+
+        assert await ids(BlockFilter(block_types=[BlockType.EVIDENCE])) == ["medium", "high"]
+        assert await ids(BlockFilter(priorities=[Priority.LOW, Priority.MUST])) == ["low", "must"]
+        assert await ids(BlockFilter(min_priority=Priority.HIGH)) == ["must", "high"]
+        assert await ids(BlockFilter(min_priority=Priority.LOW)) == [
+            "low",
+            "must",
+            "medium",
+            "high",
+        ]
+        assert await ids(BlockFilter(limit=1)) == ["low"]
+        assert await ids(BlockFilter(block_types=[BlockType.PLAN])) == []
+
+    async def test_append_tool_calls_and_model_usage(self, store: Store) -> None:
+        await store.append_tool_calls("s1", [records.tool_call("c1"), records.tool_call("c2")])
+        await store.append_model_usage("s1", [records.usage("u1")])
+        await store.append_tool_calls("s1", [records.tool_call("c2"), records.tool_call("c3")])
+        await store.append_model_usage("s1", [records.usage("u1"), records.usage("u2")])
+        doc = await _document(store, "s1")
+        assert doc.session.tool_state.tool_calls == [
+            records.tool_call(c) for c in ("c1", "c2", "c3")
+        ]
+        assert doc.session.model_usage == [records.usage("u1"), records.usage("u2")]
+        assert await store.get_version("s1") == 4
+
+    async def test_upsert_tasks(self, store: Store) -> None:
+        await store.upsert_tasks("s1", [records.task("t1"), records.task("t2")])
+        done = records.task("t1", TaskStatus.COMPLETED)
+        assert (await store.upsert_tasks("s1", [done, records.task("t3")])).version == 2
+        doc = await _document(store, "s1")
+        assert doc.session.task_state.todo_list.tasks == [
+            done,
+            records.task("t2"),
+            records.task("t3"),
+        ]
+        assert (await store.upsert_tasks("s1", [done])).version == 2
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    async def test_list_sessions(self, store: Store) -> None:
+        await store.commit("b", SessionChanges(meta=records.meta("alice")))
+        await store.commit(
+            "a", SessionChanges(messages=[records.message("m")], meta=records.meta("bob"))
+        )
+        await store.commit("c/ü é", SessionChanges(meta=records.meta("alice")))
+        await store.append_messages("d", [records.message("m")])
+        assert await store.list_sessions() == ["a", "b", "c/ü é", "d"]
+        assert await store.list_sessions(user_id="alice") == ["b", "c/ü é"]
+        assert await store.list_sessions(user_id="bob") == ["a"]
+        assert await store.list_sessions(user_id="carol") == []
+        await store.commit("a", SessionChanges(meta=records.meta("alice")))
+        assert await store.list_sessions(user_id="alice") == ["a", "b", "c/ü é"]
+
+    async def test_sessions_are_isolated(self, store: Store) -> None:
+        shared = SessionChanges(
+            messages=[records.message("m1")],
+            evidences=[records.evidence("e1")],
+            context_blocks=[records.block("b1")],
+            tasks=[records.task("t1")],
+        )
+        await store.commit("s1", shared)
+        assert (await store.commit("s2", shared)).version == 1
+        await store.put_evidence("s1", records.evidence("only-s1"))
+        assert await store.get_evidence("s2", "only-s1") is None
+        assert await store.get_version("s2") == 1
+        assert await store.delete_evidence("s1", "e1")
+        assert await store.get_evidence("s2", "e1") == records.evidence("e1")
+        assert await store.delete_session("s1")
+        assert await store.get_session("s2") == records.expected_document("s2", shared)
+
+    async def test_returned_and_committed_objects_are_not_shared(self, store: Store) -> None:
+        def changes() -> SessionChanges:
+            return SessionChanges(
+                messages=[records.message("m1", meta={"k": [1]})],
+                evidences=[records.evidence("e1")],
+                context_blocks=[records.block("b1")],
+            )
+
+        committed = changes()
+        await store.commit("s1", committed)
+        committed.messages[0].meta["k"].append(2)
+        committed.evidences[0].content = "changed by the caller"
+        committed.context_blocks[0].content = "changed by the caller"
+        doc = await _document(store, "s1")
+        doc.session.messages[0].content = "changed"
+        doc.evidences["e1"].metadata["x"] = "y"
+        fetched = await store.get_evidence("s1", "e1")
+        assert fetched is not None
+        fetched.content = "changed"
+        (await store.list_evidences("s1"))[0].content = "changed"
+        (await store.list_context_blocks("s1"))[0].content = "changed"
+        assert await store.get_session("s1") == records.expected_document("s1", changes())
+
+    # -- compliance -----------------------------------------------------------------------------
+
+    async def test_delete_session_is_audited(self, store: Store) -> None:
+        await store.commit("s1", records.rich_changes())
+        await store.append_messages("s2", [records.message("m1")])
+        assert await store.delete_session("s1") is True
+        assert await store.get_session("s1") is None
+        assert await store.get_version("s1") == 0
+        assert await store.get_evidence("s1", "ev-doc") is None
+        assert await store.list_evidences("s1") == []
+        assert await store.list_context_blocks("s1") == []
+        assert await store.list_sessions() == ["s2"]
+        assert await store.list_sessions(user_id="user-1") == []
+        assert await store.delete_session("s1") is False
+
+        [record] = await store.audit_log()
+        assert (record.action, record.session_id, record.target) == ("delete_session", "s1", "")
+        parse_iso(record.at)
+        # the session can start again from scratch
+        assert (await store.append_messages("s1", [records.message("again")])).version == 1
+        assert await _message_ids(store, "s1") == ["again"]
+
+    async def test_delete_evidence_is_audited(self, store: Store) -> None:
+        await store.commit("s1", records.rich_changes())
+        assert await store.delete_evidence("s1", "ev-doc") is True
+        assert await store.get_evidence("s1", "ev-doc") is None
+        assert [e.evidence_id for e in await store.list_evidences("s1")] == ["ev-tool"]
+        assert list((await _document(store, "s1")).evidences) == ["ev-tool"]
+        assert await store.get_version("s1") == 2
+        assert await store.delete_evidence("s1", "ev-doc") is False
+        assert await store.get_version("s1") == 2
+
+        [record] = await store.audit_log("s1")
+        assert (record.action, record.session_id, record.target) == (
+            "delete_evidence",
+            "s1",
+            "ev-doc",
+        )
+
+    async def test_delete_user_deletes_their_sessions(self, store: Store) -> None:
+        await store.commit(
+            "a1", SessionChanges(messages=[records.message("m")], meta=records.meta("alice"))
+        )
+        await store.commit("a2", SessionChanges(meta=records.meta("alice")))
+        await store.commit("b1", SessionChanges(meta=records.meta("bob")))
+        await store.append_messages("anonymous", [records.message("m")])
+        assert await store.delete_user("alice") == ["a1", "a2"]
+        assert await store.list_sessions() == ["anonymous", "b1"]
+        assert await store.delete_user("alice") == []
+        with pytest.raises(SchemaValidationError):
+            await store.delete_user("")
+        assert [(r.action, r.session_id) for r in await store.audit_log()] == [
+            ("delete_session", "a1"),
+            ("delete_session", "a2"),
+        ]
+
+    async def test_audit_log_filters_by_session_and_outlives_the_data(self, store: Store) -> None:
+        for session_id in ("s1", "s2"):
+            await store.put_evidence(session_id, records.evidence("e1"))
+            await store.delete_evidence(session_id, "e1")
+        await store.delete_session("s1")
+        assert [(r.action, r.session_id) for r in await store.audit_log()] == [
+            ("delete_evidence", "s1"),
+            ("delete_evidence", "s2"),
+            ("delete_session", "s1"),
+        ]
+        assert [r.action for r in await store.audit_log("s1")] == [
+            "delete_evidence",
+            "delete_session",
+        ]
+        assert await store.audit_log("s3") == []

@@ -1,0 +1,409 @@
+"""The store contract for MemoryStore, SQLiteStore and FileStore, plus what is specific to each:
+several OS processes writing one session, crashes mid-write, content really gone after a
+compliance delete, corrupt files, and the URLs of ``open_store``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import re
+import signal
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from multiprocessing.synchronize import Barrier, Event
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ce.core.stores._docops as docops
+import ce.core.stores.sqlite as sqlite_module
+from ce.core.errors import StoreError
+from ce.core.schema import (
+    Evidence,
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    Role,
+    SourceKind,
+    load_document,
+)
+from ce.core.stores import FileStore, MemoryStore, SQLiteStore, Store, open_store
+from ce.core.stores.file import encode_session_id
+from ce.core.testing import InjectedFailure, StoreContract
+
+
+def _fail_once(
+    monkeypatch: pytest.MonkeyPatch, owner: object, name: str, when: Callable[..., bool]
+) -> None:
+    """Make ``owner.name`` raise InjectedFailure on its first call for which ``when`` holds."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if when(*args, **kwargs):
+            monkeypatch.setattr(owner, name, original)
+            raise InjectedFailure(f"{name} failed on purpose")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+
+
+class TestMemoryStore(StoreContract):
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[Store]:
+        store = MemoryStore()
+        yield store
+        await store.close()
+
+    @pytest.fixture
+    def fail_midway(self, monkeypatch: pytest.MonkeyPatch) -> Callable[[Store], None]:
+        # apply_changes appends messages, tool calls, usage and evidences before upserting
+        return lambda store: _fail_once(monkeypatch, docops, "upsert", lambda *a: True)
+
+
+class TestSQLiteStore(StoreContract):
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+        store = SQLiteStore(tmp_path / "ce.db")
+        yield store
+        await store.close()
+
+    @pytest.fixture
+    def fail_midway(self, monkeypatch: pytest.MonkeyPatch) -> Callable[[Store], None]:
+        # messages, tool calls and usage rows are inserted before the evidences
+        return lambda store: _fail_once(
+            monkeypatch,
+            sqlite_module,
+            "_write_records",
+            lambda conn, table, *a: table == "evidences",
+        )
+
+
+class TestFileStore(StoreContract):
+    @pytest.fixture
+    async def store(self, tmp_path: Path) -> AsyncIterator[Store]:
+        store = FileStore(tmp_path / "sessions")
+        yield store
+        await store.close()
+
+    @pytest.fixture
+    def fail_midway(self, monkeypatch: pytest.MonkeyPatch) -> Callable[[Store], None]:
+        # the new document is in the temp file, not yet moved over the old one
+        return lambda store: _fail_once(monkeypatch, os, "fsync", lambda fd: True)
+
+
+def _message(key: str) -> Message:
+    return Message(role=Role.USER, content=f"content of {key}", message_id=key)
+
+
+def _open(kind: str, location: Path) -> SQLiteStore | FileStore:
+    return SQLiteStore(location / "ce.db") if kind == "sqlite" else FileStore(location)
+
+
+# -- several processes ------------------------------------------------------------------------
+
+
+def _append_in_process(kind: str, location: Path, writer: str, count: int, start: Barrier) -> None:
+    async def run() -> None:
+        store = _open(kind, location)
+        start.wait()
+        for i in range(count):
+            await store.append_messages("shared", [_message(f"{writer}-{i:03d}")])
+        await store.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", "file"])
+async def test_two_processes_appending_to_one_session_lose_nothing(
+    kind: str, tmp_path: Path
+) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(2)
+    writers = ["p1", "p2"]
+    processes = [
+        ctx.Process(target=_append_in_process, args=(kind, tmp_path, w, 200, start))
+        for w in writers
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=300)
+        assert process.exitcode == 0
+    store = _open(kind, tmp_path)
+    doc = await store.get_session("shared")
+    assert doc is not None
+    ids = [m.message_id for m in doc.session.messages]
+    assert len(ids) == len(set(ids)) == 400
+    for writer in writers:
+        assert [i for i in ids if i and i.startswith(writer)] == [
+            f"{writer}-{i:03d}" for i in range(200)
+        ]
+    assert await store.get_version("shared") == 400
+    await store.close()
+
+
+# -- FileStore --------------------------------------------------------------------------------
+
+
+def _hang_while_writing(directory: Path, writing: Event) -> None:
+    """Start a commit and block for good once the temp file is written, before the rename."""
+    real_fsync = os.fsync
+
+    def fsync(fd: Any) -> None:
+        real_fsync(fd)
+        writing.set()
+        threading.Event().wait()
+
+    os.fsync = fsync
+    store = FileStore(directory)
+    asyncio.run(store.append_messages("s1", [_message("second")]))
+
+
+@pytest.mark.slow
+async def test_file_store_crash_mid_write_keeps_the_previous_version(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    await store.append_messages("s1", [_message("first")])
+    before = await store.get_session("s1")
+
+    ctx = multiprocessing.get_context("spawn")
+    writing = ctx.Event()
+    child = ctx.Process(target=_hang_while_writing, args=(tmp_path, writing))
+    child.start()
+    try:
+        assert writing.wait(timeout=120), "the child never reached its write"
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    finally:
+        child.kill()
+    assert child.exitcode == -signal.SIGKILL
+    temp = tmp_path / f"{encode_session_id('s1')}.json.tmp"
+    assert b"second" in temp.read_bytes()  # the crash left a complete, unrenamed temp file
+
+    assert await store.get_session("s1") == before
+    assert await store.get_version("s1") == 1
+    assert await store.list_sessions() == ["s1"]
+    # the dead writer's lock is gone and its temp file does not survive the next write
+    assert (await store.append_messages("s1", [_message("third")])).version == 2
+    doc = await store.get_session("s1")
+    assert doc is not None
+    assert [m.message_id for m in doc.session.messages] == ["first", "third"]
+    assert not temp.exists()
+
+
+async def test_file_store_failed_replace_keeps_the_previous_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path)
+    await store.append_messages("s1", [_message("first")])
+    before = await store.get_session("s1")
+
+    def replace(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(StoreError, match="No space left"):
+        await store.append_messages("s1", [_message("second")])
+    monkeypatch.undo()
+    assert await store.get_session("s1") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s1.json", "s1.lock"]
+    assert (await store.append_messages("s1", [_message("second")])).version == 2
+
+
+async def test_file_store_format_and_names(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    long_id = "x" * 300
+    ids = ["Case", "case", "../escape", "a/b", ".hidden", "ü", long_id]
+    for session_id in ids:
+        await store.append_messages(session_id, [_message(session_id[:20])])
+    names = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert len(names) == len(ids)
+    assert all("/" not in n and not n.startswith(".") and n.count(".") == 1 for n in names)
+    assert encode_session_id("Case") != encode_session_id("case")
+    assert encode_session_id(long_id).startswith("~")
+    assert await store.list_sessions() == sorted(ids)
+
+    raw = json.loads((tmp_path / "case.json").read_text())
+    assert raw["version"] == 1
+    assert load_document(raw["document"]) == await store.get_session("case")
+
+
+async def test_file_store_migrates_older_documents_on_read(tmp_path: Path) -> None:
+    old = {
+        "schema_version": "0.9",
+        "session_id": "s1",
+        "messages": [{"role": "user", "content": "hi", "ts": "2025-01-01T00:00:00Z"}],
+    }
+    (tmp_path / "s1.json").write_text(json.dumps({"version": 3, "document": old}))
+    store = FileStore(tmp_path)
+    doc = await store.get_session("s1")
+    assert doc is not None
+    assert doc.session.messages[0].at == "2025-01-01T00:00:00Z"
+    assert (await store.append_messages("s1", [_message("m2")])).version == 4
+
+
+async def test_file_store_corrupt_file_raises_store_error(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    path = tmp_path / "s1.json"
+    path.write_text('{"version": 1, "document": {"schema_version": "1.0"')
+    with pytest.raises(StoreError, match=re.escape(str(path))):
+        await store.get_session("s1")
+    with pytest.raises(StoreError, match=re.escape(str(path))):
+        await store.append_messages("s1", [_message("m1")])
+    assert path.read_text().startswith('{"version": 1')
+
+
+# -- SQLiteStore ------------------------------------------------------------------------------
+
+
+def _file_bytes(db: Path) -> bytes:
+    wal = db.with_name(db.name + "-wal")
+    return db.read_bytes() + (wal.read_bytes() if wal.exists() else b"")
+
+
+async def test_sqlite_deleted_content_is_gone_from_the_files(tmp_path: Path) -> None:
+    db = tmp_path / "ce.db"
+    store = SQLiteStore(db)
+    secret, private = "SECRET-evidence-7f3a9c", "PRIVATE-message-51be02"
+    evidence = Evidence(
+        evidence_id="e1",
+        type=EvidenceType.TOOL_RESULT,
+        source=EvidenceSource(kind=SourceKind.TOOL),
+        content=secret * 200,  # spills into overflow pages
+    )
+    await store.put_evidence("s1", evidence)
+    await store.append_messages("s1", [Message(role=Role.USER, content=private, message_id="m")])
+    await store.append_messages("s2", [_message("kept")])
+    assert secret.encode() in _file_bytes(db) and private.encode() in _file_bytes(db)
+    with sqlite3.connect(db) as other:  # move everything from the log into the database file
+        other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert secret.encode() in db.read_bytes() and private.encode() in db.read_bytes()
+
+    assert await store.delete_evidence("s1", "e1")
+    assert secret.encode() not in _file_bytes(db)
+    assert private.encode() in _file_bytes(db)
+    assert await store.delete_session("s1")
+    assert private.encode() not in _file_bytes(db)
+    assert b"content of kept" in _file_bytes(db)
+    await store.close()
+
+
+async def test_sqlite_appends_insert_rows_and_never_rewrite(tmp_path: Path) -> None:
+    db = tmp_path / "ce.db"
+    store = SQLiteStore(db)
+    for key in ("m1", "m2", "m3"):
+        await store.append_messages("s1", [_message(key)])
+    await store.close()
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT message_id, version FROM messages ORDER BY seq").fetchall()
+        (user_version,) = conn.execute("PRAGMA user_version").fetchone()
+        (journal_mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+    assert rows == [("m1", 1), ("m2", 2), ("m3", 3)]
+    assert (user_version, journal_mode) == (sqlite_module.USER_VERSION, "wal")
+
+
+async def test_sqlite_store_is_shared_by_two_instances(tmp_path: Path) -> None:
+    first, second = SQLiteStore(tmp_path / "ce.db"), SQLiteStore(tmp_path / "ce.db")
+    await first.append_messages("s1", [_message("m1")])
+    await second.append_messages("s1", [_message("m2")])
+    assert await first.get_version("s1") == 2
+    doc = await first.get_session("s1")
+    assert doc is not None and [m.message_id for m in doc.session.messages] == ["m1", "m2"]
+    await first.close()
+    await second.close()
+
+
+async def test_sqlite_corrupt_or_newer_file_raises_store_error(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not an SQLite database\n" * 100)
+    with pytest.raises(StoreError, match=re.escape(str(garbage))):
+        SQLiteStore(garbage)
+    with pytest.raises(StoreError, match=re.escape(str(garbage))):
+        open_store(f"sqlite:///{garbage}")
+
+    newer = tmp_path / "newer.db"
+    store = SQLiteStore(newer)
+    await store.close()
+    with sqlite3.connect(newer) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(StoreError, match="newer"):
+        SQLiteStore(newer)
+
+
+async def test_sqlite_unreadable_session_raises_store_error(tmp_path: Path) -> None:
+    db = tmp_path / "ce.db"
+    store = SQLiteStore(db)
+    await store.append_messages("s1", [_message("m1")])
+    await store.append_messages("s2", [_message("m1")])
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE messages SET body = '{\"role\": 5}' WHERE session_id = 's1'")
+        conn.execute("UPDATE sessions SET schema_version = '0.9' WHERE session_id = 's2'")
+    with pytest.raises(StoreError, match=re.escape(f"{db}: session 's1' is corrupt")):
+        await store.get_session("s1")
+    with pytest.raises(StoreError, match=re.escape("schema version '0.9'")):
+        await store.get_session("s2")
+    await store.close()
+
+
+async def test_closed_sqlite_store_raises_store_error(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "ce.db")
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.get_session("s1")
+
+
+# -- open_store -------------------------------------------------------------------------------
+
+
+async def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(open_store("memory://"), MemoryStore)
+
+    relative = open_store("sqlite:///data/dir/ce%20test.db")
+    assert isinstance(relative, SQLiteStore)
+    assert relative.path == Path("data/dir/ce test.db")
+    assert (tmp_path / "data" / "dir" / "ce test.db").is_file()
+
+    absolute_path = tmp_path / "abs" / "ce.db"
+    absolute = open_store(f"sqlite:///{absolute_path}")
+    assert isinstance(absolute, SQLiteStore) and absolute.path == absolute_path
+    await absolute.append_messages("s1", [_message("m1")])
+    await absolute.close()
+    reopened = open_store(f"sqlite:///{absolute_path}")
+    assert await reopened.get_version("s1") == 1
+
+    files = open_store(f"file://{tmp_path}/files")
+    assert isinstance(files, FileStore) and files.directory == tmp_path / "files"
+    assert (tmp_path / "files").is_dir()
+    relative_files = open_store("file://rel/files")
+    assert isinstance(relative_files, FileStore)
+    assert relative_files.directory == Path("rel/files")
+
+    for store in (relative, reopened, files, relative_files):
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres://localhost/db",
+        "redis://",
+        "",
+        "ce.db",
+        "sqlite://ce.db",
+        "sqlite:///",
+        "sqlite:///ce.db?mode=ro",
+        "memory://elsewhere",
+        "file://",
+    ],
+)
+def test_open_store_rejects_bad_urls(url: str) -> None:
+    with pytest.raises(StoreError) as info:
+        open_store(url)
+    if "://" not in url or url.startswith(("postgres", "redis")):
+        assert all(s in str(info.value) for s in ("memory://", "sqlite://", "file://"))
