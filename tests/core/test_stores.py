@@ -109,7 +109,7 @@ def _open(kind: str, location: Path) -> SQLiteStore | FileStore:
 def _append_in_process(kind: str, location: Path, writer: str, count: int, start: Barrier) -> None:
     async def run() -> None:
         store = _open(kind, location)
-        start.wait()
+        start.wait(timeout=120)
         for i in range(count):
             await store.append_messages("shared", [_message(f"{writer}-{i:03d}")])
         await store.close()
@@ -129,11 +129,15 @@ async def test_two_processes_appending_to_one_session_lose_nothing(
         ctx.Process(target=_append_in_process, args=(kind, tmp_path, w, 200, start))
         for w in writers
     ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=300)
-        assert process.exitcode == 0
+    try:
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(timeout=300)
+            assert process.exitcode == 0
+    finally:
+        for process in processes:
+            process.kill()
     store = _open(kind, tmp_path)
     doc = await store.get_session("shared")
     assert doc is not None
@@ -145,6 +149,33 @@ async def test_two_processes_appending_to_one_session_lose_nothing(
         ]
     assert await store.get_version("shared") == 400
     await store.close()
+
+
+def _open_when_released(location: Path, start: Barrier) -> None:
+    start.wait(timeout=120)
+    SQLiteStore(location / "ce.db")
+
+
+@pytest.mark.slow
+def test_several_processes_opening_a_new_sqlite_file_at_once_all_succeed(tmp_path: Path) -> None:
+    """Workers starting together race to create the schema and switch the file to WAL."""
+    ctx = multiprocessing.get_context("spawn")
+    for trial in range(5):
+        start = ctx.Barrier(4)
+        location = tmp_path / f"trial-{trial}"
+        location.mkdir()
+        processes = [
+            ctx.Process(target=_open_when_released, args=(location, start)) for _ in range(4)
+        ]
+        try:
+            for process in processes:
+                process.start()
+            for process in processes:
+                process.join(timeout=120)
+            assert [p.exitcode for p in processes] == [0, 0, 0, 0]
+        finally:
+            for process in processes:
+                process.kill()
 
 
 # -- FileStore --------------------------------------------------------------------------------

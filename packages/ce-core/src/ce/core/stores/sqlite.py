@@ -17,6 +17,7 @@ import functools
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Concatenate, Literal, ParamSpec, TypeVar
@@ -146,7 +147,7 @@ class SQLiteStore(BaseStore):
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open SQLite store: {exc}") from exc
         try:
-            _prepare(conn, synchronous)
+            _prepare(conn, synchronous, busy_timeout)
         except (sqlite3.Error, StoreError) as exc:
             conn.close()
             raise StoreError(f"{self.path}: cannot open SQLite store: {exc}") from exc
@@ -237,9 +238,29 @@ class SQLiteStore(BaseStore):
         await asyncio.to_thread(close)
 
 
-def _prepare(conn: sqlite3.Connection, synchronous: str) -> None:
+def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
+    """Switch to WAL, retrying while another process holds the lock.
+
+    SQLite does not call the busy handler for a journal-mode change, so several workers
+    opening a new database at once get "database is locked" at once; retry with a bounded
+    backoff for up to ``busy_timeout`` seconds instead.
+    """
+    deadline = time.monotonic() + busy_timeout
+    delay = 0.002
+    while True:
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            return str(mode)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def _prepare(conn: sqlite3.Connection, synchronous: str, busy_timeout: float) -> None:
     """Set the connection's pragmas and create (or check) the schema."""
-    (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    mode = _enable_wal(conn, busy_timeout)
     if mode.lower() != "wal":
         raise StoreError(f"cannot enable WAL (journal_mode is {mode})")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
