@@ -36,7 +36,6 @@ from ce.core.schema import (
 )
 from ce.core.state import (
     LIVE_SCREEN_HEADING,
-    LIVE_SCREEN_SECTION,
     SUMMARY_SECTION,
     AgentState,
     MemoryNotebookWidget,
@@ -190,7 +189,7 @@ def test_live_screen_is_appended_to_the_newest_user_message() -> None:
     parts = render_live_context(state)
     assert parts[0].content == "first"
     assert parts[1].content == (
-        "second\n\n[LiveScreen]\n# [Live Screen]\n\n"
+        "second\n\n# [Live Screen]\n\n"
         "## Memory Notebook\n\nlikes tea\n\n"
         "## Tasks\n\n"
         "- [x] plan (`t1`)\n"
@@ -208,9 +207,7 @@ def test_live_screen_goes_to_the_last_tool_result_when_that_is_newest() -> None:
     state.update_notebook("note")
     parts = render_live_context(state)
     assert parts[-1].role is Role.TOOL
-    assert parts[-1].content.startswith(
-        f"result c2\n\n{LIVE_SCREEN_SECTION}\n{LIVE_SCREEN_HEADING}"
-    )
+    assert parts[-1].content.startswith(f"result c2\n\n{LIVE_SCREEN_HEADING}")
     assert parts[-2].content == "result c1"
     assert parts[0].content == "q"
 

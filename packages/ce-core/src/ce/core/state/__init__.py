@@ -6,7 +6,6 @@ from ce.core.state._checks import MAX_META_VALUE_BYTES, META_KEY_PATTERN, valida
 from ce.core.state._deltas import DeltaAccumulator, DeltaKind, MessageDelta
 from ce.core.state._records import ModelOutput, TokenUsage, ToolResult
 from ce.core.state._render import (
-    LIVE_SCREEN_SECTION,
     SUMMARY_SECTION,
     RenderOptions,
     render_live_context,
@@ -26,7 +25,6 @@ from ce.core.state._widgets import (
 
 __all__ = [
     "LIVE_SCREEN_HEADING",
-    "LIVE_SCREEN_SECTION",
     "MAX_META_VALUE_BYTES",
     "META_KEY_PATTERN",
     "NOTEBOOK_BLOCK_ID",

@@ -18,15 +18,11 @@ from ce.core.state._checks import latest_system_instruction
 from ce.core.state._widgets import StateView, Widget, build_live_screen, default_widgets
 
 __all__ = [
-    "LIVE_SCREEN_SECTION",
     "SUMMARY_SECTION",
     "RenderOptions",
     "render_live_context",
     "render_live_screen",
 ]
-
-LIVE_SCREEN_SECTION = "[LiveScreen]"
-"""Title of the section that carries the LiveScreen in the newest user or tool message."""
 
 SUMMARY_SECTION = "[Summary of earlier conversation]"
 """Title of the user note that stands for the messages a rolling summary covers."""
@@ -130,7 +126,7 @@ def render_live_context(
        the range starts; a tool group (assistant message + its results) is replaced only when
        the range covers all of it, else it renders whole;
     5. the LiveScreen (:func:`render_live_screen` over ``options.widgets``), when not empty,
-       appended as a ``[LiveScreen]`` section to the last user or tool part (not rendered
+       appended after a blank line to the last user or tool part (not rendered
        when there is none). Tool parts carry ``is_error`` when their recorded ``ToolCall``
        status is not ``success``.
     """
@@ -193,7 +189,7 @@ def render_live_context(
         for position in range(len(parts) - 1, -1, -1):
             part = parts[position]
             if part.role in (Role.USER, Role.TOOL):
-                content = _with_section(part.content, LIVE_SCREEN_SECTION, screen)
+                content = f"{part.content}\n\n{screen}" if part.content else screen
                 parts[position] = part.model_copy(update={"content": content})
                 break
     return parts
