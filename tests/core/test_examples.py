@@ -1,0 +1,45 @@
+"""The README's code and the demo run as documented (in a scratch directory)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, flags=re.DOTALL)
+
+
+def test_readme_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = _python_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert blocks, "the README should show how to use ce.core"
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
+
+
+def test_core_demo_runs_on_the_default_sqlite_store(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CE_STORE_URL"}
+    for _ in range(2):  # a second run starts the demo session afresh
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "core_demo.py")],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / ".ce" / "sessions.db").is_file()
+    out = done.stdout
+    assert "equal to the state that wrote it: yes" in out
+    assert "committed answer" in out and "session version 5" in out
+    assert "user      ['tool_result', 'tool_result']" in out
