@@ -14,9 +14,13 @@ from ce.core.schema import (
     Author,
     AuthorKind,
     BlockType,
+    Evidence,
+    EvidenceSource,
+    EvidenceType,
     LevelOfDetail,
     LodSections,
     ModelInvocation,
+    ModelUsage,
     ModelUsageStage,
     ModelUsageStatus,
     Priority,
@@ -25,8 +29,10 @@ from ce.core.schema import (
     Role,
     RunStatus,
     Section,
+    SourceKind,
     Task,
     TaskStatus,
+    ToolCall,
     ToolCallRequest,
     ToolCallStatus,
     ToolProvider,
@@ -854,3 +860,57 @@ def test_states_with_different_documents_differ() -> None:
     a.append_model_input("x")
     assert a != b
     assert a != a.document
+
+
+# -- records beside the history: evidence, tool runs, usage ----------------------------------
+
+
+def test_evidence_tool_call_and_usage_records_are_idempotent_by_id() -> None:
+    state = AgentState("s-records", clock=FixedClock())
+    evidence = Evidence(
+        evidence_id="e1",
+        type=EvidenceType.RAG_DOC,
+        source=EvidenceSource(kind=SourceKind.RAG, uri="kb://1"),
+        content="doc",
+    )
+    state.add_evidence(evidence)
+    state.add_evidence(evidence.model_copy(update={"content": "changed"}))
+    usage = ModelUsage(model_usage_id="u1", provider="openai", model="gpt-4o")
+    state.record_model_usage(usage)
+    state.record_model_usage(usage)
+    call = ToolCall(tool_call_id="c1", tool="f", provider=ToolProvider(kind="builtin"))
+    state.record_tool_call(
+        call.model_copy(update={"status": ToolCallStatus.ERROR, "duration_ms": 7})
+    )
+    state.record_tool_call(call)
+    changes = state.take_changes()
+    assert [e.content for e in changes.evidences] == ["doc"]
+    assert [u.model_usage_id for u in changes.model_usage] == ["u1"]
+    assert [(c.status.value, c.duration_ms) for c in changes.tool_calls] == [("error", 7)]
+    assert state.document.evidences["e1"].content == "doc"
+
+
+def test_a_recorded_tool_run_wins_over_the_record_its_result_would_make() -> None:
+    state = AgentState("s-run-first", clock=FixedClock())
+    state.append_model_input("go")
+    state.append_model_output(
+        ModelOutput(
+            tool_calls=[ToolCallRequest(tool_call_id="c1", name="f", raw_arguments="{}")],
+            invocation=ModelInvocation(provider="p", model="m"),
+        )
+    )
+    state.record_tool_call(
+        ToolCall(
+            tool_call_id="c1",
+            tool="f",
+            provider=ToolProvider(kind="mcp", name="srv"),
+            status="timeout",
+            duration_ms=3000,
+        )
+    )
+    state.append_tool_results([ToolResult(tool_call_id="c1", name="f", content="timed out")])
+    records = state.document.session.tool_state.tool_calls
+    assert [(r.tool_call_id, r.status.value, r.provider.kind.value) for r in records] == [
+        ("c1", "timeout", "mcp")
+    ]
+    assert AgentState.from_document(state.document) == state

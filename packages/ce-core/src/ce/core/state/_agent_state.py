@@ -38,6 +38,7 @@ from ce.core.schema import (
 )
 from ce.core.state._changes import ChangeBuffer
 from ce.core.state._checks import latest_system_instruction, normalize_content, validate_meta
+from ce.core.state._record_writers import RecordWriters
 from ce.core.state._records import ModelOutput, ToolResult
 from ce.core.state._runs import check_transition
 from ce.core.state._tool_calls import args_digest, normalize_tool_call
@@ -49,7 +50,7 @@ __all__ = ["AgentState"]
 _MAX_ID_ATTEMPTS = 10_000
 
 
-class AgentState:
+class AgentState(RecordWriters):
     """The per-session aggregate over a :class:`~ce.core.schema.SessionDocument`.
 
     It is the ONLY write path into a session document, and every write is a semantic,
@@ -83,6 +84,7 @@ class AgentState:
     _declared: dict[str, ToolCallRequest]
     _answered: set[str]
     _used_ids: set[str]
+    _recorded_calls: dict[str, ToolCall]
 
     def __init__(
         self,
@@ -126,6 +128,7 @@ class AgentState:
         self._declared = {}
         self._answered = set()
         self._used_ids = {u.model_usage_id for u in doc.session.model_usage}
+        self._recorded_calls = {c.tool_call_id: c for c in doc.session.tool_state.tool_calls}
         for message in doc.session.messages:
             self._index(message)
 
@@ -349,6 +352,8 @@ class AgentState:
                 ),
             )
             stored.append(self._append(message))
+            if request.tool_call_id in self._recorded_calls:
+                continue  # the tool run was recorded already (record_tool_call): it wins
             record = ToolCall(
                 tool_call_id=request.tool_call_id,
                 tool=request.name,
@@ -365,6 +370,7 @@ class AgentState:
                 task_id=result.task_id,
             )
             self._doc.session.tool_state.tool_calls.append(record)
+            self._recorded_calls[record.tool_call_id] = record
             self._changes.tool_calls.append(record)
         return stored
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ce.core.schema import Message, ModelUsage, SessionDocument, ToolCall
+from ce.core.schema import Evidence, Message, ModelUsage, SessionDocument, ToolCall
 from ce.core.stores.base import SessionChanges
 
 __all__ = ["ChangeBuffer"]
@@ -22,6 +22,7 @@ class ChangeBuffer:
         self.messages: list[Message] = []
         self.tool_calls: list[ToolCall] = []
         self.model_usage: list[ModelUsage] = []
+        self.evidences: list[Evidence] = []
         self.block_ids: dict[str, None] = {}
         self.task_ids: dict[str, None] = {}
         self.run = False
@@ -36,6 +37,7 @@ class ChangeBuffer:
             messages=[m.model_copy(deep=True) for m in self.messages],
             tool_calls=[t.model_copy(deep=True) for t in self.tool_calls],
             model_usage=[u.model_copy(deep=True) for u in self.model_usage],
+            evidences=[e.model_copy(deep=True) for e in self.evidences],
             context_blocks=[blocks[i].model_copy(deep=True) for i in self.block_ids],
             tasks=[tasks[i].model_copy(deep=True) for i in self.task_ids],
             summary=session.summary.model_copy(deep=True)
