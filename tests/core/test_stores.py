@@ -31,9 +31,16 @@ from ce.core.schema import (
     SourceKind,
     load_document,
 )
-from ce.core.stores import FileStore, MemoryStore, SQLiteStore, Store, open_store
+from ce.core.stores import (
+    FileStore,
+    MemoryStore,
+    SessionChanges,
+    SQLiteStore,
+    Store,
+    open_store,
+)
 from ce.core.stores.file import encode_session_id
-from ce.core.testing import InjectedFailure, StoreContract
+from ce.core.testing import InjectedFailure, StoreContract, records
 
 
 def _fail_once(
@@ -260,8 +267,25 @@ async def test_file_store_format_and_names(tmp_path: Path) -> None:
     assert await store.list_sessions() == sorted(ids)
 
     raw = json.loads((tmp_path / "case.json").read_text())
-    assert raw["version"] == 1
+    assert (raw["version"], raw["turns"]) == (1, [])
     assert load_document(raw["document"]) == await store.get_session("case")
+
+
+async def test_file_store_keeps_turns_beside_the_document(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    turn = records.turn("t1")
+    await store.commit("s1", SessionChanges(messages=[_message("m1")], turns=[turn]))
+    raw = json.loads((tmp_path / "s1.json").read_text())
+    assert sorted(raw) == ["document", "turns", "version"]
+    assert [t["turn_id"] for t in raw["turns"]] == ["t1"]
+    assert "turns" not in raw["document"]
+
+    # a file written before turn records existed has none, and takes new ones
+    del raw["turns"]
+    (tmp_path / "s1.json").write_text(json.dumps(raw))
+    assert await store.list_turns("s1") == []
+    assert (await store.commit("s1", SessionChanges(turns=[turn]))).version == 2
+    assert await store.get_turn("s1", "t1") == turn
 
 
 async def test_file_store_migrates_older_documents_on_read(tmp_path: Path) -> None:
@@ -271,11 +295,17 @@ async def test_file_store_migrates_older_documents_on_read(tmp_path: Path) -> No
         "messages": [{"role": "user", "content": "hi", "ts": "2025-01-01T00:00:00Z"}],
     }
     (tmp_path / "s1.json").write_text(json.dumps({"version": 3, "document": old}))
+    turn = records.turn("t1")
+    (tmp_path / "s2.json").write_text(
+        json.dumps({"version": 1, "document": old, "turns": [turn.model_dump(mode="json")]})
+    )
     store = FileStore(tmp_path)
     doc = await store.get_session("s1")
     assert doc is not None
     assert doc.session.messages[0].at == "2025-01-01T00:00:00Z"
+    assert await store.list_turns("s1") == []
     assert (await store.append_messages("s1", [_message("m2")])).version == 4
+    assert await store.list_turns("s2") == [turn]
 
 
 async def test_file_store_corrupt_file_raises_store_error(tmp_path: Path) -> None:
@@ -336,6 +366,49 @@ async def test_sqlite_appends_insert_rows_and_never_rewrite(tmp_path: Path) -> N
         (journal_mode,) = conn.execute("PRAGMA journal_mode").fetchone()
     assert rows == [("m1", 1), ("m2", 2), ("m3", 3)]
     assert (user_version, journal_mode) == (sqlite_module.USER_VERSION, "wal")
+
+
+async def test_sqlite_turns_are_rows_of_their_own(tmp_path: Path) -> None:
+    db = tmp_path / "ce.db"
+    store = SQLiteStore(db)
+    await store.commit("s1", SessionChanges(messages=[_message("m1")], turns=[records.turn("t1")]))
+    await store.commit("s1", SessionChanges(turns=[records.turn("t2")]))
+    await store.close()
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT turn_id, version FROM turns ORDER BY seq").fetchall()
+    assert rows == [("t1", 1), ("t2", 2)]
+
+
+def _layout_1(db: Path) -> None:
+    """Turn the current layout at ``db`` into layout 1 (which had no ``turns`` table)."""
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE turns")
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+
+
+async def test_sqlite_layout_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
+    db = tmp_path / "ce.db"
+    store = SQLiteStore(db)
+    changes = records.rich_changes()
+    changes.turns = []
+    await store.commit("s1", changes)
+    await store.close()
+    _layout_1(db)
+
+    upgraded = SQLiteStore(db)
+    with sqlite3.connect(db) as conn:
+        (user_version,) = conn.execute("PRAGMA user_version").fetchone()
+    conn.close()
+    assert user_version == sqlite_module.USER_VERSION == 2
+    assert await upgraded.get_session("s1") == records.expected_document("s1", changes)
+    assert await upgraded.list_turns("s1") == []
+    assert (await upgraded.commit("s1", SessionChanges(turns=[records.turn("t1")]))).version == 2
+    assert await upgraded.get_turn("s1", "t1") == records.turn("t1")
+    assert await upgraded.delete_session("s1")
+    assert await upgraded.list_turns("s1") == []
+    await upgraded.close()
+    await SQLiteStore(db).close()  # opening an upgraded file again changes nothing
 
 
 async def test_sqlite_store_is_shared_by_two_instances(tmp_path: Path) -> None:

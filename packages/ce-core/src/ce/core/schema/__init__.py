@@ -68,6 +68,7 @@ from ce.core.schema._results import (
     RedactionRecord,
     RenderedBlock,
     Report,
+    TurnRecord,
 )
 from ce.core.schema._version import SCHEMA_VERSION
 from ce.core.schema.migrate import MigrateResult, Migrator
@@ -125,6 +126,7 @@ __all__ = [
     "ToolProvider",
     "ToolState",
     "ToolType",
+    "TurnRecord",
     "document_from_json",
     "document_to_json",
     "dump_document",

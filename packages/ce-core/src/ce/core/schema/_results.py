@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ce.core.schema._document import ToolCallRequest
+from ce.core.schema._document import Summary, ToolCallRequest
 from ce.core.schema._enums import BlockType, Priority, Role
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "RedactionRecord",
     "RenderedBlock",
     "Report",
+    "TurnRecord",
 ]
 
 
@@ -64,10 +65,17 @@ class AssembledInput(_Model):
 
 
 class PruneDecision(_Model):
+    """What the pruner did with one candidate block, or with ``block_count`` consecutive
+    conversation blocks that share the decision (``block_id`` then names the range, e.g.
+    ``msg:<first>..msg:<last>``), so that a long history costs one decision, not thousands.
+    ``level`` is the Level of Detail a kept or degraded block renders at."""
+
     block_id: str
     action: Literal["kept", "dropped", "degraded"]
     reason: str
     token_estimate: int
+    block_count: int = 1
+    level: str | None = None
 
 
 class ConflictRecord(_Model):
@@ -100,3 +108,19 @@ class PrepareResult(_Model):
     assembled_input: AssembledInput
     report: Report
     session_version: int | None = None
+
+
+class TurnRecord(_Model):
+    """What a store keeps about one ``prepare_turn`` / ``prepare_call`` beside the document:
+    enough to replay it (the history length it saw, the summary, the config and the tool
+    schemas) and the report it produced. Never holds message content."""
+
+    turn_id: str
+    kind: Literal["turn", "call"]
+    at: str
+    message_count: int
+    evidence_count: int
+    summary: Summary | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
+    report: Report

@@ -9,10 +9,13 @@ URL                       store
 ``sqlite:////abs/x.db``   :class:`SQLiteStore` at ``/abs/x.db``
 ``file:///abs/dir``       :class:`FileStore` in ``/abs/dir`` (``file://rel/dir`` is relative)
 ========================  =====================================================================
+
+:func:`default_store_url` is the store used when none is given (the engine's and the CLI's).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from urllib.parse import unquote
 
@@ -32,6 +35,8 @@ from ce.core.stores.memory import MemoryStore
 from ce.core.stores.sqlite import SQLiteStore
 
 __all__ = [
+    "DEFAULT_STORE_URL",
+    "STORE_URL_ENV",
     "AuditRecord",
     "BaseStore",
     "BlockFilter",
@@ -41,10 +46,23 @@ __all__ = [
     "SQLiteStore",
     "SessionChanges",
     "Store",
+    "default_store_url",
     "filter_blocks",
     "filter_evidences",
     "open_store",
 ]
+
+STORE_URL_ENV = "CE_STORE_URL"
+"""The environment variable naming the default store URL."""
+
+DEFAULT_STORE_URL = "sqlite:///.ce/sessions.db"
+"""The store used when neither a store nor ``CE_STORE_URL`` is given: an SQLite file under
+``./.ce/``."""
+
+
+def default_store_url() -> str:
+    """``$CE_STORE_URL`` when it is set and not empty, else :data:`DEFAULT_STORE_URL`."""
+    return os.environ.get(STORE_URL_ENV) or DEFAULT_STORE_URL
 
 
 def _memory(rest: str) -> Store:

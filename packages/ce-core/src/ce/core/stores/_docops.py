@@ -1,4 +1,5 @@
-"""Applying a :class:`SessionChanges` to a whole document (MemoryStore and FileStore).
+"""Applying a :class:`SessionChanges` to a whole document and its turn records (MemoryStore and
+FileStore).
 
 Functions here never modify their inputs: they return a new document that shares the records
 it did not change, so a failure halfway leaves the stored document untouched.
@@ -17,10 +18,18 @@ from ce.core.schema import (
     TaskState,
     TodoList,
     ToolState,
+    TurnRecord,
 )
 from ce.core.stores.base import SessionChanges
 
-__all__ = ["apply_changes", "new_document", "remove_evidence", "user_id_of"]
+__all__ = [
+    "append_turns",
+    "apply_changes",
+    "new_document",
+    "newest",
+    "remove_evidence",
+    "user_id_of",
+]
 
 _R = TypeVar("_R")
 
@@ -124,3 +133,16 @@ def remove_evidence(doc: SessionDocument, evidence_id: str) -> SessionDocument |
         return None
     evidences = {k: v for k, v in doc.evidences.items() if k != evidence_id}
     return doc.model_copy(update={"evidences": evidences})
+
+
+def append_turns(stored: list[TurnRecord], new: list[TurnRecord]) -> list[TurnRecord]:
+    """``stored`` plus the turn records of ``new`` whose ``turn_id`` is not stored yet.
+
+    Returns ``stored`` itself when nothing is new.
+    """
+    return append_new(stored, new, lambda t: t.turn_id)
+
+
+def newest(records: list[_R], limit: int | None) -> list[_R]:
+    """The last ``limit`` of ``records`` (all of them when ``limit`` is None), in order."""
+    return list(records) if limit is None else records[max(len(records) - limit, 0) :]

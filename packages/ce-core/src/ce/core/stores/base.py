@@ -7,13 +7,21 @@ idempotent on their ids (``message_id``, ``tool_call_id``, ``model_usage_id``,
 duplicates anything. Context blocks and tasks are upserted by id (an updated block keeps its
 position); ``summary``, ``run`` and ``meta`` replace the stored value.
 
+Turn records: a :class:`~ce.core.schema.TurnRecord` (what the engine keeps about one
+``prepare_turn`` / ``prepare_call``) is stored beside the session document, not in it:
+``get_session`` never returns turns; :meth:`Store.list_turns` and :meth:`Store.get_turn` read
+them. They are appended by ``commit`` like messages (idempotent on ``turn_id``, in the same
+atomic commit as the rest of the change set), ``put_session`` discards those of the document it
+replaces, and ``delete_session`` / ``delete_user`` delete them with the session.
+
 Versions: a session that does not exist has version 0. Every commit that stores something
-(a new record, a block or task whose content differs, a summary/run/meta that differs) increments
-the version by one; a commit that changes nothing returns the current version unchanged and
-creates nothing. ``put_session`` always counts as a change; ``delete_evidence`` increments the
-version; ``delete_session`` removes the session, so its version is 0 again. A write with
-``expected_version`` raises :class:`~ce.core.errors.VersionConflictError` when the stored
-version differs, and then writes nothing.
+(a new record or turn record, a block or task whose content differs, a summary/run/meta that
+differs) increments the version by one; a commit that changes nothing returns the current
+version unchanged and creates nothing. ``put_session`` always counts as a change;
+``delete_evidence`` increments the version; ``delete_session`` removes the session, so its
+version is 0 again. A write with ``expected_version`` raises
+:class:`~ce.core.errors.VersionConflictError` when the stored version differs, and then writes
+nothing.
 
 Validation: every record is validated again from its JSON form before it is stored, so a
 record mutated into an invalid state after construction (models do not validate assignment)
@@ -56,6 +64,7 @@ from ce.core.schema import (
     Summary,
     Task,
     ToolCall,
+    TurnRecord,
     validate_model,
 )
 
@@ -101,9 +110,10 @@ class BlockFilter:
 class SessionChanges:
     """Records to add to one session in one atomic commit.
 
-    ``messages``, ``tool_calls``, ``model_usage`` and ``evidences`` are appended (skipped when
-    their id is already stored); ``context_blocks`` and ``tasks`` are upserted by id;
-    ``summary``, ``run`` and ``meta`` replace the stored value when given.
+    ``messages``, ``tool_calls``, ``model_usage``, ``evidences`` and ``turns`` are appended
+    (skipped when their id is already stored); ``context_blocks`` and ``tasks`` are upserted by
+    id; ``summary``, ``run`` and ``meta`` replace the stored value when given. ``turns`` are
+    kept beside the document (see the module docstring).
     """
 
     messages: list[Message] = field(default_factory=list)
@@ -112,6 +122,7 @@ class SessionChanges:
     evidences: list[Evidence] = field(default_factory=list)
     context_blocks: list[ContextBlock] = field(default_factory=list)
     tasks: list[Task] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
     summary: Summary | None = None
     run: RunState | None = None
     meta: Meta | None = None
@@ -128,6 +139,7 @@ class SessionChanges:
             evidences=[*self.evidences, *other.evidences],
             context_blocks=[*self.context_blocks, *other.context_blocks],
             tasks=[*self.tasks, *other.tasks],
+            turns=[*self.turns, *other.turns],
             summary=other.summary or self.summary,
             run=other.run or self.run,
             meta=other.meta or self.meta,
@@ -150,6 +162,7 @@ class SessionChanges:
             "evidences": Evidence,
             "context_blocks": ContextBlock,
             "tasks": Task,
+            "turns": TurnRecord,
         }
         single_models: dict[str, type[Any]] = {"summary": Summary, "run": RunState, "meta": Meta}
         kwargs: dict[str, Any] = {}
@@ -214,6 +227,7 @@ def _revalidated_changes(changes: SessionChanges) -> SessionChanges:
         evidences=each(changes.evidences, Evidence, "evidences"),
         context_blocks=each(changes.context_blocks, ContextBlock, "context_blocks"),
         tasks=each(changes.tasks, Task, "tasks"),
+        turns=each(changes.turns, TurnRecord, "turns"),
         summary=one(changes.summary, Summary, "summary"),
         run=one(changes.run, RunState, "run"),
         meta=one(changes.meta, Meta, "meta"),
@@ -293,6 +307,13 @@ class Store(Protocol):
     async def upsert_tasks(
         self, session_id: str, tasks: list[Task], expected_version: int | None = None
     ) -> PutResult: ...
+    async def list_turns(self, session_id: str, limit: int | None = None) -> list[TurnRecord]:
+        """The session's turn records, oldest first; with ``limit``, only the newest ``limit``
+        of them (still oldest first). Raises :class:`ValueError` for a negative ``limit``."""
+
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord | None:
+        """The turn record ``turn_id`` of the session, or None when it is not stored."""
+
     async def list_sessions(self, user_id: str | None = None) -> list[str]:
         """Stored session ids, sorted; only those whose ``meta.actor.user_id`` is ``user_id``
         when it is given."""
@@ -354,10 +375,12 @@ class BaseStore(abc.ABC):
     ) -> PutResult:
         """Replace the whole stored document of ``session_id`` by ``doc`` (used by import).
 
-        Always increments the version. Raises :class:`SchemaValidationError` when
-        ``doc.session.session_id`` differs from ``session_id``, when ``doc.schema_version`` is
-        not the current one (load older documents with ``load_document``, which migrates them),
-        when record ids repeat, or when the document is invalid.
+        The turn records of the replaced document are discarded (commit the new document's
+        turns afterwards). Always increments the version. Raises
+        :class:`SchemaValidationError` when ``doc.session.session_id`` differs from
+        ``session_id``, when ``doc.schema_version`` is not the current one (load older
+        documents with ``load_document``, which migrates them), when record ids repeat, or
+        when the document is invalid.
         """
         _check_session_id(session_id)
         if doc.session.session_id != session_id:
@@ -474,6 +497,21 @@ class BaseStore(abc.ABC):
         self, session_id: str, filter: BlockFilter | None = None
     ) -> list[ContextBlock]:
         """The session's blocks in stored order, filtered by :func:`filter_blocks`."""
+
+    async def list_turns(self, session_id: str, limit: int | None = None) -> list[TurnRecord]:
+        """The session's turn records, oldest first; with ``limit``, only the newest ``limit``
+        of them (still oldest first). Raises :class:`ValueError` for a negative ``limit``."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        return await self._list_turns(session_id, limit)
+
+    @abc.abstractmethod
+    async def _list_turns(self, session_id: str, limit: int | None) -> list[TurnRecord]:
+        """``list_turns`` with ``limit`` already checked."""
+
+    @abc.abstractmethod
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord | None:
+        """The turn record ``turn_id`` of the session, or None when it is not stored."""
 
     @abc.abstractmethod
     async def list_sessions(self, user_id: str | None = None) -> list[str]: ...

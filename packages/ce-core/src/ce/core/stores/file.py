@@ -1,13 +1,14 @@
 """``FileStore``: one JSON document per session in a directory (POSIX only).
 
-Each session is ``<name>.json`` holding ``{"version": n, "document": {...}}``, where ``<name>``
-encodes the session id safely (see :func:`encode_session_id`). A write goes to
-``<name>.json.tmp`` in the same directory, is flushed and fsynced, and replaces the document
-with :func:`os.replace`, so a reader sees either the old or the new document and a crash
-mid-write leaves the previous version readable (the stale temp file is overwritten by the
-next write). Read-modify-write runs under an exclusive :func:`fcntl.flock` on ``<name>.lock``,
-so concurrent processes and threads lose nothing. Compliance actions are appended to
-``audit.jsonl``.
+Each session is ``<name>.json`` holding ``{"version": n, "document": {...}, "turns": [...]}``
+(the turn records beside the document; files written before turns existed have no ``"turns"``
+and read as having none), where ``<name>`` encodes the session id safely (see
+:func:`encode_session_id`). A write goes to ``<name>.json.tmp`` in the same directory, is
+flushed and fsynced, and replaces the document with :func:`os.replace`, so a reader sees either
+the old or the new document and a crash mid-write leaves the previous version readable (the
+stale temp file is overwritten by the next write). Read-modify-write runs under an exclusive
+:func:`fcntl.flock` on ``<name>.lock``, so concurrent processes and threads lose nothing.
+Compliance actions are appended to ``audit.jsonl``.
 
 Every commit rewrites the whole document: the cost of an append grows with the session. Use
 :class:`~ce.core.stores.sqlite.SQLiteStore` for long sessions.
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 from urllib.parse import unquote
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from ce.core.errors import ContextEngineError, StoreError
 from ce.core.primitives import Clock, IdGenerator
@@ -37,9 +38,17 @@ from ce.core.schema import (
     Evidence,
     PutResult,
     SessionDocument,
+    TurnRecord,
     load_document,
 )
-from ce.core.stores._docops import apply_changes, new_document, remove_evidence, user_id_of
+from ce.core.stores._docops import (
+    append_turns,
+    apply_changes,
+    new_document,
+    newest,
+    remove_evidence,
+    user_id_of,
+)
 from ce.core.stores.base import (
     AuditRecord,
     BaseStore,
@@ -82,6 +91,7 @@ def encode_session_id(session_id: str) -> str:
 class _Stored(BaseModel):
     version: int
     document: SessionDocument
+    turns: list[TurnRecord] = Field(default_factory=list)
 
 
 class FileStore(BaseStore):
@@ -160,12 +170,21 @@ class FileStore(BaseStore):
                 raise StoreError(f"{path}: corrupt session file: {exc}") from exc
         try:  # a document of an older schema version: migrate it
             raw = json.loads(data)
-            return _Stored(version=raw["version"], document=load_document(raw["document"]))
+            return _Stored(
+                version=raw["version"],
+                document=load_document(raw["document"]),
+                turns=raw.get("turns", []),
+            )
         except (ContextEngineError, ValueError, LookupError, TypeError) as exc:
             raise StoreError(f"{path}: corrupt session file: {exc}") from exc
 
-    def _write(self, path: Path, version: int, doc: SessionDocument) -> None:
-        data = f'{{"version":{version},"document":{doc.model_dump_json(exclude_none=True)}}}'
+    def _write(
+        self, path: Path, version: int, doc: SessionDocument, turns: list[TurnRecord]
+    ) -> None:
+        data = (
+            f'{{"version":{version},"document":{doc.model_dump_json(exclude_none=True)},'
+            f'"turns":[{",".join(t.model_dump_json(exclude_none=True) for t in turns)}]}}'
+        )
         tmp = path.with_name(path.name + ".tmp")
         try:
             with open(tmp, "wb") as f:
@@ -216,10 +235,13 @@ class FileStore(BaseStore):
             stored = self._read(path)
             current = stored.version if stored else 0
             self._check_version(session_id, expected_version, current)
-            doc = apply_changes(stored.document if stored else new_document(session_id), changes)
-            if doc is None:
+            doc = stored.document if stored else new_document(session_id)
+            stored_turns = stored.turns if stored else []
+            changed = apply_changes(doc, changes)
+            turns = append_turns(stored_turns, changes.turns)
+            if changed is None and turns is stored_turns:
                 return current
-            self._write(path, current + 1, doc)
+            self._write(path, current + 1, doc if changed is None else changed, turns)
             return current + 1
 
     async def _commit(
@@ -234,7 +256,7 @@ class FileStore(BaseStore):
             stored = self._read(path)
             current = stored.version if stored else 0
             self._check_version(session_id, expected_version, current)
-            self._write(path, current + 1, doc)
+            self._write(path, current + 1, doc, [])
             return current + 1
 
     async def _put_session(
@@ -269,7 +291,7 @@ class FileStore(BaseStore):
             doc = remove_evidence(stored.document, evidence_id) if stored else None
             if stored is None or doc is None:
                 return False
-            self._write(path, stored.version + 1, doc)
+            self._write(path, stored.version + 1, doc, stored.turns)
             self._append_audit(self._audit_record("delete_evidence", session_id, evidence_id))
             return True
 
@@ -304,6 +326,17 @@ class FileStore(BaseStore):
     ) -> list[ContextBlock]:
         doc = await self._run(self._document, session_id)
         return filter_blocks(doc.context_blocks if doc else [], filter)
+
+    def _turns(self, session_id: str) -> list[TurnRecord]:
+        stored = self._read(self._path(session_id))
+        return stored.turns if stored else []
+
+    async def _list_turns(self, session_id: str, limit: int | None) -> list[TurnRecord]:
+        return newest(await self._run(self._turns, session_id), limit)
+
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord | None:
+        turns = await self._run(self._turns, session_id)
+        return next((t for t in turns if t.turn_id == turn_id), None)
 
     def _session_ids(self, user_id: str | None) -> list[str]:
         ids = []

@@ -7,8 +7,15 @@ from dataclasses import dataclass
 
 from ce.core.errors import StoreError
 from ce.core.primitives import Clock, IdGenerator
-from ce.core.schema import ContextBlock, Evidence, PutResult, SessionDocument
-from ce.core.stores._docops import apply_changes, new_document, remove_evidence, user_id_of
+from ce.core.schema import ContextBlock, Evidence, PutResult, SessionDocument, TurnRecord
+from ce.core.stores._docops import (
+    append_turns,
+    apply_changes,
+    new_document,
+    newest,
+    remove_evidence,
+    user_id_of,
+)
 from ce.core.stores.base import (
     AuditRecord,
     BaseStore,
@@ -26,6 +33,7 @@ __all__ = ["MemoryStore"]
 class _Entry:
     version: int
     doc: SessionDocument
+    turns: list[TurnRecord]
 
 
 class MemoryStore(BaseStore):
@@ -60,10 +68,15 @@ class MemoryStore(BaseStore):
             entry = self._entry(session_id)
             current = entry.version if entry else 0
             self._check_version(session_id, expected_version, current)
-            changed = apply_changes(entry.doc if entry else new_document(session_id), changes)
-            if changed is None:
+            doc = entry.doc if entry else new_document(session_id)
+            stored_turns = entry.turns if entry else []
+            changed = apply_changes(doc, changes)
+            turns = append_turns(stored_turns, changes.turns)
+            if changed is None and turns is stored_turns:
                 return PutResult(success=True, version=current)
-            self._sessions[session_id] = _Entry(current + 1, changed)
+            self._sessions[session_id] = _Entry(
+                current + 1, doc if changed is None else changed, turns
+            )
             return PutResult(success=True, version=current + 1)
 
     async def _put_session(
@@ -73,7 +86,7 @@ class MemoryStore(BaseStore):
             entry = self._entry(session_id)
             current = entry.version if entry else 0
             self._check_version(session_id, expected_version, current)
-            self._sessions[session_id] = _Entry(current + 1, doc)
+            self._sessions[session_id] = _Entry(current + 1, doc, [])
             return PutResult(success=True, version=current + 1)
 
     async def get_session(self, session_id: str) -> SessionDocument | None:
@@ -111,6 +124,19 @@ class MemoryStore(BaseStore):
         blocks = entry.doc.context_blocks if entry else []
         return [b.model_copy(deep=True) for b in filter_blocks(blocks, filter)]
 
+    async def _list_turns(self, session_id: str, limit: int | None) -> list[TurnRecord]:
+        with self._lock:
+            entry = self._entry(session_id)
+        # Stored turn lists are never modified in place (commits build new ones).
+        turns = entry.turns if entry else []
+        return [t.model_copy(deep=True) for t in newest(turns, limit)]
+
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord | None:
+        with self._lock:
+            entry = self._entry(session_id)
+        turn = next((t for t in entry.turns if t.turn_id == turn_id), None) if entry else None
+        return turn.model_copy(deep=True) if turn else None
+
     async def list_sessions(self, user_id: str | None = None) -> list[str]:
         with self._lock:
             self._check_open()
@@ -134,7 +160,7 @@ class MemoryStore(BaseStore):
             changed = remove_evidence(entry.doc, evidence_id) if entry else None
             if entry is None or changed is None:
                 return False
-            self._sessions[session_id] = _Entry(entry.version + 1, changed)
+            self._sessions[session_id] = _Entry(entry.version + 1, changed, entry.turns)
             self._audit.append(self._audit_record("delete_evidence", session_id, evidence_id))
             return True
 

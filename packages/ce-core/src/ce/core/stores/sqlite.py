@@ -1,13 +1,15 @@
 """``SQLiteStore``: the embedded default store — one SQLite file, a row per record.
 
-Layout (``PRAGMA user_version`` = :data:`USER_VERSION`, for future migrations): ``sessions``
-holds one row per session (version, schema version, the ``summary`` / ``run`` / ``meta`` JSON
-and ``user_id`` from ``meta.actor.user_id`` for compliance queries); ``messages``,
-``tool_calls``, ``model_usage``, ``evidences``, ``context_blocks`` and ``tasks`` hold one row
-per record (``session_id``, an ordering ``seq``, the record id — unique per session — the
-version of the commit that wrote it, and the record's JSON ``body``); ``audit`` holds the
-compliance log. A commit reads only the session row and inserts the new rows, so appending a
-message costs the same at 10 and at 10,000 stored messages.
+Layout (``PRAGMA user_version`` = :data:`USER_VERSION`): ``sessions`` holds one row per session
+(version, schema version, the ``summary`` / ``run`` / ``meta`` JSON and ``user_id`` from
+``meta.actor.user_id`` for compliance queries); ``messages``, ``tool_calls``, ``model_usage``,
+``evidences``, ``context_blocks``, ``tasks`` and ``turns`` (the turn records kept beside the
+document) hold one row per record (``session_id``, an ordering ``seq``, the record id — unique
+per session — the version of the commit that wrote it, and the record's JSON ``body``);
+``audit`` holds the compliance log. A commit reads only the session row and inserts the new
+rows, so appending a message costs the same at 10 and at 10,000 stored messages.
+
+Layout versions: 1 had no ``turns`` table; opening a version-1 file adds it (version 2).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Concatenate, Literal, ParamSpec, TypeVar
 
@@ -34,6 +37,7 @@ from ce.core.schema import (
     PutResult,
     RunState,
     SessionDocument,
+    TurnRecord,
 )
 from ce.core.stores._docops import user_id_of
 from ce.core.stores.base import (
@@ -48,7 +52,7 @@ from ce.core.stores.base import (
 
 __all__ = ["USER_VERSION", "SQLiteStore"]
 
-USER_VERSION = 1
+USER_VERSION = 2
 """The layout version this module writes into ``PRAGMA user_version``."""
 
 _P = ParamSpec("_P")
@@ -63,8 +67,25 @@ _RECORD_TABLES = {
     "evidences": "evidence_id",
     "context_blocks": "block_id",
     "tasks": "task_id",
+    "turns": "turn_id",
 }
 _UPSERTED = frozenset({"context_blocks", "tasks"})
+# Record tables that are part of the session document (turns are kept beside it).
+_DOCUMENT_TABLES = tuple(table for table in _RECORD_TABLES if table != "turns")
+
+
+def _record_table(table: str) -> str:
+    id_column = _RECORD_TABLES[table]
+    return f"""CREATE TABLE {table} (
+        session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        {id_column} TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (session_id, seq),
+        UNIQUE (session_id, {id_column})
+    )"""
+
 
 _DDL = [
     """CREATE TABLE sessions (
@@ -77,18 +98,7 @@ _DDL = [
         meta TEXT
     )""",
     "CREATE INDEX sessions_by_user ON sessions (user_id)",
-    *(
-        f"""CREATE TABLE {table} (
-            session_id TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            {id_column} TEXT NOT NULL,
-            version INTEGER NOT NULL,
-            body TEXT NOT NULL,
-            PRIMARY KEY (session_id, seq),
-            UNIQUE (session_id, {id_column})
-        )"""
-        for table, id_column in _RECORD_TABLES.items()
-    ),
+    *map(_record_table, _RECORD_TABLES),
     """CREATE TABLE audit (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         at TEXT NOT NULL,
@@ -98,6 +108,10 @@ _DDL = [
     )""",
     "CREATE INDEX audit_by_session ON audit (session_id)",
 ]
+"""The statements that create the current layout in an empty file."""
+
+_MIGRATIONS: dict[int, list[str]] = {1: [_record_table("turns")]}
+"""Layout version -> the statements that upgrade it to the next version."""
 
 _DEFAULT_RUN = RunState().model_dump_json(exclude_none=True)
 
@@ -222,6 +236,12 @@ class SQLiteStore(BaseStore):
         blocks = await self._run(_records, "context_blocks", ContextBlock, session_id)
         return filter_blocks(blocks, filter)
 
+    async def _list_turns(self, session_id: str, limit: int | None) -> list[TurnRecord]:
+        return await self._run(_turns, session_id, limit)
+
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord | None:
+        return await self._run(_turn, session_id, turn_id)
+
     async def list_sessions(self, user_id: str | None = None) -> list[str]:
         return await self._run(_session_ids, user_id)
 
@@ -258,28 +278,47 @@ def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
             delay = min(delay * 2, 0.1)
 
 
+@contextmanager
+def _transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
+    """Run the body in one transaction: committed when the body ends normally, rolled back
+    when it raises. A body that ends the transaction itself (``ROLLBACK`` when it wrote
+    nothing) is left as it is."""
+    conn.execute(begin)
+    try:
+        yield
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 def _prepare(conn: sqlite3.Connection, synchronous: str, busy_timeout: float) -> None:
-    """Set the connection's pragmas and create (or check) the schema."""
+    """Set the connection's pragmas and create, upgrade or check the layout."""
     mode = _enable_wal(conn, busy_timeout)
     if mode.lower() != "wal":
         raise StoreError(f"cannot enable WAL (journal_mode is {mode})")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     conn.execute("PRAGMA secure_delete = ON")
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         (user_version,) = conn.execute("PRAGMA user_version").fetchone()
-        if user_version == 0:
-            for statement in _DDL:
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {USER_VERSION}")
-        elif user_version > USER_VERSION:
+        if user_version > USER_VERSION:
             raise StoreError(
                 f"layout version {user_version} is newer than this ce-core's {USER_VERSION}"
             )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+        if user_version == 0:
+            statements = _DDL
+        else:
+            statements = [
+                statement
+                for version in range(user_version, USER_VERSION)
+                for statement in _MIGRATIONS[version]
+            ]
+        for statement in statements:
+            conn.execute(statement)
+        if user_version != USER_VERSION:
+            conn.execute(f"PRAGMA user_version = {USER_VERSION}")
 
 
 def _write_records(
@@ -330,6 +369,7 @@ def _record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
         "evidences": [(e.evidence_id, _json(e)) for e in changes.evidences],
         "context_blocks": [(b.block_id, _json(b)) for b in changes.context_blocks],
         "tasks": [(t.task_id, _json(t)) for t in changes.tasks],
+        "turns": [(t.turn_id, _json(t)) for t in changes.turns],
     }
 
 
@@ -342,8 +382,7 @@ def _commit(
     changes: SessionChanges,
     expected_version: int | None,
 ) -> int:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         row = conn.execute(
             "SELECT version, summary, run_state, meta FROM sessions WHERE session_id = ?",
             (session_id,),
@@ -390,15 +429,11 @@ def _commit(
                 f"UPDATE sessions SET version = ?{assignments} WHERE session_id = ?",
                 (version, *updates.values(), session_id),
             )
-        conn.execute("COMMIT")
         return version
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 def _delete_rows(conn: sqlite3.Connection, session_id: str) -> None:
+    """Delete every row of the session, its turn records included."""
     for table in (*_RECORD_TABLES, "sessions"):
         conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
 
@@ -410,8 +445,7 @@ def _put(
     expected_version: int | None,
 ) -> int:
     session = doc.session
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         current = _version(conn, session_id)
         BaseStore._check_version(session_id, expected_version, current)
         version = current + 1
@@ -448,12 +482,7 @@ def _put(
                     for seq, (rid, body) in enumerate(table_rows)
                 ],
             )
-        conn.execute("COMMIT")
         return version
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 def _insert_audit(conn: sqlite3.Connection, record: AuditRecord) -> None:
@@ -474,25 +503,18 @@ def _scrub(conn: sqlite3.Connection) -> None:
 
 
 def _delete_session(conn: sqlite3.Connection, record: AuditRecord) -> bool:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         if not _version(conn, record.session_id):
             conn.execute("ROLLBACK")
             return False
         _delete_rows(conn, record.session_id)
         _insert_audit(conn, record)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
     _scrub(conn)
     return True
 
 
 def _delete_evidence(conn: sqlite3.Connection, record: AuditRecord) -> bool:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with _transaction(conn):
         deleted = conn.execute(
             "DELETE FROM evidences WHERE session_id = ? AND evidence_id = ?",
             (record.session_id, record.target),
@@ -504,18 +526,12 @@ def _delete_evidence(conn: sqlite3.Connection, record: AuditRecord) -> bool:
             "UPDATE sessions SET version = version + 1 WHERE session_id = ?", (record.session_id,)
         )
         _insert_audit(conn, record)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
     _scrub(conn)
     return True
 
 
 def _load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
-    conn.execute("BEGIN")  # one read snapshot across the tables
-    try:
+    with _transaction(conn, "BEGIN"):  # one read snapshot across the tables
         head = conn.execute(
             "SELECT schema_version, summary, run_state, meta FROM sessions WHERE session_id = ?",
             (session_id,),
@@ -524,15 +540,13 @@ def _load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
             return None
         rows = {
             table: _bodies(conn, table, session_id)
-            for table in _RECORD_TABLES
+            for table in _DOCUMENT_TABLES
             if table != "evidences"
         }
         evidence_rows = conn.execute(
             "SELECT evidence_id, body FROM evidences WHERE session_id = ? ORDER BY seq",
             (session_id,),
         ).fetchall()
-    finally:
-        conn.execute("COMMIT")
     schema_version, summary, run_state, meta = head
     if schema_version != SCHEMA_VERSION:
         raise StoreError(
@@ -581,6 +595,23 @@ def _bodies(conn: sqlite3.Connection, table: str, session_id: str) -> list[str]:
 
 def _records(conn: sqlite3.Connection, table: str, model: type[_M], session_id: str) -> list[_M]:
     return [model.model_validate_json(body) for body in _bodies(conn, table, session_id)]
+
+
+def _turns(conn: sqlite3.Connection, session_id: str, limit: int | None) -> list[TurnRecord]:
+    # the newest ``limit`` rows (LIMIT -1 is no limit), then back in stored order
+    rows = conn.execute(
+        "SELECT body FROM (SELECT seq, body FROM turns WHERE session_id = ?"
+        " ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+        (session_id, -1 if limit is None else limit),
+    ).fetchall()
+    return [TurnRecord.model_validate_json(body) for (body,) in rows]
+
+
+def _turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> TurnRecord | None:
+    row = conn.execute(
+        "SELECT body FROM turns WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)
+    ).fetchone()
+    return None if row is None else TurnRecord.model_validate_json(row[0])
 
 
 def _evidence(conn: sqlite3.Connection, session_id: str, evidence_id: str) -> Evidence | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from ce.core.schema import (
     SCHEMA_VERSION,
@@ -11,6 +11,7 @@ from ce.core.schema import (
     Author,
     AuthorKind,
     BlockType,
+    ConflictRecord,
     ContextBlock,
     Evidence,
     EvidenceLinks,
@@ -25,7 +26,10 @@ from ce.core.schema import (
     ModelUsageStage,
     Priority,
     ProviderKind,
+    PruneDecision,
+    RedactionRecord,
     Ref,
+    Report,
     Role,
     RunState,
     RunStatus,
@@ -44,6 +48,7 @@ from ce.core.schema import (
     ToolProvider,
     ToolState,
     ToolType,
+    TurnRecord,
 )
 from ce.core.stores.base import SessionChanges
 
@@ -56,6 +61,7 @@ __all__ = [
     "rich_changes",
     "task",
     "tool_call",
+    "turn",
     "usage",
 ]
 
@@ -111,6 +117,32 @@ def usage(key: str) -> ModelUsage:
 def task(key: str, status: TaskStatus = TaskStatus.PENDING) -> Task:
     """A task with id ``key``."""
     return Task(task_id=key, name=f"task {key}", status=status)
+
+
+def turn(key: str, kind: Literal["turn", "call"] = "turn", **fields: Any) -> TurnRecord:
+    """A turn record with id ``key`` whose report keeps one block and drops a range of two."""
+    fields.setdefault("at", "2026-01-01T00:00:00+00:00")
+    fields.setdefault("message_count", 3)
+    fields.setdefault("evidence_count", 0)
+    fields.setdefault(
+        "report",
+        Report(
+            turn_id=key,
+            token_budget=100,
+            token_used=40,
+            prune_decisions=[
+                PruneDecision(
+                    block_id="msg:m1..msg:m2",
+                    action="dropped",
+                    reason="budget",
+                    token_estimate=30,
+                    block_count=2,
+                ),
+                PruneDecision(block_id="msg:m3", action="kept", reason="recent", token_estimate=40),
+            ],
+        ),
+    )
+    return TurnRecord(turn_id=key, kind=kind, **fields)
 
 
 def meta(user_id: str) -> Meta:
@@ -220,6 +252,60 @@ def rich_changes() -> SessionChanges:
             task("task-1", TaskStatus.IN_PROGRESS),
             Task(task_id="task-2", name="answer", depends_on=["task-1"], error=""),
         ],
+        turns=[
+            TurnRecord(
+                turn_id="turn-1",
+                kind="call",
+                at=t0,
+                message_count=5,
+                evidence_count=2,
+                summary=Summary(
+                    content="earlier",
+                    updated_at=t0,
+                    message_index_range=MessageIndexRange(from_index=0, to_index=0),
+                ),
+                config={"model_hint": "gpt-4o", "budget": {"max_input_tokens": 900}, "x": None},
+                tool_schemas=[{"type": "function", "function": {"name": "search"}}],
+                report=Report(
+                    turn_id="turn-1",
+                    new_evidence_ids=["ev-tool"],
+                    new_block_ids=["block-evidence"],
+                    prune_decisions=[
+                        PruneDecision(
+                            block_id="block-instruction",
+                            action="kept",
+                            reason="must",
+                            token_estimate=7,
+                            level="live",
+                        ),
+                        PruneDecision(
+                            block_id="msg:rich-system..msg:rich-user",
+                            action="degraded",
+                            reason="budget",
+                            token_estimate=12,
+                            block_count=2,
+                            level="gist",
+                        ),
+                    ],
+                    conflicts=[
+                        ConflictRecord(
+                            evidence_ids=["ev-doc", "ev-tool"],
+                            field_path="weather",
+                            resolution="newest",
+                        )
+                    ],
+                    redactions=[
+                        RedactionRecord(
+                            evidence_id="ev-tool", rules_applied=["email"], fields_redacted=1
+                        )
+                    ],
+                    token_budget=900,
+                    token_used=640,
+                    degradations=["summary: adapter timed out"],
+                    errors=["selector lines:9-12 out of range"],
+                ),
+            )
+        ],
         summary=Summary(
             content="the user asked about the weather",
             updated_at=t0,
@@ -237,7 +323,8 @@ def rich_changes() -> SessionChanges:
 
 
 def expected_document(session_id: str, changes: SessionChanges) -> SessionDocument:
-    """The document of a new session after committing ``changes`` (ids all distinct)."""
+    """The document of a new session after committing ``changes`` (ids all distinct; the turn
+    records are not part of it)."""
     return SessionDocument(
         schema_version=SCHEMA_VERSION,
         session=Session(

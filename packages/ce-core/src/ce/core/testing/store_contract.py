@@ -71,8 +71,9 @@ class StoreContract:
 
     ``store`` yields a fresh, empty store. ``fail_midway`` returns a function that, given that
     store, arranges for its next write to raise :class:`InjectedFailure` after it has written
-    part of the records of a commit holding messages, tool calls, evidences and blocks (for
-    example after the messages, before the evidences); later writes must work normally.
+    part of the records of a commit holding messages, tool calls, evidences, blocks and turn
+    records (for example after the messages, before the evidences); later writes must work
+    normally.
     """
 
     # -- reads of what does not exist -----------------------------------------------------------
@@ -83,6 +84,8 @@ class StoreContract:
         assert await store.get_evidence("missing", "ev") is None
         assert await store.list_evidences("missing") == []
         assert await store.list_context_blocks("missing") == []
+        assert await store.list_turns("missing") == []
+        assert await store.get_turn("missing", "turn") is None
         assert await store.list_sessions() == []
         assert await store.delete_session("missing") is False
         assert await store.delete_evidence("missing", "ev") is False
@@ -99,14 +102,20 @@ class StoreContract:
         changes = records.rich_changes()
         assert await store.commit("s1", changes) == PutResult(success=True, version=1)
         assert await store.get_session("s1") == records.expected_document("s1", changes)
+        assert await store.list_turns("s1") == changes.turns
         assert await store.get_version("s1") == 1
 
     async def test_put_session_replaces_the_whole_document(self, store: Store) -> None:
-        await store.append_messages("s1", [records.message("old")])
+        await store.commit(
+            "s1", SessionChanges(messages=[records.message("old")], turns=[records.turn("t1")])
+        )
         rich = records.expected_document("s1", records.rich_changes())
         assert (await store.put_session("s1", rich, expected_version=1)).version == 2
         assert await store.get_session("s1") == rich
         assert await store.list_sessions(user_id="user-1") == ["s1"]
+        # the replaced document's turn records go with it
+        assert await store.list_turns("s1") == []
+        assert await store.get_turn("s1", "t1") is None
 
         small = SessionDocument(
             schema_version=SCHEMA_VERSION,
@@ -326,7 +335,19 @@ class StoreContract:
         ):
             with pytest.raises(SchemaValidationError):
                 await store.commit("s1", changes)
+
+        bad_turn = records.turn("t2")
+        bad_turn.kind = "meal"  # type: ignore[assignment]
+        with pytest.raises(SchemaValidationError) as info:
+            await store.commit(
+                "s1",
+                SessionChanges(
+                    messages=[records.message("m5")], turns=[records.turn("t1"), bad_turn]
+                ),
+            )
+        assert [path for path, _ in info.value.errors] == ["turns.1.kind"]
         assert await store.get_session("s1") == before
+        assert await store.list_turns("s1") == []
         assert await store.get_version("s1") == 1
 
     async def test_failure_midway_stores_nothing(
@@ -344,6 +365,7 @@ class StoreContract:
         with pytest.raises(InjectedFailure):
             await store.commit("s1", changes)
         assert await store.get_session("s1") == before
+        assert await store.list_turns("s1") == []
         assert await store.get_version("s1") == 1
 
         # the store is usable afterwards and the retried commit goes through whole
@@ -352,6 +374,7 @@ class StoreContract:
         assert len(doc.session.messages) == 1 + len(changes.messages)
         assert list(doc.evidences) == ["e0", "ev-doc", "ev-tool"]
         assert doc.session.summary == changes.summary
+        assert await store.list_turns("s1") == changes.turns
 
     # -- concurrency ----------------------------------------------------------------------------
 
@@ -404,6 +427,7 @@ class StoreContract:
     async def test_patch_session_validates_and_applies(self, store: Store) -> None:
         patch = {
             "messages": [{"role": "user", "content": "hi", "message_id": "m1"}],
+            "turns": [records.turn("t1").model_dump(mode="json")],
             "tool_calls": [{"tool_call_id": "c1", "tool": "t", "provider": {"kind": "mcp"}}],
             "summary": {
                 "content": "s",
@@ -419,6 +443,7 @@ class StoreContract:
         assert [c.tool_call_id for c in doc.session.tool_state.tool_calls] == ["c1"]
         assert doc.session.summary is not None and doc.session.summary.content == "s"
         assert doc.session.run.status is RunStatus.PREPARING
+        assert await store.list_turns("s1") == [records.turn("t1")]
 
         with pytest.raises(SchemaValidationError) as info:
             await store.patch_session("s1", {"messages": [], "colour": "red"})
@@ -552,6 +577,80 @@ class StoreContract:
         ]
         assert (await store.upsert_tasks("s1", [done])).version == 2
 
+    # -- turn records ---------------------------------------------------------------------------
+
+    async def test_turns_are_appended_in_order_and_idempotent(self, store: Store) -> None:
+        first = SessionChanges(turns=[records.turn("t1"), records.turn("t2", "call")])
+        assert (await store.commit("s1", first)).version == 1
+        assert await store.list_sessions() == ["s1"]
+        assert await store.list_turns("s1") == first.turns
+        assert (await store.commit("s1", first)).version == 1
+
+        # a stored turn_id wins over a new record carrying it; within one commit the first wins
+        rewritten = records.turn("t1", message_count=99)
+        changes = SessionChanges(turns=[rewritten, records.turn("t3"), records.turn("t3", "call")])
+        assert (await store.commit("s1", changes)).version == 2
+        assert await store.list_turns("s1") == [*first.turns, records.turn("t3")]
+        assert (await store.commit("s1", SessionChanges(turns=[rewritten]))).version == 2
+
+        for n in range(4, 13):
+            await store.commit(
+                "s1",
+                SessionChanges(messages=[records.message(f"m{n}")], turns=[records.turn(f"t{n}")]),
+            )
+        assert [t.turn_id for t in await store.list_turns("s1")] == [f"t{n}" for n in range(1, 13)]
+        assert await store.get_version("s1") == 11
+
+    async def test_list_turns_limit_keeps_the_newest(self, store: Store) -> None:
+        for n in range(5):
+            await store.commit("s1", SessionChanges(turns=[records.turn(f"t{n}")]))
+
+        async def ids(limit: int | None) -> list[str]:
+            return [t.turn_id for t in await store.list_turns("s1", limit=limit)]
+
+        assert await ids(None) == ["t0", "t1", "t2", "t3", "t4"]
+        assert await ids(2) == ["t3", "t4"]
+        assert await ids(1) == ["t4"]
+        assert await ids(5) == await ids(50) == await ids(None)
+        assert await ids(0) == []
+        with pytest.raises(ValueError):
+            await store.list_turns("s1", limit=-1)
+
+    async def test_get_turn(self, store: Store) -> None:
+        changes = records.rich_changes()
+        await store.commit("s1", changes)
+        await store.commit("s1", SessionChanges(turns=[records.turn("t2")]))
+        assert await store.get_turn("s1", "turn-1") == changes.turns[0]
+        assert await store.get_turn("s1", "t2") == records.turn("t2")
+        assert await store.get_turn("s1", "t3") is None
+        assert await store.get_turn("s2", "t2") is None
+
+    async def test_turns_are_kept_beside_the_document(self, store: Store) -> None:
+        changes = SessionChanges(messages=[records.message("m1")], turns=[records.turn("t1")])
+        await store.commit("s1", changes)
+        assert await store.get_session("s1") == records.expected_document("s1", changes)
+        await store.commit("s2", SessionChanges(turns=[records.turn("t1")]))
+        assert await store.get_session("s2") == records.expected_document("s2", SessionChanges())
+
+    async def test_turns_of_sessions_are_isolated(self, store: Store) -> None:
+        await store.commit("s1", SessionChanges(turns=[records.turn("t1"), records.turn("t2")]))
+        other = records.turn("t1", kind="call", message_count=7)
+        assert (await store.commit("s2", SessionChanges(turns=[other]))).version == 1
+        assert await store.list_turns("s1") == [records.turn("t1"), records.turn("t2")]
+        assert await store.list_turns("s2") == [other]
+        assert await store.get_turn("s2", "t2") is None
+        assert await store.delete_session("s1")
+        assert await store.list_turns("s2") == [other]
+        assert await store.get_turn("s2", "t1") == other
+
+    async def test_turns_respect_expected_version(self, store: Store) -> None:
+        await store.commit("s1", SessionChanges(turns=[records.turn("t1")]))
+        with pytest.raises(VersionConflictError):
+            await store.commit("s1", SessionChanges(turns=[records.turn("t2")]), 0)
+        assert await store.list_turns("s1") == [records.turn("t1")]
+        result = await store.commit("s1", SessionChanges(turns=[records.turn("t2")]), 1)
+        assert result.version == 2
+
     # -- sessions -------------------------------------------------------------------------------
 
     async def test_list_sessions(self, store: Store) -> None:
@@ -591,6 +690,7 @@ class StoreContract:
                 messages=[records.message("m1", meta={"k": [1]})],
                 evidences=[records.evidence("e1")],
                 context_blocks=[records.block("b1")],
+                turns=[records.turn("t1")],
             )
 
         committed = changes()
@@ -598,6 +698,7 @@ class StoreContract:
         committed.messages[0].meta["k"].append(2)
         committed.evidences[0].content = "changed by the caller"
         committed.context_blocks[0].content = "changed by the caller"
+        committed.turns[0].report.errors.append("changed by the caller")
         doc = await _document(store, "s1")
         doc.session.messages[0].content = "changed"
         doc.evidences["e1"].metadata["x"] = "y"
@@ -606,7 +707,12 @@ class StoreContract:
         fetched.content = "changed"
         (await store.list_evidences("s1"))[0].content = "changed"
         (await store.list_context_blocks("s1"))[0].content = "changed"
+        (await store.list_turns("s1"))[0].report.token_used = 0
+        fetched_turn = await store.get_turn("s1", "t1")
+        assert fetched_turn is not None
+        fetched_turn.config["changed"] = True
         assert await store.get_session("s1") == records.expected_document("s1", changes())
+        assert await store.list_turns("s1") == changes().turns
 
     # -- compliance -----------------------------------------------------------------------------
 
@@ -619,6 +725,8 @@ class StoreContract:
         assert await store.get_evidence("s1", "ev-doc") is None
         assert await store.list_evidences("s1") == []
         assert await store.list_context_blocks("s1") == []
+        assert await store.list_turns("s1") == []
+        assert await store.get_turn("s1", "turn-1") is None
         assert await store.list_sessions() == ["s2"]
         assert await store.list_sessions(user_id="user-1") == []
         assert await store.delete_session("s1") is False
@@ -629,6 +737,7 @@ class StoreContract:
         # the session can start again from scratch
         assert (await store.append_messages("s1", [records.message("again")])).version == 1
         assert await _message_ids(store, "s1") == ["again"]
+        assert await store.list_turns("s1") == []
 
     async def test_delete_evidence_is_audited(self, store: Store) -> None:
         await store.commit("s1", records.rich_changes())
@@ -636,6 +745,7 @@ class StoreContract:
         assert await store.get_evidence("s1", "ev-doc") is None
         assert [e.evidence_id for e in await store.list_evidences("s1")] == ["ev-tool"]
         assert list((await _document(store, "s1")).evidences) == ["ev-tool"]
+        assert await store.list_turns("s1") == records.rich_changes().turns
         assert await store.get_version("s1") == 2
         assert await store.delete_evidence("s1", "ev-doc") is False
         assert await store.get_version("s1") == 2
@@ -651,11 +761,17 @@ class StoreContract:
         await store.commit(
             "a1", SessionChanges(messages=[records.message("m")], meta=records.meta("alice"))
         )
-        await store.commit("a2", SessionChanges(meta=records.meta("alice")))
-        await store.commit("b1", SessionChanges(meta=records.meta("bob")))
+        await store.commit(
+            "a2", SessionChanges(meta=records.meta("alice"), turns=[records.turn("t1")])
+        )
+        await store.commit(
+            "b1", SessionChanges(meta=records.meta("bob"), turns=[records.turn("t1")])
+        )
         await store.append_messages("anonymous", [records.message("m")])
         assert await store.delete_user("alice") == ["a1", "a2"]
         assert await store.list_sessions() == ["anonymous", "b1"]
+        assert await store.list_turns("a2") == []
+        assert await store.list_turns("b1") == [records.turn("t1")]
         assert await store.delete_user("alice") == []
         with pytest.raises(SchemaValidationError):
             await store.delete_user("")

@@ -1,0 +1,147 @@
+"""Argument parsing, store selection, dispatch and error reporting of the ``ce`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from ce.core.cli import _transfer
+from ce.core.cli._common import CliError, require_rich
+from ce.core.errors import (
+    ContextEngineError,
+    MigrationError,
+    SchemaValidationError,
+    SessionNotFoundError,
+    StoreError,
+)
+from ce.core.stores import DEFAULT_STORE_URL, STORE_URL_ENV, default_store_url, open_store
+
+__all__ = ["build_parser", "main"]
+
+# The errors that mean "the caller asked for something absent or invalid": exit code 2.
+_USAGE_ERRORS = (CliError, SchemaValidationError, MigrationError, SessionNotFoundError, StoreError)
+_RICH_COMMANDS = frozenset({"sessions", "show", "report", "replay"})
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of the ``ce`` command line."""
+    store_help = (
+        f"the store URL (memory://, sqlite:///path, file:///dir); default ${STORE_URL_ENV}, "
+        f"else {DEFAULT_STORE_URL}"
+    )
+    parser = argparse.ArgumentParser(
+        prog="ce",
+        description="Inspect, report on, replay, export and import Context Engine sessions.",
+    )
+    parser.add_argument("--store", metavar="URL", help=store_help)
+    # --store is accepted after the command too; there it overrides the one before it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", metavar="URL", default=argparse.SUPPRESS, help=store_help)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    sessions = commands.add_parser("sessions", parents=[common], help="list the sessions")
+    sessions.add_argument("--user", metavar="ID", help="only the sessions of this user id")
+
+    show = commands.add_parser("show", parents=[common], help="a session's timeline")
+    show.add_argument("session")
+
+    report = commands.add_parser("report", parents=[common], help="a turn's report")
+    report.add_argument("session")
+    report.add_argument("turn", nargs="?", help="the turn id (default: the newest turn)")
+
+    replay = commands.add_parser(
+        "replay",
+        parents=[common],
+        help="reassemble a turn under another budget and diff the inputs",
+    )
+    replay.add_argument("session")
+    replay.add_argument("turn")
+    replay.add_argument(
+        "--budget", type=_positive, required=True, metavar="N", help="max input tokens"
+    )
+    replay.add_argument("--model", metavar="HINT", help="another model hint")
+
+    export = commands.add_parser("export", parents=[common], help="a session as JSON")
+    export.add_argument("session")
+    export.add_argument("-o", "--output", metavar="FILE", help="write here, not to stdout")
+
+    imp = commands.add_parser("import", parents=[common], help="store an exported session")
+    imp.add_argument("file", help="the export (or a bare session document); - for stdin")
+    imp.add_argument("--session", metavar="NEW_ID", help="import under this session id")
+    imp.add_argument("--replace", action="store_true", help="overwrite a stored session of that id")
+
+    commands.add_parser("schema", help="print the JSON Schema of the session document")
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> None:
+    if args.command == "schema":
+        _transfer.schema()
+        return
+    if args.command in _RICH_COMMANDS:
+        require_rich()
+    store = open_store(args.store or default_store_url())
+    try:
+        if args.command == "export":
+            await _transfer.export(store, args.session, args.output)
+        elif args.command == "import":
+            await _transfer.import_(store, args.file, args.session, args.replace)
+        else:
+            from rich.console import Console
+
+            from ce.core.cli import _inspect, _replay
+
+            console = Console(highlight=False)
+            if args.command == "sessions":
+                await _inspect.sessions(store, console, args.user)
+            elif args.command == "show":
+                await _inspect.show(store, console, args.session)
+            elif args.command == "report":
+                await _inspect.report(store, console, args.session, args.turn)
+            else:
+                await _replay.replay(
+                    store, console, args.session, args.turn, args.budget, args.model
+                )
+    finally:
+        await store.close()
+
+
+def _fail(exc: BaseException, code: int) -> int:
+    message = " ".join(str(exc).splitlines()) or type(exc).__name__
+    print(f"ce: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ce`` command with ``argv`` (default: ``sys.argv[1:]``); the exit code.
+
+    0: done. 2: bad usage, or what was asked for is absent, invalid or unreachable (a bad
+    store URL or store file, an unknown session or turn, an invalid import file, an existing
+    session without ``--replace``). 1: the engine failed otherwise. Errors are one
+    ``ce: error:`` line on stderr.
+    Raises :class:`ImportError` naming the ``ce-core[cli]`` extra when a command that renders
+    tables runs without rich installed.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse has printed
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        asyncio.run(_run(args))
+    except _USAGE_ERRORS as exc:
+        return _fail(exc, 2)
+    except ContextEngineError as exc:
+        return _fail(exc, 1)
+    return 0

@@ -1,0 +1,132 @@
+"""``ce replay``: reassemble a stored turn under another budget and diff the two inputs (needs
+rich and the engine)."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.text import Text
+
+from ce.core.cli._common import CliError, turn_or_fail
+from ce.core.cli._inspect import action_totals
+from ce.core.config import RuntimeConfig
+from ce.core.schema import MessagePart, PrepareResult
+from ce.core.stores import Store
+
+__all__ = ["render_parts", "replay", "replay_configs", "show_replay"]
+
+_DIFF_STYLES = {"+": "green", "-": "red", "@": "cyan"}
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in exc.errors()
+    )
+
+
+def replay_configs(
+    stored: dict[str, Any], budget: int, model_hint: str | None
+) -> tuple[RuntimeConfig, RuntimeConfig]:
+    """The turn's stored config and the same config with ``budget.max_input_tokens`` set to
+    ``budget`` (and ``model_hint`` when given), both validated; :class:`CliError` if either is
+    invalid."""
+    try:
+        before = RuntimeConfig.model_validate(stored)
+    except ValidationError as exc:
+        raise CliError(f"the turn's stored config is not valid here: {_errors(exc)}") from None
+    data = before.model_dump()  # validated again below: the budget validators must run
+    data["budget"]["max_input_tokens"] = budget
+    if model_hint is not None:
+        data["model_hint"] = model_hint
+    try:
+        after = RuntimeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise CliError(f"--budget {budget}: {_errors(exc)}") from None
+    return before, after
+
+
+def render_parts(parts: list[MessagePart]) -> list[str]:
+    """The lines of an assembled input as the diff compares them: a header per message
+    (role, tool-call id, name, error flag), its content indented, then its tool calls."""
+    lines: list[str] = []
+    for part in parts:
+        head = f"### {part.role.value}"
+        if part.tool_call_id:
+            head += f" [{part.tool_call_id}]"
+        if part.name:
+            head += f" name={part.name}"
+        if part.is_error:
+            head += " (error)"
+        lines.append(head)
+        lines.extend(f"    {line}" for line in part.content.splitlines())
+        lines.extend(
+            f"    -> {call.name}({call.raw_arguments}) [{call.tool_call_id}]"
+            for call in part.tool_calls or ()
+        )
+    return lines
+
+
+def show_replay(
+    console: Console,
+    labels: tuple[str, str],
+    before: PrepareResult,
+    after: PrepareResult,
+) -> None:
+    """Print the unified diff of two assembled inputs and their token totals."""
+    diff = list(
+        difflib.unified_diff(
+            render_parts(before.assembled_input.parts),
+            render_parts(after.assembled_input.parts),
+            fromfile=labels[0],
+            tofile=labels[1],
+            lineterm="",
+        )
+    )
+    if not diff:
+        console.print(Text("the two assembled inputs are identical"))
+    for line in diff:
+        header = line.startswith(("--- ", "+++ "))
+        console.print(Text(line, style="bold" if header else _DIFF_STYLES.get(line[:1], "")))
+    for label, result in zip(labels, (before, after), strict=True):
+        assembled, rep = result.assembled_input, result.report
+        totals = Text(
+            f"{label}: {assembled.total_tokens:,} tokens of {rep.token_budget:,}, "
+            f"{len(assembled.parts)} message(s) · "
+        )
+        totals.append_text(action_totals(rep.prune_decisions))
+        console.print(totals)
+
+
+async def replay(
+    store: Store,
+    console: Console,
+    session_id: str,
+    turn_id: str,
+    budget: int,
+    model_hint: str | None,
+) -> None:
+    """Reassemble turn ``turn_id`` under its stored config and under the changed one, and
+    show the difference."""
+    record = await turn_or_fail(store, session_id, turn_id)
+    before_config, after_config = replay_configs(record.config, budget, model_hint)
+    try:
+        # The engine lands after this module: until then mypy sees no ContextEngine.
+        from ce.core.engine import (  # type: ignore[attr-defined, unused-ignore]
+            ContextEngine,
+        )
+    except ImportError as exc:
+        raise CliError(f"replay needs ce.core.engine, which cannot be imported: {exc}") from None
+    engine = ContextEngine(store=store)
+    before = await engine.replay_turn(session_id, turn_id, before_config)
+    after = await engine.replay_turn(session_id, turn_id, after_config)
+    old_budget = before_config.budget.max_input_tokens
+    labels = (f"{turn_id} @ {old_budget:,} tokens (stored)", f"{turn_id} @ {budget:,} tokens")
+    if after_config.model_hint != before_config.model_hint:
+        labels = (
+            f"{labels[0]}, model {before_config.model_hint}",
+            f"{labels[1]}, model {after_config.model_hint}",
+        )
+    show_replay(console, labels, before, after)
