@@ -71,6 +71,7 @@ def test_sha256_hasher() -> None:
         "RedactionError",
         "SummarizerError",
         "StoreError",
+        "TurnNotFoundError",
         "InvariantViolationError",
         "InvalidTransitionError",
         "DeltaSequenceError",

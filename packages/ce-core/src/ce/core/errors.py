@@ -21,6 +21,7 @@ __all__ = [
     "SessionNotFoundError",
     "StoreError",
     "SummarizerError",
+    "TurnNotFoundError",
     "VersionConflictError",
 ]
 
@@ -35,6 +36,15 @@ class SessionNotFoundError(ContextEngineError, LookupError):
     def __init__(self, session_id: str) -> None:
         super().__init__(f"session {session_id!r} not found")
         self.session_id = session_id
+
+
+class TurnNotFoundError(ContextEngineError, LookupError):
+    """The session has no turn record with that id."""
+
+    def __init__(self, session_id: str, turn_id: str) -> None:
+        super().__init__(f"session {session_id!r} has no turn {turn_id!r}")
+        self.session_id = session_id
+        self.turn_id = turn_id
 
 
 class VersionConflictError(ContextEngineError):

@@ -167,6 +167,11 @@ class AgentState(RecordWriters):
         """A deep copy of the session document."""
         return self._doc.model_copy(deep=True)
 
+    def live_view(self) -> SessionDocument:
+        """The live document, without copying, for read-only use on hot paths (the engine's
+        index). Mutating it bypasses every invariant: use the writers instead."""
+        return self._doc
+
     @property
     def messages(self) -> tuple[Message, ...]:
         """Copies of the history, oldest first."""
@@ -438,6 +443,25 @@ class AgentState(RecordWriters):
             blocks[blocks.index(block)] = new
         self._changes.block_ids[NOTEBOOK_BLOCK_ID] = None
         return new.model_copy(deep=True)
+
+    def put_context_block(self, block: ContextBlock) -> ContextBlock:
+        """Insert or replace a host-provided context block (an instruction snippet, a plan, a
+        block citing evidence through ``refs``) by ``block_id``; the notebook's id is
+        reserved for :meth:`update_notebook`."""
+        if block.block_id == NOTEBOOK_BLOCK_ID:
+            raise InvariantViolationError(f"{NOTEBOOK_BLOCK_ID!r} is written by update_notebook")
+        blocks = self._doc.context_blocks
+        copied = block.model_copy(deep=True)
+        for i, existing in enumerate(blocks):
+            if existing.block_id == block.block_id:
+                if existing == copied:
+                    return copied.model_copy(deep=True)
+                blocks[i] = copied
+                break
+        else:
+            blocks.append(copied)
+        self._changes.block_ids[copied.block_id] = None
+        return copied.model_copy(deep=True)
 
     def _notebook_block(self) -> ContextBlock | None:
         for block in self._doc.context_blocks:

@@ -1,0 +1,240 @@
+"""Selecting and assembling one model input from a session (shared by prepare and replay)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ce.core.config import RuntimeConfig
+from ce.core.errors import BudgetExceededError
+from ce.core.pipeline import (
+    EVIDENCE_PREAMBLE,
+    Assembler,
+    Candidate,
+    DefaultRenderer,
+    GreedyPriorityPruner,
+    PruneBudget,
+    PruneRequest,
+    PruneRules,
+    Rendering,
+    SessionEvidenceResolver,
+    SessionIndex,
+    shorten,
+)
+from ce.core.schema import (
+    AssembledInput,
+    BlockType,
+    LevelOfDetail,
+    MessagePart,
+    Priority,
+    PruneDecision,
+    Role,
+    SessionDocument,
+)
+from ce.core.state import NOTEBOOK_BLOCK_ID, MemoryNotebookWidget, StateView, TaskListWidget
+
+__all__ = ["Selection", "select_and_assemble"]
+
+_CONTEXT_ORDER = {
+    BlockType.INSTRUCTION: 0,
+    BlockType.MEMORY: 1,
+    BlockType.STATE: 2,
+    BlockType.PLAN: 3,
+    BlockType.CONVERSATION: 4,
+    BlockType.EVIDENCE: 5,
+}
+
+
+@dataclass
+class Selection:
+    """The assembled input of one call and how it was decided."""
+
+    assembled: AssembledInput
+    decisions: list[PruneDecision]
+    budget: int
+    candidate_count: int
+    evidence_kept: int
+    degradations: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _text_candidate(
+    index: SessionIndex,
+    block_id: str,
+    block_type: BlockType,
+    priority: Priority,
+    text: str,
+    position: int,
+) -> Candidate:
+    def build(level: LevelOfDetail) -> Rendering:
+        shown = text if block_type is BlockType.INSTRUCTION else shorten(text, level)
+        return Rendering(level, (), shown, index.section_tokens(shown))
+
+    return Candidate(block_id, block_type, "context", priority, position, None, build)
+
+
+async def _context_candidates(
+    index: SessionIndex, doc: SessionDocument, degradations: list[tuple[str, str]]
+) -> list[Candidate]:
+    view = StateView(doc)
+    out: list[Candidate] = []
+    notebook = MemoryNotebookWidget().render_live_screen(view)
+    if notebook:
+        out.append(
+            _text_candidate(index, NOTEBOOK_BLOCK_ID, BlockType.MEMORY, Priority.HIGH, notebook, 0)
+        )
+    tasks = TaskListWidget().render_live_screen(view)
+    if tasks:
+        out.append(_text_candidate(index, "widget:tasks", BlockType.STATE, Priority.HIGH, tasks, 1))
+    renderer = DefaultRenderer(index.estimator, index.model_hint)
+    resolver = SessionEvidenceResolver(doc.evidences)
+    for position, block in enumerate(doc.context_blocks, start=2):
+        if block.block_id == NOTEBOOK_BLOCK_ID:
+            continue
+        rendered = await renderer.render_block(block, resolver, degraded=degradations)
+        if rendered.rendered_content:
+            out.append(
+                _text_candidate(
+                    index,
+                    block.block_id,
+                    block.block_type,
+                    block.priority,
+                    rendered.rendered_content,
+                    position,
+                )
+            )
+    summary = doc.session.summary
+    if summary is not None:
+        text = f"## Summary of earlier conversation\n{summary.content}"
+        out.append(
+            _text_candidate(
+                index, "summary", BlockType.CONVERSATION, Priority.HIGH, text, len(out) + 2
+            )
+        )
+    return out
+
+
+async def select_and_assemble(
+    index: SessionIndex,
+    doc: SessionDocument,
+    config: RuntimeConfig,
+    *,
+    now: datetime | None,
+    tool_schemas: list[dict[str, Any]] | None = None,
+) -> Selection:
+    """Derive, prune, render and assemble the input for the session's current state.
+
+    ``index`` must hold every record of ``doc``. Raises :class:`BudgetExceededError` when the
+    tool schemas or the must-keep blocks alone exceed the budget.
+    """
+    estimator, hint = index.estimator, index.model_hint
+    tools_tokens = estimator.estimate_tools(tool_schemas or [], hint)
+    budget = config.budget.context_tokens - tools_tokens
+    if budget <= 0:
+        raise BudgetExceededError(
+            f"the tool schemas alone need {tools_tokens} tokens of the "
+            f"{config.budget.context_tokens}-token budget"
+        )
+    degradations: list[tuple[str, str]] = []
+    must: list[Candidate] = []
+    instruction = index.instruction
+    if instruction is not None:
+        must.append(
+            _text_candidate(
+                index, "instruction", BlockType.INSTRUCTION, Priority.MUST, instruction.content, -1
+            )
+        )
+    context = await _context_candidates(index, doc, degradations)
+    groups = index.groups
+    tail_start = index.last_user_group if index.last_user_group is not None else len(groups)
+    summary = doc.session.summary
+    hidden = 0
+    if summary is not None:
+        hidden = min(index.first_group_after(summary.message_index_range.to_index), tail_start)
+    tail = groups[tail_start:]
+    must.extend(tail)
+    request = PruneRequest(
+        index=index,
+        must=must,
+        degradable={c.block_id for c in tail[1:]},
+        context=context,
+        hidden=hidden,
+        tail_start=tail_start,
+        fixed_tokens=estimator.reply_priming(hint)
+        + estimator.estimate_message(Role.SYSTEM, "", hint),
+        evidence_preamble_tokens=index.section_tokens(EVIDENCE_PREAMBLE),
+    )
+    ttl = {Priority(k): v for k, v in (config.prune.ttl_seconds or {}).items()}
+    rules = PruneRules(
+        must_keep_priorities=tuple(config.prune.must_keep_priorities),
+        ttl_seconds=ttl or None,
+        now=now,
+        recent_high=config.prune.recent_messages_high,
+    )
+    result = GreedyPriorityPruner().prune(request, PruneBudget(budget), rules)
+    kept = result.kept
+    decisions = result.decisions
+    assembler = Assembler(estimator)
+    while True:
+        assembled = _assemble(assembler, kept, hint)
+        if assembled.total_tokens <= budget:
+            break
+        # Counting each system section on its own can miss a token where sections join; give
+        # back the last optional section kept until the exact count fits.
+        removable = [i for i, (c, _) in enumerate(kept) if c.kind in ("context", "evidence")]
+        removable = [i for i in removable if kept[i][0].priority is not Priority.MUST]
+        if not removable:
+            raise BudgetExceededError(
+                f"the assembled input needs {assembled.total_tokens} tokens, budget {budget}"
+            )
+        candidate, _rendering = kept.pop(removable[-1])
+        decisions = [
+            d
+            if d.block_id != candidate.block_id
+            else d.model_copy(
+                update={
+                    "action": "dropped",
+                    "reason": "removed after the exact count of the assembled input",
+                    "level": None,
+                }
+            )
+            for d in decisions
+        ]
+    candidates = (
+        len(must)
+        + len(context)
+        + len(groups[:tail_start])
+        + sum(len(tier) for tier in index.evidence_tiers.values())
+    )
+    return Selection(
+        assembled=assembled,
+        decisions=decisions,
+        budget=budget,
+        candidate_count=candidates,
+        evidence_kept=sum(1 for c, _ in kept if c.kind == "evidence"),
+        degradations=degradations,
+    )
+
+
+def _assemble(
+    assembler: Assembler, kept: list[tuple[Candidate, Rendering]], hint: str | None
+) -> AssembledInput:
+    sections = [(c, r) for c, r in kept if c.kind != "conversation"]
+    context = sorted(
+        (item for item in sections if item[0].kind == "context"),
+        key=lambda item: (_CONTEXT_ORDER.get(item[0].block_type, 9), item[0].position),
+    )
+    evidence = sorted(
+        (item for item in sections if item[0].kind == "evidence"),
+        key=lambda item: item[0].position,
+    )
+    texts = [r.text for _, r in context]
+    if evidence:
+        texts.append(EVIDENCE_PREAMBLE)
+        texts.extend(r.text for _, r in evidence)
+    conversation: list[MessagePart] = []
+    for _, rendering in sorted(
+        ((c, r) for c, r in kept if c.kind == "conversation"), key=lambda item: item[0].position
+    ):
+        conversation.extend(rendering.parts)
+    return assembler.assemble(texts, conversation, hint)

@@ -1,0 +1,261 @@
+"""Writing what the framework and the model produced into the session, redacted first."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ce.core.config import RedactionConfig, RuntimeConfig
+from ce.core.engine._session import SessionEntry, message_key
+from ce.core.errors import InvariantViolationError, RedactionError
+from ce.core.redaction import RegexRedactor
+from ce.core.schema import (
+    Message,
+    ModelInvocation,
+    RedactionRecord,
+    Role,
+    RunStatus,
+    ToolCallRequest,
+)
+from ce.core.state import AgentState, ModelOutput, ToolResult, can_transition
+
+__all__ = ["ACTIVE_RUN", "HistoryWriter", "WriteLog"]
+
+_STORED_FORMS_MAX = 50_000
+
+ACTIVE_RUN = (
+    RunStatus.PREPARING,
+    RunStatus.MODEL_RUNNING,
+    RunStatus.TOOL_RUNNING,
+    RunStatus.AWAITING_HUMAN,
+)
+
+
+class WriteLog:
+    """Bookkeeping of one engine call: what goes into its report and events."""
+
+    def __init__(self, turn_id: str) -> None:
+        self.turn_id = turn_id
+        self.new_messages: list[Message] = []
+        self.new_evidence_ids: list[str] = []
+        self.redactions: list[RedactionRecord] = []
+        self.degradations: list[tuple[str, str]] = []
+        self.errors: list[tuple[str, str]] = []
+
+
+class HistoryWriter:
+    """The engine's write side: every text goes through the configured redactor before the
+    AgentState (and so the store) sees it."""
+
+    _redactor: RegexRedactor | None
+    _redactors: dict[RedactionConfig, RegexRedactor]
+    _stored_forms: dict[int, dict[str, str]]
+
+    def _redactor_for(self, cfg: RuntimeConfig) -> RegexRedactor | None:
+        if not cfg.redaction.enabled:
+            return None
+        if self._redactor is not None:
+            return self._redactor
+        redactor = self._redactors.get(cfg.redaction)
+        if redactor is None:
+            redactor = RegexRedactor(cfg.redaction.rules, builtin=cfg.redaction.builtin_rules)
+            self._redactors[cfg.redaction] = redactor
+        return redactor
+
+    def _transition(self, state: AgentState, status: RunStatus, error: str | None = None) -> None:
+        if state.status is status:
+            return
+        if can_transition(state.status, status):
+            state.transition(status, error)
+
+    def _begin_run(self, state: AgentState) -> None:
+        if state.status in ACTIVE_RUN:
+            self._transition(state, RunStatus.ABORTED, "superseded by a new turn")
+        if can_transition(state.status, RunStatus.PREPARING):
+            state.start_run()
+
+    # -- redaction of what is written -------------------------------------------------------
+
+    def _redact_text(self, text: str, cfg: RuntimeConfig, call: WriteLog) -> tuple[str, list[str]]:
+        redactor = self._redactor_for(cfg)
+        if redactor is None or not text:
+            return text, []
+        try:
+            result = redactor.redact_text(text)
+        except RedactionError as exc:
+            call.degradations.append(("redaction_failed", str(exc)))
+            return text, []
+        return result.redacted_text, list(result.applied_rules)
+
+    def _stored_text(self, text: str, cfg: RuntimeConfig) -> str:
+        """``text`` as the store holds it (redacted), memoized: a framework passes the same
+        history again on every call, and each text is redacted once."""
+        redactor = self._redactor_for(cfg)
+        if redactor is None or not text:
+            return text
+        cache = self._stored_forms.setdefault(id(redactor), {})
+        stored = cache.get(text)
+        if stored is None:
+            try:
+                stored = redactor.redact_text(text).redacted_text
+            except RedactionError:
+                stored = text
+            if len(cache) >= _STORED_FORMS_MAX:
+                cache.clear()
+            cache[text] = stored
+        return stored
+
+    def _redact_value(
+        self, value: Any, cfg: RuntimeConfig, call: WriteLog
+    ) -> tuple[Any, list[str]]:
+        redactor = self._redactor_for(cfg)
+        if redactor is None:
+            return value, []
+        try:
+            return redactor.redact_value(value)
+        except RedactionError as exc:
+            call.degradations.append(("redaction_failed", str(exc)))
+            return value, []
+
+    def _note_redaction(
+        self, call: WriteLog, target: str, rules: Sequence[str], fields: int
+    ) -> None:
+        if rules:
+            call.redactions.append(
+                RedactionRecord(
+                    evidence_id=target, rules_applied=sorted(set(rules)), fields_redacted=fields
+                )
+            )
+
+    def _redacted_calls(
+        self, calls: Sequence[ToolCallRequest], cfg: RuntimeConfig, call: WriteLog
+    ) -> tuple[list[ToolCallRequest], list[str]]:
+        out, rules = [], []
+        for request in calls:
+            raw, raw_rules = self._redact_text(request.raw_arguments, cfg, call)
+            args, arg_rules = (
+                self._redact_value(request.arguments, cfg, call)
+                if request.arguments is not None
+                else (None, [])
+            )
+            rules += raw_rules + arg_rules
+            out.append(request.model_copy(update={"raw_arguments": raw, "arguments": args}))
+        return out, rules
+
+    # -- writing messages -------------------------------------------------------------------
+
+    def _write_user(
+        self, entry: SessionEntry, message: Message, cfg: RuntimeConfig, call: WriteLog
+    ) -> None:
+        text, rules = self._redact_text(message.content, cfg, call)
+        meta, meta_rules = self._redact_value(dict(message.meta), cfg, call)
+        stored = entry.state.append_model_input(
+            text,
+            author=message.author,
+            refs=message.refs,
+            lod=message.lod,
+            meta=meta,
+            message_id=message.message_id,
+        )
+        self._note_redaction(call, f"msg:{stored.message_id}", rules + meta_rules, 1)
+        call.new_messages.append(stored)
+        entry.note_written(stored)
+
+    def _write_assistant(
+        self,
+        entry: SessionEntry,
+        message: Message | ModelOutput,
+        cfg: RuntimeConfig,
+        call: WriteLog,
+    ) -> Message:
+        if isinstance(message, Message):
+            if message.role is not Role.ASSISTANT:
+                raise InvariantViolationError(
+                    f"an assistant message was expected, got {message.role.value}"
+                )
+            invocation = message.invocation or ModelInvocation(
+                provider=cfg.provider_hint or "unknown", model=cfg.model_hint or "unknown"
+            )
+            output = ModelOutput(
+                text=message.content,
+                tool_calls=list(message.tool_calls or []),
+                invocation=invocation,
+                author=message.author,
+                refs=message.refs,
+                meta=dict(message.meta),
+                message_id=message.message_id,
+            )
+        else:
+            output = message
+        text, rules = self._redact_text(output.text, cfg, call)
+        calls, call_rules = self._redacted_calls(output.tool_calls, cfg, call)
+        meta, meta_rules = self._redact_value(dict(output.meta), cfg, call)
+        stored = entry.state.append_model_output(
+            output.model_copy(update={"text": text, "tool_calls": calls, "meta": meta})
+        )
+        self._note_redaction(call, f"msg:{stored.message_id}", rules + call_rules + meta_rules, 1)
+        call.new_messages.append(stored)
+        entry.note_written(stored)
+        return stored
+
+    def _write_tool_result(
+        self, entry: SessionEntry, message: Message, cfg: RuntimeConfig, call: WriteLog
+    ) -> None:
+        call_id = message.tool_call_id or ""
+        if call_id not in {c.tool_call_id for c in entry.state.pending_tool_calls}:
+            call.degradations.append(
+                ("orphan_tool_result", f"tool result for unknown or answered call {call_id!r}")
+            )
+            return
+        text, rules = self._redact_text(message.content, cfg, call)
+        meta, meta_rules = self._redact_value(dict(message.meta), cfg, call)
+        stored = entry.state.append_tool_results(
+            [
+                ToolResult(
+                    tool_call_id=call_id,
+                    name=message.name or "",
+                    content=text,
+                    meta=meta,
+                    message_id=message.message_id,
+                )
+            ]
+        )
+        self._note_redaction(call, f"msg:{stored[0].message_id}", rules + meta_rules, 1)
+        call.new_messages.extend(stored)
+        entry.note_written(stored[0])
+
+    def _record_pending(
+        self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig, call: WriteLog
+    ) -> None:
+        """Record the pending messages that the session does not hold yet: by framework id
+        when they carry one, else by content (a message seen k times is new the k+1-th)."""
+        known_ids = entry.message_ids
+        seen: dict[tuple[Any, ...], int] = {}
+        for message in pending:
+            if message.message_id and message.message_id in known_ids:
+                continue
+            if not message.message_id:
+                key = message_key(message, self._stored_text(message.content, cfg))
+                seen[key] = seen.get(key, 0) + 1
+                if seen[key] <= entry.key_counts.get(key, 0):
+                    continue
+            if message.role is Role.SYSTEM:
+                before = entry.state.system_instruction
+                stored_form = self._stored_text(message.content, cfg)
+                if message.content.strip() and stored_form != before:
+                    text, rules = self._redact_text(message.content, cfg, call)
+                    stored = entry.state.set_system_instruction(text)
+                    self._note_redaction(call, f"msg:{stored.message_id}", rules, 1)
+                    call.new_messages.append(stored)
+                    entry.note_written(stored)
+            elif message.role is Role.USER:
+                if not message.content.strip():
+                    continue
+                if entry.state.status not in ACTIVE_RUN:
+                    self._begin_run(entry.state)
+                self._write_user(entry, message, cfg, call)
+            elif message.role is Role.ASSISTANT:
+                if message.content.strip() or message.tool_calls:
+                    self._write_assistant(entry, message, cfg, call)
+            else:
+                self._write_tool_result(entry, message, cfg, call)

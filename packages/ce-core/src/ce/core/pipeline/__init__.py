@@ -1,0 +1,71 @@
+"""The context pipeline (seed 004 §6.3–6.6, §6.9): ingest -> derive -> prune -> render ->
+assemble, plus the rolling summarizer. Pure computation is synchronous; I/O is async."""
+
+from ce.core.pipeline._index import (
+    SECTION_JOIN_TOKENS,
+    Candidate,
+    Rendering,
+    SessionIndex,
+    evidence_priority,
+)
+from ce.core.pipeline._ingest import EvidenceIngestor, IngestOptions, PreparedEvidence
+from ce.core.pipeline._levels import EVIDENCE_PREAMBLE, LEVELS, fence_evidence, shorten
+from ce.core.pipeline._prune import (
+    GreedyPriorityPruner,
+    PruneBudget,
+    PruneRequest,
+    PruneResult,
+    PruneRules,
+)
+from ce.core.pipeline._render import (
+    Assembler,
+    DefaultRenderer,
+    EvidenceResolver,
+    Renderer,
+    RenderHints,
+    SessionEvidenceResolver,
+)
+from ce.core.pipeline._summarize import (
+    LlmAdapter,
+    LlmRequest,
+    LlmResponse,
+    LlmSummarizer,
+    Summarizer,
+    SummaryDraft,
+    should_summarize,
+    summary_range_end,
+)
+
+__all__ = [
+    "EVIDENCE_PREAMBLE",
+    "LEVELS",
+    "SECTION_JOIN_TOKENS",
+    "Assembler",
+    "Candidate",
+    "DefaultRenderer",
+    "EvidenceIngestor",
+    "EvidenceResolver",
+    "GreedyPriorityPruner",
+    "IngestOptions",
+    "LlmAdapter",
+    "LlmRequest",
+    "LlmResponse",
+    "LlmSummarizer",
+    "PreparedEvidence",
+    "PruneBudget",
+    "PruneRequest",
+    "PruneResult",
+    "PruneRules",
+    "RenderHints",
+    "Renderer",
+    "Rendering",
+    "SessionEvidenceResolver",
+    "SessionIndex",
+    "Summarizer",
+    "SummaryDraft",
+    "evidence_priority",
+    "fence_evidence",
+    "shorten",
+    "should_summarize",
+    "summary_range_end",
+]

@@ -1,0 +1,332 @@
+"""The incremental derivation of candidate blocks from a session (seed 004 §6.4).
+
+A :class:`SessionIndex` turns a session's history and evidence into candidate blocks and keeps
+them, with their token counts, as the session grows: adding a message or an evidence costs work
+proportional to that record, never to the history. Rules:
+
+* every user message is one ``conversation`` block; an assistant message is one block together
+  with the results of its tool calls (a tool group is atomic: it is kept, degraded or dropped
+  whole); tool calls that never got a result are left out of the rendering, so the input never
+  holds a call without its result; system messages are not conversation (the newest one is the
+  instruction);
+* a tool result whose call produced ``rag_doc`` evidence renders as those evidences, fenced
+  with their ids and sources, instead of the tool's raw text;
+* every other evidence is one ``evidence`` block, except ``llm_output`` (the model's own words
+  are in the history already), evidence linked to a tool call (its tool result shows it) and
+  the unredacted originals that ``dual_store`` keeps for audits;
+  its priority follows its confidence (>= 0.75 high, >= 0.4 or unknown medium, else low);
+* a block that has no Summary/Gist of its own gets shortened ones (see ``_levels.shorten``).
+
+Token counts are for one ``model_hint``; an index serves one hint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+
+from ce.core.pipeline._levels import LEVELS, fence_evidence, shorten
+from ce.core.primitives import parse_iso
+from ce.core.schema import (
+    BlockType,
+    Evidence,
+    EvidenceType,
+    LevelOfDetail,
+    Message,
+    MessagePart,
+    Priority,
+    Role,
+    ToolCall,
+    ToolCallStatus,
+)
+from ce.core.tokens import TokenEstimator
+
+__all__ = ["SECTION_JOIN_TOKENS", "Candidate", "Rendering", "SessionIndex", "evidence_priority"]
+
+SECTION_JOIN_TOKENS = 2
+"""Tokens charged per section of the system message for the blank line that joins it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rendering:
+    """A block at one level of detail: chat parts (conversation) or section text (context),
+    and what it costs."""
+
+    level: LevelOfDetail
+    parts: tuple[MessagePart, ...]
+    text: str
+    tokens: int
+
+
+class Candidate:
+    """One candidate block. Renderings are built lazily, level by level, and cached."""
+
+    __slots__ = ("_build", "_cache", "at", "block_id", "block_type", "kind", "position", "priority")
+
+    def __init__(
+        self,
+        block_id: str,
+        block_type: BlockType,
+        kind: str,
+        priority: Priority,
+        position: int,
+        at: datetime | None,
+        build: Callable[[LevelOfDetail], Rendering],
+    ) -> None:
+        self.block_id = block_id
+        self.block_type = block_type
+        self.kind = kind
+        self.priority = priority
+        self.position = position
+        self.at = at
+        self._build = build
+        self._cache: dict[LevelOfDetail, Rendering] = {}
+
+    def rendering(self, level: LevelOfDetail) -> Rendering:
+        cached = self._cache.get(level)
+        if cached is None:
+            cached = self._build(level)
+            self._cache[level] = cached
+        return cached
+
+    @property
+    def live(self) -> Rendering:
+        return self.rendering(LevelOfDetail.LIVE)
+
+    def cheaper(self) -> list[Rendering]:
+        """The Summary and Gist renderings that cost less than the one before them."""
+        out: list[Rendering] = []
+        tokens = self.live.tokens
+        for level in LEVELS[1:]:
+            rendering = self.rendering(level)
+            if rendering.tokens < tokens:
+                out.append(rendering)
+                tokens = rendering.tokens
+        return out
+
+    def invalidate(self) -> None:
+        self._cache.clear()
+
+
+def evidence_priority(evidence: Evidence) -> Priority:
+    if evidence.confidence is None:
+        return Priority.MEDIUM
+    if evidence.confidence >= 0.75:
+        return Priority.HIGH
+    if evidence.confidence >= 0.4:
+        return Priority.MEDIUM
+    return Priority.LOW
+
+
+def _at(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return parse_iso(value)
+    except ValueError:
+        return None
+
+
+class _Group:
+    """The messages of one conversation block: its head and the results of its tool calls."""
+
+    __slots__ = ("head", "results")
+
+    def __init__(self, head: Message) -> None:
+        self.head = head
+        self.results: dict[str, Message] = {}
+
+
+class SessionIndex:
+    """Candidate blocks of one session for one ``model_hint``, maintained incrementally.
+
+    Feed it every message (:meth:`add_message`), evidence (:meth:`add_evidence`) and tool-run
+    record (:meth:`add_tool_record`) in stored order.
+    """
+
+    def __init__(self, estimator: TokenEstimator, model_hint: str | None) -> None:
+        self.estimator = estimator
+        self.model_hint = model_hint
+        self.groups: list[Candidate] = []
+        self._group_data: list[_Group] = []
+        self._cum: list[int] = [0]
+        self._call_group: dict[str, int] = {}
+        self._tool_records: dict[str, ToolCall] = {}
+        self._rag_by_call: dict[str, list[Evidence]] = {}
+        self.evidence_tiers: dict[Priority, list[Candidate]] = {
+            p: [] for p in (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
+        }
+        self._evidence_cum: dict[Priority, list[int]] = {p: [0] for p in self.evidence_tiers}
+        self.message_count = 0
+        self.evidence_count = 0
+        self.record_count = 0
+        self._errors: list[tuple[str, str]] = []
+        self.instruction: Message | None = None
+        self.last_user_group: int | None = None
+
+    # -- feeding ------------------------------------------------------------------------
+
+    def add_message(self, message: Message) -> None:
+        position = self.message_count
+        self.message_count += 1
+        if message.role is Role.SYSTEM:
+            self.instruction = message
+            return
+        if message.role is Role.TOOL:
+            index = self._call_group.get(message.tool_call_id or "")
+            if index is not None:
+                group = self._group_data[index]
+                if message.tool_call_id not in group.results:
+                    group.results[message.tool_call_id or ""] = message
+                    self._refresh(index)
+            return
+        index = len(self.groups)
+        group_id = f"msg:{message.message_id or position}"
+        data = _Group(message)
+        candidate = Candidate(
+            group_id,
+            BlockType.CONVERSATION,
+            "conversation",
+            Priority.MEDIUM,
+            position,
+            _at(message.at),
+            partial(self._render_group, data),
+        )
+        self.groups.append(candidate)
+        self._group_data.append(data)
+        for call in message.tool_calls or ():
+            self._call_group.setdefault(call.tool_call_id, index)
+        if message.role is Role.USER:
+            self.last_user_group = index
+        self._cum.append(self._cum[-1] + candidate.live.tokens)
+
+    def add_tool_record(self, record: ToolCall) -> None:
+        self.record_count += 1
+        self._tool_records.setdefault(record.tool_call_id, record)
+        index = self._call_group.get(record.tool_call_id)
+        if index is not None and record.tool_call_id in self._group_data[index].results:
+            self._refresh(index)
+
+    def add_evidence(self, evidence: Evidence) -> None:
+        self.evidence_count += 1
+        if evidence.type is EvidenceType.LLM_OUTPUT or "original_of" in evidence.metadata:
+            return
+        call_id = evidence.links.tool_call_id
+        if call_id:
+            if evidence.type is EvidenceType.RAG_DOC:
+                self._rag_by_call.setdefault(call_id, []).append(evidence)
+                index = self._call_group.get(call_id)
+                if index is not None and call_id in self._group_data[index].results:
+                    self._refresh(index)
+            return
+        tier = evidence_priority(evidence)
+        try:
+            candidate = self._evidence_candidate(evidence, tier)
+            tokens = candidate.live.tokens
+        except Exception as exc:  # one bad evidence must not stop the turn (seed §18.2)
+            self._errors.append(
+                ("evidence_derive_failed", f"evidence {evidence.evidence_id}: {exc!r}")
+            )
+            return
+        self.evidence_tiers[tier].append(candidate)
+        cum = self._evidence_cum[tier]
+        cum.append(cum[-1] + tokens)
+
+    def _evidence_candidate(self, evidence: Evidence, tier: Priority) -> Candidate:
+        candidate = Candidate(
+            f"ev:{evidence.evidence_id}",
+            BlockType.EVIDENCE,
+            "evidence",
+            tier,
+            self.evidence_count - 1,
+            _at(evidence.created_at),
+            partial(self._render_evidence, evidence),
+        )
+        return candidate
+
+    def _render_evidence(self, evidence: Evidence, level: LevelOfDetail) -> Rendering:
+        return self._section(level, fence_evidence(evidence, shorten(evidence.content, level)))
+
+    def drain_errors(self) -> list[tuple[str, str]]:
+        """Errors met while deriving since the last call, as ``(reason, detail)``."""
+        errors, self._errors = self._errors, []
+        return errors
+
+    # -- queries --------------------------------------------------------------------------
+
+    def group_tokens(self, start: int, stop: int) -> int:
+        """Live tokens of ``groups[start:stop]``."""
+        return self._cum[stop] - self._cum[start]
+
+    def evidence_tokens(self, tier: Priority, start: int, stop: int) -> int:
+        cum = self._evidence_cum[tier]
+        return cum[stop] - cum[start]
+
+    def first_group_after(self, message_index: int) -> int:
+        """The index of the first group whose head message comes after ``message_index``."""
+        lo, hi = 0, len(self.groups)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.groups[mid].position <= message_index:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def section_tokens(self, text: str) -> int:
+        return self.estimator.estimate_text(text, self.model_hint) + SECTION_JOIN_TOKENS
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def _section(self, level: LevelOfDetail, text: str) -> Rendering:
+        return Rendering(level, (), text, self.section_tokens(text))
+
+    def _text(self, message: Message, level: LevelOfDetail) -> str:
+        if message.lod is not None:
+            return message.text_at(level)
+        return shorten(message.content, level)
+
+    def _tool_text(self, call_id: str, result: Message, level: LevelOfDetail) -> str:
+        evidences = self._rag_by_call.get(call_id)
+        if evidences:
+            return "\n\n".join(fence_evidence(ev, shorten(ev.content, level)) for ev in evidences)
+        return self._text(result, level)
+
+    def _render_group(self, data: _Group, level: LevelOfDetail) -> Rendering:
+        head = data.head
+        if head.role is Role.USER:
+            parts: tuple[MessagePart, ...] = (
+                MessagePart(role=Role.USER, content=self._text(head, level)),
+            )
+        else:
+            calls = [c for c in head.tool_calls or () if c.tool_call_id in data.results]
+            text = self._text(head, level)
+            if not calls and not text.strip():
+                return Rendering(level, (), "", 0)
+            built = [MessagePart(role=Role.ASSISTANT, content=text, tool_calls=calls or None)]
+            for call in calls:
+                record = self._tool_records.get(call.tool_call_id)
+                result = data.results[call.tool_call_id]
+                built.append(
+                    MessagePart(
+                        role=Role.TOOL,
+                        content=self._tool_text(call.tool_call_id, result, level),
+                        tool_call_id=call.tool_call_id,
+                        name=result.name or call.name,
+                        is_error=record is not None and record.status is not ToolCallStatus.SUCCESS,
+                    )
+                )
+            parts = tuple(built)
+        tokens = sum(self.estimator.estimate_part(p, self.model_hint) for p in parts)
+        return Rendering(level, parts, "", tokens)
+
+    def _refresh(self, index: int) -> None:
+        candidate = self.groups[index]
+        before = self._cum[index + 1] - self._cum[index]
+        candidate.invalidate()
+        delta = candidate.live.tokens - before
+        if delta:
+            for i in range(index + 1, len(self._cum)):
+                self._cum[i] += delta

@@ -1,0 +1,135 @@
+"""Evidence ingestion (seed 004 §6.3): redaction, dedup key, confidence."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ce.core.errors import RedactionError
+from ce.core.primitives import Clock, Hasher, IdGenerator
+from ce.core.redaction import RegexRedactor
+from ce.core.schema import (
+    Evidence,
+    EvidenceLinks,
+    EvidenceSource,
+    EvidenceType,
+    RedactionRecord,
+)
+
+__all__ = ["EvidenceIngestor", "IngestOptions", "PreparedEvidence"]
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """``confidence`` given here wins over a ``score`` in the metadata; ``args_digest``
+    makes a tool result's dedup key its tool and arguments instead of its content."""
+
+    redact: bool = True
+    dedup: bool = True
+    confidence: float | None = None
+    args_digest: dict[str, Any] | None = None
+
+
+@dataclass
+class PreparedEvidence:
+    """An evidence ready to store, with its dedup key (None: do not deduplicate) and what
+    happened on the way: a redaction record and ``(reason, detail)`` degradations."""
+
+    evidence: Evidence
+    dedup_key: str | None
+    original: Evidence | None = None
+    redaction: RedactionRecord | None = None
+    degradations: list[tuple[str, str]] = field(default_factory=list)
+
+
+class EvidenceIngestor:
+    """Turns raw content into an :class:`Evidence`: redacts content and metadata (unless
+    redaction is off), computes the dedup key from ``source.uri`` + content hash (or the
+    tool's args digest) and the confidence. On failure it degrades per seed §18.2: a failed
+    redaction stores the text unredacted with ``metadata.has_sensitive = true``
+    (``redaction_failed``); a failed hash skips dedup (``dedup_skipped``)."""
+
+    def __init__(
+        self,
+        redactor: RegexRedactor | None,
+        hasher: Hasher,
+        ids: IdGenerator,
+        clock: Clock,
+        *,
+        dual_store: bool = False,
+    ) -> None:
+        self._redactor = redactor
+        self._hasher = hasher
+        self._ids = ids
+        self._clock = clock
+        self._dual_store = dual_store
+
+    def prepare(
+        self,
+        content: str,
+        source: EvidenceSource,
+        evidence_type: EvidenceType,
+        links: EvidenceLinks | None = None,
+        metadata: dict[str, Any] | None = None,
+        options: IngestOptions | None = None,
+    ) -> PreparedEvidence:
+        opts = options or IngestOptions()
+        meta = dict(metadata or {})
+        degradations: list[tuple[str, str]] = []
+        confidence = opts.confidence
+        score = meta.get("score")
+        if confidence is None and isinstance(score, (int, float)) and not isinstance(score, bool):
+            confidence = min(1.0, max(0.0, float(score)))
+        evidence_id = self._ids.generate()
+
+        key: str | None = None
+        if opts.dedup:
+            try:
+                if opts.args_digest is not None:
+                    basis = f"args|{source.name}|" + json.dumps(opts.args_digest, sort_keys=True)
+                else:
+                    basis = f"content|{source.kind.value}|{source.uri}|{content}"
+                key = f"{evidence_type.value}|{self._hasher.digest(basis)}"
+                meta["dedup_key"] = key
+            except Exception as exc:
+                degradations.append(("dedup_skipped", f"hashing failed: {exc!r}"))
+
+        text, redaction, original = content, None, None
+        if self._redactor is not None and opts.redact:
+            try:
+                result = self._redactor.redact_text(content)
+                meta_redacted, meta_rules = self._redactor.redact_value(meta)
+            except RedactionError as exc:
+                degradations.append(("redaction_failed", str(exc)))
+                meta["has_sensitive"] = True
+            else:
+                rules = sorted(set(result.applied_rules) | set(meta_rules))
+                if rules:
+                    redaction = RedactionRecord(
+                        evidence_id=evidence_id,
+                        rules_applied=rules,
+                        fields_redacted=int(result.has_sensitive) + len(meta_rules),
+                    )
+                    if self._dual_store:
+                        original = Evidence(
+                            evidence_id=f"{evidence_id}:original",
+                            type=evidence_type,
+                            source=source,
+                            content=content,
+                            metadata={**meta, "original_of": evidence_id},
+                            links=links or EvidenceLinks(),
+                            created_at=self._clock.now_iso(),
+                        )
+                text, meta = result.redacted_text, meta_redacted
+        evidence = Evidence(
+            evidence_id=evidence_id,
+            type=evidence_type,
+            source=source,
+            content=text,
+            confidence=confidence,
+            metadata=meta,
+            links=links or EvidenceLinks(),
+            created_at=self._clock.now_iso(),
+        )
+        return PreparedEvidence(evidence, key, original, redaction, degradations)

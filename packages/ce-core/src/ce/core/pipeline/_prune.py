@@ -1,0 +1,294 @@
+"""GreedyPriorityPruner (seed 004 §6.5, §8.2): spend a token budget on candidate blocks.
+
+Rules, in order:
+
+1. ``must`` blocks (the instruction, the newest user message and the run's in-flight tool chain,
+   plus any block whose priority the config lists as must-keep) are kept. When they do not fit,
+   the in-flight tool results are degraded (Summary, then Gist) before giving up with
+   :class:`~ce.core.errors.BudgetExceededError`.
+2. The rest of the budget is spent tier by tier (high, medium, low). In a tier: context blocks
+   (memory, task state, summary, custom blocks), then conversation newest first, then evidence
+   newest first. Conversation priority follows recency: the newest ``recent_high`` blocks are
+   high, the next ``3 * recent_high`` medium, older ones low.
+3. A block that does not fit at Live is degraded to Summary, then Gist, before it is dropped.
+   A block past its priority's TTL is dropped.
+4. Conversation stays a contiguous recent window: once a conversation block is dropped, every
+   older one is dropped with it, in ONE decision whose ``block_count`` says how many blocks it
+   covers (likewise messages covered by the rolling summary, and evidence left when the budget
+   is exhausted). So a turn costs work proportional to what is kept, not to the history, and the
+   report still accounts for every candidate.
+
+Everything is deterministic: same candidates, budget and rules give the same result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from ce.core.errors import BudgetExceededError
+from ce.core.pipeline._index import Candidate, Rendering, SessionIndex
+from ce.core.schema import LevelOfDetail, Priority, PruneDecision
+
+__all__ = [
+    "GreedyPriorityPruner",
+    "PruneBudget",
+    "PruneRequest",
+    "PruneResult",
+    "PruneRules",
+]
+
+_TIERS = (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
+_MIN_EVIDENCE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class PruneBudget:
+    """``max_tokens``: what the kept blocks may cost in all."""
+
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class PruneRules:
+    """``must_keep_priorities`` are never dropped; ``ttl_seconds`` per priority; ``now`` is the
+    instant TTLs are measured from (the turn's clock reading, for determinism);
+    ``recent_high`` is how many newest conversation blocks count as high priority."""
+
+    must_keep_priorities: tuple[Priority, ...] = (Priority.MUST,)
+    ttl_seconds: dict[Priority, int] | None = None
+    now: datetime | None = None
+    recent_high: int = 6
+
+
+@dataclass
+class PruneRequest:
+    """The candidates of one call.
+
+    ``must``: blocks that must be kept (``degradable`` ones may be degraded when they alone do
+    not fit). ``context``: memory / state / summary / custom blocks. Conversation comes from
+    ``index.groups[hidden:tail_start]`` (``hidden`` groups are covered by the rolling summary);
+    evidence from ``index.evidence_tiers``. ``fixed_tokens`` are spent before any block (message
+    overheads, reply priming); ``evidence_preamble_tokens`` are charged with the first evidence.
+    """
+
+    index: SessionIndex
+    must: list[Candidate]
+    degradable: set[str]
+    context: list[Candidate]
+    hidden: int
+    tail_start: int
+    fixed_tokens: int = 0
+    evidence_preamble_tokens: int = 0
+
+
+@dataclass
+class PruneResult:
+    """``kept``: the chosen rendering of every kept block; ``decisions``: one per candidate
+    (or per range of candidates); ``used_tokens``: the cost of ``kept`` plus fixed tokens."""
+
+    kept: list[tuple[Candidate, Rendering]] = field(default_factory=list)
+    decisions: list[PruneDecision] = field(default_factory=list)
+    used_tokens: int = 0
+    evidence_kept: int = 0
+
+
+def _decision(
+    block_id: str,
+    action: Literal["kept", "dropped", "degraded"],
+    reason: str,
+    tokens: int,
+    *,
+    count: int = 1,
+    level: LevelOfDetail | None = None,
+) -> PruneDecision:
+    return PruneDecision.model_construct(
+        block_id=block_id,
+        action=action,
+        reason=reason,
+        token_estimate=tokens,
+        block_count=count,
+        level=level.value if level else None,
+    )
+
+
+class _Run:
+    """The state of one pruning pass."""
+
+    def __init__(self, request: PruneRequest, budget: PruneBudget, rules: PruneRules) -> None:
+        self.request = request
+        self.rules = rules
+        self.result = PruneResult()
+        self.remaining = budget.max_tokens - request.fixed_tokens
+        self.budget = budget
+
+    def expired(self, candidate: Candidate, priority: Priority) -> int | None:
+        ttl = (self.rules.ttl_seconds or {}).get(priority)
+        now = self.rules.now
+        if ttl is None or now is None or candidate.at is None:
+            return None
+        return ttl if now - candidate.at > timedelta(seconds=ttl) else None
+
+    def keep(self, candidate: Candidate, rendering: Rendering, reason: str, extra: int = 0) -> None:
+        cost = rendering.tokens + extra
+        self.remaining -= cost
+        self.result.kept.append((candidate, rendering))
+        action: Literal["kept", "degraded"] = (
+            "kept" if rendering.level is LevelOfDetail.LIVE else "degraded"
+        )
+        self.result.decisions.append(
+            _decision(candidate.block_id, action, reason, cost, level=rendering.level)
+        )
+
+    def try_fit(self, candidate: Candidate, priority: Priority, extra: int = 0) -> bool:
+        """Keep ``candidate`` at the richest level that fits; False when it was dropped."""
+        ttl = self.expired(candidate, priority)
+        live = candidate.live
+        if ttl is not None:
+            self.result.decisions.append(
+                _decision(
+                    candidate.block_id,
+                    "dropped",
+                    f"expired: older than the {ttl} s TTL of priority {priority.value}",
+                    live.tokens,
+                )
+            )
+            return False
+        if live.tokens + extra <= self.remaining:
+            self.keep(candidate, live, f"fits (priority {priority.value})", extra)
+            return True
+        for cheaper in candidate.cheaper():
+            if cheaper.tokens + extra <= self.remaining:
+                self.keep(
+                    candidate,
+                    cheaper,
+                    f"degraded (priority {priority.value}): live needs {live.tokens + extra}"
+                    f" tokens, {self.remaining} left",
+                    extra,
+                )
+                return True
+        self.result.decisions.append(
+            _decision(
+                candidate.block_id,
+                "dropped",
+                f"does not fit at any level (priority {priority.value}): "
+                f"{self.remaining} tokens left",
+                live.tokens,
+            )
+        )
+        return False
+
+    def conversation_tier(self, rank: int) -> Priority:
+        high = self.rules.recent_high
+        if rank < high:
+            return Priority.HIGH
+        if rank < 4 * high:
+            return Priority.MEDIUM
+        return Priority.LOW
+
+
+class GreedyPriorityPruner:
+    """Keeps ``must``, then spends the budget by priority and recency (see the module doc)."""
+
+    def prune(self, request: PruneRequest, budget: PruneBudget, rules: PruneRules) -> PruneResult:
+        run = _Run(request, budget, rules)
+        index = request.index
+        must_keep = set(rules.must_keep_priorities)
+        self._keep_must(
+            run, [*request.must, *(c for c in request.context if c.priority in must_keep)]
+        )
+
+        cursor = request.tail_start - 1
+        conversation_open = True
+        for tier in _TIERS:
+            if tier in must_keep:
+                continue
+            for candidate in request.context:
+                if candidate.priority is tier:
+                    run.try_fit(candidate, tier)
+            while conversation_open and cursor >= request.hidden:
+                rank = request.tail_start - 1 - cursor
+                if run.conversation_tier(rank) is not tier:
+                    break
+                if not run.try_fit(index.groups[cursor], tier):
+                    conversation_open = False
+                cursor -= 1
+            self._evidence(run, tier)
+        if cursor >= request.hidden:
+            first, last = index.groups[request.hidden], index.groups[cursor]
+            run.result.decisions.append(
+                _decision(
+                    f"{first.block_id}..{last.block_id}"
+                    if cursor > request.hidden
+                    else first.block_id,
+                    "dropped",
+                    "older than a conversation block that was dropped: the kept history "
+                    "stays a contiguous recent window",
+                    index.group_tokens(request.hidden, cursor + 1),
+                    count=cursor + 1 - request.hidden,
+                )
+            )
+        if request.hidden:
+            first, last = index.groups[0], index.groups[request.hidden - 1]
+            run.result.decisions.append(
+                _decision(
+                    f"{first.block_id}..{last.block_id}",
+                    "dropped",
+                    "covered by the rolling summary",
+                    index.group_tokens(0, request.hidden),
+                    count=request.hidden,
+                )
+            )
+        run.result.used_tokens = budget.max_tokens - run.remaining
+        return run.result
+
+    def _keep_must(self, run: _Run, must: Sequence[Candidate]) -> None:
+        chosen = [c.live for c in must]
+        total = sum(r.tokens for r in chosen)
+        degradable = run.request.degradable
+        for i, candidate in enumerate(must):
+            if total <= run.remaining:
+                break
+            if candidate.block_id not in degradable:
+                continue
+            for cheaper in candidate.cheaper():
+                total -= chosen[i].tokens - cheaper.tokens
+                chosen[i] = cheaper
+                if total <= run.remaining:
+                    break
+        if total > run.remaining:
+            raise BudgetExceededError(
+                f"the must-keep blocks need {total} tokens even degraded, but the budget leaves "
+                f"{run.remaining} (budget {run.budget.max_tokens}, {run.request.fixed_tokens} "
+                "fixed)"
+            )
+        for candidate, rendering in zip(must, chosen, strict=False):
+            reason = (
+                "must keep"
+                if rendering.level is LevelOfDetail.LIVE
+                else (f"must keep, degraded: live needs {candidate.live.tokens} tokens")
+            )
+            run.keep(candidate, rendering, reason)
+
+    def _evidence(self, run: _Run, tier: Priority) -> None:
+        index = run.request.index
+        blocks = index.evidence_tiers[tier]
+        for position in range(len(blocks) - 1, -1, -1):
+            if run.remaining < _MIN_EVIDENCE_TOKENS:
+                run.result.decisions.append(
+                    _decision(
+                        f"{blocks[0].block_id}..{blocks[position].block_id}"
+                        if position
+                        else blocks[0].block_id,
+                        "dropped",
+                        f"budget exhausted before older {tier.value}-priority evidence",
+                        index.evidence_tokens(tier, 0, position + 1),
+                        count=position + 1,
+                    )
+                )
+                break
+            preamble = run.request.evidence_preamble_tokens if not run.result.evidence_kept else 0
+            if run.try_fit(blocks[position], tier, preamble):
+                run.result.evidence_kept += 1
