@@ -383,3 +383,36 @@ async def test_default_store_is_sqlite_under_dot_ce(
     await engine.prepare_turn("s1", "hello")
     await engine.close()
     assert (tmp_path / "other.db").is_file()
+
+
+async def test_a_long_session_costs_a_bounded_number_of_decisions() -> None:
+    """Old history and evidence are dropped in range decisions: the report stays small and
+    still accounts for every block, however long the session is."""
+    from ce.core.schema import Evidence, EvidenceLinks
+    from ce.core.state import AgentState, ModelOutput
+    from ce.core.stores import SessionChanges
+
+    state = AgentState("long", clock=SteppingClock(), id_generator=SequentialIdGenerator("h"))
+    for i in range(1500):
+        state.append_model_input(f"q{i} " + "word " * 20)
+        state.append_model_output(ModelOutput(text=f"a{i} " + "word " * 20, invocation=INV))
+    changes: SessionChanges = state.take_changes()
+    changes.evidences = [
+        Evidence(
+            evidence_id=f"e{k}",
+            type=EvidenceType.RAG_DOC,
+            source=EvidenceSource(kind=SourceKind.RAG, uri=f"kb://{k}"),
+            content="doc " * 400,
+            confidence=(k % 10) / 10,
+            links=EvidenceLinks(),
+        )
+        for k in range(2000)
+    ]
+    store = MemoryStore()
+    await store.commit("long", changes)
+    engine = make_engine(store)
+    result = await engine.prepare_turn("long", "newest")
+    decisions = result.report.prune_decisions
+    assert sum(d.block_count for d in decisions) == 3000 + 2000 + 1
+    assert len(decisions) < 150
+    assert result.assembled_input.total_tokens <= result.report.token_budget

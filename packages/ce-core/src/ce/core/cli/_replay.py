@@ -114,7 +114,7 @@ async def replay(
     before_config, after_config = replay_configs(record.config, budget, model_hint)
     try:
         # The engine lands after this module: until then mypy sees no ContextEngine.
-        from ce.core.engine import (  # type: ignore[attr-defined, unused-ignore]
+        from ce.core.engine import (
             ContextEngine,
         )
     except ImportError as exc:

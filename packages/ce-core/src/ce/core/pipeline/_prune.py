@@ -14,9 +14,10 @@ Rules, in order:
    A block past its priority's TTL is dropped.
 4. Conversation stays a contiguous recent window: once a conversation block is dropped, every
    older one is dropped with it, in ONE decision whose ``block_count`` says how many blocks it
-   covers (likewise messages covered by the rolling summary, and evidence left when the budget
-   is exhausted). So a turn costs work proportional to what is kept, not to the history, and the
-   report still accounts for every candidate.
+   covers (likewise messages covered by the rolling summary, and the older evidence of a tier
+   once the budget is exhausted or 8 blocks in a row did not fit). So a turn costs work
+   proportional to what is kept, not to the history, and the report still accounts for every
+   candidate.
 
 Everything is deterministic: same candidates, budget and rules give the same result.
 """
@@ -42,6 +43,9 @@ __all__ = [
 
 _TIERS = (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
 _MIN_EVIDENCE_TOKENS = 16
+# Newest-first evidence walks stop after this many blocks in a row did not fit: what is
+# older is dropped in one decision, so a turn never visits every evidence of a long session.
+_MAX_EVIDENCE_MISSES = 8
 
 
 @dataclass(frozen=True)
@@ -275,8 +279,9 @@ class GreedyPriorityPruner:
     def _evidence(self, run: _Run, tier: Priority) -> None:
         index = run.request.index
         blocks = index.evidence_tiers[tier]
+        misses = 0
         for position in range(len(blocks) - 1, -1, -1):
-            if run.remaining < _MIN_EVIDENCE_TOKENS:
+            if run.remaining < _MIN_EVIDENCE_TOKENS or misses >= _MAX_EVIDENCE_MISSES:
                 run.result.decisions.append(
                     _decision(
                         f"{blocks[0].block_id}..{blocks[position].block_id}"
@@ -292,3 +297,6 @@ class GreedyPriorityPruner:
             preamble = run.request.evidence_preamble_tokens if not run.result.evidence_kept else 0
             if run.try_fit(blocks[position], tier, preamble):
                 run.result.evidence_kept += 1
+                misses = 0
+            else:
+                misses += 1
