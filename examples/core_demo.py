@@ -1,152 +1,167 @@
-"""ce.core demo: one agent run recorded through AgentState into the embedded SQLite store.
+"""ce.core demo: an agent run through the ContextEngine on the embedded SQLite store.
 
-Runs offline. The "model" is a scripted stream of seed-002 deltas: a reply that makes two
-parallel tool calls, then a streamed answer. Every step is committed to the store as one atomic
-change set; at the end the session is reloaded, checked to equal what was written, and the
-context is rendered for an OpenAI-style and an Anthropic-style API.
+Runs offline. The "model" is a scripted stream of seed-002 deltas. Each turn, the engine
+records what happened and assembles the next model input within a small token budget; the demo
+prints what the model would receive and the report of what was kept, degraded or dropped.
 
     python examples/core_demo.py            # store: $CE_STORE_URL or sqlite:///.ce/sessions.db
+    ce report demo-weather                  # the same report from the store (ce-core[cli])
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-from collections.abc import Iterator
 from typing import Any
 
+from ce.core.config import BudgetConfig, RuntimeConfig
+from ce.core.engine import ContextEngine
 from ce.core.formats import to_anthropic_messages, to_openai_messages
-from ce.core.schema import RunStatus, Task, TaskStatus
-from ce.core.state import (
-    AgentState,
-    DeltaAccumulator,
-    DeltaKind,
-    MessageDelta,
-    ToolResult,
-    render_live_context,
+from ce.core.schema import (
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    PrepareResult,
+    Role,
+    SourceKind,
+    Task,
+    ToolCall,
+    ToolProvider,
 )
-from ce.core.stores import Store, open_store
+from ce.core.state import DeltaAccumulator, DeltaKind, MessageDelta, ModelOutput
+from ce.core.stores import default_store_url
 
-STORE_URL = os.environ.get("CE_STORE_URL", "sqlite:///.ce/sessions.db")
 SESSION_ID = "demo-weather"
+CONFIG = RuntimeConfig(
+    model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=700, reserved_reply_tokens=200)
+)
+DOCS = [
+    ("kb://climate/paris", "Paris has an oceanic climate; autumn days average 15°C.", 0.82),
+    ("kb://climate/oslo", "Oslo autumns are cool and wet, around 6°C, with frequent rain.", 0.77),
+    ("kb://travel/packing", "Pack layers and a waterproof jacket for northern Europe. " * 30, 0.4),
+]
+WEATHER = {"Paris": {"temp_c": 18, "sky": "cloudy"}, "Oslo": {"temp_c": 4, "sky": "rain"}}
 
 
-def scripted_stream(
-    run_id: str, items: list[tuple[DeltaKind, dict[str, Any]]]
-) -> Iterator[MessageDelta]:
-    """What a provider client would yield: deltas with strictly increasing ``seq``."""
-    for seq, (kind, payload) in enumerate(items):
-        yield MessageDelta(run_id=run_id, seq=seq, kind=kind, payload=payload)
+def stream(items: list[tuple[DeltaKind, dict[str, Any]]]) -> ModelOutput:
+    """What a provider client yields, aggregated: strictly increasing ``seq``, one ``done``."""
+    acc = DeltaAccumulator()
+    start = (DeltaKind.START, {"provider": "scripted", "model": "demo-model"})
+    for seq, (kind, payload) in enumerate([start, *items]):
+        acc.add(MessageDelta(run_id="demo", seq=seq, kind=kind, payload=payload))
+    return acc.result()
 
 
-def first_reply(run_id: str) -> Iterator[MessageDelta]:
-    return scripted_stream(
-        run_id,
+def tool_reply(cities: list[str]) -> ModelOutput:
+    items: list[tuple[DeltaKind, dict[str, Any]]] = [(DeltaKind.TEXT, {"text": "Checking."})]
+    for city in cities:
+        call_id = f"call-{city.lower()}-{len(cities)}"
+        items += [
+            (DeltaKind.TOOL_CALL_START, {"tool_call_id": call_id, "name": "weather"}),
+            (
+                DeltaKind.TOOL_CALL_ARGS,
+                {"tool_call_id": call_id, "args": json.dumps({"city": city})},
+            ),
+            (DeltaKind.TOOL_CALL_END, {"tool_call_id": call_id}),
+        ]
+    items += [
+        (DeltaKind.USAGE, {"prompt_tokens": 400, "completion_tokens": 30}),
+        (DeltaKind.DONE, {"finish_reason": "tool_calls"}),
+    ]
+    return stream(items)
+
+
+def answer(text: str) -> ModelOutput:
+    return stream(
         [
-            (DeltaKind.START, {"provider": "scripted", "model": "demo-model"}),
-            (DeltaKind.TEXT, {"text": "Let me check both cities."}),
-            (DeltaKind.TOOL_CALL_START, {"tool_call_id": "call-paris", "name": "weather"}),
-            (DeltaKind.TOOL_CALL_START, {"tool_call_id": "call-oslo", "name": "weather"}),
-            (DeltaKind.TOOL_CALL_ARGS, {"tool_call_id": "call-paris", "args": '{"city": '}),
-            (DeltaKind.TOOL_CALL_ARGS, {"tool_call_id": "call-oslo", "args": '{"city": "Oslo"}'}),
-            (DeltaKind.TOOL_CALL_ARGS, {"tool_call_id": "call-paris", "args": '"Paris"}'}),
-            (DeltaKind.TOOL_CALL_END, {"tool_call_id": "call-paris"}),
-            (DeltaKind.TOOL_CALL_END, {"tool_call_id": "call-oslo"}),
-            (DeltaKind.USAGE, {"prompt_tokens": 412, "completion_tokens": 38}),
-            (DeltaKind.DONE, {"finish_reason": "tool_calls"}),
-        ],
-    )
-
-
-def final_reply(run_id: str) -> Iterator[MessageDelta]:
-    words = ["Paris ", "is 18°C ", "and cloudy; ", "Oslo ", "is 4°C ", "with rain."]
-    return scripted_stream(
-        run_id,
-        [
-            (DeltaKind.START, {"provider": "scripted", "model": "demo-model"}),
-            *[(DeltaKind.TEXT, {"text": w}) for w in words],
-            (DeltaKind.USAGE, {"prompt_tokens": 530, "completion_tokens": 14}),
+            *[(DeltaKind.TEXT, {"text": word + " "}) for word in text.split()],
             (DeltaKind.DONE, {"finish_reason": "stop"}),
-        ],
+        ]
     )
 
 
-def run_tool(name: str, arguments: dict[str, Any]) -> str:
-    table = {"Paris": {"temp_c": 18, "sky": "cloudy"}, "Oslo": {"temp_c": 4, "sky": "rain"}}
-    return json.dumps({"city": arguments["city"], **table[arguments["city"]]})
+def show(label: str, result: PrepareResult) -> None:
+    report = result.report
+    print(f"\n== {label}: {report.token_used}/{report.token_budget} tokens, turn {report.turn_id}")
+    for message in to_openai_messages(result.assembled_input.parts):
+        content = (message.get("content") or "").replace("\n", " ")
+        calls = [c["function"]["name"] for c in message.get("tool_calls", [])]
+        print(f"   {message['role']:<9} {content[:90]!r}" + (f" calls {calls}" if calls else ""))
+    print("   report:")
+    for d in report.prune_decisions:
+        span = f" x{d.block_count}" if d.block_count > 1 else ""
+        level = f" @{d.level}" if d.level else ""
+        print(f"     {d.action:<8} {d.block_id[:38]:<38}{span:<5} {d.token_estimate:>5} tok{level}")
+    for note in report.degradations:
+        print(f"   degraded: {note}")
 
 
-async def commit(store: Store, state: AgentState, step: str) -> None:
-    result = await store.commit(state.session_id, state.take_changes())
-    print(f"  committed {step:<28} -> session version {result.version}")
+async def tool_loop(engine: ContextEngine, question: str, cities: list[str], label: str) -> None:
+    """One user question: model -> parallel tool calls -> results -> model -> answer."""
+    show(f"{label}, first call", await engine.prepare_turn(SESSION_ID, question))
+    reply = tool_reply(cities)
+    await engine.commit_assistant_message(SESSION_ID, reply)
+    pending = []
+    for request in reply.tool_calls:
+        city = (request.arguments or {})["city"]
+        await engine.record_tool_call(
+            SESSION_ID,
+            ToolCall(
+                tool_call_id=request.tool_call_id,
+                tool="weather",
+                provider=ToolProvider(kind="builtin", name="demo"),
+                args_digest=request.arguments or {},
+                duration_ms=12,
+            ),
+        )
+        pending.append(
+            Message(
+                role=Role.TOOL,
+                tool_call_id=request.tool_call_id,
+                name="weather",
+                content=json.dumps({"city": city, **WEATHER[city]}),
+            )
+        )
+    # before the model call that follows the tool results (no new user message here)
+    show(f"{label}, after tools", await engine.prepare_call(SESSION_ID, pending))
+    summary = ", ".join(f"{c} {WEATHER[c]['temp_c']}°C {WEATHER[c]['sky']}" for c in cities)
+    await engine.commit_assistant_message(SESSION_ID, answer(f"Right now: {summary}."))
 
 
 async def main() -> None:
-    store = open_store(STORE_URL)
-    print(f"store: {STORE_URL}")
-    await store.delete_session(SESSION_ID)  # start the demo fresh on every run
+    url = default_store_url()
+    engine = ContextEngine(config=CONFIG)
+    print(f"store: {url}")
+    await engine.store.delete_session(SESSION_ID)  # start the demo fresh on every run
 
-    state = AgentState(SESSION_ID)
-    state.set_system_instruction("You are a concise weather assistant.")
-    state.upsert_tasks([Task(task_id="t1", name="Compare Paris and Oslo weather")])
-    state.update_notebook("User prefers Celsius.")
-    await commit(store, state, "instruction, task, notebook")
-
-    run = state.start_run()
-    state.append_model_input("What's the weather in Paris and in Oslo?")
-    state.transition(RunStatus.MODEL_RUNNING)
-    await commit(store, state, "user message")
-
-    acc = DeltaAccumulator()
-    for delta in first_reply(run.run_id or "run"):
-        acc.add(delta)
-    reply = state.append_model_output(acc.result())
-    state.transition(RunStatus.TOOL_RUNNING)
-    await commit(store, state, "assistant tool calls")
-
-    results = [
-        ToolResult(
-            tool_call_id=call.tool_call_id,
-            name=call.name,
-            content=run_tool(call.name, call.arguments or {}),
-            duration_ms=12,
+    await engine.set_system_instruction(SESSION_ID, "You are a concise travel weather assistant.")
+    await engine.update_notebook(SESSION_ID, "User prefers Celsius. Contact: ana@example.com")
+    await engine.upsert_tasks(SESSION_ID, [Task(task_id="t1", name="Compare Paris and Oslo")])
+    for uri, text, score in DOCS:
+        await engine.ingest_evidence(
+            SESSION_ID,
+            text,
+            EvidenceSource(kind=SourceKind.RAG, name="kb", uri=uri),
+            EvidenceType.RAG_DOC,
+            metadata={"score": score},
         )
-        for call in reply.tool_calls or []
-    ]
-    state.append_tool_results(results)
-    state.transition(RunStatus.MODEL_RUNNING)
-    await commit(store, state, "tool results (parallel)")
 
-    acc = DeltaAccumulator()
-    for delta in final_reply(run.run_id or "run"):
-        acc.add(delta)
-    state.append_model_output(acc.result())
-    state.set_task_status("t1", TaskStatus.COMPLETED)
-    state.transition(RunStatus.COMPLETED)
-    await commit(store, state, "answer")
+    await tool_loop(engine, "What's the weather in Paris and Oslo?", ["Paris", "Oslo"], "turn 1")
+    await tool_loop(engine, "And Paris again, please?", ["Paris"], "turn 2")
+    last = await engine.prepare_turn(SESSION_ID, "Which one should I visit this week?")
+    show("turn 3", last)
 
-    stored = await store.get_session(SESSION_ID)
-    assert stored is not None
-    reloaded = AgentState.from_document(stored)
-    assert reloaded == state, "the stored session must rebuild the same state"
-    session = stored.session
+    doc = await engine.get_session(SESSION_ID)
+    turns = await engine.list_turns(SESSION_ID)
     print(
-        f"\nreloaded {SESSION_ID!r}: {len(session.messages)} messages, "
-        f"{len(session.tool_state.tool_calls)} tool calls, {len(session.model_usage)} usage "
-        f"records, run {session.run.status.value}; equal to the state that wrote it: yes"
+        f"\nstored {SESSION_ID!r} in {url}: {len(doc.session.messages)} messages, "
+        f"{len(doc.session.tool_state.tool_calls)} tool calls, {len(doc.evidences)} evidences, "
+        f"{len(doc.session.model_usage)} usage records, {len(turns)} turn reports"
     )
-
-    parts = render_live_context(reloaded)
-    print("\nOpenAI-style messages:")
-    for message in to_openai_messages(parts):
-        print("  " + json.dumps(message, ensure_ascii=False)[:150])
-    anthropic = to_anthropic_messages(parts)
-    print(f"\nAnthropic-style request: system={anthropic.system!r}")
-    for message in anthropic.messages:
-        kinds = [block["type"] for block in message["content"]]
-        print(f"  {message['role']:<9} {kinds}")
-    await store.close()
+    anthropic = to_anthropic_messages(last.assembled_input.parts)
+    print("as an Anthropic request:", [m["role"] for m in anthropic.messages])
+    print(f"inspect it: ce report {SESSION_ID}   |   ce show {SESSION_ID}")
+    await engine.close()
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ def test_core_demo_runs_on_the_default_sqlite_store(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
     assert (tmp_path / ".ce" / "sessions.db").is_file()
     out = done.stdout
-    assert "equal to the state that wrote it: yes" in out
-    assert "committed answer" in out and "session version 5" in out
-    assert "user      ['tool_result', 'tool_result']" in out
+    assert "11 messages, 3 tool calls, 3 evidences" in out and "5 turn reports" in out
+    assert "degraded ev:" in out and "dropped  ev:" in out
+    assert "calls ['weather', 'weather']" in out
+    assert "ana@example.com" not in out  # the notebook's e-mail address was redacted
