@@ -423,7 +423,7 @@ class _CountingEncoding:
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> dict[str, _CountingEncoding]:
     if tiktoken is None or not _HAVE_FILES:
-        pytest.skip("needs tiktoken and its encoding files")
+        pytest.skip(f"needs tiktoken and its encoding files ({CACHE_DIR} or TIKTOKEN_CACHE_DIR)")
     real = tiktoken.get_encoding
     wrappers: dict[str, _CountingEncoding] = {}
 

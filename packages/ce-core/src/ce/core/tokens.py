@@ -147,9 +147,6 @@ class _CountCache:
                     self._chars -= len(old_text)
         return value
 
-    def __len__(self) -> int:
-        return len(self._data)
-
 
 def _role_text(role: Role | str) -> str:
     return role.value if isinstance(role, Role) else role
