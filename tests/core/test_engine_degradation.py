@@ -341,3 +341,22 @@ async def test_canary_secrets_never_reach_the_sqlite_file(tmp_path: Path) -> Non
     rendered = "\n".join(p.content for p in result.assembled_input.parts)
     assert SECRETS["email"] not in rendered
     assert result.report.redactions
+
+
+async def test_tokenizer_unavailable_falls_back_and_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tiktoken = pytest.importorskip("tiktoken")
+
+    def unavailable(name: str) -> Any:
+        raise OSError(f"no cached {name} and no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", unavailable)
+    rec = Recorder()
+    engine = ContextEngine(
+        MemoryStore(), event_bus=rec.bus, config=RuntimeConfig(model_hint="gpt-4o")
+    )
+    result = await engine.prepare_turn("s", "count me anyway")
+    assert "tokenizer_unavailable" in rec.reasons("Degraded")
+    assert any(d.startswith("tokenizer_unavailable") for d in result.report.degradations)
+    assert 0 < result.assembled_input.total_tokens <= result.report.token_budget
