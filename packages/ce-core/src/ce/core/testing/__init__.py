@@ -1,24 +1,44 @@
 """Test support shipped with ce-core.
 
 :class:`StoreContract` is the pytest suite every :class:`~ce.core.stores.Store` implementation
-must pass; it needs ``pytest`` and ``pytest-asyncio`` (extra ``ce-core[testing]``) and is
-imported on first use, so ``import ce.core.testing`` works without them.
-:mod:`ce.core.testing.records` holds the record factories it uses.
+must pass and :class:`PluginContract` the one every framework plugin must pass; they need
+``pytest`` and ``pytest-asyncio`` (extra ``ce-core[testing]``). :class:`ScriptedOpenAIServer`
+is an OpenAI-compatible chat-completions server on 127.0.0.1 answering from a script (stdlib
+only). Everything is imported on first use, so ``import ce.core.testing`` works without
+pytest. :mod:`ce.core.testing.records` holds the record factories the store suite uses.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ce.core.testing.openai_server import ScriptedOpenAIServer, ScriptedResponse
+    from ce.core.testing.plugin_contract import InjectedEngineError, PluginContract
     from ce.core.testing.store_contract import InjectedFailure, StoreContract
 
-__all__ = ["InjectedFailure", "StoreContract"]
+__all__ = [
+    "InjectedEngineError",
+    "InjectedFailure",
+    "PluginContract",
+    "ScriptedOpenAIServer",
+    "ScriptedResponse",
+    "StoreContract",
+]
+
+_MODULES = {
+    "InjectedEngineError": "plugin_contract",
+    "InjectedFailure": "store_contract",
+    "PluginContract": "plugin_contract",
+    "ScriptedOpenAIServer": "openai_server",
+    "ScriptedResponse": "openai_server",
+    "StoreContract": "store_contract",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from ce.core.testing import store_contract
-
-        return getattr(store_contract, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

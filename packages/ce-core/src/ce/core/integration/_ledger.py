@@ -1,0 +1,106 @@
+"""PatchLedger: every change a plugin makes to a framework, recorded so it can be undone."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["LedgerEntry", "PatchLedger"]
+
+logger = logging.getLogger("ce.core.integration")
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One recorded change: ``what`` says what it was (for logs and tests), ``undo`` reverts
+    it."""
+
+    what: str
+    undo: Callable[[], None]
+
+
+def _describe(owner: object, attr: str) -> str:
+    name = getattr(owner, "__qualname__", None) or getattr(owner, "__name__", None)
+    return f"{name or type(owner).__qualname__}.{attr}"
+
+
+class PatchLedger:
+    """Records wraps, callback registrations and subscriptions; :meth:`undo` reverts them all
+    in reverse order.
+
+    ``wrap`` restores the exact object that was there: an attribute the owner held itself is
+    set back to that very object; one it only inherited (a method defined on a base class, a
+    class attribute seen through an instance) is deleted again, so lookup falls through to
+    the base as before. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[LedgerEntry] = []
+        self._wrapped: dict[tuple[int, str], object] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def entries(self) -> tuple[LedgerEntry, ...]:
+        """What is recorded now, oldest first."""
+        with self._lock:
+            return tuple(self._entries)
+
+    def wrap(self, owner: Any, attr: str, make_replacement: Callable[[Any], Any]) -> Any:
+        """Replace ``owner.attr`` with ``make_replacement(original)`` and return ``original``
+        (``getattr(owner, attr)``: for a class, the plain function of a method; wrap static
+        or class methods yourself). Wrapping the same ``(owner, attr)`` twice without an
+        :meth:`undo` in between raises :class:`ValueError`; a missing attribute raises
+        :class:`AttributeError`."""
+        key = (id(owner), attr)
+        with self._lock:
+            if key in self._wrapped:
+                raise ValueError(f"{_describe(owner, attr)} is already wrapped by this ledger")
+            original = getattr(owner, attr)
+            own = getattr(owner, "__dict__", None)
+            stored = own.get(attr, _MISSING) if own is not None else original
+            replacement = make_replacement(original)
+            setattr(owner, attr, replacement)
+            self._wrapped[key] = owner
+
+            def undo() -> None:
+                if getattr(owner, attr, _MISSING) is not replacement:
+                    logger.warning(
+                        "%s was replaced by someone else after it was wrapped; restoring the "
+                        "original anyway",
+                        _describe(owner, attr),
+                    )
+                if stored is _MISSING:
+                    delattr(owner, attr)
+                else:
+                    setattr(owner, attr, stored)
+                with self._lock:
+                    self._wrapped.pop(key, None)
+
+            self._entries.append(LedgerEntry(f"wrap {_describe(owner, attr)}", undo))
+        return original
+
+    def register(self, undo: Callable[[], None], what: str) -> None:
+        """Record a registration the plugin just made (a callback, a handler, an event-bus
+        subscription) with the function that removes it."""
+        with self._lock:
+            self._entries.append(LedgerEntry(what, undo))
+
+    def undo(self) -> None:
+        """Revert everything recorded, newest first, and forget it. Every entry is undone even
+        when one fails; the first failure is then raised."""
+        with self._lock:
+            entries, self._entries = self._entries, []
+        first: Exception | None = None
+        for entry in reversed(entries):
+            try:
+                entry.undo()
+            except Exception as exc:
+                logger.exception("undoing %s failed", entry.what)
+                first = first or exc
+        if first is not None:
+            raise first

@@ -1,0 +1,277 @@
+"""Neutral records of what a framework did, their mapping to the schema, and the Recorder
+that writes them through the engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from ce.core.pipeline import IngestOptions
+from ce.core.schema import (
+    Evidence,
+    EvidenceLinks,
+    EvidenceSource,
+    EvidenceType,
+    ModelUsage,
+    ModelUsageStage,
+    ModelUsageStatus,
+    ProviderKind,
+    SourceKind,
+    ToolCall,
+    ToolCallStatus,
+    ToolProvider,
+)
+from ce.core.state import parse_tool_arguments
+
+if TYPE_CHECKING:
+    from ce.core.engine import ContextEngine
+
+__all__ = [
+    "EvidenceDraft",
+    "ModelCall",
+    "Recorder",
+    "RetrievalHit",
+    "ToolRun",
+    "error_text",
+    "evidence_from_hit",
+    "llm_output_evidence",
+    "model_usage_from_call",
+    "tool_call_from_run",
+    "tool_result_evidence",
+    "tool_status",
+]
+
+_DIGEST_VALUE_MAX = 1024
+
+
+def error_text(exc: BaseException) -> str:
+    """How an exception is written into a :class:`ToolRun` or :class:`ModelCall`:
+    ``"TypeName: message"`` (the type name is what :func:`tool_status` reads)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def tool_status(error: str | None) -> ToolCallStatus:
+    """The terminal status of a tool run from its error text: none is ``success``; text that
+    names a timeout (``TimeoutError``, "timed out") is ``timeout``; a permission error or
+    "forbidden" is ``forbidden``; "not found" (``FileNotFoundError``, ``NotFound``...) is
+    ``not_found``; anything else ``error``."""
+    if error is None:
+        return ToolCallStatus.SUCCESS
+    text = error.lower()
+    if "timeout" in text or "timed out" in text:
+        return ToolCallStatus.TIMEOUT
+    if "permission" in text or "forbidden" in text:
+        return ToolCallStatus.FORBIDDEN
+    if "notfound" in text or "not found" in text:
+        return ToolCallStatus.NOT_FOUND
+    return ToolCallStatus.ERROR
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+
+
+@dataclass(frozen=True)
+class ToolRun:
+    """One finished tool or function run. ``args`` as a dict or the raw argument text;
+    ``result`` the text the model gets back; ``error`` (see :func:`error_text`) when it
+    failed; ``started_at`` / ``ended_at`` in seconds since the epoch (``time.time()``)."""
+
+    tool_call_id: str
+    name: str
+    args: dict[str, Any] | str
+    result: str | None
+    error: str | None
+    started_at: float
+    ended_at: float
+    provider_name: str = ""
+
+
+@dataclass(frozen=True)
+class RetrievalHit:
+    """One document a retriever returned; ``score`` (clamped to 0..1) becomes the evidence's
+    confidence."""
+
+    content: str
+    uri: str = ""
+    score: float | None = None
+    doc_id: str | None = None
+    doc_version: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One finished model call. ``call_id`` (the framework's run id) makes recording it
+    idempotent; latencies in milliseconds; ``output_text`` is the reply's text; ``error``
+    when the call failed."""
+
+    call_id: str
+    provider: str
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: int = 0
+    first_token_latency_ms: int | None = None
+    output_text: str = ""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    stage: ModelUsageStage = ModelUsageStage.OTHER
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EvidenceDraft:
+    """The arguments of one ``engine.ingest_evidence`` call."""
+
+    content: str
+    source: EvidenceSource
+    evidence_type: EvidenceType
+    links: EvidenceLinks | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    options: IngestOptions | None = None
+
+
+def _small(value: Any) -> Any:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return value if len(text) <= _DIGEST_VALUE_MAX else f"<{len(text)} chars>"
+
+
+def _args_digest(args: dict[str, Any] | str) -> dict[str, Any]:
+    if isinstance(args, str):
+        parsed, _ = parse_tool_arguments(args)
+        if parsed is None:
+            return {"raw": _small(args)}
+        args = parsed
+    return {str(key): _small(value) for key, value in args.items()}
+
+
+def tool_call_from_run(run: ToolRun, result_evidence_ids: Iterable[str] = ()) -> ToolCall:
+    """The :class:`ToolCall` record of ``run``: status from :func:`tool_status`, duration,
+    and an arguments digest (values longer than 1 KB replaced by their length)."""
+    return ToolCall(
+        tool_call_id=run.tool_call_id,
+        tool=run.name,
+        provider=ToolProvider(kind=ProviderKind.BUILTIN, name=run.provider_name),
+        called_at=_iso(run.started_at),
+        args_digest=_args_digest(run.args),
+        status=tool_status(run.error),
+        duration_ms=max(0, round((run.ended_at - run.started_at) * 1000)),
+        result_evidence_ids=list(result_evidence_ids),
+    )
+
+
+def tool_result_evidence(run: ToolRun) -> EvidenceDraft:
+    """The ``tool_result`` evidence of ``run`` (its result, else its error), linked to its
+    tool call."""
+    content = run.result if run.result is not None else run.error or ""
+    return EvidenceDraft(
+        content=content,
+        source=EvidenceSource(kind=SourceKind.TOOL, name=run.name),
+        evidence_type=EvidenceType.TOOL_RESULT,
+        links=EvidenceLinks(tool_call_id=run.tool_call_id),
+        metadata={"status": tool_status(run.error).value},
+    )
+
+
+def evidence_from_hit(hit: RetrievalHit, tool_call_id: str | None = None) -> EvidenceDraft:
+    """The ``rag_doc`` evidence of one retrieval hit: source uri, score as confidence, doc id
+    and version in the metadata; linked to ``tool_call_id`` when a tool retrieved it."""
+    metadata = dict(hit.metadata)
+    if hit.doc_id is not None:
+        metadata["doc_id"] = hit.doc_id
+    if hit.doc_version is not None:
+        metadata["doc_version"] = hit.doc_version
+    confidence = None
+    if hit.score is not None:
+        metadata["score"] = hit.score
+        confidence = min(1.0, max(0.0, float(hit.score)))
+    return EvidenceDraft(
+        content=hit.content,
+        source=EvidenceSource(kind=SourceKind.RAG, uri=hit.uri),
+        evidence_type=EvidenceType.RAG_DOC,
+        links=EvidenceLinks(tool_call_id=tool_call_id) if tool_call_id else None,
+        metadata=metadata,
+        options=IngestOptions(confidence=confidence),
+    )
+
+
+def model_usage_from_call(call: ModelCall) -> ModelUsage:
+    """The :class:`ModelUsage` of ``call``; its id is ``call.call_id``."""
+    return ModelUsage(
+        model_usage_id=call.call_id,
+        provider=call.provider,
+        model=call.model,
+        stage=call.stage,
+        params=dict(call.params),
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.completion_tokens,
+        total_tokens=call.prompt_tokens + call.completion_tokens,
+        first_token_latency_ms=call.first_token_latency_ms,
+        latency_ms=call.latency_ms,
+        status=ModelUsageStatus.ERROR if call.error else ModelUsageStatus.SUCCESS,
+        error=call.error or "",
+    )
+
+
+def llm_output_evidence(call: ModelCall) -> EvidenceDraft | None:
+    """The ``llm_output`` evidence of ``call`` (None when it produced no text)."""
+    if not call.output_text:
+        return None
+    return EvidenceDraft(
+        content=call.output_text,
+        source=EvidenceSource(kind=SourceKind.LLM, name=f"{call.provider}/{call.model}"),
+        evidence_type=EvidenceType.LLM_OUTPUT,
+        links=EvidenceLinks(model_usage_id=call.call_id),
+    )
+
+
+class Recorder:
+    """Writes neutral records into one session through ``engine``. Recording the same run,
+    hit or call again changes nothing (the engine deduplicates tool calls and usage by id,
+    evidence by source and content). Blocking callers use
+    ``engine.sync.run(recorder.record_tool_run(run))``."""
+
+    def __init__(self, engine: ContextEngine, session_id: str) -> None:
+        self.engine = engine
+        self.session_id = session_id
+
+    async def _ingest(self, draft: EvidenceDraft) -> Evidence:
+        return await self.engine.ingest_evidence(
+            self.session_id,
+            draft.content,
+            draft.source,
+            draft.evidence_type,
+            links=draft.links,
+            metadata=draft.metadata,
+            options=draft.options,
+        )
+
+    async def record_tool_run(self, run: ToolRun) -> Evidence:
+        """Store the run's result as ``tool_result`` evidence and its :class:`ToolCall`
+        record pointing at it; returns the evidence."""
+        evidence = await self._ingest(tool_result_evidence(run))
+        await self.engine.record_tool_call(
+            self.session_id, tool_call_from_run(run, [evidence.evidence_id])
+        )
+        return evidence
+
+    async def record_retrieval(
+        self, hits: Iterable[RetrievalHit], tool_call_id: str | None = None
+    ) -> list[Evidence]:
+        """Store one ``rag_doc`` evidence per hit (a hit already stored is not stored
+        again); returns them in hit order."""
+        return [await self._ingest(evidence_from_hit(hit, tool_call_id)) for hit in hits]
+
+    async def record_model_call(self, call: ModelCall) -> ModelUsage:
+        """Store the call's ``llm_output`` evidence (when it has text) and its
+        :class:`ModelUsage`; returns the usage."""
+        draft = llm_output_evidence(call)
+        evidence = await self._ingest(draft) if draft is not None else None
+        usage = model_usage_from_call(call)
+        await self.engine.record_model_usage(
+            self.session_id, usage, evidence.evidence_id if evidence is not None else None
+        )
+        return usage

@@ -1,0 +1,948 @@
+"""ce.core.integration: the plugin kit, proven end to end by a toy framework that runs the
+plugin contract suite against the scripted OpenAI server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+import pytest
+
+from ce.core.config import RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.events import Event
+from ce.core.integration import (
+    DEFAULT_SESSION_ID,
+    INTEGRATION_FAILED,
+    ModelCall,
+    PatchLedger,
+    Plugin,
+    PluginVersionError,
+    Recorder,
+    RetrievalHit,
+    ToolRun,
+    assembled_to_openai,
+    error_text,
+    guarded,
+    guarded_sync,
+    is_suppressed,
+    message_from_openai,
+    openai_to_messages,
+    requirement_conflicts,
+    resolve_session,
+    suppressed,
+    tool_call_from_run,
+    tool_status,
+)
+from ce.core.primitives import SequentialIdGenerator, SteppingClock
+from ce.core.schema import (
+    AssembledInput,
+    Author,
+    AuthorKind,
+    EvidenceType,
+    Message,
+    MessagePart,
+    ModelInvocation,
+    Role,
+    ToolCallRequest,
+    ToolCallStatus,
+)
+from ce.core.stores import MemoryStore
+from ce.core.testing import PluginContract, ScriptedOpenAIServer
+from ce.core.testing.plugin_contract import RETRIEVAL_DOCS, SYSTEM_PROMPT, TOOL_NAME
+
+# == a toy framework ==========================================================================
+# An agent with a tool loop over the OpenAI wire (sync, async, streaming), per-thread history,
+# a retriever and a callback list: the shapes real frameworks have, in 100 lines.
+
+toy_callbacks: list[Callable[[str, dict[str, Any]], None]] = []
+_toy_thread: ContextVar[str | None] = ContextVar("toy_thread", default=None)
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+]
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    return urllib.request.urlopen(request, timeout=30)
+
+
+def _fire(event: str, payload: dict[str, Any]) -> None:
+    for callback in list(toy_callbacks):
+        callback(event, payload)
+
+
+class ToyBase:
+    base_url: str
+    model = "toy-model"
+
+    async def _acomplete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {"model": self.model, "messages": messages, "tools": TOOLS}
+        response = await asyncio.to_thread(_post, self.base_url + "/chat/completions", body)
+        return dict(json.loads(response.read()))
+
+
+class ToyAgent(ToyBase):
+    """``chat`` / ``achat`` / ``stream`` run retrieval then the tool loop; ``_complete``,
+    ``_acomplete`` (inherited) and ``_stream_complete`` are the model calls."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.histories: dict[str, list[dict[str, Any]]] = {}
+
+    def _complete(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {"model": self.model, "messages": messages, "tools": TOOLS}
+        with _post(self.base_url + "/chat/completions", body) as response:
+            return dict(json.loads(response.read()))
+
+    def _stream_complete(self, messages: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "tools": TOOLS,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with _post(self.base_url + "/chat/completions", body) as response:
+            for line in response:
+                data = line.decode().strip()
+                if data.startswith("data: ") and data != "data: [DONE]":
+                    yield json.loads(data[len("data: ") :])
+
+    def _retrieve(self, query: str) -> None:
+        hits = [{"uri": u, "content": c, "score": s} for u, c, s in RETRIEVAL_DOCS]
+        _fire("retrieved", {"query": query, "hits": hits})
+
+    def _run_tool(self, call: dict[str, Any]) -> dict[str, Any]:
+        started = time.time()
+        args = json.loads(call["function"]["arguments"])
+        result = f"result for {args['q']}"
+        _fire(
+            "tool_end", {"call": call, "result": result, "started": started, "ended": time.time()}
+        )
+        return {"role": "tool", "tool_call_id": call["id"], "content": result}
+
+    def _begin(self, text: str, thread: str) -> list[dict[str, Any]]:
+        history = self.histories.setdefault(thread, [{"role": "system", "content": SYSTEM_PROMPT}])
+        history.append({"role": "user", "content": text})
+        self._retrieve(text)
+        return history
+
+    def _step(self, history: list[dict[str, Any]], reply: dict[str, Any]) -> str | None:
+        history.append(reply)
+        if not reply.get("tool_calls"):
+            return str(reply["content"])
+        history.extend(self._run_tool(call) for call in reply["tool_calls"])
+        return None
+
+    def chat(self, text: str, thread: str) -> str:
+        token = _toy_thread.set(thread)
+        try:
+            history = self._begin(text, thread)
+            while True:
+                reply = self._complete(list(history))["choices"][0]["message"]
+                if (answer := self._step(history, reply)) is not None:
+                    return answer
+        finally:
+            _toy_thread.reset(token)
+
+    async def achat(self, text: str, thread: str) -> str:
+        token = _toy_thread.set(thread)
+        try:
+            history = self._begin(text, thread)
+            while True:
+                reply = (await self._acomplete(list(history)))["choices"][0]["message"]
+                if (answer := self._step(history, reply)) is not None:
+                    return answer
+        finally:
+            _toy_thread.reset(token)
+
+    def stream(self, text: str, thread: str) -> Iterator[str]:
+        token = _toy_thread.set(thread)
+        try:
+            history = self._begin(text, thread)
+            while True:
+                reply = _merge_chunks(self._stream_complete(list(history)))
+                if reply.get("content") and not reply.get("tool_calls"):
+                    yield from _chunked(reply["content"])
+                if self._step(history, reply) is not None:
+                    return
+        finally:
+            _toy_thread.reset(token)
+
+
+def _chunked(text: str) -> Iterator[str]:
+    yield from (text[i : i + 5] for i in range(0, len(text), 5))
+
+
+def _merge_chunks(chunks: Iterator[dict[str, Any]]) -> dict[str, Any]:
+    content = ""
+    calls: dict[int, dict[str, str]] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            for call in delta.get("tool_calls", ()):
+                slot = calls.setdefault(call["index"], {"id": "", "name": "", "arguments": ""})
+                slot["id"] += call.get("id", "")
+                slot["name"] += call["function"].get("name", "")
+                slot["arguments"] += call["function"].get("arguments", "")
+    tool_calls = [
+        {
+            "id": s["id"],
+            "type": "function",
+            "function": {"name": s["name"], "arguments": s["arguments"]},
+        }
+        for _, s in sorted(calls.items())
+    ]
+    return {
+        "role": "assistant",
+        "content": content or None,
+        **({"tool_calls": tool_calls} if tool_calls else {}),
+    }
+
+
+# == a plugin for it, built on the kit ========================================================
+
+
+def _model_call(response_id: str, model: str, usage: Any, text: str, started: float) -> ModelCall:
+    usage = usage or {}
+    return ModelCall(
+        call_id=response_id,
+        provider="openai",
+        model=model,
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        completion_tokens=usage.get("completion_tokens", 0),
+        latency_ms=round((time.perf_counter() - started) * 1000),
+        output_text=text,
+    )
+
+
+async def _record_reply(
+    engine: ContextEngine, session_id: str, call: ModelCall, reply: dict[str, Any]
+) -> None:
+    await Recorder(engine, session_id).record_model_call(call)
+    message = message_from_openai(reply).model_copy(
+        update={"invocation": ModelInvocation(provider=call.provider, model=call.model)}
+    )
+    await engine.commit_assistant_message(session_id, message)
+
+
+class ToyPlugin(Plugin):
+    name = "toy"
+    requirements = ("pytest >= 7",)
+
+    def _install(self, **options: Any) -> None:
+        # the toy has no hook for its model calls: patch them (the ledger restores them)
+        self.ledger.wrap(ToyAgent, "_complete", self._sync_hook)
+        self.ledger.wrap(ToyAgent, "_acomplete", self._async_hook)
+        self.ledger.wrap(ToyAgent, "_stream_complete", self._stream_hook)
+        toy_callbacks.append(self._on_event)
+        self.ledger.register(lambda: toy_callbacks.remove(self._on_event), "toy callback")
+
+    def _session(self) -> str:
+        return resolve_session(_toy_thread.get(), self)
+
+    def _prepare_sync(self, sid: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        engine = self.engine
+
+        def prepare() -> list[dict[str, Any]]:
+            pending = openai_to_messages(messages)
+            result = engine.sync.prepare_call(sid, pending, self.config, TOOLS)
+            return assembled_to_openai(result.assembled_input)
+
+        sent = guarded_sync(self, prepare, session_id=sid, what="prepare_call")
+        return messages if sent is None else sent
+
+    def _record_sync(self, sid: str, call: ModelCall, reply: dict[str, Any]) -> None:
+        engine = self.engine
+        guarded_sync(
+            self,
+            lambda: engine.sync.run(_record_reply(engine, sid, call, reply)),
+            session_id=sid,
+            what="record model call",
+        )
+
+    def _sync_hook(self, original: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+        def _complete(agent: ToyAgent, messages: list[dict[str, Any]]) -> dict[str, Any]:
+            if is_suppressed():
+                return original(agent, messages)
+            sid = self._session()
+            sent = self._prepare_sync(sid, messages)
+            started = time.perf_counter()
+            response = original(agent, sent)
+            reply = response["choices"][0]["message"]
+            call = _model_call(
+                response["id"],
+                response["model"],
+                response["usage"],
+                reply["content"] or "",
+                started,
+            )
+            self._record_sync(sid, call, reply)
+            return response
+
+        return _complete
+
+    def _async_hook(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        async def _acomplete(agent: ToyAgent, messages: list[dict[str, Any]]) -> dict[str, Any]:
+            if is_suppressed():
+                return dict(await original(agent, messages))
+            sid, engine = self._session(), self.engine
+
+            async def prepare() -> list[dict[str, Any]]:
+                pending = openai_to_messages(messages)
+                result = await engine.prepare_call(sid, pending, self.config, TOOLS)
+                return assembled_to_openai(result.assembled_input)
+
+            sent = await guarded(self, prepare, session_id=sid, what="prepare_call")
+            started = time.perf_counter()
+            response = dict(await original(agent, messages if sent is None else sent))
+            reply = response["choices"][0]["message"]
+            call = _model_call(
+                response["id"],
+                response["model"],
+                response["usage"],
+                reply["content"] or "",
+                started,
+            )
+            await guarded(
+                self,
+                lambda: _record_reply(engine, sid, call, reply),
+                session_id=sid,
+                what="record model call",
+            )
+            return response
+
+        return _acomplete
+
+    def _stream_hook(self, original: Callable[..., Iterator[dict[str, Any]]]) -> Callable[..., Any]:
+        def _stream_complete(
+            agent: ToyAgent, messages: list[dict[str, Any]]
+        ) -> Iterator[dict[str, Any]]:
+            if is_suppressed():
+                yield from original(agent, messages)
+                return
+            sid = self._session()
+            sent = self._prepare_sync(sid, messages)
+            started = time.perf_counter()
+            chunks = []
+            for chunk in original(agent, sent):
+                chunks.append(chunk)
+                yield chunk
+            reply = _merge_chunks(iter(chunks))
+            usage = next((c["usage"] for c in chunks if c.get("usage")), None)
+            call = _model_call(
+                chunks[0]["id"], chunks[0]["model"], usage, reply.get("content") or "", started
+            )
+            self._record_sync(sid, call, reply)
+
+        return _stream_complete
+
+    def _on_event(self, event: str, payload: dict[str, Any]) -> None:
+        if is_suppressed():
+            return
+        sid, engine = self._session(), self.engine
+        recorder = Recorder(engine, sid)
+        if event == "tool_end":
+            call = payload["call"]
+            run = ToolRun(
+                tool_call_id=call["id"],
+                name=call["function"]["name"],
+                args=call["function"]["arguments"],
+                result=payload["result"],
+                error=None,
+                started_at=payload["started"],
+                ended_at=payload["ended"],
+                provider_name="toy",
+            )
+            guarded_sync(
+                self,
+                lambda: engine.sync.run(recorder.record_tool_run(run)),
+                session_id=sid,
+                what="record tool run",
+            )
+        elif event == "retrieved":
+            hits = [RetrievalHit(h["content"], h["uri"], h["score"]) for h in payload["hits"]]
+            guarded_sync(
+                self,
+                lambda: engine.sync.run(recorder.record_retrieval(hits)),
+                session_id=sid,
+                what="record retrieval",
+            )
+
+
+def make_engine(**kwargs: Any) -> ContextEngine:
+    kwargs.setdefault("config", RuntimeConfig(model_hint="gpt-4o"))
+    return ContextEngine(
+        MemoryStore(), clock=SteppingClock(), id_generator=SequentialIdGenerator("id"), **kwargs
+    )
+
+
+class TestToyPluginContract(PluginContract):
+    @pytest.fixture
+    def plugin_cls(self) -> type[Plugin]:
+        return ToyPlugin
+
+    @pytest.fixture
+    async def engine(self) -> AsyncIterator[ContextEngine]:
+        engine = make_engine()
+        yield engine
+        await engine.close()
+
+    @pytest.fixture
+    def make_app(self) -> Callable[[ScriptedOpenAIServer], ToyAgent]:
+        return lambda server: ToyAgent(server.base_url)
+
+    def run_sync(self, app: ToyAgent, text: str, session_id: str) -> str:
+        return app.chat(text, session_id)
+
+    async def run_async(self, app: ToyAgent, text: str, session_id: str) -> str:
+        return await app.achat(text, session_id)
+
+    def run_stream(self, app: ToyAgent, text: str, session_id: str) -> str:
+        return "".join(app.stream(text, session_id))
+
+    def patched_targets(self) -> list[tuple[Any, str]]:
+        return [(ToyAgent, "_complete"), (ToyAgent, "_acomplete"), (ToyAgent, "_stream_complete")]
+
+
+# == PatchLedger ==============================================================================
+
+
+class Base:
+    def inherited(self) -> str:
+        return "base"
+
+    @staticmethod
+    def static() -> str:
+        return "static"
+
+
+class Child(Base):
+    def own(self) -> str:
+        return "own"
+
+
+def _wrapper(original: Callable[..., str]) -> Callable[..., str]:
+    def replacement(*args: Any) -> str:
+        return "wrapped " + original(*args)
+
+    return replacement
+
+
+def test_ledger_restores_own_and_inherited_methods_exactly() -> None:
+    own, inherited = Child.__dict__["own"], Base.__dict__["inherited"]
+    ledger = PatchLedger()
+    assert ledger.wrap(Child, "own", _wrapper) is own
+    assert ledger.wrap(Child, "inherited", _wrapper) is inherited
+    assert (Child().own(), Child().inherited(), Base().inherited()) == (
+        "wrapped own",
+        "wrapped base",
+        "base",
+    )
+    assert [e.what for e in ledger.entries] == ["wrap Child.own", "wrap Child.inherited"]
+    ledger.undo()
+    assert Child.__dict__["own"] is own and Child.own is own
+    assert "inherited" not in Child.__dict__ and Child.inherited is inherited
+    assert ledger.entries == ()
+    # after an undo the same attribute can be wrapped again
+    ledger.wrap(Child, "own", _wrapper)
+    ledger.undo()
+    assert Child.own is own
+
+
+def test_ledger_restores_the_raw_descriptor_modules_and_instances() -> None:
+    static = Base.__dict__["static"]
+    ledger = PatchLedger()
+    ledger.wrap(Base, "static", lambda original: staticmethod(_wrapper(original)))
+    assert Base.static() == "wrapped static"
+    ledger.wrap(json, "dumps", lambda original: lambda *a, **k: "patched")
+    child = Child()
+    ledger.wrap(child, "own", _wrapper)
+    assert (json.dumps({}), child.own(), Child().own()) == ("patched", "wrapped own", "own")
+    ledger.undo()
+    assert Base.__dict__["static"] is static
+    assert json.dumps({}) == "{}"
+    assert "own" not in vars(child)
+
+
+def test_ledger_refuses_to_wrap_twice_and_missing_attributes() -> None:
+    ledger = PatchLedger()
+    ledger.wrap(Child, "own", _wrapper)
+    try:
+        with pytest.raises(ValueError, match="already wrapped"):
+            ledger.wrap(Child, "own", _wrapper)
+        with pytest.raises(AttributeError):
+            ledger.wrap(Child, "missing", _wrapper)
+    finally:
+        ledger.undo()
+    assert len(ledger.entries) == 0
+
+
+def test_ledger_undoes_in_reverse_and_finishes_despite_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    done: list[str] = []
+    ledger = PatchLedger()
+    ledger.register(lambda: done.append("first"), "first")
+
+    def fail() -> None:
+        raise RuntimeError("undo failed")
+
+    ledger.register(fail, "failing")
+    ledger.register(lambda: done.append("third"), "third")
+    with pytest.raises(RuntimeError, match="undo failed"):
+        ledger.undo()
+    assert done == ["third", "first"]
+    assert ledger.entries == ()
+    assert "undoing failing failed" in caplog.text
+
+
+def test_ledger_warns_when_someone_else_replaced_the_wrap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    own = Child.__dict__["own"]
+    ledger = PatchLedger()
+    ledger.wrap(Child, "own", _wrapper)
+    Child.own = lambda self: "other"  # type: ignore[method-assign]
+    ledger.undo()
+    assert Child.own is own
+    assert "replaced by someone else" in caplog.text
+
+
+# == Plugin ===================================================================================
+
+
+class RecordingPlugin(Plugin):
+    name = "recording"
+
+    def _install(self, **options: Any) -> None:
+        self.ledger.wrap(Child, "own", _wrapper)
+        if options.get("explode"):
+            raise RuntimeError("install failed")
+
+
+class FuturePlugin(Plugin):
+    name = "future"
+    requirements = ("pytest >= 999", "surely-not-a-package-ce >= 1")
+
+    def _install(self, **options: Any) -> None:
+        raise AssertionError("never reached")
+
+
+@pytest.fixture
+def engine() -> Iterator[ContextEngine]:
+    engine = make_engine()
+    yield engine
+    for plugin in (RecordingPlugin(), ToyPlugin()):
+        if plugin.installed:
+            plugin.uninstall()
+    engine.sync.close()
+
+
+def test_one_instance_per_plugin_class() -> None:
+    assert RecordingPlugin() is RecordingPlugin()
+    assert ToyPlugin() is ToyPlugin()
+    assert len({id(RecordingPlugin()), id(ToyPlugin())}) == 2
+
+
+def test_install_stores_its_settings_and_uninstall_undoes_the_ledger(
+    engine: ContextEngine,
+) -> None:
+    own = Child.__dict__["own"]
+    config = RuntimeConfig(model_hint="gpt-4o-mini")
+    plugin = RecordingPlugin().install(
+        engine, session_id="s0", config=config, mode="augment", fail_closed=True, extra=1
+    )
+    assert plugin.installed and plugin.engine is engine
+    assert (plugin.session_id, plugin.config, plugin.mode, plugin.fail_closed) == (
+        "s0",
+        config,
+        "augment",
+        True,
+    )
+    assert plugin.options == {"extra": 1}
+    assert Child().own() == "wrapped own"
+    plugin.uninstall()
+    assert not plugin.installed and Child.own is own
+    with pytest.raises(RuntimeError, match="not installed"):
+        _ = plugin.engine
+
+
+def test_repeated_install_and_uninstall_are_logged_no_ops(
+    engine: ContextEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = RecordingPlugin().install(engine)
+    entries = plugin.ledger.entries
+    with caplog.at_level(logging.WARNING, logger="ce.core.integration"):
+        assert RecordingPlugin().install(make_engine()) is plugin
+    assert plugin.engine is engine and plugin.ledger.entries == entries
+    assert "already installed" in caplog.text
+    plugin.uninstall()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ce.core.integration"):
+        plugin.uninstall()
+    assert "not installed; uninstall() does nothing" in caplog.text
+
+
+def test_a_failing_install_is_rolled_back(engine: ContextEngine) -> None:
+    own = Child.__dict__["own"]
+    with pytest.raises(RuntimeError, match="install failed"):
+        RecordingPlugin().install(engine, explode=True)
+    assert not RecordingPlugin().installed
+    assert Child.own is own and RecordingPlugin().ledger.entries == ()
+
+
+def test_install_rejects_an_unknown_mode(engine: ContextEngine) -> None:
+    with pytest.raises(ValueError, match="mode"):
+        RecordingPlugin().install(engine, mode="merge")  # type: ignore[arg-type]
+
+
+def test_install_without_an_engine_creates_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CE_STORE_URL", "memory://")
+    plugin = RecordingPlugin().install()
+    try:
+        assert isinstance(plugin.engine, ContextEngine)
+    finally:
+        plugin.uninstall()
+
+
+def test_version_conflicts_are_logged_or_raised(
+    engine: ContextEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    conflicts = requirement_conflicts(FuturePlugin.requirements)
+    assert len(conflicts) == 2
+    assert "pytest" in conflicts[0] and "is installed, needs" in conflicts[0]
+    assert "surely-not-a-package-ce is not installed" in conflicts[1]
+    with caplog.at_level(logging.ERROR, logger="ce.core.integration"):
+        assert not FuturePlugin().install(engine).installed
+    assert "not installed: pytest" in caplog.text
+    with pytest.raises(PluginVersionError, match="surely-not-a-package-ce"):
+        FuturePlugin().install(engine, strict=True)
+    assert not FuturePlugin().installed
+
+
+def test_requirement_markers_and_invalid_requirements() -> None:
+    assert requirement_conflicts(("pytest >= 7", 'nothing-here-ce; python_version < "3"')) == []
+    (conflict,) = requirement_conflicts(("not a requirement!!",))
+    assert conflict.startswith("invalid requirement")
+
+
+# == suppression, guard, sessions =============================================================
+
+
+async def test_suppression_nests_and_follows_the_context() -> None:
+    assert not is_suppressed()
+    with suppressed():
+        assert is_suppressed()
+        with suppressed():
+            assert is_suppressed()
+        assert is_suppressed()
+        assert await asyncio.to_thread(is_suppressed)
+    assert not is_suppressed()
+    assert not await asyncio.to_thread(is_suppressed)
+
+
+def _collect(engine: ContextEngine) -> list[Event]:
+    events: list[Event] = []
+    engine.events.on("Degraded", events.append)
+    return events
+
+
+async def test_guard_fails_open_with_a_degraded_event(engine: ContextEngine) -> None:
+    plugin = RecordingPlugin().install(engine)
+    events = _collect(engine)
+
+    async def ok() -> int:
+        return 7
+
+    async def broken() -> int:
+        raise KeyError("boom")
+
+    assert await guarded(plugin, ok, session_id="s1", what="prepare_call") == 7
+    assert await guarded(plugin, broken, session_id="s1", what="prepare_call") is None
+    (event,) = events
+    assert (event.event_type, event.session_id) == ("Degraded", "s1")
+    assert event.payload == {
+        "reason": INTEGRATION_FAILED,
+        "detail": "prepare_call: KeyError: 'boom'",
+    }
+    assert event.tags == {"plugin": "recording"}
+
+
+async def test_guard_sync_twin_works_inside_a_running_loop(engine: ContextEngine) -> None:
+    plugin = RecordingPlugin().install(engine)
+    events = _collect(engine)
+
+    def broken() -> int:
+        raise ValueError("nope")
+
+    assert guarded_sync(plugin, lambda: 3, session_id="s1", what="x") == 3
+    assert guarded_sync(plugin, broken, session_id="s1", what="record") is None
+    assert [e.payload["detail"] for e in events] == ["record: ValueError: nope"]
+
+
+async def test_fail_closed_reraises_the_engine_error(engine: ContextEngine) -> None:
+    plugin = RecordingPlugin().install(engine, fail_closed=True)
+    events = _collect(engine)
+
+    async def broken() -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        await guarded(plugin, broken, session_id="s1", what="prepare_call")
+    with pytest.raises(KeyError):
+        guarded_sync(plugin, lambda: dict[str, int]()["k"], session_id="s1", what="prepare_call")
+    assert events == []
+
+
+def test_the_guard_never_catches_base_exceptions(engine: ContextEngine) -> None:
+    plugin = RecordingPlugin().install(engine)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        guarded_sync(plugin, interrupted, session_id="s1", what="x")
+
+
+def test_a_guarded_hook_after_uninstall_stays_silent(engine: ContextEngine) -> None:
+    plugin = RecordingPlugin().install(engine)
+    plugin.uninstall()
+    # a hook still running after uninstall: its engine call fails, the user's call goes on
+    assert guarded_sync(plugin, lambda: plugin.engine, session_id="s1", what="late") is None
+
+
+def test_session_resolution_order(engine: ContextEngine) -> None:
+    plugin = RecordingPlugin().install(engine)
+    assert resolve_session(None, plugin) == DEFAULT_SESSION_ID == "default"
+    plugin.session_id = "installed"
+    assert resolve_session(None, plugin) == "installed"
+    with engine.session("scoped"):
+        assert resolve_session(None, plugin) == "scoped"
+        assert resolve_session("", plugin) == "scoped"
+        assert resolve_session("thread-1", plugin) == "thread-1"
+
+
+# == mappers and the Recorder =================================================================
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (None, ToolCallStatus.SUCCESS),
+        ("TimeoutError: too slow", ToolCallStatus.TIMEOUT),
+        ("the call timed out", ToolCallStatus.TIMEOUT),
+        ("PermissionError: no", ToolCallStatus.FORBIDDEN),
+        ("FileNotFoundError: x", ToolCallStatus.NOT_FOUND),
+        ("ValueError: bad", ToolCallStatus.ERROR),
+    ],
+)
+def test_tool_status_from_the_error_text(error: str | None, status: ToolCallStatus) -> None:
+    assert tool_status(error) is status
+
+
+def run(call_id: str = "c1", **kwargs: Any) -> ToolRun:
+    fields: dict[str, Any] = {
+        "tool_call_id": call_id,
+        "name": "lookup",
+        "args": '{"q": "x"}',
+        "result": "found x",
+        "error": None,
+        "started_at": 1_700_000_000.0,
+        "ended_at": 1_700_000_000.25,
+    }
+    return ToolRun(**{**fields, **kwargs})
+
+
+def test_tool_call_from_a_run() -> None:
+    record = tool_call_from_run(run(args={"q": "x", "blob": "y" * 5000}), ["ev1"])
+    assert (record.tool_call_id, record.tool, record.status) == (
+        "c1",
+        "lookup",
+        ToolCallStatus.SUCCESS,
+    )
+    assert record.duration_ms == 250
+    assert record.called_at.startswith("2023-11-14T22:13:20")
+    assert record.args_digest == {"q": "x", "blob": "<5000 chars>"}
+    assert record.result_evidence_ids == ["ev1"]
+    assert tool_call_from_run(run(args="not json")).args_digest == {"raw": "not json"}
+    failed = tool_call_from_run(run(result=None, error=error_text(TimeoutError("slow"))))
+    assert failed.status is ToolCallStatus.TIMEOUT
+
+
+async def test_recorder_writes_tool_runs_idempotently() -> None:
+    engine = make_engine()
+    recorder = Recorder(engine, "s1")
+    first = await recorder.record_tool_run(run())
+    again = await recorder.record_tool_run(run())
+    await recorder.record_tool_run(run("c2", result=None, error="ValueError: bad"))
+    doc = await engine.get_session("s1")
+    assert again.evidence_id == first.evidence_id
+    records = doc.session.tool_state.tool_calls
+    assert [(r.tool_call_id, r.status.value) for r in records] == [
+        ("c1", "success"),
+        ("c2", "error"),
+    ]
+    assert records[0].result_evidence_ids == [first.evidence_id]
+    evidence = doc.evidences[first.evidence_id]
+    assert (evidence.type, evidence.content) == (EvidenceType.TOOL_RESULT, "found x")
+    assert evidence.links.tool_call_id == "c1"
+    assert doc.evidences[records[1].result_evidence_ids[0]].content == "ValueError: bad"
+
+
+async def test_recorder_writes_retrieval_hits_with_confidence_and_dedup() -> None:
+    engine = make_engine()
+    recorder = Recorder(engine, "s1")
+    hits = [
+        RetrievalHit("alpha text", "doc://a", 0.8, doc_id="a", doc_version="3", metadata={"k": 1}),
+        RetrievalHit("beta text", "doc://b", 1.7),
+    ]
+    stored = await recorder.record_retrieval(hits, tool_call_id="c9")
+    assert [e.evidence_id for e in await recorder.record_retrieval(hits)] == [
+        e.evidence_id for e in stored
+    ]
+    doc = await engine.get_session("s1")
+    assert len(doc.evidences) == 2
+    alpha, beta = (doc.evidences[e.evidence_id] for e in stored)
+    assert (alpha.type, alpha.source.uri, alpha.confidence) == (
+        EvidenceType.RAG_DOC,
+        "doc://a",
+        0.8,
+    )
+    assert {k: alpha.metadata[k] for k in ("doc_id", "doc_version", "score", "k")} == {
+        "doc_id": "a",
+        "doc_version": "3",
+        "score": 0.8,
+        "k": 1,
+    }
+    assert alpha.links.tool_call_id == "c9"
+    assert beta.confidence == 1.0
+
+
+async def test_recorder_writes_model_calls_with_their_output() -> None:
+    engine = make_engine()
+    recorder = Recorder(engine, "s1")
+    call = ModelCall(
+        "run-1",
+        "openai",
+        "gpt-4o",
+        prompt_tokens=12,
+        completion_tokens=3,
+        latency_ms=40,
+        first_token_latency_ms=9,
+        output_text="hello",
+        params={"temperature": 0.2},
+    )
+    usage = await recorder.record_model_call(call)
+    await recorder.record_model_call(call)
+    await recorder.record_model_call(ModelCall("run-2", "openai", "gpt-4o", error="RateLimit"))
+    doc = await engine.get_session("s1")
+    first, failed = doc.session.model_usage
+    assert first == usage
+    assert (first.total_tokens, first.latency_ms, first.first_token_latency_ms) == (15, 40, 9)
+    assert first.params == {"temperature": 0.2}
+    assert (failed.status.value, failed.error) == ("error", "RateLimit")
+    (output,) = doc.evidences.values()
+    assert (output.type, output.content) == (EvidenceType.LLM_OUTPUT, "hello")
+    assert output.links.model_usage_id == "run-1"
+
+
+# == conversion ===============================================================================
+
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "find x", "name": "ana"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "lookup", "arguments": '{"q":"x"}'},
+            },
+            {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": "{}"}},
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "x is 1"},
+    {"role": "tool", "tool_call_id": "c2", "content": "nothing"},
+    {"role": "assistant", "content": "x is 1"},
+]
+
+
+def test_openai_dicts_to_messages() -> None:
+    messages = openai_to_messages(
+        [
+            *CONVERSATION,
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+        ]
+    )
+    assert [m.role for m in messages] == [
+        Role.SYSTEM,
+        Role.USER,
+        Role.ASSISTANT,
+        Role.TOOL,
+        Role.TOOL,
+        Role.ASSISTANT,
+        Role.USER,
+    ]
+    calls = messages[2].tool_calls or []
+    assert [(c.tool_call_id, c.arguments) for c in calls] == [("c1", {"q": "x"}), ("c2", {})]
+    assert (messages[3].tool_call_id, messages[3].name) == ("c1", "lookup")
+    assert messages[1].name == "ana"
+    assert messages[-1].content == "a\nb"
+    assert all(m.invocation is None for m in messages)
+    with pytest.raises(ValueError, match="role"):
+        openai_to_messages([{"role": "robot", "content": "?"}])
+
+
+def test_assembled_input_round_trips_through_openai_dicts() -> None:
+    messages = openai_to_messages(CONVERSATION)
+    parts = [
+        MessagePart(
+            role=m.role,
+            content=m.content,
+            tool_calls=m.tool_calls,
+            tool_call_id=m.tool_call_id,
+            name=m.name if m.role is not Role.TOOL else None,
+        )
+        for m in messages
+    ]
+    assert assembled_to_openai(AssembledInput(parts=parts, total_tokens=0)) == CONVERSATION
+
+
+def test_message_from_openai_carries_the_author() -> None:
+    author = Author(kind=AuthorKind.AGENT, id="planner")
+    message = message_from_openai({"role": "assistant", "content": "plan"}, author=author)
+    assert message == Message(role=Role.ASSISTANT, content="plan", author=author)
+    call = ToolCallRequest(tool_call_id="c1", name="f", raw_arguments="{}", arguments={})
+    reply = message_from_openai(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        }
+    )
+    assert reply.tool_calls == [call] and reply.content == ""
