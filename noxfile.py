@@ -39,29 +39,45 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on ce.core."""
-    session.install("mypy>=1.10", "-e", f"{CORE}[testing]")
+    session.install("mypy>=1.10", "types-regex", "-e", f"{CORE}[testing,tiktoken,cli]")
     session.run("mypy", "packages/ce-core/src/ce/core")
 
 
 @nox.session(name="tests-core")
 def tests_core(session: nox.Session) -> None:
     """Unit, property and store-contract tests of ce.core (no framework installed)."""
-    session.install(*TEST_DEPS, "-e", CORE)
+    session.install(*TEST_DEPS, "-e", f"{CORE}[tiktoken,cli]")
     session.run("pytest", "tests/core", *session.posargs, env=_env())
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """Run the ce.core demo on the embedded default store (SQLite under ./.ce/)."""
-    session.install("-e", CORE)
+    session.install("-e", f"{CORE}[tiktoken,cli]")
     session.run("python", "examples/core_demo.py", *session.posargs, env=_env())
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Run the benchmarks and write their figures into docs/benchmarks.md."""
-    session.install("-e", CORE)
+    """Run the benchmarks and write their figures into docs/benchmarks.md.
+
+    bench_prepare.py compares ``prepare_turn`` with the frameworks' own trimmers, so this
+    session's virtualenv (and only this one) holds the frameworks.
+    """
+    session.install(
+        "-e",
+        f"{CORE}[tiktoken]",
+        "tiktoken>=0.14.0",
+        "langchain-core>=1.7.2",
+        "llama-index-core>=0.14.25",
+        "autogen-core>=0.7.5",
+        "autogen-agentchat>=0.7.5",
+        "semantic-kernel>=1.45.0",
+    )
     session.run("python", "benchmarks/bench_stores.py", "--write", "docs/benchmarks.md", env=_env())
+    session.run(
+        "python", "benchmarks/bench_prepare.py", "--write", "docs/benchmarks.md", env=_env()
+    )
 
 
 @nox.session
