@@ -14,7 +14,7 @@ import asyncio
 import json
 from typing import Any
 
-from ce.core.config import BudgetConfig, RuntimeConfig
+from ce.core.config import BudgetConfig, PruneConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.formats import to_anthropic_messages, to_openai_messages
 from ce.core.schema import (
@@ -33,7 +33,9 @@ from ce.core.stores import default_store_url
 
 SESSION_ID = "demo-weather"
 CONFIG = RuntimeConfig(
-    model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=700, reserved_reply_tokens=200)
+    model_hint="gpt-4o",
+    budget=BudgetConfig(max_input_tokens=700, reserved_reply_tokens=200),
+    prune=PruneConfig(evidence_share=0.75),  # evidence may use 75% of what must-keep leaves
 )
 DOCS = [
     ("kb://climate/paris", "Paris has an oceanic climate; autumn days average 15°C.", 0.82),

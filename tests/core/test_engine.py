@@ -414,5 +414,48 @@ async def test_a_long_session_costs_a_bounded_number_of_decisions() -> None:
     result = await engine.prepare_turn("long", "newest")
     decisions = result.report.prune_decisions
     assert sum(d.block_count for d in decisions) == 3000 + 2000 + 1
-    assert len(decisions) < 150
+    assert len(decisions) < 400  # one per kept block, plus a few range decisions
     assert result.assembled_input.total_tokens <= result.report.token_budget
+
+
+async def test_evidence_cannot_crowd_out_the_conversation() -> None:
+    """Standalone evidence may use at most ``evidence_share`` of what the must blocks leave."""
+    from ce.core.config import PruneConfig
+    from ce.core.schema import Evidence
+    from ce.core.state import AgentState, ModelOutput
+
+    state = AgentState("share", clock=SteppingClock(), id_generator=SequentialIdGenerator("h"))
+    for i in range(60):
+        state.append_model_input(f"q{i} " + "word " * 30)
+        state.append_model_output(ModelOutput(text=f"a{i} " + "word " * 30, invocation=INV))
+    changes = state.take_changes()
+    changes.evidences = [
+        Evidence(
+            evidence_id=f"e{k}",
+            type=EvidenceType.RAG_DOC,
+            source=EvidenceSource(kind=SourceKind.RAG, uri=f"kb://{k}"),
+            content="relevant fact " * 40,
+            confidence=0.95,
+        )
+        for k in range(300)
+    ]
+    store = MemoryStore()
+    await store.commit("share", changes)
+    for share in (0.2, 0.5):
+        config = RuntimeConfig(
+            model_hint="gpt-4o",
+            budget=BudgetConfig(max_input_tokens=4100, reserved_reply_tokens=100),
+            prune=PruneConfig(evidence_share=share),
+        )
+        engine = make_engine(store, config=config)
+        result = await engine.replay_turn(
+            "share", (await engine.prepare_turn("share", "now?")).report.turn_id
+        )
+        evidence_tokens = sum(
+            d.token_estimate
+            for d in result.report.prune_decisions
+            if d.block_id.startswith("ev:") and d.action != "dropped"
+        )
+        assert 0 < evidence_tokens <= share * 4000
+        conversation = [p for p in result.assembled_input.parts if p.role is not Role.SYSTEM]
+        assert len(conversation) > 10

@@ -48,11 +48,14 @@ class BudgetConfig(_Config):
 class PruneConfig(_Config):
     """``must_keep_priorities`` are never dropped; ``ttl_seconds`` maps a priority name
     (``"low"``…) to the age after which its blocks are dropped; ``recent_messages_high`` is how
-    many newest conversation messages get ``high`` priority (the rest ``medium``/``low``)."""
+    many newest conversation messages get ``high`` priority (the rest ``medium``/``low``);
+    ``evidence_share`` caps the part of the budget (after the must-keep blocks) that
+    retrieved and other standalone evidence may use."""
 
     must_keep_priorities: tuple[Priority, ...] = (Priority.MUST,)
     ttl_seconds: dict[str, int] | None = None
     recent_messages_high: int = Field(default=6, ge=0)
+    evidence_share: float = Field(default=0.5, ge=0.0, le=1.0)
 
 
 class RedactionRules(_Config):

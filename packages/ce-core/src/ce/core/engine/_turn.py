@@ -170,6 +170,7 @@ async def select_and_assemble(
         ttl_seconds=ttl or None,
         now=now,
         recent_high=config.prune.recent_messages_high,
+        evidence_share=config.prune.evidence_share,
     )
     result = GreedyPriorityPruner().prune(request, PruneBudget(budget), rules)
     kept = result.kept

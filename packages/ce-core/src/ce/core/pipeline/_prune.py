@@ -8,14 +8,16 @@ Rules, in order:
    :class:`~ce.core.errors.BudgetExceededError`.
 2. The rest of the budget is spent tier by tier (high, medium, low). In a tier: context blocks
    (memory, task state, summary, custom blocks), then conversation newest first, then evidence
-   newest first. Conversation priority follows recency: the newest ``recent_high`` blocks are
+   newest first; evidence altogether may use at most ``evidence_share`` of what the must
+   blocks leave. Conversation priority follows recency: the newest ``recent_high`` blocks are
    high, the next ``3 * recent_high`` medium, older ones low.
 3. A block that does not fit at Live is degraded to Summary, then Gist, before it is dropped.
    A block past its priority's TTL is dropped.
 4. Conversation stays a contiguous recent window: once a conversation block is dropped, every
    older one is dropped with it, in ONE decision whose ``block_count`` says how many blocks it
    covers (likewise messages covered by the rolling summary, and the older evidence of a tier
-   once the budget is exhausted or 8 blocks in a row did not fit). So a turn costs work
+   once the budget, or the evidence share of it, is exhausted or 8 blocks in a row did not
+   fit). So a turn costs work
    proportional to what is kept, not to the history, and the report still accounts for every
    candidate.
 
@@ -59,12 +61,15 @@ class PruneBudget:
 class PruneRules:
     """``must_keep_priorities`` are never dropped; ``ttl_seconds`` per priority; ``now`` is the
     instant TTLs are measured from (the turn's clock reading, for determinism);
-    ``recent_high`` is how many newest conversation blocks count as high priority."""
+    ``recent_high`` is how many newest conversation blocks count as high priority;
+    ``evidence_share`` is the fraction of the budget left after the must blocks that
+    evidence blocks may use, so retrieved documents cannot crowd out the conversation."""
 
     must_keep_priorities: tuple[Priority, ...] = (Priority.MUST,)
     ttl_seconds: dict[Priority, int] | None = None
     now: datetime | None = None
     recent_high: int = 6
+    evidence_share: float = 0.5
 
 
 @dataclass
@@ -126,6 +131,7 @@ class _Run:
         self.rules = rules
         self.result = PruneResult()
         self.remaining = budget.max_tokens - request.fixed_tokens
+        self.evidence_room = 0
         self.budget = budget
 
     def expired(self, candidate: Candidate, priority: Priority) -> int | None:
@@ -146,8 +152,12 @@ class _Run:
             _decision(candidate.block_id, action, reason, cost, level=rendering.level)
         )
 
-    def try_fit(self, candidate: Candidate, priority: Priority, extra: int = 0) -> bool:
-        """Keep ``candidate`` at the richest level that fits; False when it was dropped."""
+    def try_fit(
+        self, candidate: Candidate, priority: Priority, extra: int = 0, room: int | None = None
+    ) -> bool:
+        """Keep ``candidate`` at the richest level that fits in ``room`` (default: what is
+        left of the budget); False when it was dropped."""
+        left = self.remaining if room is None else min(room, self.remaining)
         ttl = self.expired(candidate, priority)
         live = candidate.live
         if ttl is not None:
@@ -160,16 +170,16 @@ class _Run:
                 )
             )
             return False
-        if live.tokens + extra <= self.remaining:
+        if live.tokens + extra <= left:
             self.keep(candidate, live, f"fits (priority {priority.value})", extra)
             return True
         for cheaper in candidate.cheaper():
-            if cheaper.tokens + extra <= self.remaining:
+            if cheaper.tokens + extra <= left:
                 self.keep(
                     candidate,
                     cheaper,
                     f"degraded (priority {priority.value}): live needs {live.tokens + extra}"
-                    f" tokens, {self.remaining} left",
+                    f" tokens, {left} left",
                     extra,
                 )
                 return True
@@ -177,8 +187,7 @@ class _Run:
             _decision(
                 candidate.block_id,
                 "dropped",
-                f"does not fit at any level (priority {priority.value}): "
-                f"{self.remaining} tokens left",
+                f"does not fit at any level (priority {priority.value}): {left} tokens left",
                 live.tokens,
             )
         )
@@ -203,6 +212,7 @@ class GreedyPriorityPruner:
         self._keep_must(
             run, [*request.must, *(c for c in request.context if c.priority in must_keep)]
         )
+        run.evidence_room = int(run.remaining * rules.evidence_share)
 
         cursor = request.tail_start - 1
         conversation_open = True
@@ -281,22 +291,31 @@ class GreedyPriorityPruner:
         blocks = index.evidence_tiers[tier]
         misses = 0
         for position in range(len(blocks) - 1, -1, -1):
-            if run.remaining < _MIN_EVIDENCE_TOKENS or misses >= _MAX_EVIDENCE_MISSES:
+            room = min(run.remaining, run.evidence_room)
+            if room < _MIN_EVIDENCE_TOKENS or misses >= _MAX_EVIDENCE_MISSES:
+                share = run.evidence_room < run.remaining
                 run.result.decisions.append(
                     _decision(
                         f"{blocks[0].block_id}..{blocks[position].block_id}"
                         if position
                         else blocks[0].block_id,
                         "dropped",
-                        f"budget exhausted before older {tier.value}-priority evidence",
+                        (
+                            f"evidence share of the budget ({run.rules.evidence_share:.0%}) used"
+                            if share
+                            else "budget exhausted"
+                        )
+                        + f" before older {tier.value}-priority evidence",
                         index.evidence_tokens(tier, 0, position + 1),
                         count=position + 1,
                     )
                 )
                 break
             preamble = run.request.evidence_preamble_tokens if not run.result.evidence_kept else 0
-            if run.try_fit(blocks[position], tier, preamble):
+            before = run.remaining
+            if run.try_fit(blocks[position], tier, preamble, room):
                 run.result.evidence_kept += 1
+                run.evidence_room -= before - run.remaining
                 misses = 0
             else:
                 misses += 1
