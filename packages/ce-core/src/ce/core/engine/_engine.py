@@ -198,7 +198,7 @@ class ContextEngine(HistoryWriter):
             return entry
         doc = await self.store.get_session(session_id)
         state = (
-            AgentState.from_document(doc, clock=self.clock, id_generator=self.ids)
+            AgentState.from_document(doc, clock=self.clock, id_generator=self.ids, copy=False)
             if doc is not None
             else AgentState(session_id, clock=self.clock, id_generator=self.ids)
         )
@@ -736,7 +736,10 @@ class ContextEngine(HistoryWriter):
         evidences = dict(list(doc.evidences.items())[: record.evidence_count])
         past = doc.model_copy(update={"session": session, "evidences": evidences})
         entry = SessionEntry(
-            session_id, AgentState.from_document(past, clock=self.clock), 0, self._estimator_for
+            session_id,
+            AgentState.from_document(past, clock=self.clock, copy=False),
+            0,
+            self._estimator_for,
         )
         selection = await select_and_assemble(
             entry.index(cfg.model_hint),

@@ -204,7 +204,7 @@ async def select_and_assemble(
     candidates = (
         len(must)
         + len(context)
-        + len(groups[:tail_start])
+        + tail_start
         + sum(len(tier) for tier in index.evidence_tiers.values())
     )
     return Selection(

@@ -106,12 +106,15 @@ class AgentState(RecordWriters):
         *,
         clock: Clock | None = None,
         id_generator: IdGenerator | None = None,
+        copy: bool = True,
     ) -> AgentState:
         """Rebuild the state of a stored document (a model, or a dict validated and migrated
-        by :func:`~ce.core.schema.load_document`). The document is copied; the result has no
-        pending changes and equals the state that wrote the document."""
+        by :func:`~ce.core.schema.load_document`). The document is copied unless ``copy`` is
+        False, which hands it over: the caller must not touch it afterwards (the engine does
+        this with documents fresh from the store). The result has no pending changes and
+        equals the state that wrote the document."""
         if isinstance(doc, SessionDocument):
-            copied = doc.model_copy(deep=True)
+            copied = doc.model_copy(deep=True) if copy else doc
         else:
             copied = load_document(dict(doc))
         state = cls.__new__(cls)
