@@ -1,7 +1,7 @@
 """Development sessions. ``python3 -m nox`` runs the default ones (what CI runs).
 
-Each framework plugin adds one ``tests-<framework>`` session with its own virtualenv holding
-only that framework (see ``PLUGIN_SESSIONS``).
+Each framework plugin will add one ``tests-<framework>`` session with its own virtualenv
+holding only that framework, and list it in ``nox.options.sessions``.
 """
 
 from __future__ import annotations
