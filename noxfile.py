@@ -76,7 +76,13 @@ def bench(session: nox.Session) -> None:
     )
     session.run("python", "benchmarks/bench_stores.py", "--write", "docs/benchmarks.md", env=_env())
     session.run(
-        "python", "benchmarks/bench_prepare.py", "--write", "docs/benchmarks.md", env=_env()
+        "python",
+        "benchmarks/bench_prepare.py",
+        "--warm-turns",
+        "100",
+        "--write",
+        "docs/benchmarks.md",
+        env=_env(),
     )
 
 
