@@ -54,10 +54,9 @@ if _CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
 
 import history  # noqa: E402
+from _report import cpu_model, write_section  # noqa: E402
 from history import SEED, History, Msg, ToolCall  # noqa: E402
 
-START = "<!-- bench:prepare:start -->"
-END = "<!-- bench:prepare:end -->"
 BUDGET = 8_000
 ENCODING = "cl100k_base"
 SESSION_ID = "bench"
@@ -960,16 +959,6 @@ def _pairs_text(cells: dict[int, Cell]) -> str:
     return "yes" if not broken else "**no** (" + "; ".join(broken) + ")"
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def versions() -> list[tuple[str, str]]:
     found = []
     for name in PACKAGES:
@@ -1243,19 +1232,6 @@ def notes(peers: dict[str, Any]) -> list[str]:
     ]
 
 
-def write_section(path: Path, section: str) -> None:
-    block = f"{START}\n{section}{END}\n"
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        text = head + block + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100,1000,10000", help="comma-separated history sizes")
@@ -1297,7 +1273,7 @@ async def main() -> None:
     )
     print(section)
     if args.write:
-        write_section(args.write, section)
+        write_section(args.write, "prepare", section)
         print(f"wrote {args.write}", file=sys.stderr)
 
 

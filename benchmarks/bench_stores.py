@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from _report import cpu_model, write_section
+
 from ce.core.schema import (
     SCHEMA_VERSION,
     Message,
@@ -37,8 +39,6 @@ from ce.core.schema import (
 )
 from ce.core.stores import BaseStore, FileStore, SQLiteStore
 
-START = "<!-- bench:stores:start -->"
-END = "<!-- bench:stores:end -->"
 STORES = {
     "SQLiteStore": lambda d: SQLiteStore(d / "ce.db"),
     "FileStore": lambda d: FileStore(d / "sessions"),
@@ -118,16 +118,6 @@ async def measure(name: str, size: int, appends: int, directory: Path) -> Row:
     )
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def filesystem(path: Path) -> str:
     """The file-system type holding ``path`` (from /proc/mounts), or "unknown"."""
     try:
@@ -189,19 +179,6 @@ def report(rows: list[Row], command: str, directory: Path, appends: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    block = f"{START}\n{section}{END}\n"
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        text = head + block + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100,1000,10000", help="comma-separated session sizes")
@@ -229,7 +206,7 @@ async def main() -> None:
         section = report(rows, command, root, args.appends)
     print(section)
     if args.write:
-        write_section(args.write, section)
+        write_section(args.write, "stores", section)
         print(f"wrote {args.write}", file=sys.stderr)
 
 
