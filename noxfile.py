@@ -18,7 +18,7 @@ TIKTOKEN_CACHE = ROOT.parent / "shared" / "data" / "tiktoken-cache"
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "typecheck", "tests-core"]
+nox.options.sessions = ["lint", "typecheck", "tests-core", "tests-langchain"]
 
 
 def _env() -> dict[str, str]:
@@ -48,6 +48,28 @@ def tests_core(session: nox.Session) -> None:
     """Unit, property and store-contract tests of ce.core (no framework installed)."""
     session.install(*TEST_DEPS, "-e", f"{CORE}[tiktoken,cli]")
     session.run("pytest", "tests/core", *session.posargs, env=_env())
+
+
+LANGCHAIN = "packages/ce-langchain"
+LANGCHAIN_VERSIONS = {
+    "latest": ["langchain-core>=1.0,<2", "langchain>=1.0,<2", "langchain-openai>=1.0,<2"],
+}
+
+
+@nox.session(name="tests-langchain")
+@nox.parametrize("langchain", list(LANGCHAIN_VERSIONS))
+def tests_langchain(session: nox.Session, langchain: str) -> None:
+    """ce-langchain against the real LangChain (create_agent, ChatOpenAI on the scripted
+    server), in its own virtualenv."""
+    session.install(
+        *TEST_DEPS,
+        "-e",
+        f"{CORE}[tiktoken]",
+        "-e",
+        LANGCHAIN,
+        *LANGCHAIN_VERSIONS[langchain],
+    )
+    session.run("pytest", "tests/langchain", *session.posargs, env=_env())
 
 
 @nox.session

@@ -3,7 +3,8 @@
 :class:`Plugin` (install / uninstall template methods, one instance per class, version
 check), :class:`PatchLedger` (every hook recorded and undone), :func:`suppressed`,
 :func:`guarded` (fail-open), :func:`resolve_session`, the neutral records and their
-:class:`Recorder`, and conversion between assembled input and OpenAI-style message dicts.
+:class:`Recorder`, conversion between assembled input and OpenAI-style message dicts, and
+:func:`prepare_openai` / :func:`prepare_openai_sync` (a guarded ``prepare_call`` on such dicts).
 """
 
 from ce.core.integration._convert import (
@@ -13,6 +14,7 @@ from ce.core.integration._convert import (
     openai_to_messages,
 )
 from ce.core.integration._guard import INTEGRATION_FAILED, guarded, guarded_sync
+from ce.core.integration._inject import prepare_openai, prepare_openai_sync
 from ce.core.integration._ledger import LedgerEntry, PatchLedger
 from ce.core.integration._mappers import (
     EvidenceDraft,
@@ -61,6 +63,8 @@ __all__ = [
     "message_from_part",
     "model_usage_from_call",
     "openai_to_messages",
+    "prepare_openai",
+    "prepare_openai_sync",
     "requirement_conflicts",
     "resolve_session",
     "suppressed",

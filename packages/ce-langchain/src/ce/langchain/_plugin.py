@@ -1,0 +1,106 @@
+"""The LangChain plugin: install / uninstall through the ce.core Plugin template."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ce.core.integration import InjectMode, Plugin
+from ce.langchain.package import REQUIREMENTS
+
+if TYPE_CHECKING:
+    from ce.core.config import RuntimeConfig
+    from ce.core.engine import ContextEngine
+
+__all__ = ["LangChainPlugin", "install", "middleware", "uninstall"]
+
+
+class LangChainPlugin(Plugin):
+    """Records every LangChain run and injects the engine's assembled input before every
+    chat-model call (``invoke``, ``ainvoke``, ``stream``, ``astream``; tool loops of
+    ``create_agent`` and LangGraph graphs included).
+
+    Options of :meth:`install`: ``patch=False`` records only and leaves injection to
+    :func:`middleware`. Calls are left alone (neither rewritten nor recorded) inside
+    :func:`ce.core.integration.suppressed`, for models or runs tagged ``"ce:skip"`` (or with
+    metadata ``{"ce_skip": True}``), and inside ``create_agent`` middleware hook nodes
+    (``before_model`` / ``after_model``: the summarizer's own calls).
+    """
+
+    name: ClassVar[str] = "langchain"
+    requirements: ClassVar[tuple[str, ...]] = REQUIREMENTS
+
+    def _install(self, *, patch: bool = True, **options: Any) -> None:
+        if self.mode != "replace":
+            raise NotImplementedError("ce-langchain supports mode='replace' only (for now)")
+        if options:
+            raise TypeError(f"unknown install options: {sorted(options)}")
+        from langchain_core.language_models import BaseChatModel
+        from langchain_core.tracers import context as tracer_context
+
+        from ce.langchain._inject import make_convert_input
+        from ce.langchain._record import RecordingHandler
+
+        handler = RecordingHandler(self)
+        # A ContextVar with a default: every thread and task sees the handler, no set() needed.
+        var: ContextVar[Any] = ContextVar("ce_langchain_handler", default=handler)
+        tracer_context.register_configure_hook(var, True)
+        hooks = tracer_context._configure_hooks
+        entry = hooks[-1]
+        assert entry[0] is var
+
+        def unregister() -> None:
+            # LangChain has no unregister: take our entry out of its hook list again.
+            for index, hook in enumerate(hooks):
+                if hook[0] is var:
+                    del hooks[index]
+                    break
+
+        self.ledger.register(unregister, "langchain configure hook (RecordingHandler)")
+        if patch:
+            # No public hook can change a chat model's input on every call: wrap the one
+            # conversion invoke / ainvoke / stream / astream all go through.
+            self.ledger.wrap(BaseChatModel, "_convert_input", make_convert_input(self))
+
+
+def install(
+    engine: ContextEngine | None = None,
+    *,
+    session_id: str | None = None,
+    config: RuntimeConfig | None = None,
+    mode: InjectMode = "replace",
+    fail_closed: bool = False,
+    strict: bool = False,
+    patch: bool = True,
+) -> LangChainPlugin:
+    """Record every LangChain run and inject the assembled input before every chat-model
+    call; returns the plugin (``.uninstall()`` restores LangChain exactly). See
+    :meth:`ce.core.integration.Plugin.install` for the arguments; ``patch=False`` records
+    only (inject with :func:`middleware` instead). Idempotent."""
+    return LangChainPlugin().install(
+        engine,
+        session_id=session_id,
+        config=config,
+        mode=mode,
+        fail_closed=fail_closed,
+        strict=strict,
+        patch=patch,
+    )
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (a logged no-op when it is not installed)."""
+    LangChainPlugin().uninstall()
+
+
+def middleware(engine: ContextEngine | None = None, **install_options: Any) -> Any:
+    """A ``create_agent`` middleware (``middleware=[ce.langchain.middleware()]``) injecting
+    the assembled input through LangChain's official ``wrap_model_call`` seam. Installs the
+    plugin for recording (with ``patch=False``) when it is not installed yet; when the global
+    patch is installed too, a call is injected once."""
+    from ce.langchain._inject import make_middleware
+
+    plugin = LangChainPlugin()
+    if not plugin.installed:
+        plugin.install(engine, patch=False, **install_options)
+    return make_middleware(plugin)

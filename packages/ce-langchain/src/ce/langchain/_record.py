@@ -1,0 +1,304 @@
+"""LangChain runs -> the engine: a callback handler LangChain adds to every run by itself.
+
+It is registered through ``register_configure_hook`` with a ContextVar whose *default* is the
+handler, so every ``CallbackManager.configure`` (every run, in every thread and task) picks it
+up without ``callbacks=`` anywhere; LangChain deduplicates it when an app passes it as well.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, LLMResult
+
+from ce.core.integration import (
+    ModelCall,
+    Recorder,
+    RetrievalHit,
+    ToolRun,
+    error_text,
+    guarded_sync,
+    resolve_session,
+)
+from ce.langchain._convert import ai_to_message, message_text
+from ce.langchain._inject import framework_session, should_skip
+
+if TYPE_CHECKING:
+    from langchain_core.documents import Document
+
+    from ce.core.integration import Plugin
+
+__all__ = ["RecordingHandler"]
+
+_PARAMS = ("temperature", "max_tokens", "max_completion_tokens", "top_p", "seed", "stop")
+
+
+@dataclass
+class _Run:
+    kind: str
+    session_id: str
+    started: float = field(default_factory=time.time)
+    perf: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    name: str = ""
+    tool_call_id: str = ""
+    args: dict[str, Any] | str = ""
+    provider: str = ""
+    model: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    parent_tool_call_id: str | None = None
+
+
+def _scalar_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        str(k): v
+        for k, v in metadata.items()
+        if isinstance(v, (str, int, float, bool)) and k not in ("source", "uri", "score")
+    }
+
+
+def _hit(document: Document) -> RetrievalHit:
+    meta = document.metadata or {}
+    uri = meta.get("source") or meta.get("uri") or ""
+    score = meta.get("score", meta.get("relevance_score"))
+    version = meta.get("version")
+    return RetrievalHit(
+        content=document.page_content,
+        uri=str(uri),
+        score=float(score) if isinstance(score, (int, float)) else None,
+        doc_id=document.id or (str(meta["id"]) if meta.get("id") is not None else None),
+        doc_version=str(version) if version is not None else None,
+        metadata=_scalar_metadata(meta),
+    )
+
+
+class RecordingHandler(BaseCallbackHandler):
+    """Records chat-model calls (usage, latency, first-token latency, the reply), tool runs
+    (LangChain's ``tool_call_id``, status, duration) and retriever hits (as ``rag_doc``
+    evidence linked to the tool that retrieved them) into the run's session."""
+
+    raise_error = False
+
+    def __init__(self, plugin: Plugin) -> None:
+        self.plugin = plugin
+        self._runs: dict[UUID, _Run] = {}
+        self._lock = threading.Lock()
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _session(self, metadata: Mapping[str, Any] | None, parent: UUID | None) -> str:
+        named = framework_session(metadata)
+        if named is None and parent is not None:
+            with self._lock:
+                parent_run = self._runs.get(parent)
+            if parent_run is not None:
+                named = parent_run.session_id
+        return resolve_session(named, self.plugin)
+
+    def _start(self, run_id: UUID, run: _Run) -> None:
+        with self._lock:
+            self._runs[run_id] = run
+
+    def _pop(self, run_id: UUID) -> _Run | None:
+        with self._lock:
+            return self._runs.pop(run_id, None)
+
+    def _write(
+        self, session_id: str, what: str, work: Callable[[Recorder], Coroutine[Any, Any, Any]]
+    ) -> None:
+        if not self.plugin.installed:
+            return
+        engine = self.plugin.engine
+        recorder = Recorder(engine, session_id)
+        guarded_sync(
+            self.plugin, lambda: engine.sync.run(work(recorder)), session_id=session_id, what=what
+        )
+
+    # -- chat models ------------------------------------------------------------------------
+
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[Any]],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not self.plugin.installed or should_skip(tags, metadata):
+            return
+        metadata = metadata or {}
+        invocation = kwargs.get("invocation_params") or {}
+        model = metadata.get("ls_model_name") or invocation.get("model") or ""
+        model = model or invocation.get("model_name") or (serialized or {}).get("name") or ""
+        self._start(
+            run_id,
+            _Run(
+                kind="model",
+                session_id=self._session(metadata, parent_run_id),
+                provider=str(metadata.get("ls_provider") or invocation.get("_type") or ""),
+                model=str(model),
+                params={k: invocation[k] for k in _PARAMS if invocation.get(k) is not None},
+            ),
+        )
+
+    def on_llm_new_token(self, token: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is not None and run.first_token is None:
+                run.first_token = time.perf_counter()
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        run = self._pop(run_id)
+        if run is None or run.kind != "model":
+            return
+        generation = response.generations[0][0] if response.generations else None
+        message = generation.message if isinstance(generation, ChatGeneration) else None
+        usage: Mapping[str, Any] = (
+            message.usage_metadata if isinstance(message, AIMessage) else None
+        ) or {}
+        ended = time.perf_counter()
+        call = ModelCall(
+            call_id=str(run_id),
+            provider=run.provider,
+            model=run.model,
+            prompt_tokens=int(usage.get("input_tokens", 0)),
+            completion_tokens=int(usage.get("output_tokens", 0)),
+            latency_ms=round((ended - run.perf) * 1000),
+            first_token_latency_ms=(
+                round((run.first_token - run.perf) * 1000) if run.first_token is not None else None
+            ),
+            output_text=message_text(message) if message is not None else "",
+            params=run.params,
+        )
+
+        async def work(recorder: Recorder) -> None:
+            await recorder.record_model_call(call)
+            if isinstance(message, AIMessage):
+                reply = ai_to_message(message, run.provider, run.model)
+                await recorder.engine.commit_assistant_message(recorder.session_id, reply)
+
+        self._write(run.session_id, "record model call", work)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        run = self._pop(run_id)
+        if run is None or run.kind != "model":
+            return
+        call = ModelCall(
+            call_id=str(run_id),
+            provider=run.provider,
+            model=run.model,
+            latency_ms=round((time.perf_counter() - run.perf) * 1000),
+            params=run.params,
+            error=error_text(error),
+        )
+        self._write(run.session_id, "record model call", lambda r: r.record_model_call(call))
+
+    # -- tools ------------------------------------------------------------------------------
+
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any],
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not self.plugin.installed or should_skip(tags, metadata, check_node=False):
+            return
+        self._start(
+            run_id,
+            _Run(
+                kind="tool",
+                session_id=self._session(metadata, parent_run_id),
+                name=str((serialized or {}).get("name") or kwargs.get("name") or "tool"),
+                tool_call_id=str(kwargs.get("tool_call_id") or run_id),
+                args=dict(inputs) if isinstance(inputs, dict) else input_str,
+            ),
+        )
+
+    def _finish_tool(self, run_id: UUID, result: str | None, error: str | None) -> None:
+        run = self._pop(run_id)
+        if run is None or run.kind != "tool":
+            return
+        tool_run = ToolRun(
+            tool_call_id=run.tool_call_id,
+            name=run.name,
+            args=run.args,
+            result=result,
+            error=error,
+            started_at=run.started,
+            ended_at=time.time(),
+            provider_name="langchain",
+        )
+        self._write(run.session_id, "record tool run", lambda r: r.record_tool_run(tool_run))
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        if isinstance(output, ToolMessage):
+            text = message_text(output)
+            with self._lock:
+                run = self._runs.get(run_id)
+                if run is not None and output.tool_call_id:
+                    run.tool_call_id = output.tool_call_id
+            self._finish_tool(run_id, text, text if output.status == "error" else None)
+        else:
+            self._finish_tool(run_id, output if isinstance(output, str) else str(output), None)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._finish_tool(run_id, None, error_text(error))
+
+    # -- retrievers -------------------------------------------------------------------------
+
+    def on_retriever_start(
+        self,
+        serialized: dict[str, Any],
+        query: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not self.plugin.installed or should_skip(tags, metadata, check_node=False):
+            return
+        parent_tool = None
+        if parent_run_id is not None:
+            with self._lock:
+                parent = self._runs.get(parent_run_id)
+            if parent is not None and parent.kind == "tool":
+                parent_tool = parent.tool_call_id
+        self._start(
+            run_id,
+            _Run(
+                kind="retriever",
+                session_id=self._session(metadata, parent_run_id),
+                parent_tool_call_id=parent_tool,
+            ),
+        )
+
+    def on_retriever_end(
+        self, documents: Sequence[Document], *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        run = self._pop(run_id)
+        if run is None or run.kind != "retriever":
+            return
+        hits = [_hit(d) for d in documents]
+        link = run.parent_tool_call_id
+        self._write(run.session_id, "record retrieval", lambda r: r.record_retrieval(hits, link))
+
+    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._pop(run_id)
