@@ -52,6 +52,13 @@ def tests_core(session: nox.Session) -> None:
 
 LANGCHAIN = "packages/ce-langchain"
 LANGCHAIN_VERSIONS = {
+    "lowest": [
+        "langchain-core==1.0.0",
+        "langchain==1.0.0",
+        "langchain-openai==1.0.0",
+        "langgraph==1.0.0",
+        "langgraph-checkpoint>=2.1.0,<3.0.0",
+    ],
     "latest": ["langchain-core>=1.0,<2", "langchain>=1.0,<2", "langchain-openai>=1.0,<2"],
 }
 

@@ -53,7 +53,8 @@ class _Run:
     provider: str = ""
     model: str = ""
     params: dict[str, Any] = field(default_factory=dict)
-    parent_tool_call_id: str | None = None
+    parent_tool: UUID | None = None
+    hits: list[RetrievalHit] = field(default_factory=list)
 
 
 def _scalar_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -234,6 +235,7 @@ class RecordingHandler(BaseCallbackHandler):
         run = self._pop(run_id)
         if run is None or run.kind != "tool":
             return
+        hits = run.hits
         tool_run = ToolRun(
             tool_call_id=run.tool_call_id,
             name=run.name,
@@ -245,6 +247,14 @@ class RecordingHandler(BaseCallbackHandler):
             provider_name="langchain",
         )
         self._write(run.session_id, "record tool run", lambda r: r.record_tool_run(tool_run))
+        if hits:
+            # retrieval hits inside this tool run: linked to the call id known only now
+            # (older langchain-core passes no tool_call_id to on_tool_start)
+            self._write(
+                run.session_id,
+                "record retrieval",
+                lambda r: r.record_retrieval(hits, tool_run.tool_call_id),
+            )
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         if isinstance(output, ToolMessage):
@@ -280,13 +290,13 @@ class RecordingHandler(BaseCallbackHandler):
             with self._lock:
                 parent = self._runs.get(parent_run_id)
             if parent is not None and parent.kind == "tool":
-                parent_tool = parent.tool_call_id
+                parent_tool = parent_run_id
         self._start(
             run_id,
             _Run(
                 kind="retriever",
                 session_id=self._session(metadata, parent_run_id),
-                parent_tool_call_id=parent_tool,
+                parent_tool=parent_tool,
             ),
         )
 
@@ -297,8 +307,13 @@ class RecordingHandler(BaseCallbackHandler):
         if run is None or run.kind != "retriever":
             return
         hits = [_hit(d) for d in documents]
-        link = run.parent_tool_call_id
-        self._write(run.session_id, "record retrieval", lambda r: r.record_retrieval(hits, link))
+        if run.parent_tool is not None:
+            with self._lock:
+                parent = self._runs.get(run.parent_tool)
+                if parent is not None:
+                    parent.hits.extend(hits)
+                    return
+        self._write(run.session_id, "record retrieval", lambda r: r.record_retrieval(hits))
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._pop(run_id)
