@@ -11,7 +11,14 @@ import pytest
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.events import Event
-from ce.core.integration import INTEGRATION_FAILED, Plugin, prepare_openai, prepare_openai_sync
+from ce.core.integration import (
+    INTEGRATION_FAILED,
+    Plugin,
+    augment_openai,
+    prepare_openai,
+    prepare_openai_sync,
+)
+from ce.core.schema import AssembledInput, MessagePart, Role
 from ce.core.stores import MemoryStore
 
 
@@ -65,3 +72,79 @@ async def test_prepare_openai_fails_open_and_closed(
         await prepare_openai(plugin, "s", MESSAGES)
     with pytest.raises(RuntimeError, match="down"):
         prepare_openai_sync(plugin, "s", MESSAGES)
+
+
+async def test_prepare_openai_augment_keeps_the_apps_messages_and_adds_the_context() -> None:
+    engine = ContextEngine(MemoryStore(), config=RuntimeConfig(model_hint="gpt-4o"))
+    plugin = InjectPlugin().install(engine, mode="augment")
+    try:
+        await engine.update_notebook("s", "NOTE-1")
+        for sent in (
+            await prepare_openai(plugin, "s", MESSAGES),
+            prepare_openai_sync(plugin, "s", MESSAGES),
+        ):
+            assert sent is not None
+            # the app's own messages (unredacted) stay; the context follows its system prompt
+            assert sent[0] == MESSAGES[0] and sent[-1] == MESSAGES[-1]
+            assert len(sent) == 3 and sent[1]["role"] == "system"
+            assert "NOTE-1" in sent[1]["content"] and "be brief" not in sent[1]["content"]
+        assert len(await engine.list_turns("s")) == 2
+    finally:
+        plugin.uninstall()
+        await engine.close()
+
+
+class TenPerMessage:
+    """Every message costs 10 tokens, the reply priming none."""
+
+    def estimate_part(self, part: MessagePart, model_hint: str | None = None) -> int:
+        return 10
+
+    def reply_priming(self, model_hint: str | None = None) -> int:
+        return 0
+
+
+def _round(n: int) -> list[dict[str, Any]]:
+    call = {"id": f"c{n}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    return [
+        {"role": "user", "content": f"q{n}"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{n}", "content": f"result {n}"},
+        {"role": "assistant", "content": f"a{n}"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("budget", "kept_from"),
+    [(1000, 0), (75, 4), (65, 5), (55, 7), (5, 8)],
+)
+def test_augment_openai_trims_the_history_to_the_budget(budget: int, kept_from: int) -> None:
+    history = [*_round(0), *_round(1), {"role": "user", "content": "q2"}]
+    app = [{"role": "system", "content": "be brief"}, *history]
+    assembled = AssembledInput(
+        parts=[
+            MessagePart(role=Role.SYSTEM, content="be brief\n\nCONTEXT"),
+            MessagePart(role=Role.USER, content="q2"),
+        ],
+        total_tokens=0,
+    )
+    sent = augment_openai(app, assembled, budget, TenPerMessage())  # type: ignore[arg-type]
+    assert sent[:2] == [app[0], {"role": "system", "content": "CONTEXT"}]
+    # a suffix of the app's history, never opening on a tool result, the last user kept
+    assert sent[2:] == history[kept_from:]
+    assert sent[2]["role"] != "tool"
+
+
+def test_augment_openai_without_a_system_prompt_or_context() -> None:
+    app = [{"role": "user", "content": "hi"}]
+    context_only = AssembledInput(
+        parts=[MessagePart(role=Role.SYSTEM, content="CONTEXT")], total_tokens=0
+    )
+    sent = augment_openai(app, context_only, 100, TenPerMessage())  # type: ignore[arg-type]
+    assert sent == [{"role": "system", "content": "CONTEXT"}, *app]
+    prompt_only = AssembledInput(
+        parts=[MessagePart(role=Role.SYSTEM, content="be brief")], total_tokens=0
+    )
+    with_prompt = [{"role": "system", "content": "be brief"}, *app]
+    sent = augment_openai(with_prompt, prompt_only, 100, TenPerMessage())  # type: ignore[arg-type]
+    assert sent == with_prompt

@@ -10,6 +10,7 @@ LangChain's ``ContextEditingMiddleware`` (the graph state keeps the app's own me
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,7 +26,7 @@ from ce.core.integration import (
     prepare_openai_sync,
     resolve_session,
 )
-from ce.langchain._convert import from_openai, to_openai
+from ce.langchain._convert import from_openai, message_text, to_openai, tool_schemas
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -35,7 +36,10 @@ if TYPE_CHECKING:
 __all__ = [
     "SKIP_METADATA_KEY",
     "SKIP_TAG",
+    "already_injected",
+    "current_config",
     "framework_session",
+    "inject_async",
     "inject_sync",
     "make_convert_input",
     "make_middleware",
@@ -99,7 +103,7 @@ def should_skip(
     return check_node and isinstance(node, str) and node.endswith(_HELPER_NODE_SUFFIXES)
 
 
-def _current_config() -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+def current_config() -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     config = var_child_runnable_config.get() or {}
     return (
         list(config.get("tags") or []),
@@ -108,18 +112,48 @@ def _current_config() -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     )
 
 
-def inject_sync(plugin: Plugin, session_id: str, messages: list[BaseMessage]) -> list[BaseMessage]:
-    """The messages the model receives instead of ``messages`` (themselves on failure)."""
-    sent = prepare_openai_sync(plugin, session_id, to_openai(messages))
+def inject_sync(
+    plugin: Plugin,
+    session_id: str,
+    messages: list[BaseMessage],
+    tools: Sequence[Any] | None = None,
+) -> list[BaseMessage]:
+    """The messages the model receives instead of ``messages`` (themselves on failure);
+    the schemas of the bound ``tools`` are counted against the budget."""
+    sent = prepare_openai_sync(plugin, session_id, to_openai(messages), tool_schemas(tools))
     return messages if sent is None else from_openai(sent)
 
 
 async def inject_async(
-    plugin: Plugin, session_id: str, messages: list[BaseMessage]
+    plugin: Plugin,
+    session_id: str,
+    messages: list[BaseMessage],
+    tools: Sequence[Any] | None = None,
 ) -> list[BaseMessage]:
     """The coroutine twin of :func:`inject_sync`."""
-    sent = await prepare_openai(plugin, session_id, to_openai(messages))
+    sent = await prepare_openai(plugin, session_id, to_openai(messages), tool_schemas(tools))
     return messages if sent is None else from_openai(sent)
+
+
+_ENTRY_POINTS = frozenset({"invoke", "ainvoke", "stream", "astream"})
+
+
+def _caller_tools(model: BaseChatModel) -> Sequence[Any] | None:
+    """The tools bound to the call ``model._convert_input`` is converting for.
+
+    ``bind_tools`` binds them as the ``tools`` kwarg, which reaches ``invoke`` / ``ainvoke``
+    / ``stream`` / ``astream`` (and ``_generate`` later) but not ``_convert_input``; they are
+    read from that caller's ``kwargs``, two frames up (the caller of the patched method).
+    Anything unexpected there means no tools (the budget then just ignores them)."""
+    frame = sys._getframe(2)
+    try:
+        if frame.f_code.co_name not in _ENTRY_POINTS or frame.f_locals.get("self") is not model:
+            return None
+        kwargs = frame.f_locals.get("kwargs")
+    finally:
+        del frame
+    tools = kwargs.get("tools") if isinstance(kwargs, dict) else None
+    return tools if isinstance(tools, (list, tuple)) and tools else None
 
 
 def make_convert_input(
@@ -132,7 +166,7 @@ def make_convert_input(
     ) -> Callable[[BaseChatModel, Any], PromptValue]:
         def _convert_input(self: BaseChatModel, model_input: Any) -> PromptValue:
             value = original(self, model_input)
-            if _injected.get() or not plugin.installed:
+            if _injected.get() or not plugin.installed or getattr(self, "_ce_injects", False):
                 return value
             messages = value.to_messages()
             last = _handed_out.get()
@@ -140,13 +174,13 @@ def make_convert_input(
                 a is b for a, b in zip(last, messages, strict=True)
             ):
                 return value
-            tags, metadata, configurable = _current_config()
+            tags, metadata, configurable = current_config()
             own_tags = list(self.tags or [])
             own_metadata = dict(self.metadata or {})
             if should_skip([*tags, *own_tags], {**metadata, **own_metadata}):
                 return value
             session_id = resolve_session(framework_session(metadata, configurable), plugin)
-            sent = inject_sync(plugin, session_id, messages)
+            sent = inject_sync(plugin, session_id, messages, _caller_tools(self))
             _handed_out.set(tuple(sent))
             return ChatPromptValue(messages=sent)
 
@@ -181,13 +215,28 @@ def make_middleware(plugin: Plugin) -> Any:
             framework_session(config.get("metadata"), config.get("configurable")), plugin
         )
 
+    # langchain < 1.1's ModelRequest has a ``system_prompt`` string, later ones a
+    # ``system_message`` (and ``system_prompt`` as its text).
+    has_system_message = hasattr(ModelRequest, "system_message") or (
+        "system_message" in getattr(ModelRequest, "__dataclass_fields__", {})
+    )
+
     def _pending(request: ModelRequest) -> list[BaseMessage]:
-        system = [request.system_message] if request.system_message is not None else []
+        if has_system_message:
+            system_message = request.system_message
+        else:
+            prompt = getattr(request, "system_prompt", None)
+            system_message = SystemMessage(content=prompt) if prompt else None
+        system = [system_message] if system_message is not None else []
         return [*system, *request.messages]
 
     def _override(request: ModelRequest, messages: list[BaseMessage]) -> ModelRequest:
         system, rest = _split_system(messages)
-        return request.override(system_message=system, messages=rest)  # type: ignore[arg-type]
+        if has_system_message:
+            return request.override(system_message=system, messages=rest)  # type: ignore[arg-type]
+        prompt = None if system is None else message_text(system)
+        overrides: dict[str, Any] = {"system_prompt": prompt, "messages": rest}
+        return request.override(**overrides)
 
     def _leave_alone(request: ModelRequest) -> bool:
         return not plugin.installed or should_skip(None, None)
@@ -198,7 +247,7 @@ def make_middleware(plugin: Plugin) -> Any:
         def wrap_model_call(self, request: ModelRequest, handler: Callable[..., Any]) -> Any:
             if _leave_alone(request):
                 return handler(request)
-            sent = inject_sync(plugin, _session(request), _pending(request))
+            sent = inject_sync(plugin, _session(request), _pending(request), request.tools)
             with already_injected():
                 return handler(_override(request, sent))
 
@@ -207,7 +256,7 @@ def make_middleware(plugin: Plugin) -> Any:
         ) -> Any:
             if _leave_alone(request):
                 return await handler(request)
-            sent = await inject_async(plugin, _session(request), _pending(request))
+            sent = await inject_async(plugin, _session(request), _pending(request), request.tools)
             with already_injected():
                 return await handler(_override(request, sent))
 

@@ -9,16 +9,23 @@ from ce.core.integration import InjectMode, Plugin
 from ce.langchain.package import REQUIREMENTS
 
 if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+
     from ce.core.config import RuntimeConfig
     from ce.core.engine import ContextEngine
 
-__all__ = ["LangChainPlugin", "install", "middleware", "uninstall"]
+__all__ = ["LangChainPlugin", "install", "middleware", "uninstall", "wrap"]
 
 
 class LangChainPlugin(Plugin):
     """Records every LangChain run and injects the engine's assembled input before every
     chat-model call (``invoke``, ``ainvoke``, ``stream``, ``astream``; tool loops of
     ``create_agent`` and LangGraph graphs included).
+
+    With ``mode="augment"`` the model receives the app's own messages, the engine's context
+    (memory, state, summary, evidence) as one more system message after the app's system
+    prompt, and the history trimmed to the budget (see
+    :func:`ce.core.integration.augment_openai`).
 
     Options of :meth:`install`: ``patch=False`` records only and leaves injection to
     :func:`middleware`. Calls are left alone (neither rewritten nor recorded) inside
@@ -31,8 +38,6 @@ class LangChainPlugin(Plugin):
     requirements: ClassVar[tuple[str, ...]] = REQUIREMENTS
 
     def _install(self, *, patch: bool = True, **options: Any) -> None:
-        if self.mode != "replace":
-            raise NotImplementedError("ce-langchain supports mode='replace' only (for now)")
         if options:
             raise TypeError(f"unknown install options: {sorted(options)}")
         from langchain_core.language_models import BaseChatModel
@@ -104,3 +109,20 @@ def middleware(engine: ContextEngine | None = None, **install_options: Any) -> A
     if not plugin.installed:
         plugin.install(engine, patch=False, **install_options)
     return make_middleware(plugin)
+
+
+def wrap(
+    model: BaseChatModel, engine: ContextEngine | None = None, **install_options: Any
+) -> BaseChatModel:
+    """``model`` as a chat model that receives the engine's assembled input on every call
+    (``invoke``, ``ainvoke``, ``stream``, ``astream``; ``bind_tools`` works and the bound
+    tools' schemas are counted against the budget), for LCEL / LangGraph apps that prefer an
+    explicit wrapper to the global patch. Installs the plugin for recording (with
+    ``patch=False``) when it is not installed yet; with the global patch installed too, a
+    call is injected once."""
+    from ce.langchain._wrap import ContextEngineChatModel
+
+    plugin = LangChainPlugin()
+    if not plugin.installed:
+        plugin.install(engine, patch=False, **install_options)
+    return ContextEngineChatModel(inner=model)

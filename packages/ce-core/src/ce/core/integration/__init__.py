@@ -14,7 +14,7 @@ from ce.core.integration._convert import (
     openai_to_messages,
 )
 from ce.core.integration._guard import INTEGRATION_FAILED, guarded, guarded_sync
-from ce.core.integration._inject import prepare_openai, prepare_openai_sync
+from ce.core.integration._inject import augment_openai, prepare_openai, prepare_openai_sync
 from ce.core.integration._ledger import LedgerEntry, PatchLedger
 from ce.core.integration._mappers import (
     EvidenceDraft,
@@ -53,6 +53,7 @@ __all__ = [
     "RetrievalHit",
     "ToolRun",
     "assembled_to_openai",
+    "augment_openai",
     "error_text",
     "evidence_from_hit",
     "guarded",
