@@ -75,29 +75,42 @@ def tests_langchain(session: nox.Session, langchain: str) -> None:
         "-e",
         LANGCHAIN,
         *LANGCHAIN_VERSIONS[langchain],
+        # the standard ChatModelUnitTests of wrap(); 1.0.x still allows langchain-core 1.0.0
+        "langchain-tests>=1.0,<2",
     )
     session.run("pytest", "tests/langchain", *session.posargs, env=_env())
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Run the ce.core demo on the embedded default store (SQLite under ./.ce/)."""
-    session.install("-e", f"{CORE}[tiktoken,cli]")
-    session.run("python", "examples/core_demo.py", *session.posargs, env=_env())
+    """The README's demo: a LangChain agent through ``ce.langchain.install(...)`` on the
+    embedded default store (SQLite under ./.ce/), offline; ``examples/core_demo.py`` is the
+    ce.core one (``python examples/core_demo.py``)."""
+    session.install(
+        "-e",
+        f"{CORE}[tiktoken,cli]",
+        "-e",
+        LANGCHAIN,
+        *LANGCHAIN_VERSIONS["latest"],
+    )
+    session.run("python", "examples/quickstart.py", *session.posargs, env=_env())
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     """Run the benchmarks and write their figures into docs/benchmarks.md.
 
-    bench_prepare.py compares ``prepare_turn`` with the frameworks' own trimmers, so this
-    session's virtualenv (and only this one) holds the frameworks.
+    bench_prepare.py compares ``prepare_turn`` with the frameworks' own trimmers, and
+    bench_langchain.py measures the LangChain plugin, so this session's virtualenv (and only
+    this one) holds the frameworks.
     """
     session.install(
         "-e",
         f"{CORE}[tiktoken]",
+        "-e",
+        LANGCHAIN,
         "tiktoken>=0.14.0",
-        "langchain-core>=1.7.2",
+        "langchain-core>=1.7.2,<2",
         "llama-index-core>=0.14.25",
         "autogen-core>=0.7.5",
         "autogen-agentchat>=0.7.5",
@@ -112,6 +125,9 @@ def bench(session: nox.Session) -> None:
         "--write",
         "docs/benchmarks.md",
         env=_env(),
+    )
+    session.run(
+        "python", "benchmarks/bench_langchain.py", "--write", "docs/benchmarks.md", env=_env()
     )
 
 

@@ -2,11 +2,12 @@
 of documents) plus one line, ``ce.langchain.install(engine)``.
 
 Runs offline: ChatOpenAI talks to ce.core's ScriptedOpenAIServer (no network, no keys). The
-engine stores the session in the embedded SQLite default store and, before every model call,
-hands the model its assembled input within a small budget. Per turn it prints the report.
+engine records the session in the embedded SQLite default store and, before every model call,
+hands the model its assembled input within a small token budget. For every model call the
+script prints the report: each block kept, degraded (with its level) or dropped, and its tokens.
 
     python examples/quickstart.py      # store: $CE_STORE_URL or sqlite:///.ce/sessions.db
-    ce report quickstart               # the same report from the store (ce-core[cli])
+    ce report quickstart [TURN]        # a report again, from the store (ce-core[cli])
 """
 
 from __future__ import annotations
@@ -26,10 +27,17 @@ from langgraph.checkpoint.memory import InMemorySaver
 import ce.langchain
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
+from ce.core.schema import Report
 from ce.core.stores import default_store_url
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 
 SESSION_ID = "quickstart"
+BUDGET = BudgetConfig(max_input_tokens=600, reserved_reply_tokens=150)
+QUESTIONS = (
+    "What is the weather in Paris? Reply to me at jane@example.com",
+    "And in Oslo?",
+    "Should I pack for Paris?",
+)
 DOCS = {
     "paris": "Paris has an oceanic climate; autumn days average 15°C. " * 6,
     "oslo": "Oslo autumns are cool and wet, around 6°C, with frequent rain. " * 6,
@@ -38,6 +46,8 @@ DOCS = {
 
 
 class Handbook(BaseRetriever):
+    """A retriever over the handful of documents above."""
+
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
     ) -> list[Document]:
@@ -61,35 +71,41 @@ def weather(city: str) -> str:
 
 
 def model_script(body: dict[str, Any]) -> ScriptedResponse:
-    """The scripted model: look up the city named in the question, then answer."""
+    """The scripted model: look the city of the question up (two tool calls), then answer."""
     messages = body["messages"]
-    question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
-    city = next((c for c in ("paris", "oslo") if c in question.lower()), "paris")
-    done = [
-        m
-        for m in messages[
-            messages.index(next(m for m in reversed(messages) if m["role"] == "user")) :
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    question = messages[last_user]["content"].lower()
+    city = "oslo" if "oslo" in question else "paris"
+    if any(m["role"] == "tool" for m in messages[last_user:]):
+        return ScriptedResponse(text=f"{city.title()}: cloudy, 17°C; see the handbook for packing.")
+    suffix = f"{city}_{len(messages)}"
+    return ScriptedResponse(
+        tool_calls=[
+            (f"call_h_{suffix}", "search_handbook", json.dumps({"query": city})),
+            (f"call_w_{suffix}", "weather", json.dumps({"city": city})),
         ]
-        if m["role"] == "tool"
-    ]
-    if not done:
-        return ScriptedResponse(
-            tool_calls=[
-                (f"call_{city}_h{len(messages)}", "search_handbook", json.dumps({"query": city})),
-                (f"call_{city}_w{len(messages)}", "weather", json.dumps({"city": city})),
-            ]
-        )
-    return ScriptedResponse(text=f"{city.title()}: cloudy, 17°C; see the handbook for packing.")
+    )
+
+
+def show(call: int, report: Report) -> None:
+    """One model call's report: what the model got, block by block."""
+    used = f"{report.token_used}/{report.token_budget} tokens"
+    print(f"  model call {call}: {used}, turn {report.turn_id}")
+    for d in report.prune_decisions:
+        span = f" x{d.block_count}" if d.block_count > 1 else ""
+        level = f" @{d.level}" if d.level else ""
+        print(f"    {d.action:<8} {d.block_id[:40]:<40}{span:<5} {d.token_estimate:>5} tok{level}")
+    for note in report.degradations:
+        print(f"    degraded: {note}")
 
 
 async def main() -> None:
-    engine = ContextEngine(
-        config=RuntimeConfig(
-            model_hint="gpt-4o",
-            budget=BudgetConfig(max_input_tokens=700, reserved_reply_tokens=150),
-        )
-    )
-    ce.langchain.install(engine)  # <- the one line
+    url = default_store_url()
+    engine = ContextEngine(config=RuntimeConfig(model_hint="gpt-4o", budget=BUDGET))
+    await engine.store.delete_session(SESSION_ID)  # start the quickstart fresh on every run
+    ce.langchain.install(engine)  # <- the one line: record every run, inject every model call
+    seen: set[str] = set()
+    calls = 0
     with ScriptedOpenAIServer(model_script) as server:
         model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="not-needed")
         agent = create_agent(
@@ -98,24 +114,25 @@ async def main() -> None:
             system_prompt="You are a travel assistant.",
             checkpointer=InMemorySaver(),
         )
-        config = {"configurable": {"thread_id": SESSION_ID}}
-        for question in (
-            "What is the weather in Paris? Reply to me at jane@example.com",
-            "And in Oslo?",
-            "Should I pack for Paris?",
-        ):
+        config = {"configurable": {"thread_id": SESSION_ID}}  # thread_id = the ce session
+        for number, question in enumerate(QUESTIONS, 1):
+            print(f"\n== turn {number}\n> {question}")
             state = await agent.ainvoke({"messages": [("user", question)]}, config)
-            print(f"\n> {question}\n< {state['messages'][-1].content}")
-    for turn in await engine.list_turns(SESSION_ID):
-        report = turn.report
-        if report is None:
-            continue
-        print(f"  turn {turn.turn_id}: {report.token_used}/{report.token_budget} tokens")
-        for decision in report.prune_decisions:
-            print(f"    {decision.action:<8} {decision.token_estimate:>5} tok  {decision.block_id}")
-    print(f"\nsession {SESSION_ID!r} stored in {default_store_url()}")
-    print(f"see it again with: ce report {SESSION_ID}")
+            for record in await engine.list_turns(SESSION_ID):  # one per model call
+                if record.turn_id not in seen:
+                    seen.add(record.turn_id)
+                    calls += 1
+                    show(calls, record.report)
+            print(f"< {state['messages'][-1].content}")
     ce.langchain.uninstall()
+
+    doc = await engine.get_session(SESSION_ID)
+    print(
+        f"\nsession {SESSION_ID!r} stored in {url}: {len(doc.session.messages)} messages, "
+        f"{len(doc.session.tool_state.tool_calls)} tool calls, {len(doc.evidences)} evidences, "
+        f"{len(doc.session.model_usage)} model calls, {len(seen)} reports"
+    )
+    print(f"see them again from the store: ce report {SESSION_ID} [TURN]   (default: the last)")
     await engine.close()
 
 

@@ -1,0 +1,257 @@
+"""Overhead of ``ce.langchain.install(engine)`` per chat-model call.
+
+A LangChain chat model that answers instantly (no network, no tokenizer of its own) is called
+with a 50-message conversation (``history.py``, seed 20240601): the same ``invoke`` /
+``ainvoke`` without the plugin, then with the plugin installed, whose history is already in the
+engine's SQLite store. The difference of the medians is what the plugin adds to every model
+call: ``prepare_call`` (what is new recorded, the assembled input built within the budget) and
+the recording of the run (model usage, the committed reply).
+
+    python benchmarks/bench_langchain.py [--calls 300] [--write docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
+if _CACHE.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
+
+import history  # noqa: E402
+from _report import cpu_model, write_section  # noqa: E402
+from langchain_core.language_models import BaseChatModel  # noqa: E402
+from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
+from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
+
+import ce.langchain  # noqa: E402
+from ce.core.config import BudgetConfig, RuntimeConfig  # noqa: E402
+from ce.core.engine import ContextEngine  # noqa: E402
+from ce.core.stores import SQLiteStore  # noqa: E402
+
+MESSAGES = 50
+BUDGET = 8_000
+REPLY_TOKENS = 1_024
+PACKAGES = ("ce-core", "ce-langchain", "langchain-core", "tiktoken", "pydantic")
+BLOCK = 20  # calls per block; blocks alternate without / with the plugin
+
+
+class InstantChatModel(BaseChatModel):
+    """Answers "ok" at once, with usage metadata, sync and async."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "instant"
+
+    def _result(self) -> ChatResult:
+        usage = {"input_tokens": 100, "output_tokens": 1, "total_tokens": 101}
+        message = AIMessage(content="ok", usage_metadata=usage)  # type: ignore[arg-type]
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, **kwargs: Any) -> ChatResult:
+        return self._result()
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], stop: Any = None, **kwargs: Any
+    ) -> ChatResult:
+        return self._result()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    low = int(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+class Bench:
+    def __init__(self, directory: Path, calls: int, sessions: int) -> None:
+        self.calls = calls
+        self.sessions = [f"bench-{i}" for i in range(sessions)]
+        self.engine = ContextEngine(
+            store=SQLiteStore(str(directory / "sessions.db")),
+            config=RuntimeConfig(
+                model_hint="gpt-4o",
+                budget=BudgetConfig(
+                    max_input_tokens=BUDGET + REPLY_TOKENS, reserved_reply_tokens=REPLY_TOKENS
+                ),
+            ),
+        )
+        self.model = InstantChatModel()
+        self.messages = history.to_langchain(history.generate(MESSAGES, evidences=0))
+        self.turn = 0
+
+    def next_session(self) -> str:
+        self.turn += 1
+        return self.sessions[self.turn % len(self.sessions)]
+
+    def populate(self) -> None:
+        """Every session gets the 50 messages (and one reply) through the plugin, untimed."""
+        ce.langchain.install(self.engine)
+        for session_id in self.sessions:
+            with self.engine.session(session_id):
+                self.model.invoke(self.messages)
+        ce.langchain.uninstall()
+
+    def time_sync(self) -> float:
+        with self.engine.session(self.next_session()):
+            start = time.perf_counter()
+            self.model.invoke(self.messages)
+            return time.perf_counter() - start
+
+    async def time_async(self) -> float:
+        with self.engine.session(self.next_session()):
+            start = time.perf_counter()
+            await self.model.ainvoke(self.messages)
+            return time.perf_counter() - start
+
+    def sync_block(self) -> list[float]:
+        """``BLOCK`` calls of ``invoke``, outside any event loop (as a script or a worker
+        thread calls it)."""
+        return [self.time_sync() for _ in range(BLOCK)]
+
+    def async_block(self) -> list[float]:
+        """``BLOCK`` calls of ``ainvoke``, one after the other on one event loop."""
+
+        async def block() -> list[float]:
+            return [await self.time_async() for _ in range(BLOCK)]
+
+        return asyncio.run(block())
+
+    def run(self, measure: Callable[[], list[float]]) -> tuple[list[float], list[float]]:
+        """Alternating blocks of ``BLOCK`` calls without and with the plugin (after one
+        untimed block of each, to warm up); seconds per call."""
+        without: list[float] = []
+        with_plugin: list[float] = []
+        blocks = -(-self.calls // BLOCK)
+        for block in range(blocks + 1):
+            for installed, sink in ((False, without), (True, with_plugin)):
+                if installed:
+                    ce.langchain.install(self.engine)
+                try:
+                    times = measure()
+                finally:
+                    if installed:
+                        ce.langchain.uninstall()
+                if block:  # the first block warms up
+                    sink.extend(times)
+        return without[: self.calls], with_plugin[: self.calls]
+
+
+def _version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def row(label: str, without: list[float], with_plugin: list[float]) -> str:
+    ms = 1000.0
+    base_med, base_p95 = statistics.median(without) * ms, percentile(without, 0.95) * ms
+    plug_med, plug_p95 = statistics.median(with_plugin) * ms, percentile(with_plugin, 0.95) * ms
+    return (
+        f"| `{label}` | {base_med:.3f} | {base_p95:.3f} | {plug_med:.2f} | {plug_p95:.2f} "
+        f"| **{plug_med - base_med:.2f}** | {plug_p95 - base_p95:.2f} |"
+    )
+
+
+def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]) -> str:
+    versions = ", ".join(f"{name} {_version(name)}" for name in PACKAGES)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    low, high = min(session_sizes), max(session_sizes)
+    held = f"{low}" if low == high else f"{low}-{high}"
+    chars = sum(len(str(m.content)) for m in bench.messages)
+    lines = [
+        "## LangChain plugin: overhead per model call",
+        "",
+        f"Command: `{command}`  ",
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
+        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
+        f"load average {load:.2f} at the end  ",
+        f"Versions: {versions}",
+        "",
+        " ".join(
+            [
+                "A LangChain chat model that answers at once (a `BaseChatModel` whose",
+                "`_generate` / `_agenerate` return `AIMessage('ok')` with usage metadata) is",
+                f"called with a {MESSAGES}-message conversation (`benchmarks/history.py`, seed",
+                f"{history.SEED}: system prompt, user and assistant turns, tool calls and their",
+                f"results; {chars:,} characters). Without the plugin that is LangChain's own",
+                "cost of a call. With `ce.langchain.install(engine)` (engine on an `SQLiteStore`",
+                f"file, `gpt-4o` tokenizer `o200k_base`, budget {BUDGET:,} input tokens) the same",
+                "call also runs the plugin: `prepare_call` of the app's messages (all already",
+                "stored, nothing new to record; the assembled input replaces the model's input),",
+                "and the",
+                "recording of the run (model usage, the reply committed to the store). The",
+                f"history is already in the store: {len(bench.sessions)} sessions each got the",
+                f"{MESSAGES} messages through the plugin beforehand; the timed calls go",
+                "round-robin over them (named with `engine.session(...)`), so a session holds",
+                f"{held} messages at the end. Blocks of {BLOCK} calls alternate without and with",
+                "the plugin (install / uninstall between blocks, untimed; the first block of",
+                f"each is a warm-up); {bench.calls} timed calls each; `time.perf_counter()`",
+                "around the call; p95 interpolated. `ainvoke` runs on an event loop; the plugin",
+                "calls the engine through `engine.sync` there, blocking the loop for that time",
+                "(see the limits in docs/integrations/langchain.md).",
+            ]
+        ),
+        "",
+        "| call | without, median (ms) | without, p95 (ms) | with plugin, median (ms) "
+        "| with plugin, p95 (ms) | overhead, median (ms) | overhead, p95 (ms) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *rows,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def session_sizes(bench: Bench) -> list[int]:
+    run = bench.engine.sync.run
+    return [len(run(bench.engine.get_session(s)).session.messages) for s in bench.sessions]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=300, help="timed calls per variant")
+    parser.add_argument("--sessions", type=int, default=50, help="sessions the calls rotate over")
+    parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
+    args = parser.parse_args()
+    command = "python benchmarks/bench_langchain.py"
+    if args.calls != 300:
+        command += f" --calls {args.calls}"
+    if args.sessions != 50:
+        command += f" --sessions {args.sessions}"
+    if args.write:
+        command += f" --write {args.write}"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp), args.calls, args.sessions)
+        bench.populate()
+        sync_times = bench.run(bench.sync_block)
+        async_times = bench.run(bench.async_block)
+        sizes = session_sizes(bench)
+        bench.engine.sync.close()
+    rows = [row("invoke", *sync_times), row("ainvoke", *async_times)]
+    section = report(rows, command, bench, sizes)
+    print(section)
+    if args.write:
+        write_section(args.write, "langchain", section)
+
+
+if __name__ == "__main__":
+    main()
