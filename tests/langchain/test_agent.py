@@ -5,7 +5,7 @@ post-tool call, and what the session document holds."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -21,12 +21,8 @@ from langchain_core.tools import ToolException, tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 import ce.langchain
-from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
-from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import EvidenceType, Role, ToolCallStatus
-from ce.core.stores import MemoryStore
-from ce.langchain import LangChainPlugin
 
 SYSTEM = "You are the weather agent."
 DOCS = [
@@ -116,25 +112,6 @@ def make_model() -> ToolCallingFake:
         ),
     ]
     return ToolCallingFake(messages=iter(script), seen=[])
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[ContextEngine]:
-    engine = ContextEngine(
-        MemoryStore(),
-        clock=SteppingClock(),
-        id_generator=SequentialIdGenerator("id"),
-        config=RuntimeConfig(model_hint="gpt-4o"),
-    )
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture(autouse=True)
-def _uninstall() -> Iterator[None]:
-    yield
-    if LangChainPlugin().installed:
-        LangChainPlugin().uninstall()
 
 
 def _run(path: str, agent: Any, config: Any) -> str:

@@ -5,87 +5,17 @@ middleware."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
+from fakes import SYSTEM, get_weather, replying, weather_loop
 from langchain.agents import create_agent
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatResult
 from langchain_core.runnables import Runnable
-from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 import ce.langchain
-from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
-from ce.core.primitives import SequentialIdGenerator, SteppingClock
-from ce.core.stores import MemoryStore
-from ce.langchain import LangChainPlugin
-
-SYSTEM = "You are the weather agent."
-USAGE = {"input_tokens": 11, "output_tokens": 5, "total_tokens": 16}
-
-
-class BindingFake(GenericFakeChatModel):
-    """A fake provider whose ``bind_tools`` binds OpenAI-format ``tools`` like real providers;
-    every message list and the kwargs it received are kept."""
-
-    seen: list[list[BaseMessage]] = []
-    seen_kwargs: list[dict[str, Any]] = []
-
-    def bind_tools(  # type: ignore[override]
-        self, tools: Sequence[Any], **kwargs: Any
-    ) -> Runnable[Any, AIMessage]:
-        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
-
-    def _generate(
-        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
-    ) -> ChatResult:
-        self.seen.append(list(messages))
-        self.seen_kwargs.append(dict(kw))
-        return super()._generate(messages, stop=stop, run_manager=run_manager, **kw)
-
-
-def make_model(*replies: str) -> BindingFake:
-    if replies:
-        return BindingFake(messages=iter(replies), seen=[], seen_kwargs=[])
-    script: list[AIMessage | str] = [
-        AIMessage(
-            content="",
-            tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_w"}],
-            usage_metadata=USAGE,
-        ),
-        AIMessage(content="Paris is sunny.", usage_metadata=USAGE),
-    ]
-    return BindingFake(messages=iter(script), seen=[], seen_kwargs=[])
-
-
-@tool
-def get_weather(city: str) -> str:
-    """The weather in a city."""
-    return f"sunny in {city}"
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[ContextEngine]:
-    engine = ContextEngine(
-        MemoryStore(),
-        clock=SteppingClock(),
-        id_generator=SequentialIdGenerator("id"),
-        config=RuntimeConfig(model_hint="gpt-4o"),
-    )
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture(autouse=True)
-def _uninstall() -> Iterator[None]:
-    yield
-    if LangChainPlugin().installed:
-        LangChainPlugin().uninstall()
 
 
 def _cost(engine: ContextEngine) -> int:
@@ -118,8 +48,8 @@ async def test_global_patch_counts_bound_tools_against_the_budget(
     path: str, engine: ContextEngine
 ) -> None:
     ce.langchain.install(engine)
-    await _call(path, make_model("sunny"), engine, "plain")
-    model = make_model("sunny")
+    await _call(path, replying("sunny"), engine, "plain")
+    model = replying("sunny")
     await _call(path, model.bind_tools([get_weather]), engine, "tools")
     assert model.seen_kwargs[0]["tools"][0]["function"]["name"] == "get_weather"
     (plain,) = await _budgets(engine, "plain")
@@ -138,7 +68,7 @@ async def test_create_agent_tools_are_counted_on_every_call(
     else:
         ce.langchain.install(engine)
     agent = create_agent(
-        make_model(),
+        weather_loop(),
         tools=[get_weather],
         system_prompt=SYSTEM,
         middleware=middleware,

@@ -4,63 +4,29 @@ tool schemas counted against the budget, usage recorded once, and a create_agent
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
+from fakes import SYSTEM, USAGE, BindingFake, get_weather, replying
 from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
-from langchain_core.outputs import ChatResult
+from langchain_core.messages import AIMessage, SystemMessage
 from langchain_core.runnables import Runnable
-from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.checkpoint.memory import InMemorySaver
 
 import ce.langchain
-from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
-from ce.core.primitives import SequentialIdGenerator, SteppingClock
-from ce.core.stores import MemoryStore
 from ce.langchain import LangChainPlugin
 from ce.langchain._wrap import ContextEngineChatModel
 
-SYSTEM = "You are the weather agent."
-USAGE = {"input_tokens": 11, "output_tokens": 5, "total_tokens": 16}
-
-
-class BindingFake(GenericFakeChatModel):
-    """A fake provider: ``bind_tools`` binds OpenAI-format ``tools`` like real providers do;
-    every message list and the kwargs it received are kept."""
-
-    seen: list[list[BaseMessage]] = []
-    seen_kwargs: list[dict[str, Any]] = []
-
-    def bind_tools(  # type: ignore[override]
-        self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any
-    ) -> Runnable[Any, AIMessage]:
-        if tool_choice is not None:
-            kwargs["tool_choice"] = tool_choice
-        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
-
-    def _generate(
-        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any
-    ) -> ChatResult:
-        self.seen.append(list(messages))
-        self.seen_kwargs.append(dict(kw))
-        return super()._generate(messages, stop=stop, run_manager=run_manager, **kw)
-
 
 def make_inner(*replies: AIMessage | str) -> BindingFake:
-    script = list(replies) or [AIMessage(content="hello there", usage_metadata=USAGE)]
-    return BindingFake(messages=iter(script), seen=[], seen_kwargs=[])
-
-
-@tool
-def get_weather(city: str) -> str:
-    """The weather in a city, with a long description to make the schema cost tokens."""
-    return f"sunny in {city}"
+    return (
+        replying(*replies)
+        if replies
+        else replying(AIMessage(content="hello there", usage_metadata=USAGE))
+    )
 
 
 # -- LangChain's standard unit tests ------------------------------------------------------
@@ -96,25 +62,6 @@ else:  # pragma: no cover
 
 
 # -- injection ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[ContextEngine]:
-    engine = ContextEngine(
-        MemoryStore(),
-        clock=SteppingClock(),
-        id_generator=SequentialIdGenerator("id"),
-        config=RuntimeConfig(model_hint="gpt-4o"),
-    )
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture(autouse=True)
-def _uninstall() -> Iterator[None]:
-    yield
-    if LangChainPlugin().installed:
-        LangChainPlugin().uninstall()
 
 
 async def _call(path: str, model: Runnable[Any, Any], messages: list[Any]) -> str:
