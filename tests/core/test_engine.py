@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from ce.core.schema import (
     ToolCallStatus,
     ToolProvider,
 )
-from ce.core.stores import MemoryStore
+from ce.core.stores import MemoryStore, SQLiteStore
 from ce.core.testing.assertions import assert_tool_pairs_intact
 
 INV = ModelInvocation(provider="openai", model="gpt-4o")
@@ -459,3 +460,44 @@ async def test_evidence_cannot_crowd_out_the_conversation() -> None:
         assert 0 < evidence_tokens <= share * 4000
         conversation = [p for p in result.assembled_input.parts if p.role is not Role.SYSTEM]
         assert len(conversation) > 10
+
+
+async def test_a_stale_engine_catches_up_with_what_another_worker_stored(
+    tmp_path: Path,
+) -> None:
+    """Two workers on one SQLite file: each op of one absorbs only what the other stored since
+    its cached version (no whole-session reload), and what it assembles is what a fresh
+    engine assembles from the store (the stored turn's replay)."""
+    loaded: list[Event] = []
+    bus = InMemoryEventBus()
+    bus.on("SessionLoaded", loaded.append)
+    a = make_engine(SQLiteStore(tmp_path / "ce.db"), event_bus=bus)
+    b = make_engine(SQLiteStore(tmp_path / "ce.db"))
+    source = EvidenceSource(kind=SourceKind.RAG, name="kb", uri="kb://faq")
+
+    await a.set_system_instruction("s1", "Be brief.")
+    await a.prepare_turn("s1", "q1")
+    await a.commit_assistant_message("s1", assistant("", call("c1"), message_id="a1"))
+    for turn in range(3):
+        await b.prepare_call("s1", [tool("c1", "result one")] if turn == 0 else [])
+        await b.ingest_evidence("s1", f"fact {turn}", source, EvidenceType.RAG_DOC)
+        await b.commit_assistant_message("s1", assistant(f"b answer {turn}"))
+        await b.update_notebook("s1", f"notes {turn}")
+        live = await a.prepare_turn("s1", f"a question {turn}")
+        replayed = await b.replay_turn("s1", live.report.turn_id)
+        assert live.assembled_input == replayed.assembled_input
+        text = " ".join(p.content or "" for p in live.assembled_input.parts)
+        assert f"b answer {turn}" in text and f"fact {turn}" in text and f"notes {turn}" in text
+        assert_tool_pairs_intact(live.assembled_input.parts)
+    assert [e.session_id for e in loaded] == ["s1"]  # loaded once, caught up since
+
+    # a compliance delete elsewhere rewrites the session: the next op reads it whole
+    doc = await b.get_session("s1")
+    first_fact = next(e for e in doc.evidences.values() if e.content == "fact 0")
+    assert await b.store.delete_evidence("s1", first_fact.evidence_id)
+    live = await a.prepare_turn("s1", "after the delete")
+    text = " ".join(p.content or "" for p in live.assembled_input.parts)
+    assert "fact 0" not in text and "fact 1" in text
+    assert len(loaded) == 2
+    await a.close()
+    await b.close()

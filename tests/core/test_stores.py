@@ -276,7 +276,7 @@ async def test_file_store_keeps_turns_beside_the_document(tmp_path: Path) -> Non
     turn = records.turn("t1")
     await store.commit("s1", SessionChanges(messages=[_message("m1")], turns=[turn]))
     raw = json.loads((tmp_path / "s1.json").read_text())
-    assert sorted(raw) == ["document", "turns", "version"]
+    assert sorted(raw) == ["document", "epoch", "turns", "version"]
     assert [t["turn_id"] for t in raw["turns"]] == ["t1"]
     assert "turns" not in raw["document"]
 
@@ -380,9 +380,13 @@ async def test_sqlite_turns_are_rows_of_their_own(tmp_path: Path) -> None:
 
 
 def _layout_1(db: Path) -> None:
-    """Turn the current layout at ``db`` into layout 1 (which had no ``turns`` table)."""
+    """Turn the current layout at ``db`` into layout 1 (no ``turns`` table, no ``epoch``
+    column, no version indexes)."""
     with sqlite3.connect(db) as conn:
         conn.execute("DROP TABLE turns")
+        for table in sqlite_module._DOCUMENT_TABLES:
+            conn.execute(f"DROP INDEX {table}_by_version")
+        conn.execute("ALTER TABLE sessions DROP COLUMN epoch")
         conn.execute("PRAGMA user_version = 1")
     conn.close()
 
@@ -400,8 +404,10 @@ async def test_sqlite_layout_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         (user_version,) = conn.execute("PRAGMA user_version").fetchone()
     conn.close()
-    assert user_version == sqlite_module.USER_VERSION == 2
+    assert user_version == sqlite_module.USER_VERSION == 3
     assert await upgraded.get_session("s1") == records.expected_document("s1", changes)
+    update = await upgraded.read_since("s1")
+    assert update is not None and update.epoch == "" and update.version == 1
     assert await upgraded.list_turns("s1") == []
     assert (await upgraded.commit("s1", SessionChanges(turns=[records.turn("t1")]))).version == 2
     assert await upgraded.get_turn("s1", "t1") == records.turn("t1")

@@ -191,18 +191,26 @@ class ContextEngine(HistoryWriter):
         )
 
     async def _entry(self, session_id: str) -> SessionEntry:
-        version = await self.store.get_version(session_id)
+        """The cached entry of the session, brought up to the stored version: a stale entry
+        absorbs only what other writers stored since (when the store can read that), so a
+        turn costs what is new, not the whole history."""
         entry = self._entries.get(session_id)
-        if entry is not None and entry.version == version:
-            self._entries.move_to_end(session_id)
-            return entry
-        doc = await self.store.get_session(session_id)
-        state = (
-            AgentState.from_document(doc, clock=self.clock, id_generator=self.ids, copy=False)
-            if doc is not None
-            else AgentState(session_id, clock=self.clock, id_generator=self.ids)
-        )
-        entry = SessionEntry(session_id, state, version, self._estimator_for)
+        if entry is None:
+            update = await self.store.read_since(session_id)
+        else:
+            update = await self.store.read_since(session_id, entry.version, entry.epoch)
+            current = entry.version == 0 if update is None else not update.complete
+            if current:
+                if update is not None and update.version != entry.version:
+                    entry.catch_up(update)
+                self._entries.move_to_end(session_id)
+                return entry
+        state = AgentState(session_id, clock=self.clock, id_generator=self.ids)
+        version, epoch = 0, ""
+        if update is not None:
+            state.absorb(update.changes)
+            version, epoch = update.version, update.epoch
+        entry = SessionEntry(session_id, state, version, self._estimator_for, epoch)
         self._entries[session_id] = entry
         self._entries.move_to_end(session_id)
         while len(self._entries) > self._max_cached:
@@ -247,6 +255,8 @@ class ContextEngine(HistoryWriter):
             changes.turns.append(turn)
         result = await self.store.commit(entry.session_id, changes, expected_version=entry.version)
         entry.version = result.version
+        if result.epoch is not None:
+            entry.epoch = result.epoch
         for message in call.new_messages:
             await self._emit(
                 "MessageAppended",

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from itertools import islice
 from typing import Any
 
 from ce.core.pipeline import SessionIndex
-from ce.core.schema import Message, SessionDocument
+from ce.core.schema import Evidence, Message, SessionDocument
 from ce.core.state import AgentState
+from ce.core.stores.base import SessionUpdate
 from ce.core.tokens import TokenEstimator
 
 __all__ = ["SessionEntry", "SessionLocks", "message_key"]
@@ -38,10 +39,12 @@ class SessionEntry:
         state: AgentState,
         version: int,
         estimator_for: Callable[[str | None], TokenEstimator],
+        epoch: str = "",
     ) -> None:
         self.session_id = session_id
         self.state = state
         self.version = version
+        self.epoch = epoch
         self._estimator_for = estimator_for
         self.indexes: dict[str | None, SessionIndex] = {}
         self.dedup: dict[str, str] = {}
@@ -51,10 +54,24 @@ class SessionEntry:
         doc = state.live_view()
         for message in doc.session.messages:
             self._count_key(message)
-        for evidence in doc.evidences.values():
+        self._note_evidences(doc.evidences.values())
+
+    def _note_evidences(self, evidences: Iterable[Evidence]) -> None:
+        for evidence in evidences:
             key = evidence.metadata.get("dedup_key")
             if isinstance(key, str):
                 self.dedup.setdefault(key, evidence.evidence_id)
+
+    def catch_up(self, update: SessionUpdate) -> None:
+        """Absorb an incremental :class:`~ce.core.stores.base.SessionUpdate` of this entry's
+        version and epoch (what other writers stored since); the indexes take the new records
+        on their next use."""
+        changes = update.changes
+        self.state.absorb(changes)
+        for message in changes.messages:
+            self._count_key(message)
+        self._note_evidences(changes.evidences)
+        self.version = update.version
 
     @property
     def doc(self) -> SessionDocument:

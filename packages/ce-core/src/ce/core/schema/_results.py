@@ -28,11 +28,14 @@ class _Model(BaseModel):
 
 
 class PutResult(_Model):
-    """Outcome of a store write; ``version`` is the session version after the write."""
+    """Outcome of a store write; ``version`` is the session version after the write and
+    ``epoch`` the session's epoch (see :class:`~ce.core.stores.base.SessionUpdate`) when the
+    store keeps one."""
 
     success: bool
     version: int
     error: str | None = None
+    epoch: str | None = None
 
 
 class RenderedBlock(_Model):

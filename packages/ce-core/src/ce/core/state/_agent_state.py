@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Any, TypeVar
 
 from ce.core.errors import InvariantViolationError
 from ce.core.primitives import Clock, IdGenerator, SystemClock, UuidV4Generator
@@ -46,6 +46,8 @@ from ce.core.state._widgets import NOTEBOOK_BLOCK_ID
 from ce.core.stores.base import SessionChanges
 
 __all__ = ["AgentState"]
+
+_R = TypeVar("_R")
 
 _MAX_ID_ATTEMPTS = 10_000
 
@@ -579,6 +581,41 @@ class AgentState(RecordWriters):
 
     # ----------------------------------------------------------------- persistence
 
+    def absorb(self, changes: SessionChanges) -> None:
+        """Add records another writer has already stored, as
+        :meth:`Store.read_since <ce.core.stores.base.Store.read_since>` returns them for this
+        state's version: messages, tool calls, usage records and evidences are appended,
+        context blocks and tasks replace those with the same id (new ones are appended), and
+        ``summary``, ``run`` and ``meta`` replace the current value when given. Nothing is
+        validated again and nothing becomes a pending change.
+
+        Raises :class:`InvariantViolationError` when the state has pending changes: records
+        written here but not stored yet would end up after the ones stored before them.
+        """
+        if not self._changes.is_empty():
+            raise InvariantViolationError("absorb() needs a state without pending changes")
+        doc = self._doc
+        session = doc.session
+        for message in changes.messages:
+            session.messages.append(message)
+            self._index(message)
+        for call in changes.tool_calls:
+            session.tool_state.tool_calls.append(call)
+            self._recorded_calls[call.tool_call_id] = call
+        for usage in changes.model_usage:
+            session.model_usage.append(usage)
+            self._used_ids.add(usage.model_usage_id)
+        for evidence in changes.evidences:
+            doc.evidences[evidence.evidence_id] = evidence
+        _replace_by_id(doc.context_blocks, changes.context_blocks, lambda b: b.block_id)
+        _replace_by_id(session.task_state.todo_list.tasks, changes.tasks, lambda t: t.task_id)
+        if changes.summary is not None:
+            session.summary = changes.summary
+        if changes.run is not None:
+            session.run = changes.run
+        if changes.meta is not None:
+            doc.meta = changes.meta
+
     def take_changes(self) -> SessionChanges:
         """Everything written since the previous call, as one change set for
         :meth:`Store.commit <ce.core.stores.base.Store.commit>`; then the buffer is cleared.
@@ -588,3 +625,17 @@ class AgentState(RecordWriters):
         are set only when they changed. The records are copies.
         """
         return self._changes.take(self._doc)
+
+
+def _replace_by_id(stored: list[_R], new: Sequence[_R], key: Callable[[_R], str]) -> None:
+    """Replace the records of ``stored`` whose key a record of ``new`` has; append the rest."""
+    if not new:
+        return
+    position = {key(record): i for i, record in enumerate(stored)}
+    for record in new:
+        i = position.get(key(record))
+        if i is None:
+            position[key(record)] = len(stored)
+            stored.append(record)
+        else:
+            stored[i] = record

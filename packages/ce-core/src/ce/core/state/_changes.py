@@ -28,6 +28,19 @@ class ChangeBuffer:
         self.run = False
         self.summary = False
 
+    def is_empty(self) -> bool:
+        """True when nothing was written since the changes were last taken."""
+        return not (
+            self.messages
+            or self.tool_calls
+            or self.model_usage
+            or self.evidences
+            or self.block_ids
+            or self.task_ids
+            or self.run
+            or self.summary
+        )
+
     def take(self, doc: SessionDocument) -> SessionChanges:
         """Deep copies of everything buffered, as one change set; then the buffer is empty."""
         session = doc.session

@@ -39,6 +39,7 @@ The seed's convenience methods (``append_messages``, ``put_evidence``, ``append_
 from __future__ import annotations
 
 import abc
+import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -74,9 +75,13 @@ __all__ = [
     "BlockFilter",
     "EvidenceFilter",
     "SessionChanges",
+    "SessionUpdate",
     "Store",
+    "changes_of",
     "filter_blocks",
     "filter_evidences",
+    "new_epoch",
+    "whole_update",
 ]
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -182,6 +187,62 @@ class SessionChanges:
         return cls(**kwargs)
 
 
+@dataclass
+class SessionUpdate:
+    """What a reader holding a copy of a session at ``(version, epoch)`` needs to catch up,
+    as :meth:`Store.read_since` returns it.
+
+    ``complete`` is False when ``changes`` hold only what commits after the reader's version
+    added: appended messages, tool calls, usage records and evidences in stored order,
+    context blocks and tasks stored or changed since (latest form), and the current
+    ``summary``, ``run`` and ``meta`` (None when not set). Applying them to the copy gives the
+    stored session. ``complete`` is True when ``changes`` hold the whole session (every record
+    in stored order) and the copy must be replaced: the reader had nothing, or the session was
+    rewritten since (``put_session``, ``delete_evidence``, deleted and created again), or the
+    store does not keep what an incremental read needs. ``changes.turns`` is always empty.
+
+    ``epoch`` names one unbroken history of the session: it changes whenever stored records
+    are replaced or removed, so a reader's version only counts within its epoch. Stores that
+    do not track epochs report ``""``.
+    """
+
+    version: int
+    epoch: str
+    complete: bool
+    changes: SessionChanges
+
+
+def whole_update(
+    doc: SessionDocument, stored: int, stored_epoch: str, version: int, epoch: str
+) -> SessionUpdate:
+    """The update of a store that reads whole documents: nothing for a reader at the stored
+    version and epoch, else the whole session."""
+    if 0 < version == stored and epoch == stored_epoch:
+        return SessionUpdate(stored, stored_epoch, complete=False, changes=SessionChanges())
+    return SessionUpdate(stored, stored_epoch, complete=True, changes=changes_of(doc))
+
+
+def new_epoch() -> str:
+    """A fresh epoch name (see :class:`SessionUpdate`)."""
+    return uuid.uuid4().hex
+
+
+def changes_of(doc: SessionDocument) -> SessionChanges:
+    """Every record of ``doc`` as one change set (stored order; no turn records)."""
+    session = doc.session
+    return SessionChanges(
+        messages=list(session.messages),
+        tool_calls=list(session.tool_state.tool_calls),
+        model_usage=list(session.model_usage),
+        evidences=list(doc.evidences.values()),
+        context_blocks=list(doc.context_blocks),
+        tasks=list(session.task_state.todo_list.tasks),
+        summary=session.summary,
+        run=session.run,
+        meta=doc.meta,
+    )
+
+
 def _validate_at(key: str, index: int, item: Any, model: type[Any]) -> Any:
     try:
         return validate_model(model, item)
@@ -277,6 +338,12 @@ class Store(Protocol):
 
     async def get_session(self, session_id: str) -> SessionDocument | None: ...
     async def get_version(self, session_id: str) -> int: ...
+    async def read_since(
+        self, session_id: str, version: int = 0, epoch: str = ""
+    ) -> SessionUpdate | None:
+        """What changed after ``version`` of ``epoch`` (see :class:`SessionUpdate`); None when
+        the session does not exist. ``read_since(sid)`` reads the whole session."""
+
     async def put_session(
         self, session_id: str, doc: SessionDocument, expected_version: int | None = None
     ) -> PutResult: ...
@@ -482,6 +549,28 @@ class BaseStore(abc.ABC):
     @abc.abstractmethod
     async def get_version(self, session_id: str) -> int:
         """The stored version (0 when the session does not exist)."""
+
+    async def read_since(
+        self, session_id: str, version: int = 0, epoch: str = ""
+    ) -> SessionUpdate | None:
+        """What changed after ``version`` of ``epoch`` (see :class:`SessionUpdate`); None when
+        the session does not exist.
+
+        This default keeps no epochs (``""``): a reader at the stored version gets an empty
+        update, any other reader the whole session. Stores that can read only the records
+        written after a version override it.
+        """
+        stored = await self.get_version(session_id)
+        if stored == 0:
+            return None
+        if 0 < version == stored and epoch == "":
+            return SessionUpdate(version=stored, epoch="", complete=False, changes=SessionChanges())
+        doc = await self.get_session(session_id)
+        if doc is None:
+            return None
+        # a commit may land between the two reads: the version is then older than the
+        # document, and the reader's next commit gets a version conflict and reads again
+        return whole_update(doc, stored, "", version, epoch)
 
     @abc.abstractmethod
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None: ...

@@ -1,8 +1,9 @@
 """``FileStore``: one JSON document per session in a directory (POSIX only).
 
-Each session is ``<name>.json`` holding ``{"version": n, "document": {...}, "turns": [...]}``
-(the turn records beside the document; files written before turns existed have no ``"turns"``
-and read as having none), where ``<name>`` encodes the session id safely (see
+Each session is ``<name>.json`` holding
+``{"version": n, "epoch": "...", "document": {...}, "turns": [...]}`` (the turn records beside
+the document; files written before turns or epochs existed have no ``"turns"`` / ``"epoch"``
+and read as having none / ``""``), where ``<name>`` encodes the session id safely (see
 :func:`encode_session_id`). A write goes to ``<name>.json.tmp`` in the same directory, is
 flushed and fsynced, and replaces the document with :func:`os.replace`, so a reader sees either
 the old or the new document and a crash mid-write leaves the previous version readable (the
@@ -55,8 +56,11 @@ from ce.core.stores.base import (
     BlockFilter,
     EvidenceFilter,
     SessionChanges,
+    SessionUpdate,
     filter_blocks,
     filter_evidences,
+    new_epoch,
+    whole_update,
 )
 
 if sys.platform != "win32":
@@ -92,6 +96,7 @@ class _Stored(BaseModel):
     version: int
     document: SessionDocument
     turns: list[TurnRecord] = Field(default_factory=list)
+    epoch: str = ""  # files written before epochs existed have none
 
 
 class FileStore(BaseStore):
@@ -174,15 +179,22 @@ class FileStore(BaseStore):
                 version=raw["version"],
                 document=load_document(raw["document"]),
                 turns=raw.get("turns", []),
+                epoch=raw.get("epoch", ""),
             )
         except (ContextEngineError, ValueError, LookupError, TypeError) as exc:
             raise StoreError(f"{path}: corrupt session file: {exc}") from exc
 
     def _write(
-        self, path: Path, version: int, doc: SessionDocument, turns: list[TurnRecord]
+        self,
+        path: Path,
+        version: int,
+        doc: SessionDocument,
+        turns: list[TurnRecord],
+        epoch: str,
     ) -> None:
         data = (
-            f'{{"version":{version},"document":{doc.model_dump_json(exclude_none=True)},'
+            f'{{"version":{version},"epoch":{json.dumps(epoch)},'
+            f'"document":{doc.model_dump_json(exclude_none=True)},'
             f'"turns":[{",".join(t.model_dump_json(exclude_none=True) for t in turns)}]}}'
         )
         tmp = path.with_name(path.name + ".tmp")
@@ -229,7 +241,7 @@ class FileStore(BaseStore):
 
     def _commit_sync(
         self, session_id: str, changes: SessionChanges, expected_version: int | None
-    ) -> int:
+    ) -> PutResult:
         with self._session_lock(session_id):
             path = self._path(session_id)
             stored = self._read(path)
@@ -240,30 +252,32 @@ class FileStore(BaseStore):
             changed = apply_changes(doc, changes)
             turns = append_turns(stored_turns, changes.turns)
             if changed is None and turns is stored_turns:
-                return current
-            self._write(path, current + 1, doc if changed is None else changed, turns)
-            return current + 1
+                return PutResult(success=True, version=current, epoch=stored and stored.epoch)
+            epoch = stored.epoch if stored else new_epoch()
+            self._write(path, current + 1, doc if changed is None else changed, turns, epoch)
+            return PutResult(success=True, version=current + 1, epoch=epoch)
 
     async def _commit(
         self, session_id: str, changes: SessionChanges, expected_version: int | None
     ) -> PutResult:
-        version = await self._run(self._commit_sync, session_id, changes, expected_version)
-        return PutResult(success=True, version=version)
+        return await self._run(self._commit_sync, session_id, changes, expected_version)
 
-    def _put_sync(self, session_id: str, doc: SessionDocument, expected_version: int | None) -> int:
+    def _put_sync(
+        self, session_id: str, doc: SessionDocument, expected_version: int | None
+    ) -> PutResult:
         with self._session_lock(session_id):
             path = self._path(session_id)
             stored = self._read(path)
             current = stored.version if stored else 0
             self._check_version(session_id, expected_version, current)
-            self._write(path, current + 1, doc, [])
-            return current + 1
+            epoch = new_epoch()
+            self._write(path, current + 1, doc, [], epoch)
+            return PutResult(success=True, version=current + 1, epoch=epoch)
 
     async def _put_session(
         self, session_id: str, doc: SessionDocument, expected_version: int | None
     ) -> PutResult:
-        version = await self._run(self._put_sync, session_id, doc, expected_version)
-        return PutResult(success=True, version=version)
+        return await self._run(self._put_sync, session_id, doc, expected_version)
 
     def _delete_session_sync(self, session_id: str) -> bool:
         with self._session_lock(session_id) as lock_path:
@@ -291,7 +305,7 @@ class FileStore(BaseStore):
             doc = remove_evidence(stored.document, evidence_id) if stored else None
             if stored is None or doc is None:
                 return False
-            self._write(path, stored.version + 1, doc, stored.turns)
+            self._write(path, stored.version + 1, doc, stored.turns, new_epoch())
             self._append_audit(self._audit_record("delete_evidence", session_id, evidence_id))
             return True
 
@@ -306,6 +320,15 @@ class FileStore(BaseStore):
 
     async def get_session(self, session_id: str) -> SessionDocument | None:
         return await self._run(self._document, session_id)
+
+    async def read_since(
+        self, session_id: str, version: int = 0, epoch: str = ""
+    ) -> SessionUpdate | None:
+        """Nothing for a reader at the stored version and epoch, else the whole session."""
+        stored = await self._run(self._read, self._path(session_id))
+        if stored is None:
+            return None
+        return whole_update(stored.document, stored.version, stored.epoch, version, epoch)
 
     async def get_version(self, session_id: str) -> int:
         stored = await self._run(self._read, self._path(session_id))

@@ -22,8 +22,11 @@ from ce.core.stores.base import (
     BlockFilter,
     EvidenceFilter,
     SessionChanges,
+    SessionUpdate,
     filter_blocks,
     filter_evidences,
+    new_epoch,
+    whole_update,
 )
 
 __all__ = ["MemoryStore"]
@@ -34,6 +37,7 @@ class _Entry:
     version: int
     doc: SessionDocument
     turns: list[TurnRecord]
+    epoch: str
 
 
 class MemoryStore(BaseStore):
@@ -73,11 +77,12 @@ class MemoryStore(BaseStore):
             changed = apply_changes(doc, changes)
             turns = append_turns(stored_turns, changes.turns)
             if changed is None and turns is stored_turns:
-                return PutResult(success=True, version=current)
+                return PutResult(success=True, version=current, epoch=entry and entry.epoch)
+            epoch = entry.epoch if entry else new_epoch()
             self._sessions[session_id] = _Entry(
-                current + 1, doc if changed is None else changed, turns
+                current + 1, doc if changed is None else changed, turns, epoch
             )
-            return PutResult(success=True, version=current + 1)
+            return PutResult(success=True, version=current + 1, epoch=epoch)
 
     async def _put_session(
         self, session_id: str, doc: SessionDocument, expected_version: int | None
@@ -86,8 +91,9 @@ class MemoryStore(BaseStore):
             entry = self._entry(session_id)
             current = entry.version if entry else 0
             self._check_version(session_id, expected_version, current)
-            self._sessions[session_id] = _Entry(current + 1, doc, [])
-            return PutResult(success=True, version=current + 1)
+            epoch = new_epoch()
+            self._sessions[session_id] = _Entry(current + 1, doc, [], epoch)
+            return PutResult(success=True, version=current + 1, epoch=epoch)
 
     async def get_session(self, session_id: str) -> SessionDocument | None:
         with self._lock:
@@ -96,6 +102,17 @@ class MemoryStore(BaseStore):
             return None
         # Stored documents are never modified in place, so copying outside the lock is safe.
         return SessionDocument.model_validate_json(entry.doc.model_dump_json(exclude_none=True))
+
+    async def read_since(
+        self, session_id: str, version: int = 0, epoch: str = ""
+    ) -> SessionUpdate | None:
+        """Nothing for a reader at the stored version and epoch, else the whole session."""
+        with self._lock:
+            entry = self._entry(session_id)
+        if entry is None:
+            return None
+        doc = SessionDocument.model_validate_json(entry.doc.model_dump_json(exclude_none=True))
+        return whole_update(doc, entry.version, entry.epoch, version, epoch)
 
     async def get_version(self, session_id: str) -> int:
         with self._lock:
@@ -160,7 +177,9 @@ class MemoryStore(BaseStore):
             changed = remove_evidence(entry.doc, evidence_id) if entry else None
             if entry is None or changed is None:
                 return False
-            self._sessions[session_id] = _Entry(entry.version + 1, changed, entry.turns)
+            self._sessions[session_id] = _Entry(
+                entry.version + 1, changed, entry.turns, new_epoch()
+            )
             self._audit.append(self._audit_record("delete_evidence", session_id, evidence_id))
             return True
 

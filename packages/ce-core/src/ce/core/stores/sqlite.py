@@ -9,7 +9,13 @@ per session — the version of the commit that wrote it, and the record's JSON `
 ``audit`` holds the compliance log. A commit reads only the session row and inserts the new
 rows, so appending a message costs the same at 10 and at 10,000 stored messages.
 
-Layout versions: 1 had no ``turns`` table; opening a version-1 file adds it (version 2).
+The ``sessions`` row also holds the session's ``epoch`` (see
+:class:`~ce.core.stores.base.SessionUpdate`), renewed when the session is created or its
+records are replaced or removed; each record table has an index on ``(session_id, version)``,
+so :meth:`SQLiteStore.read_since` reads only the rows written after a version.
+
+Layout versions: 1 had no ``turns`` table; 2 had no ``epoch`` column and no version indexes.
+Opening an older file upgrades it to the current version (3).
 """
 
 from __future__ import annotations
@@ -34,9 +40,14 @@ from ce.core.schema import (
     ContextBlock,
     Evidence,
     Message,
+    Meta,
+    ModelUsage,
     PutResult,
     RunState,
     SessionDocument,
+    Summary,
+    Task,
+    ToolCall,
     TurnRecord,
 )
 from ce.core.stores._docops import user_id_of
@@ -46,13 +57,15 @@ from ce.core.stores.base import (
     BlockFilter,
     EvidenceFilter,
     SessionChanges,
+    SessionUpdate,
     filter_blocks,
     filter_evidences,
+    new_epoch,
 )
 
 __all__ = ["USER_VERSION", "SQLiteStore"]
 
-USER_VERSION = 2
+USER_VERSION = 3
 """The layout version this module writes into ``PRAGMA user_version``."""
 
 _P = ParamSpec("_P")
@@ -87,6 +100,10 @@ def _record_table(table: str) -> str:
     )"""
 
 
+def _version_index(table: str) -> str:
+    return f"CREATE INDEX {table}_by_version ON {table} (session_id, version)"
+
+
 _DDL = [
     """CREATE TABLE sessions (
         session_id TEXT PRIMARY KEY,
@@ -95,10 +112,12 @@ _DDL = [
         user_id TEXT,
         summary TEXT,
         run_state TEXT NOT NULL,
-        meta TEXT
+        meta TEXT,
+        epoch TEXT NOT NULL DEFAULT ''
     )""",
     "CREATE INDEX sessions_by_user ON sessions (user_id)",
     *map(_record_table, _RECORD_TABLES),
+    *map(_version_index, _DOCUMENT_TABLES),
     """CREATE TABLE audit (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         at TEXT NOT NULL,
@@ -110,7 +129,14 @@ _DDL = [
 ]
 """The statements that create the current layout in an empty file."""
 
-_MIGRATIONS: dict[int, list[str]] = {1: [_record_table("turns")]}
+_MIGRATIONS: dict[int, list[str]] = {
+    1: [_record_table("turns")],
+    # sessions stored before epochs existed keep the empty epoch
+    2: [
+        "ALTER TABLE sessions ADD COLUMN epoch TEXT NOT NULL DEFAULT ''",
+        *map(_version_index, _DOCUMENT_TABLES),
+    ],
+}
 """Layout version -> the statements that upgrade it to the next version."""
 
 _DEFAULT_RUN = RunState().model_dump_json(exclude_none=True)
@@ -196,14 +222,14 @@ class SQLiteStore(BaseStore):
     async def _commit(
         self, session_id: str, changes: SessionChanges, expected_version: int | None
     ) -> PutResult:
-        version = await self._run(_commit, session_id, changes, expected_version)
-        return PutResult(success=True, version=version)
+        version, epoch = await self._run(_commit, session_id, changes, expected_version)
+        return PutResult(success=True, version=version, epoch=epoch)
 
     async def _put_session(
         self, session_id: str, doc: SessionDocument, expected_version: int | None
     ) -> PutResult:
-        version = await self._run(_put, session_id, doc, expected_version)
-        return PutResult(success=True, version=version)
+        version, epoch = await self._run(_put, session_id, doc, expected_version)
+        return PutResult(success=True, version=version, epoch=epoch)
 
     async def delete_session(self, session_id: str) -> bool:
         record = self._audit_record("delete_session", session_id)
@@ -220,6 +246,13 @@ class SQLiteStore(BaseStore):
 
     async def get_version(self, session_id: str) -> int:
         return await self._run(_version, session_id)
+
+    async def read_since(
+        self, session_id: str, version: int = 0, epoch: str = ""
+    ) -> SessionUpdate | None:
+        """What changed after ``version`` of ``epoch``: only the rows written since, found
+        through the version indexes, in one read snapshot."""
+        return await self._run(_read_since, session_id, version, epoch)
 
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
         return await self._run(_evidence, session_id, evidence_id)
@@ -381,10 +414,11 @@ def _commit(
     session_id: str,
     changes: SessionChanges,
     expected_version: int | None,
-) -> int:
+) -> tuple[int, str | None]:
+    """Apply ``changes``; the version and epoch after the commit."""
     with _transaction(conn):
         row = conn.execute(
-            "SELECT version, summary, run_state, meta FROM sessions WHERE session_id = ?",
+            "SELECT version, summary, run_state, meta, epoch FROM sessions WHERE session_id = ?",
             (session_id,),
         ).fetchone()
         current = row[0] if row else 0
@@ -395,7 +429,7 @@ def _commit(
             for table, rows in _record_rows(changes).items()
         )
         stored: dict[str, str | None] = (
-            dict(zip(_HEAD_COLUMNS, row[1:], strict=True))
+            dict(zip(_HEAD_COLUMNS, row[1:4], strict=True))
             if row
             else {"summary": None, "run_state": _DEFAULT_RUN, "meta": None}
         )
@@ -407,20 +441,23 @@ def _commit(
         }
         if "meta" in updates:
             updates["user_id"] = user_id_of(changes.meta)
+        epoch: str | None = row[4] if row else None
         if not changed and not updates:
             conn.execute("ROLLBACK")
-            return current
+            return current, epoch
         if row is None:
+            epoch = new_epoch()
             head = {**stored, "user_id": None, **updates}
             conn.execute(
                 "INSERT INTO sessions (session_id, version, schema_version, user_id, summary,"
-                " run_state, meta) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                " run_state, meta, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     session_id,
                     version,
                     SCHEMA_VERSION,
                     head["user_id"],
                     *map(head.get, _HEAD_COLUMNS),
+                    epoch,
                 ),
             )
         else:
@@ -429,7 +466,7 @@ def _commit(
                 f"UPDATE sessions SET version = ?{assignments} WHERE session_id = ?",
                 (version, *updates.values(), session_id),
             )
-        return version
+        return version, epoch
 
 
 def _delete_rows(conn: sqlite3.Connection, session_id: str) -> None:
@@ -443,8 +480,10 @@ def _put(
     session_id: str,
     doc: SessionDocument,
     expected_version: int | None,
-) -> int:
+) -> tuple[int, str]:
+    """Replace the stored session with ``doc``; the version and the new epoch."""
     session = doc.session
+    epoch = new_epoch()
     with _transaction(conn):
         current = _version(conn, session_id)
         BaseStore._check_version(session_id, expected_version, current)
@@ -452,7 +491,7 @@ def _put(
         _delete_rows(conn, session_id)
         conn.execute(
             "INSERT INTO sessions (session_id, version, schema_version, user_id, summary,"
-            " run_state, meta) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            " run_state, meta, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 version,
@@ -461,6 +500,7 @@ def _put(
                 _json(session.summary) if session.summary else None,
                 _json(session.run),
                 _json(doc.meta) if doc.meta else None,
+                epoch,
             ),
         )
         rows = _record_rows(
@@ -482,7 +522,7 @@ def _put(
                     for seq, (rid, body) in enumerate(table_rows)
                 ],
             )
-        return version
+        return version, epoch
 
 
 def _insert_audit(conn: sqlite3.Connection, record: AuditRecord) -> None:
@@ -523,7 +563,8 @@ def _delete_evidence(conn: sqlite3.Connection, record: AuditRecord) -> bool:
             conn.execute("ROLLBACK")
             return False
         conn.execute(
-            "UPDATE sessions SET version = version + 1 WHERE session_id = ?", (record.session_id,)
+            "UPDATE sessions SET version = version + 1, epoch = ? WHERE session_id = ?",
+            (new_epoch(), record.session_id),
         )
         _insert_audit(conn, record)
     _scrub(conn)
@@ -548,11 +589,7 @@ def _load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
             (session_id,),
         ).fetchall()
     schema_version, summary, run_state, meta = head
-    if schema_version != SCHEMA_VERSION:
-        raise StoreError(
-            f"session {session_id!r} was written with schema version {schema_version!r}; "
-            f"this ce-core reads {SCHEMA_VERSION!r}"
-        )
+    _check_schema_version(session_id, schema_version)
     session = [
         f'"session_id":{json.dumps(session_id)}',
         f'"messages":{_array(rows["messages"])}',
@@ -577,6 +614,58 @@ def _load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
         return SessionDocument.model_validate_json(text)
     except ValidationError as exc:
         raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+
+
+def _read_since(
+    conn: sqlite3.Connection, session_id: str, version: int, epoch: str
+) -> SessionUpdate | None:
+    with _transaction(conn, "BEGIN"):  # one read snapshot across the tables
+        head = conn.execute(
+            "SELECT version, epoch, schema_version, summary, run_state, meta FROM sessions"
+            " WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        if head is None:
+            return None
+        stored, stored_epoch, schema_version, summary, run_state, meta = head
+        _check_schema_version(session_id, schema_version)
+        same_history = stored_epoch == epoch and 0 < version <= stored
+        if same_history and version == stored:
+            return SessionUpdate(stored, stored_epoch, complete=False, changes=SessionChanges())
+        since = version if same_history else 0
+        bodies = {
+            table: [
+                body
+                for (body,) in conn.execute(
+                    f"SELECT body FROM {table} WHERE session_id = ? AND version > ? ORDER BY seq",
+                    (session_id, since),
+                )
+            ]
+            for table in _DOCUMENT_TABLES
+        }
+    try:
+        changes = SessionChanges(
+            messages=[Message.model_validate_json(b) for b in bodies["messages"]],
+            tool_calls=[ToolCall.model_validate_json(b) for b in bodies["tool_calls"]],
+            model_usage=[ModelUsage.model_validate_json(b) for b in bodies["model_usage"]],
+            evidences=[Evidence.model_validate_json(b) for b in bodies["evidences"]],
+            context_blocks=[ContextBlock.model_validate_json(b) for b in bodies["context_blocks"]],
+            tasks=[Task.model_validate_json(b) for b in bodies["tasks"]],
+            summary=None if summary is None else Summary.model_validate_json(summary),
+            run=RunState.model_validate_json(run_state),
+            meta=None if meta is None else Meta.model_validate_json(meta),
+        )
+    except ValidationError as exc:
+        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+    return SessionUpdate(stored, stored_epoch, complete=not same_history, changes=changes)
+
+
+def _check_schema_version(session_id: str, schema_version: str) -> None:
+    if schema_version != SCHEMA_VERSION:
+        raise StoreError(
+            f"session {session_id!r} was written with schema version {schema_version!r}; "
+            f"this ce-core reads {SCHEMA_VERSION!r}"
+        )
 
 
 def _version(conn: sqlite3.Connection, session_id: str) -> int:

@@ -36,7 +36,6 @@ from ce.core.schema import (
     Message,
     MessageIndexRange,
     Priority,
-    PutResult,
     Role,
     RunState,
     RunStatus,
@@ -46,7 +45,14 @@ from ce.core.schema import (
     Summary,
     TaskStatus,
 )
-from ce.core.stores.base import BlockFilter, EvidenceFilter, SessionChanges, Store
+from ce.core.state import AgentState
+from ce.core.stores.base import (
+    BlockFilter,
+    EvidenceFilter,
+    SessionChanges,
+    SessionUpdate,
+    Store,
+)
 from ce.core.testing import records
 
 __all__ = ["InjectedFailure", "StoreContract"]
@@ -60,6 +66,18 @@ async def _document(store: Store, session_id: str) -> SessionDocument:
     doc = await store.get_session(session_id)
     assert doc is not None, f"session {session_id!r} is missing"
     return doc
+
+
+def _caught_up(
+    session_id: str, copy: SessionDocument | None, update: SessionUpdate
+) -> SessionDocument:
+    """What a reader holding ``copy`` of the session has after applying ``update``."""
+    if copy is None or update.complete:
+        state = AgentState(session_id)
+    else:
+        state = AgentState.from_document(copy)
+    state.absorb(update.changes)
+    return state.document
 
 
 async def _message_ids(store: Store, session_id: str) -> list[str | None]:
@@ -100,7 +118,8 @@ class StoreContract:
 
     async def test_rich_document_round_trips(self, store: Store) -> None:
         changes = records.rich_changes()
-        assert await store.commit("s1", changes) == PutResult(success=True, version=1)
+        result = await store.commit("s1", changes)
+        assert (result.success, result.version) == (True, 1)
         assert await store.get_session("s1") == records.expected_document("s1", changes)
         assert await store.list_turns("s1") == changes.turns
         assert await store.get_version("s1") == 1
@@ -650,6 +669,92 @@ class StoreContract:
         assert await store.list_turns("s1") == [records.turn("t1")]
         result = await store.commit("s1", SessionChanges(turns=[records.turn("t2")]), 1)
         assert result.version == 2
+
+    # -- incremental reads ----------------------------------------------------------------------
+
+    async def test_read_since_an_absent_session_is_none(self, store: Store) -> None:
+        assert await store.read_since("missing") is None
+        assert await store.read_since("missing", 3, "epoch") is None
+
+    async def test_read_since_zero_reads_the_whole_session(self, store: Store) -> None:
+        changes = records.rich_changes()
+        await store.commit("s1", changes)
+        update = await store.read_since("s1")
+        assert update is not None and update.complete and update.version == 1
+        assert update.changes.turns == []
+        assert _caught_up("s1", None, update) == records.expected_document("s1", changes)
+
+    async def test_read_since_catches_a_reader_up(self, store: Store) -> None:
+        await store.commit(
+            "s1",
+            SessionChanges(
+                messages=[records.message("m1")],
+                context_blocks=[records.block("b1"), records.block("b2")],
+                tasks=[records.task("t1")],
+                evidences=[records.evidence("e1")],
+            ),
+        )
+        first = await store.read_since("s1")
+        assert first is not None
+        copy = _caught_up("s1", None, first)
+        unchanged = await store.read_since("s1", first.version, first.epoch)
+        assert unchanged is not None and not unchanged.complete
+        assert unchanged.version == first.version and unchanged.changes.messages == []
+
+        result = await store.append_messages("s1", [records.message("m2"), records.message("m3")])
+        # a store that reports epochs with its writes reports the one read_since names
+        assert result.epoch in (None, first.epoch)
+        await store.commit(
+            "s1",
+            SessionChanges(
+                evidences=[records.evidence("e2")],
+                context_blocks=[records.block("b1", content="b1 changed"), records.block("b3")],
+                tasks=[records.task("t1", TaskStatus.COMPLETED), records.task("t2")],
+                tool_calls=[records.tool_call("c1")],
+                model_usage=[records.usage("u1")],
+                summary=Summary(
+                    content="so far",
+                    updated_at="2026-01-02T00:00:00+00:00",
+                    message_index_range=MessageIndexRange(from_index=0, to_index=1),
+                ),
+                meta=records.meta("alice"),
+            ),
+        )
+        update = await store.read_since("s1", first.version, first.epoch)
+        assert update is not None and update.version == await store.get_version("s1") == 3
+        if not update.complete:
+            assert update.epoch == first.epoch
+            assert [m.message_id for m in update.changes.messages] == ["m2", "m3"]
+            assert [b.block_id for b in update.changes.context_blocks] == ["b1", "b3"]
+        assert _caught_up("s1", copy, update) == await _document(store, "s1")
+
+    async def test_read_since_after_a_rewrite_reads_everything(self, store: Store) -> None:
+        await store.commit(
+            "s1",
+            SessionChanges(
+                messages=[records.message("m1")],
+                evidences=[records.evidence("e1"), records.evidence("e2")],
+            ),
+        )
+        before = await store.read_since("s1")
+        assert before is not None
+        copy = _caught_up("s1", None, before)
+
+        assert await store.delete_evidence("s1", "e1")
+        update = await store.read_since("s1", before.version, before.epoch)
+        assert update is not None and update.complete
+        assert list(_caught_up("s1", copy, update).evidences) == ["e2"]
+
+        # deleted and created again up to the same version: a different history
+        assert await store.delete_session("s1")
+        for key in ("x1", "x2"):
+            await store.append_messages("s1", [records.message(key)])
+        assert await store.get_version("s1") == update.version
+        again = await store.read_since("s1", update.version, update.epoch)
+        assert again is not None
+        caught_up = _caught_up("s1", _caught_up("s1", copy, update), again)
+        assert caught_up == await _document(store, "s1")
+        assert [m.message_id for m in caught_up.session.messages] == ["x1", "x2"]
 
     # -- sessions -------------------------------------------------------------------------------
 
