@@ -501,3 +501,31 @@ async def test_a_stale_engine_catches_up_with_what_another_worker_stored(
     assert len(loaded) == 2
     await a.close()
     await b.close()
+
+
+async def test_agents_taking_turns_in_one_session_each_get_their_own_instruction() -> None:
+    """A planner and an executor (say, two frameworks) share a session: every call gets the
+    system prompt its own agent sent, and sees the other agent's messages."""
+    engine = make_engine()
+    planner = Message(role=Role.SYSTEM, content="You plan trips.")
+    executor = Message(role=Role.SYSTEM, content="You book what the plan says.")
+    first = await engine.prepare_call("s1", [planner, Message(role=Role.USER, content="plan")])
+    await engine.commit_assistant_message("s1", assistant("Day 1: Oslo."))
+    second = await engine.prepare_call("s1", [executor, Message(role=Role.USER, content="book")])
+    await engine.commit_assistant_message("s1", assistant("Booked."))
+    third = await engine.prepare_call(
+        "s1",
+        [planner, Message(role=Role.USER, content="plan"), Message(role=Role.USER, content="more")],
+    )
+    heads = [r.assembled_input.parts[0].content for r in (first, second, third)]
+    assert [h.split("\n")[0] if h else h for h in heads] == [
+        "You plan trips.",
+        "You book what the plan says.",
+        "You plan trips.",
+    ]
+    assert any(p.content == "Booked." for p in third.assembled_input.parts)
+    # the same instruction again records nothing new
+    doc = await engine.get_session("s1")
+    again = await engine.prepare_call("s1", [planner])
+    assert len((await engine.get_session("s1")).session.messages) == len(doc.session.messages)
+    assert again.assembled_input.parts[0].content.startswith("You plan trips.")

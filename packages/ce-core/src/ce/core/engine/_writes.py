@@ -224,14 +224,37 @@ class HistoryWriter:
         call.new_messages.extend(stored)
         entry.note_written(stored[0])
 
+    def _write_instruction(
+        self, entry: SessionEntry, message: Message, cfg: RuntimeConfig, call: WriteLog
+    ) -> None:
+        if not message.content.strip():
+            return
+        if self._stored_text(message.content, cfg) == entry.state.system_instruction:
+            return
+        text, rules = self._redact_text(message.content, cfg, call)
+        stored = entry.state.set_system_instruction(text)
+        self._note_redaction(call, f"msg:{stored.message_id}", rules, 1)
+        call.new_messages.append(stored)
+        entry.note_written(stored)
+
     def _record_pending(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig, call: WriteLog
     ) -> None:
         """Record the pending messages that the session does not hold yet: by framework id
-        when they carry one, else by content (a message seen k times is new the k+1-th)."""
+        when they carry one, else by content (a message seen k times is new the k+1-th).
+
+        The last system message is the instruction of this call (the assembled input has one
+        instruction): it becomes the session's instruction whenever it differs from the
+        current one, even if the session held it before, so agents that take turns in one
+        session, each with its own system prompt, each get their own."""
         known_ids = entry.message_ids
         seen: dict[tuple[Any, ...], int] = {}
+        instruction = next((m for m in reversed(pending) if m.role is Role.SYSTEM), None)
         for message in pending:
+            if message.role is Role.SYSTEM:
+                if message is instruction:
+                    self._write_instruction(entry, message, cfg, call)
+                continue
             if message.message_id and message.message_id in known_ids:
                 continue
             if not message.message_id:
@@ -239,16 +262,7 @@ class HistoryWriter:
                 seen[key] = seen.get(key, 0) + 1
                 if seen[key] <= entry.key_counts.get(key, 0):
                     continue
-            if message.role is Role.SYSTEM:
-                before = entry.state.system_instruction
-                stored_form = self._stored_text(message.content, cfg)
-                if message.content.strip() and stored_form != before:
-                    text, rules = self._redact_text(message.content, cfg, call)
-                    stored = entry.state.set_system_instruction(text)
-                    self._note_redaction(call, f"msg:{stored.message_id}", rules, 1)
-                    call.new_messages.append(stored)
-                    entry.note_written(stored)
-            elif message.role is Role.USER:
+            if message.role is Role.USER:
                 if not message.content.strip():
                     continue
                 if entry.state.status not in ACTIVE_RUN:
