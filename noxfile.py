@@ -39,14 +39,14 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on ce.core."""
-    session.install("mypy>=1.10", "types-regex", "-e", f"{CORE}[testing,tiktoken,cli]")
+    session.install("mypy>=1.10", "types-regex", "-e", f"{CORE}[testing,tiktoken,cli,postgres]")
     session.run("mypy", "packages/ce-core/src/ce/core")
 
 
 @nox.session(name="tests-core")
 def tests_core(session: nox.Session) -> None:
     """Unit, property and store-contract tests of ce.core (no framework installed)."""
-    session.install(*TEST_DEPS, "-e", f"{CORE}[tiktoken,cli]")
+    session.install(*TEST_DEPS, "-e", f"{CORE}[tiktoken,cli,postgres]")
     session.run("pytest", "tests/core", *session.posargs, env=_env())
 
 

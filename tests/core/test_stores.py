@@ -501,7 +501,7 @@ async def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize(
     "url",
     [
-        "postgres://localhost/db",
+        "mysql://localhost/db",
         "redis://",
         "",
         "ce.db",
@@ -515,5 +515,7 @@ async def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_open_store_rejects_bad_urls(url: str) -> None:
     with pytest.raises(StoreError) as info:
         open_store(url)
-    if "://" not in url or url.startswith(("postgres", "redis")):
-        assert all(s in str(info.value) for s in ("memory://", "sqlite://", "file://"))
+    if "://" not in url or url.startswith(("mysql", "redis")):
+        assert all(
+            s in str(info.value) for s in ("memory://", "sqlite://", "file://", "postgresql://")
+        )

@@ -8,6 +8,9 @@ URL                       store
 ``sqlite:///rel/x.db``    :class:`SQLiteStore` at ``rel/x.db``, relative to the working directory
 ``sqlite:////abs/x.db``   :class:`SQLiteStore` at ``/abs/x.db``
 ``file:///abs/dir``       :class:`FileStore` in ``/abs/dir`` (``file://rel/dir`` is relative)
+``postgresql://...``      :class:`PostgresStore` (extra ``ce-core[postgres]``) on that libpq URL;
+                          ``postgres://`` too. Its query string is passed to libpq, except
+                          ``ce_schema=NAME``, the schema holding the tables (default ``ce``)
 ========================  =====================================================================
 
 :func:`default_store_url` is the store used when none is given (the engine's and the CLI's).
@@ -33,6 +36,7 @@ from ce.core.stores.base import (
 )
 from ce.core.stores.file import FileStore
 from ce.core.stores.memory import MemoryStore
+from ce.core.stores.postgres import PostgresStore
 from ce.core.stores.sqlite import SQLiteStore
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "EvidenceFilter",
     "FileStore",
     "MemoryStore",
+    "PostgresStore",
     "SQLiteStore",
     "SessionChanges",
     "SessionUpdate",
@@ -85,12 +90,20 @@ def _file(rest: str) -> Store:
     return FileStore(unquote(rest))
 
 
+def _postgres(rest: str) -> Store:
+    return PostgresStore(f"postgresql://{rest}")
+
+
 # URL prefix (scheme plus "//") -> opener of the rest of the URL.
 _OPENERS: dict[str, Callable[[str], Store]] = {
     "memory://": _memory,
     "sqlite://": _sqlite,
     "file://": _file,
+    "postgresql://": _postgres,
+    "postgres://": _postgres,
 }
+# The prefixes whose URLs may carry a query string (libpq parameters such as sslmode).
+_TAKE_QUERIES = frozenset({"postgresql://", "postgres://"})
 
 
 def open_store(url: str) -> Store:
@@ -98,12 +111,12 @@ def open_store(url: str) -> Store:
 
     Parent directories of an SQLite file and a FileStore directory are created. Raises
     :class:`StoreError` for an unknown scheme (naming the supported ones), a malformed URL,
-    or a store that cannot be opened. Query strings are not supported.
+    or a store that cannot be opened. Only PostgreSQL URLs take a query string.
     """
     for prefix, opener in _OPENERS.items():
         if url.startswith(prefix):
             rest = url[len(prefix) :]
-            if "?" in rest:
+            if "?" in rest and prefix not in _TAKE_QUERIES:
                 raise StoreError(f"{url!r}: store URLs take no query string")
             return opener(rest)
     supported = ", ".join(_OPENERS)

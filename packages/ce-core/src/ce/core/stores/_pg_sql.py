@@ -1,0 +1,598 @@
+"""The SQL of :class:`~ce.core.stores.postgres.PostgresStore`: its layout, the layout
+migration, and one function per store operation, each run on one pooled connection.
+
+Every function takes an autocommit psycopg connection and ``s``, the quoted schema name the
+store's tables live in (a name checked by ``postgres.py``, so it is safe to format into SQL).
+Reads are single statements (one snapshot each); writes are one transaction that first locks
+the session's row, so writes to one session are serialized while other sessions proceed.
+This module imports psycopg only inside functions that run on a connection, so it loads
+without the driver installed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ce.core.errors import StoreError
+from ce.core.schema import (
+    SCHEMA_VERSION,
+    ContextBlock,
+    Evidence,
+    Message,
+    Meta,
+    ModelUsage,
+    RunState,
+    SessionDocument,
+    Summary,
+    Task,
+    ToolCall,
+    TurnRecord,
+)
+from ce.core.stores._docops import user_id_of
+from ce.core.stores.base import AuditRecord, BaseStore, SessionChanges, SessionUpdate, new_epoch
+
+if TYPE_CHECKING:
+    from psycopg import Connection
+
+    Conn = Connection[tuple[Any, ...]]
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "RECORD_TABLES",
+    "audit",
+    "commit",
+    "delete_evidence",
+    "delete_session",
+    "evidence",
+    "layout_version",
+    "load",
+    "migrate",
+    "put",
+    "read_since",
+    "records",
+    "session_ids",
+    "turn",
+    "turns",
+    "version",
+    "write_records",
+]
+
+_M = TypeVar("_M", bound=BaseModel)
+
+# Record table -> the column holding the record's id (unique per session).
+RECORD_TABLES = {
+    "messages": "message_id",
+    "tool_calls": "tool_call_id",
+    "model_usage": "model_usage_id",
+    "evidences": "evidence_id",
+    "context_blocks": "block_id",
+    "tasks": "task_id",
+    "turns": "turn_id",
+}
+_UPSERTED = frozenset({"context_blocks", "tasks"})
+# Record tables that are part of the session document (turns are kept beside it).
+_DOCUMENT_TABLES = tuple(table for table in RECORD_TABLES if table != "turns")
+_HEAD_COLUMNS = ("summary", "run_state", "meta")
+_DEFAULT_RUN = RunState().model_dump_json(exclude_none=True)
+
+
+def _record_table(table: str) -> str:
+    # ids and session ids compare byte-wise (COLLATE "C"): ordering does not depend on the
+    # database's locale and matches Python's sorted().
+    return f"""CREATE TABLE {{s}}.{table} (
+        session_id TEXT COLLATE "C" NOT NULL,
+        seq BIGINT NOT NULL,
+        {RECORD_TABLES[table]} TEXT COLLATE "C" NOT NULL,
+        version BIGINT NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (session_id, seq),
+        UNIQUE (session_id, {RECORD_TABLES[table]})
+    )"""
+
+
+def _version_index(table: str) -> str:
+    # read_since finds the rows written after a version through it
+    return f"CREATE INDEX {table}_by_version ON {{s}}.{table} (session_id, version)"
+
+
+_LAYOUTS: list[list[str]] = [
+    [
+        """CREATE TABLE {s}.sessions (
+            session_id TEXT COLLATE "C" PRIMARY KEY,
+            version BIGINT NOT NULL,
+            schema_version TEXT NOT NULL,
+            user_id TEXT,
+            summary TEXT,
+            run_state TEXT NOT NULL,
+            meta TEXT,
+            epoch TEXT NOT NULL
+        )""",
+        "CREATE INDEX sessions_by_user ON {s}.sessions (user_id, session_id)",
+        *map(_record_table, RECORD_TABLES),
+        *map(_version_index, _DOCUMENT_TABLES),
+        """CREATE TABLE {s}.audit (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            at TEXT NOT NULL,
+            action TEXT NOT NULL,
+            session_id TEXT COLLATE "C" NOT NULL,
+            target TEXT NOT NULL
+        )""",
+        "CREATE INDEX audit_by_session ON {s}.audit (session_id, seq)",
+    ],
+]
+"""``_LAYOUTS[n]`` holds the statements that take a schema from layout ``n`` to ``n + 1``
+(layout 0 is an empty schema). A later layout appends its upgrade step here."""
+
+LAYOUT_VERSION = len(_LAYOUTS)
+"""The layout version this module creates and reads."""
+
+
+# -- layout ---------------------------------------------------------------------------------------
+
+
+def layout_version(conn: Conn, s: str) -> int:
+    """The layout version stored in schema ``s`` (0 when it has no ``layout`` table)."""
+    (exists,) = _one(conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{s}.layout",)))
+    if not exists:
+        return 0
+    (stored,) = _one(conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {s}.layout"))
+    return int(stored)
+
+
+def _check_not_newer(stored: int) -> None:
+    if stored > LAYOUT_VERSION:
+        raise StoreError(
+            f"layout version {stored} is newer than this ce-core's {LAYOUT_VERSION}; "
+            "upgrade ce-core"
+        )
+
+
+def migrate(conn: Conn, schema: str, s: str) -> None:
+    """Create or upgrade the layout of schema ``schema`` (quoted: ``s``) to
+    :data:`LAYOUT_VERSION`.
+
+    An up-to-date schema is only read, so a role without DDL rights can open a schema created
+    for it. Otherwise the upgrade runs in one transaction holding a transaction-level advisory
+    lock keyed on the schema name: workers opening a fresh database at once queue on the lock,
+    the first creates the tables, the others then find the layout current and change nothing.
+    Raises :class:`StoreError` when the stored layout is newer than this code's.
+    """
+    stored = layout_version(conn, s)
+    _check_not_newer(stored)
+    if stored == LAYOUT_VERSION:
+        return
+    with conn.transaction():
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            (f"ce.core.stores.postgres layout {schema}",),
+        )
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {s}.layout ("
+            " version INTEGER PRIMARY KEY,"
+            " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        stored = layout_version(conn, s)
+        _check_not_newer(stored)
+        for step in range(stored, LAYOUT_VERSION):
+            for statement in _LAYOUTS[step]:
+                conn.execute(statement.format(s=s))
+            conn.execute(f"INSERT INTO {s}.layout (version) VALUES (%s)", (step + 1,))
+
+
+# -- writes ---------------------------------------------------------------------------------------
+
+
+def _json(model: BaseModel) -> str:
+    return model.model_dump_json(exclude_none=True)
+
+
+def _message_id(message: Message) -> str:
+    # BaseStore.commit and put_session give every message an id before it reaches a store.
+    assert message.message_id is not None
+    return message.message_id
+
+
+def _record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
+    """``(record_id, body)`` rows per table; appended tables keep the first row of an id,
+    upserted ones the last (at the position of the first)."""
+    rows = {
+        "messages": [(_message_id(m), _json(m)) for m in changes.messages],
+        "tool_calls": [(c.tool_call_id, _json(c)) for c in changes.tool_calls],
+        "model_usage": [(u.model_usage_id, _json(u)) for u in changes.model_usage],
+        "evidences": [(e.evidence_id, _json(e)) for e in changes.evidences],
+        "context_blocks": [(b.block_id, _json(b)) for b in changes.context_blocks],
+        "tasks": [(t.task_id, _json(t)) for t in changes.tasks],
+        "turns": [(t.turn_id, _json(t)) for t in changes.turns],
+    }
+    unique: dict[str, list[tuple[str, str]]] = {}
+    for table, table_rows in rows.items():
+        by_id: dict[str, str] = {}
+        for record_id, body in table_rows:
+            if table in _UPSERTED or record_id not in by_id:
+                by_id[record_id] = body
+        unique[table] = list(by_id.items())
+    return unique
+
+
+def write_records(
+    conn: Conn, s: str, table: str, session_id: str, version: int, rows: list[tuple[str, str]]
+) -> int:
+    """Insert ``(record_id, body)`` rows (ids distinct) after the stored ones, in one statement;
+    the number of rows changed.
+
+    Appended tables skip ids already stored; upserted tables replace a differing body in place
+    (the row keeps its ``seq``, so the record keeps its position). The next ``seq`` comes from
+    the ``(session_id, seq)`` primary key, so the cost does not grow with the session.
+    """
+    if not rows:
+        return 0
+    id_column = RECORD_TABLES[table]
+    on_conflict = (
+        "DO UPDATE SET body = excluded.body, version = excluded.version"
+        " WHERE t.body IS DISTINCT FROM excluded.body"
+        if table in _UPSERTED
+        else "DO NOTHING"
+    )
+    cursor = conn.execute(
+        f"INSERT INTO {s}.{table} AS t (session_id, seq, {id_column}, version, body)"
+        " SELECT %(sid)s, top.seq + new.ord, new.record_id, %(version)s, new.body"
+        " FROM unnest(%(ids)s::text[], %(bodies)s::text[])"
+        " WITH ORDINALITY AS new (record_id, body, ord),"
+        f" (SELECT COALESCE(MAX(seq), -1) AS seq FROM {s}.{table} WHERE session_id = %(sid)s)"
+        " AS top"
+        " ORDER BY new.ord"
+        f" ON CONFLICT (session_id, {id_column}) {on_conflict}",
+        {
+            "sid": session_id,
+            "version": version,
+            "ids": [record_id for record_id, _ in rows],
+            "bodies": [body for _, body in rows],
+        },
+    )
+    return cursor.rowcount
+
+
+def _lock_head(conn: Conn, s: str, session_id: str) -> tuple[int, dict[str, str | None]]:
+    """Lock the session's row for the rest of the transaction; its version (0 for a new
+    session) and stored ``summary`` / ``run_state`` / ``meta``.
+
+    A new session gets a version-0 row first (concurrent creators wait on it), which the
+    caller turns into the real row or rolls back with its transaction. A new session starts
+    a new epoch (see :class:`~ce.core.stores.base.SessionUpdate`).
+    """
+    select = (
+        f"SELECT version, summary, run_state, meta FROM {s}.sessions"
+        " WHERE session_id = %s FOR UPDATE"
+    )
+    row = conn.execute(select, (session_id,)).fetchone()
+    if row is None:
+        conn.execute(
+            f"INSERT INTO {s}.sessions (session_id, version, schema_version, run_state, epoch)"
+            " VALUES (%s, 0, %s, %s, %s) ON CONFLICT (session_id) DO NOTHING",
+            (session_id, SCHEMA_VERSION, _DEFAULT_RUN, new_epoch()),
+        )
+        row = _one(conn.execute(select, (session_id,)))
+    return int(row[0]), dict(zip(_HEAD_COLUMNS, row[1:], strict=True))
+
+
+def commit(
+    conn: Conn, s: str, session_id: str, changes: SessionChanges, expected_version: int | None
+) -> int:
+    """Apply ``changes`` in one transaction; the session's version afterwards."""
+    from psycopg import Rollback
+
+    with conn.transaction() as transaction:
+        current, stored = _lock_head(conn, s, session_id)
+        BaseStore._check_version(session_id, expected_version, current)
+        version = current + 1
+        changed = sum(
+            write_records(conn, s, table, session_id, version, rows)
+            for table, rows in _record_rows(changes).items()
+        )
+        given = zip(_HEAD_COLUMNS, (changes.summary, changes.run, changes.meta), strict=True)
+        updates: dict[str, str | None] = {
+            column: _json(value)
+            for column, value in given
+            if value is not None and _json(value) != stored[column]
+        }
+        if "meta" in updates:
+            updates["user_id"] = user_id_of(changes.meta)
+        if not changed and not updates:
+            raise Rollback(transaction)  # also drops the version-0 row of a new session
+        assignments = "".join(f", {column} = %s" for column in updates)
+        conn.execute(
+            f"UPDATE {s}.sessions SET version = %s{assignments} WHERE session_id = %s",
+            (version, *updates.values(), session_id),
+        )
+        return version
+    return current
+
+
+def _delete_records(conn: Conn, s: str, session_id: str) -> None:
+    for table in RECORD_TABLES:
+        conn.execute(f"DELETE FROM {s}.{table} WHERE session_id = %s", (session_id,))
+
+
+def put(
+    conn: Conn, s: str, session_id: str, doc: SessionDocument, expected_version: int | None
+) -> int:
+    """Replace the session by ``doc`` (its turn records go; a new epoch starts) in one
+    transaction; the new version."""
+    session = doc.session
+    with conn.transaction():
+        current, _ = _lock_head(conn, s, session_id)
+        BaseStore._check_version(session_id, expected_version, current)
+        version = current + 1
+        _delete_records(conn, s, session_id)
+        conn.execute(
+            f"UPDATE {s}.sessions SET version = %s, schema_version = %s, user_id = %s,"
+            " summary = %s, run_state = %s, meta = %s, epoch = %s WHERE session_id = %s",
+            (
+                version,
+                doc.schema_version,
+                user_id_of(doc.meta),
+                _json(session.summary) if session.summary else None,
+                _json(session.run),
+                _json(doc.meta) if doc.meta else None,
+                new_epoch(),
+                session_id,
+            ),
+        )
+        rows = _record_rows(
+            SessionChanges(
+                messages=session.messages,
+                tool_calls=session.tool_state.tool_calls,
+                model_usage=session.model_usage,
+                evidences=list(doc.evidences.values()),
+                context_blocks=doc.context_blocks,
+                tasks=session.task_state.todo_list.tasks,
+            )
+        )
+        for table, table_rows in rows.items():
+            write_records(conn, s, table, session_id, version, table_rows)
+    return version
+
+
+def _insert_audit(conn: Conn, s: str, record: AuditRecord) -> None:
+    conn.execute(
+        f"INSERT INTO {s}.audit (at, action, session_id, target) VALUES (%s, %s, %s, %s)",
+        (record.at, record.action, record.session_id, record.target),
+    )
+
+
+def delete_session(conn: Conn, s: str, record: AuditRecord) -> bool:
+    """Delete every row of the session and append ``record`` to the audit log, in one
+    transaction; False (and nothing audited) when the session does not exist."""
+    with conn.transaction():
+        locked = conn.execute(
+            f"SELECT 1 FROM {s}.sessions WHERE session_id = %s FOR UPDATE", (record.session_id,)
+        ).fetchone()
+        if locked is None:
+            return False
+        _delete_records(conn, s, record.session_id)
+        conn.execute(f"DELETE FROM {s}.sessions WHERE session_id = %s", (record.session_id,))
+        _insert_audit(conn, s, record)
+    return True
+
+
+def delete_evidence(conn: Conn, s: str, record: AuditRecord) -> bool:
+    """Delete the evidence ``record.target``, bump the version, start a new epoch and audit, in
+    one transaction; False (and nothing changed) when the session has no such evidence."""
+    with conn.transaction():
+        locked = conn.execute(
+            f"SELECT 1 FROM {s}.sessions WHERE session_id = %s FOR UPDATE", (record.session_id,)
+        ).fetchone()
+        if locked is None:
+            return False
+        deleted = conn.execute(
+            f"DELETE FROM {s}.evidences WHERE session_id = %s AND evidence_id = %s",
+            (record.session_id, record.target),
+        ).rowcount
+        if not deleted:
+            return False
+        conn.execute(
+            f"UPDATE {s}.sessions SET version = version + 1, epoch = %s WHERE session_id = %s",
+            (new_epoch(), record.session_id),
+        )
+        _insert_audit(conn, s, record)
+    return True
+
+
+# -- reads ----------------------------------------------------------------------------------------
+
+
+def _one(cursor: Any) -> tuple[Any, ...]:
+    row = cursor.fetchone()
+    assert row is not None  # the statement always returns one row
+    return tuple(row)
+
+
+def _array(bodies: list[str]) -> str:
+    return "[" + ",".join(bodies) + "]"
+
+
+class _Head(NamedTuple):
+    version: int
+    epoch: str
+    schema_version: str
+    summary: str | None
+    run_state: str
+    meta: str | None
+    since: int
+
+
+def _read(
+    conn: Conn, s: str, session_id: str, version: int, epoch: str
+) -> tuple[_Head, dict[str, list[tuple[str, str]]]] | None:
+    """The session's head and the ``(record_id, body)`` rows of its document tables in stored
+    order, in one statement (one snapshot); None when the session does not exist.
+
+    Only the rows written after ``version`` are read when ``epoch`` is the stored one and
+    ``0 < version <= stored version`` (then ``since`` is ``version``), else every row
+    (``since`` 0). Raises :class:`StoreError` when the session was written with another
+    schema version.
+    """
+    same_history = (
+        "CASE WHEN epoch = %(epoch)s AND %(version)s BETWEEN 1 AND version"
+        " THEN %(version)s ELSE 0 END"
+    )
+    parts = [
+        "SELECT '' AS kind, 0::bigint AS seq, NULL::text AS record_id, NULL::text AS body,"
+        " version, epoch, schema_version, summary, run_state, meta, since FROM head",
+        *(
+            f"SELECT '{table}', seq, {RECORD_TABLES[table]}, body,"
+            " NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+            f" FROM {s}.{table} WHERE session_id = %(sid)s"
+            " AND version > (SELECT since FROM head)"
+            for table in _DOCUMENT_TABLES
+        ),
+    ]
+    rows = conn.execute(
+        f"WITH head AS (SELECT *, {same_history}::bigint AS since FROM {s}.sessions"
+        " WHERE session_id = %(sid)s) " + " UNION ALL ".join(parts) + " ORDER BY 1, 2",
+        {"sid": session_id, "version": version, "epoch": epoch},
+    )
+    head: _Head | None = None
+    bodies: dict[str, list[tuple[str, str]]] = {table: [] for table in _DOCUMENT_TABLES}
+    for kind, _, record_id, body, *head_columns in rows:
+        if kind:
+            bodies[kind].append((record_id, body))
+        else:
+            head = _Head(*head_columns)
+    if head is None:
+        return None
+    if head.schema_version != SCHEMA_VERSION:
+        raise StoreError(
+            f"session {session_id!r} was written with schema version "
+            f"{head.schema_version!r}; this ce-core reads {SCHEMA_VERSION!r}"
+        )
+    return head, bodies
+
+
+def load(conn: Conn, s: str, session_id: str) -> SessionDocument | None:
+    """The stored document, or None. Raises :class:`StoreError` when it was written with
+    another schema version or does not validate."""
+    read = _read(conn, s, session_id, 0, "")
+    if read is None:
+        return None
+    head, rows = read
+    bodies = {table: [body for _, body in table_rows] for table, table_rows in rows.items()}
+    session = [
+        f'"session_id":{json.dumps(session_id)}',
+        f'"messages":{_array(bodies["messages"])}',
+        f'"task_state":{{"todo_list":{{"tasks":{_array(bodies["tasks"])}}}}}',
+        f'"tool_state":{{"tool_calls":{_array(bodies["tool_calls"])}}}',
+        f'"model_usage":{_array(bodies["model_usage"])}',
+        f'"run":{head.run_state}',
+    ]
+    if head.summary is not None:
+        session.append(f'"summary":{head.summary}')
+    evidences = ",".join(f"{json.dumps(eid)}:{body}" for eid, body in rows["evidences"])
+    document = [
+        f'"schema_version":{json.dumps(head.schema_version)}',
+        f'"session":{{{",".join(session)}}}',
+        f'"evidences":{{{evidences}}}',
+        f'"context_blocks":{_array(bodies["context_blocks"])}',
+    ]
+    if head.meta is not None:
+        document.append(f'"meta":{head.meta}')
+    try:
+        return SessionDocument.model_validate_json("{" + ",".join(document) + "}")
+    except ValidationError as exc:
+        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+
+
+def read_since(
+    conn: Conn, s: str, session_id: str, version: int, epoch: str
+) -> SessionUpdate | None:
+    """What changed after ``version`` of ``epoch`` (see
+    :class:`~ce.core.stores.base.SessionUpdate`): only the rows written since, found through
+    the version indexes, in one statement; None when the session does not exist."""
+    read = _read(conn, s, session_id, version, epoch)
+    if read is None:
+        return None
+    head, rows = read
+
+    def parsed(table: str, model: type[_M]) -> list[_M]:
+        return [model.model_validate_json(body) for _, body in rows[table]]
+
+    try:
+        changes = SessionChanges(
+            messages=parsed("messages", Message),
+            tool_calls=parsed("tool_calls", ToolCall),
+            model_usage=parsed("model_usage", ModelUsage),
+            evidences=parsed("evidences", Evidence),
+            context_blocks=parsed("context_blocks", ContextBlock),
+            tasks=parsed("tasks", Task),
+            summary=None if head.summary is None else Summary.model_validate_json(head.summary),
+            run=RunState.model_validate_json(head.run_state),
+            meta=None if head.meta is None else Meta.model_validate_json(head.meta),
+        )
+    except ValidationError as exc:
+        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+    return SessionUpdate(head.version, head.epoch, complete=head.since == 0, changes=changes)
+
+
+def version(conn: Conn, s: str, session_id: str) -> int:
+    row = conn.execute(
+        f"SELECT version FROM {s}.sessions WHERE session_id = %s", (session_id,)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def records(conn: Conn, s: str, table: str, model: type[_M], session_id: str) -> list[_M]:
+    """The session's records of ``table`` in stored order, as ``model`` instances."""
+    rows = conn.execute(
+        f"SELECT body FROM {s}.{table} WHERE session_id = %s ORDER BY seq", (session_id,)
+    )
+    return [model.model_validate_json(body) for (body,) in rows]
+
+
+def turns(conn: Conn, s: str, session_id: str, limit: int | None) -> list[TurnRecord]:
+    # the newest ``limit`` rows (LIMIT NULL is no limit), then back in stored order
+    rows = conn.execute(
+        f"SELECT body FROM (SELECT seq, body FROM {s}.turns WHERE session_id = %s"
+        " ORDER BY seq DESC LIMIT %s) AS newest ORDER BY seq",
+        (session_id, limit),
+    )
+    return [TurnRecord.model_validate_json(body) for (body,) in rows]
+
+
+def turn(conn: Conn, s: str, session_id: str, turn_id: str) -> TurnRecord | None:
+    row = conn.execute(
+        f"SELECT body FROM {s}.turns WHERE session_id = %s AND turn_id = %s",
+        (session_id, turn_id),
+    ).fetchone()
+    return None if row is None else TurnRecord.model_validate_json(row[0])
+
+
+def evidence(conn: Conn, s: str, session_id: str, evidence_id: str) -> Evidence | None:
+    row = conn.execute(
+        f"SELECT body FROM {s}.evidences WHERE session_id = %s AND evidence_id = %s",
+        (session_id, evidence_id),
+    ).fetchone()
+    return None if row is None else Evidence.model_validate_json(row[0])
+
+
+def session_ids(conn: Conn, s: str, user_id: str | None) -> list[str]:
+    if user_id is None:
+        rows = conn.execute(f"SELECT session_id FROM {s}.sessions ORDER BY session_id")
+    else:
+        rows = conn.execute(
+            f"SELECT session_id FROM {s}.sessions WHERE user_id = %s ORDER BY session_id",
+            (user_id,),
+        )
+    return [session_id for (session_id,) in rows]
+
+
+def audit(conn: Conn, s: str, session_id: str | None) -> list[AuditRecord]:
+    sql = f"SELECT at, action, session_id, target FROM {s}.audit"
+    if session_id is None:
+        rows = conn.execute(sql + " ORDER BY seq")
+    else:
+        rows = conn.execute(sql + " WHERE session_id = %s ORDER BY seq", (session_id,))
+    return [AuditRecord(at=a, action=b, session_id=c, target=d) for a, b, c, d in rows]
