@@ -38,7 +38,8 @@ def _positive(value: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The parser of the ``ce`` command line."""
     store_help = (
-        f"the store URL (memory://, sqlite:///path, file:///dir); default ${STORE_URL_ENV}, "
+        "the store URL (memory://, sqlite:///path, file:///dir, postgresql://user@host/db); "
+        f"default ${STORE_URL_ENV}, "
         f"else {DEFAULT_STORE_URL}"
     )
     parser = argparse.ArgumentParser(
