@@ -529,3 +529,30 @@ async def test_agents_taking_turns_in_one_session_each_get_their_own_instruction
     again = await engine.prepare_call("s1", [planner])
     assert len((await engine.get_session("s1")).session.messages) == len(doc.session.messages)
     assert again.assembled_input.parts[0].content.startswith("You plan trips.")
+
+
+async def test_record_model_call_stores_reply_output_and_usage_in_one_commit() -> None:
+    store = MemoryStore()
+    engine = make_engine(store)
+    await engine.prepare_turn("s1", "hello")
+    before = await store.get_version("s1")
+    usage = ModelUsage(
+        model_usage_id="u1", provider="openai", model="gpt-4o", prompt_tokens=9, completion_tokens=2
+    )
+    reply = assistant("Write to ann@example.com", message_id="r1")
+    source = EvidenceSource(kind=SourceKind.LLM, name="openai/gpt-4o")
+    output = ("Write to ann@example.com", source)
+    result = await engine.record_model_call("s1", usage, reply=reply, output=output)
+    assert result.version == before + 1
+    doc = await engine.get_session("s1")
+    assert doc.session.messages[-1].message_id == "r1"
+    assert doc.session.messages[-1].content == "Write to [REDACTED:email]"
+    assert doc.session.run.status.value == "completed"
+    [evidence] = [e for e in doc.evidences.values() if e.type is EvidenceType.LLM_OUTPUT]
+    assert evidence.links is not None and evidence.links.model_usage_id == "u1"
+    assert "ann@example.com" not in evidence.content
+    assert [u.model_usage_id for u in doc.session.model_usage] == ["u1"]
+    # the same call recorded again changes nothing
+    again = await engine.record_model_call("s1", usage, reply=reply, output=output)
+    assert again.version == result.version
+    assert await engine.get_session("s1") == doc

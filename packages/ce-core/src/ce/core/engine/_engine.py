@@ -674,6 +674,47 @@ class ContextEngine(HistoryWriter):
         async with self._serialized(session_id):
             return await self._attempt(session_id, call, op)
 
+    async def record_model_call(
+        self,
+        session_id: str,
+        model_usage: ModelUsage,
+        *,
+        reply: Message | ModelOutput | None = None,
+        output: tuple[str, EvidenceSource] | None = None,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        """Record what one model call produced in one atomic write: its ``reply`` (as
+        :meth:`commit_assistant_message` does; skipped when its ``message_id`` is stored), its
+        text ``output`` as ``llm_output`` evidence linked to the usage (content, source;
+        redacted and deduplicated as :meth:`ingest_evidence` does) and its usage (as
+        :meth:`record_model_usage` does). Integrations call this once at the end of a model
+        call instead of the three separately. Idempotent like each of them."""
+        cfg = self._cfg(runtime_config)
+        call = WriteLog(self.ids.generate())
+        ingestor = self._ingestor(cfg)
+
+        async def op(entry: SessionEntry) -> PutResult:
+            message_id = reply.message_id if reply is not None else None
+            if reply is not None and not (message_id and message_id in entry.message_ids):
+                stored = self._write_assistant(entry, reply, cfg, call)
+                status = RunStatus.TOOL_RUNNING if stored.tool_calls else RunStatus.COMPLETED
+                self._transition(entry.state, status)
+            added = None
+            if output is not None and output[0]:
+                links = EvidenceLinks(model_usage_id=model_usage.model_usage_id)
+                _, added = await self._add_evidence(
+                    entry, ingestor, output[0], output[1], EvidenceType.LLM_OUTPUT, links
+                )
+            params, _ = self._redact_value(dict(model_usage.params), cfg, call)
+            entry.state.record_model_usage(model_usage.model_copy(update={"params": params}))
+            result = await self._persist(entry, call)
+            if added is not None:
+                await self._emit_ingested(session_id, *added)
+            return result
+
+        async with self._serialized(session_id):
+            return await self._attempt(session_id, call, op)
+
     async def ingest_evidence(
         self,
         session_id: str,
@@ -689,7 +730,22 @@ class ContextEngine(HistoryWriter):
         is one evidence: the stored one is returned), with its confidence and links."""
         cfg = self._cfg(runtime_config)
         call = WriteLog(self.ids.generate())
-        ingestor = EvidenceIngestor(
+        ingestor = self._ingestor(cfg)
+
+        async def op(entry: SessionEntry) -> Evidence:
+            evidence, added = await self._add_evidence(
+                entry, ingestor, content, source, evidence_type, links, metadata, options
+            )
+            if added is not None:
+                await self._persist(entry, call)
+                await self._emit_ingested(session_id, *added)
+            return evidence
+
+        async with self._serialized(session_id):
+            return await self._attempt(session_id, call, op)
+
+    def _ingestor(self, cfg: RuntimeConfig) -> EvidenceIngestor:
+        return EvidenceIngestor(
             self._redactor_for(cfg),
             self.hasher,
             self.ids,
@@ -697,32 +753,43 @@ class ContextEngine(HistoryWriter):
             dual_store=cfg.redaction.mode == "dual_store",
         )
 
-        async def op(entry: SessionEntry) -> Evidence:
-            prepared = ingestor.prepare(content, source, evidence_type, links, metadata, options)
-            for reason, detail in prepared.degradations:
-                await self._emit("Degraded", session_id, None, reason=reason, detail=detail)
-            if prepared.dedup_key is not None:
-                existing = entry.dedup.get(prepared.dedup_key)
-                if existing is not None and existing in entry.doc.evidences:
-                    return entry.doc.evidences[existing].model_copy(deep=True)
-            stored = entry.state.add_evidence(prepared.evidence)
-            if prepared.original is not None:
-                entry.state.add_evidence(prepared.original)
-            if prepared.dedup_key is not None:
-                entry.dedup[prepared.dedup_key] = stored.evidence_id
-            await self._persist(entry, call)
-            await self._emit(
-                "EvidenceIngested",
-                session_id,
-                None,
-                evidence_id=stored.evidence_id,
-                type=stored.type.value,
-                redacted=prepared.redaction is not None,
-            )
-            return stored
+    async def _add_evidence(
+        self,
+        entry: SessionEntry,
+        ingestor: EvidenceIngestor,
+        content: str,
+        source: EvidenceSource,
+        evidence_type: EvidenceType,
+        links: EvidenceLinks | None = None,
+        metadata: dict[str, Any] | None = None,
+        options: IngestOptions | None = None,
+    ) -> tuple[Evidence, tuple[Evidence, bool] | None]:
+        """Add one evidence to the entry's state (not persisted yet): the evidence, and the
+        ``(evidence, redacted)`` to announce once persisted — None when the same content was
+        stored before (that stored evidence is returned)."""
+        prepared = ingestor.prepare(content, source, evidence_type, links, metadata, options)
+        for reason, detail in prepared.degradations:
+            await self._emit("Degraded", entry.session_id, None, reason=reason, detail=detail)
+        if prepared.dedup_key is not None:
+            existing = entry.dedup.get(prepared.dedup_key)
+            if existing is not None and existing in entry.doc.evidences:
+                return entry.doc.evidences[existing].model_copy(deep=True), None
+        stored = entry.state.add_evidence(prepared.evidence)
+        if prepared.original is not None:
+            entry.state.add_evidence(prepared.original)
+        if prepared.dedup_key is not None:
+            entry.dedup[prepared.dedup_key] = stored.evidence_id
+        return stored, (stored, prepared.redaction is not None)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
+    async def _emit_ingested(self, session_id: str, evidence: Evidence, redacted: bool) -> None:
+        await self._emit(
+            "EvidenceIngested",
+            session_id,
+            None,
+            evidence_id=evidence.evidence_id,
+            type=evidence.type.value,
+            redacted=redacted,
+        )
 
     # -- replay -----------------------------------------------------------------------------
 
