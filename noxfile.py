@@ -18,7 +18,13 @@ TIKTOKEN_CACHE = ROOT.parent / "shared" / "data" / "tiktoken-cache"
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "typecheck", "tests-core", "tests-langchain"]
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests-core",
+    "tests-langchain",
+    "tests-llamaindex",
+]
 
 
 def _env() -> dict[str, str]:
@@ -81,6 +87,34 @@ def tests_langchain(session: nox.Session, langchain: str) -> None:
     session.run("pytest", "tests/langchain", *session.posargs, env=_env())
 
 
+LLAMAINDEX = "packages/ce-llamaindex"
+LLAMAINDEX_VERSIONS = {
+    # llama-index-llms-openai 0.6+ imports types that llama-index-core 0.14.0 lacks
+    "lowest": [
+        "llama-index-core==0.14.0",
+        "llama-index-workflows==2.0.0",
+        "llama-index-llms-openai==0.5.6",
+    ],
+    "latest": ["llama-index-core>=0.14,<0.15", "llama-index-llms-openai>=0.5.6,<1"],
+}
+
+
+@nox.session(name="tests-llamaindex")
+@nox.parametrize("llamaindex", list(LLAMAINDEX_VERSIONS))
+def tests_llamaindex(session: nox.Session, llamaindex: str) -> None:
+    """ce-llamaindex against the real LlamaIndex (FunctionAgent, chat engines, OpenAI on the
+    scripted server), in its own virtualenv."""
+    session.install(
+        *TEST_DEPS,
+        "-e",
+        f"{CORE}[tiktoken]",
+        "-e",
+        LLAMAINDEX,
+        *LLAMAINDEX_VERSIONS[llamaindex],
+    )
+    session.run("pytest", "tests/llamaindex", *session.posargs, env=_env())
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """The README's demo: a LangChain agent through ``ce.langchain.install(...)`` on the
@@ -102,11 +136,11 @@ def bench(session: nox.Session) -> None:
 
     bench_prepare.py compares ``prepare_turn`` with the frameworks' own trimmers, and
     bench_langchain.py measures the LangChain plugin, so this session's virtualenv (and only
-    this one) holds the frameworks.
+    this one) holds the frameworks; bench_workers.py needs psycopg for its PostgreSQL runs.
     """
     session.install(
         "-e",
-        f"{CORE}[tiktoken]",
+        f"{CORE}[tiktoken,postgres]",
         "-e",
         LANGCHAIN,
         "tiktoken>=0.14.0",
@@ -128,6 +162,10 @@ def bench(session: nox.Session) -> None:
     )
     session.run(
         "python", "benchmarks/bench_langchain.py", "--write", "docs/benchmarks.md", env=_env()
+    )
+    # worker processes on shared sessions: SQLite, and PostgreSQL when a server answers
+    session.run(
+        "python", "benchmarks/bench_workers.py", "--write", "docs/benchmarks.md", env=_env()
     )
 
 

@@ -23,19 +23,38 @@ def _needs_langchain(block: str) -> bool:
     return re.search(r"^\s*(?:import|from)\s+ce\.langchain\b", block, flags=re.M) is not None
 
 
+def _needs_llamaindex(block: str) -> bool:
+    return re.search(r"^\s*(?:import|from)\s+ce\.llamaindex\b", block, flags=re.M) is not None
+
+
+def _installed(*modules: str) -> bool:
+    """Whether every module (and its parent packages) can be imported."""
+    for module in modules:
+        try:
+            if importlib.util.find_spec(module) is None:
+                return False
+        except ModuleNotFoundError:  # a parent package is missing
+            return False
+    return True
+
+
 def test_readme_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = _python_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
     assert blocks, "the README should show how to use ce.core"
     assert any(_needs_langchain(b) for b in blocks), "the README should show ce.langchain"
-    # The core virtualenv holds no framework: blocks using ce.langchain run where it is
-    # installed (with LangChain), and are skipped here otherwise.
+    assert any(_needs_llamaindex(b) for b in blocks), "the README should show ce.llamaindex"
+    # The core virtualenv holds no framework: blocks using ce.langchain / ce.llamaindex run
+    # where they are installed (with their framework), and are skipped here otherwise.
     langchain = importlib.util.find_spec("langchain_core") is not None and (
         importlib.util.find_spec("ce.langchain") is not None
     )
+    llamaindex = _installed("llama_index.core", "ce.llamaindex")
     monkeypatch.chdir(tmp_path)
     ran = 0
     for block in blocks:
         if _needs_langchain(block) and not langchain:
+            continue
+        if _needs_llamaindex(block) and not llamaindex:
             continue
         exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
         ran += 1

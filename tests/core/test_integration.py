@@ -16,6 +16,7 @@ import pytest
 
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
+from ce.core.errors import SessionNotFoundError
 from ce.core.events import Event
 from ce.core.integration import (
     DEFAULT_SESSION_ID,
@@ -34,6 +35,7 @@ from ce.core.integration import (
     is_suppressed,
     message_from_openai,
     openai_to_messages,
+    record_sync,
     requirement_conflicts,
     resolve_session,
     suppressed,
@@ -727,6 +729,25 @@ def test_a_guarded_hook_after_uninstall_stays_silent(engine: ContextEngine) -> N
     plugin.uninstall()
     # a hook still running after uninstall: its engine call fails, the user's call goes on
     assert guarded_sync(plugin, lambda: plugin.engine, session_id="s1", what="late") is None
+
+
+def test_record_sync_writes_from_blocking_hooks_and_fails_open(engine: ContextEngine) -> None:
+    plugin = RecordingPlugin().install(engine)
+    events = _collect(engine)
+    hit = RetrievalHit(content="a recorded hit", uri="doc://one", score=0.5)
+    record_sync(plugin, "s-rec", "record retrieval", lambda r: r.record_retrieval([hit]))
+    doc = engine.sync.get_session("s-rec")
+    assert [e.content for e in doc.evidences.values()] == ["a recorded hit"]
+
+    async def broken(recorder: Recorder) -> None:
+        raise KeyError(recorder.session_id)
+
+    record_sync(plugin, "s-rec", "record tool run", broken)
+    assert [e.payload["detail"] for e in events] == ["record tool run: KeyError: 's-rec'"]
+    plugin.uninstall()
+    record_sync(plugin, "s-late", "record retrieval", lambda r: r.record_retrieval([hit]))
+    with pytest.raises(SessionNotFoundError):  # nothing was written after uninstall
+        engine.sync.get_session("s-late")
 
 
 def test_session_resolution_order(engine: ContextEngine) -> None:

@@ -24,7 +24,7 @@ from ce.core.integration import (
     RetrievalHit,
     ToolRun,
     error_text,
-    guarded_sync,
+    record_sync,
     resolve_session,
 )
 from ce.langchain._convert import ai_to_message, message_text
@@ -114,13 +114,7 @@ class RecordingHandler(BaseCallbackHandler):
     def _write(
         self, session_id: str, what: str, work: Callable[[Recorder], Coroutine[Any, Any, Any]]
     ) -> None:
-        if not self.plugin.installed:
-            return
-        engine = self.plugin.engine
-        recorder = Recorder(engine, session_id)
-        guarded_sync(
-            self.plugin, lambda: engine.sync.run(work(recorder)), session_id=session_id, what=what
-        )
+        record_sync(self.plugin, session_id, what, work)
 
     # -- chat models ------------------------------------------------------------------------
 

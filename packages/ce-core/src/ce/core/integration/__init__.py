@@ -3,8 +3,9 @@
 :class:`Plugin` (install / uninstall template methods, one instance per class, version
 check), :class:`PatchLedger` (every hook recorded and undone), :func:`suppressed`,
 :func:`guarded` (fail-open), :func:`resolve_session`, the neutral records and their
-:class:`Recorder`, conversion between assembled input and OpenAI-style message dicts, and
-:func:`prepare_openai` / :func:`prepare_openai_sync` (a guarded ``prepare_call`` on such dicts).
+:class:`Recorder` (:func:`record_sync` from blocking hooks), conversion between assembled
+input and OpenAI-style message dicts, and :func:`prepare_openai` /
+:func:`prepare_openai_sync` (a guarded ``prepare_call`` on such dicts).
 """
 
 from ce.core.integration._convert import (
@@ -26,6 +27,7 @@ from ce.core.integration._mappers import (
     evidence_from_hit,
     llm_output_evidence,
     model_usage_from_call,
+    record_sync,
     tool_call_from_run,
     tool_result_evidence,
     tool_status,
@@ -66,6 +68,7 @@ __all__ = [
     "openai_to_messages",
     "prepare_openai",
     "prepare_openai_sync",
+    "record_sync",
     "requirement_conflicts",
     "resolve_session",
     "suppressed",

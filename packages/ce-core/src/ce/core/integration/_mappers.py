@@ -4,11 +4,12 @@ that writes them through the engine."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from ce.core.integration._guard import guarded_sync
 from ce.core.pipeline import IngestOptions
 from ce.core.schema import (
     Evidence,
@@ -28,6 +29,7 @@ from ce.core.state import parse_tool_arguments
 
 if TYPE_CHECKING:
     from ce.core.engine import ContextEngine
+    from ce.core.integration._plugin import Plugin
 
 __all__ = [
     "EvidenceDraft",
@@ -39,6 +41,7 @@ __all__ = [
     "evidence_from_hit",
     "llm_output_evidence",
     "model_usage_from_call",
+    "record_sync",
     "tool_call_from_run",
     "tool_result_evidence",
     "tool_status",
@@ -275,3 +278,21 @@ class Recorder:
             self.session_id, usage, evidence.evidence_id if evidence is not None else None
         )
         return usage
+
+
+def record_sync(
+    plugin: Plugin,
+    session_id: str,
+    what: str,
+    work: Callable[[Recorder], Coroutine[Any, Any, Any]],
+) -> None:
+    """From a blocking framework hook (a callback or event handler): run ``work`` with a
+    :class:`Recorder` on ``plugin.engine``'s session ``session_id`` through ``engine.sync``,
+    fail-open like :func:`~ce.core.integration.guarded_sync` (``what`` names it in the log and
+    the ``Degraded`` event). Does nothing when the plugin is not installed (a hook still
+    running after ``uninstall()``)."""
+    if not plugin.installed:
+        return
+    engine = plugin.engine
+    recorder = Recorder(engine, session_id)
+    guarded_sync(plugin, lambda: engine.sync.run(work(recorder)), session_id=session_id, what=what)

@@ -1,0 +1,224 @@
+"""LlamaIndex chat messages <-> the engine's neutral messages (through OpenAI-style dicts).
+
+Tool calls are read from both places LlamaIndex keeps them: ``ToolCallBlock`` content blocks
+(llama-index-core >= 0.14.1) and ``additional_kwargs["tool_calls"]`` (OpenAI-style dicts or
+the OpenAI SDK's objects, the older form). A tool result names its call in
+``additional_kwargs["tool_call_id"]``, as FunctionAgent writes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
+
+from ce.core.integration import message_from_openai
+from ce.core.schema import Message, ModelInvocation
+
+__all__ = [
+    "from_openai",
+    "message_text",
+    "reply_to_message",
+    "to_openai",
+    "tool_schemas",
+]
+
+try:  # llama-index-core >= 0.14.1
+    from llama_index.core.base.llms.types import ToolCallBlock
+except ImportError:  # pragma: no cover - exercised by the lowest supported version
+    ToolCallBlock = None  # type: ignore[assignment,misc]
+
+_ROLES = {
+    MessageRole.SYSTEM.value: "system",
+    "developer": "developer",
+    MessageRole.USER.value: "user",
+    MessageRole.ASSISTANT.value: "assistant",
+    MessageRole.TOOL.value: "tool",
+    MessageRole.FUNCTION.value: "tool",
+    MessageRole.CHATBOT.value: "assistant",
+    MessageRole.MODEL.value: "assistant",
+}
+
+
+def message_text(message: ChatMessage) -> str:
+    """The text of ``message``: its text blocks, joined."""
+    return "".join(b.text for b in message.blocks if isinstance(b, TextBlock))
+
+
+def _arguments(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value or {})
+
+
+def _call_dict(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    return {
+        "id": str(call_id or ""),
+        "type": "function",
+        "function": {"name": str(name or ""), "arguments": _arguments(arguments)},
+    }
+
+
+def _tool_calls(message: ChatMessage) -> list[dict[str, Any]]:
+    """The OpenAI-style tool calls ``message`` makes (blocks first, else additional_kwargs)."""
+    calls: list[dict[str, Any]] = []
+    if ToolCallBlock is not None:
+        calls = [
+            _call_dict(b.tool_call_id, b.tool_name, b.tool_kwargs)
+            for b in message.blocks
+            if isinstance(b, ToolCallBlock)
+        ]
+    if calls:
+        return calls
+    for raw in message.additional_kwargs.get("tool_calls") or []:
+        data = raw.model_dump() if hasattr(raw, "model_dump") else raw
+        if isinstance(data, Mapping):
+            function = data.get("function") or {}
+            calls.append(
+                _call_dict(data.get("id"), function.get("name"), function.get("arguments"))
+            )
+    return calls
+
+
+def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """LlamaIndex messages as OpenAI chat message dicts (text content; tool calls and tool
+    call ids kept). Non-text blocks (images, audio) are not part of the neutral form."""
+    converted: list[dict[str, Any]] = []
+    for message in messages:
+        role = _ROLES.get(str(getattr(message.role, "value", message.role)), "user")
+        entry: dict[str, Any] = {"role": role, "content": message_text(message)}
+        if role == "assistant":
+            calls = _tool_calls(message)
+            if calls:
+                entry["tool_calls"] = calls
+        elif role == "tool":
+            call_id = message.additional_kwargs.get("tool_call_id")
+            entry["tool_call_id"] = str(call_id or "")
+        converted.append(entry)
+    return converted
+
+
+def _with_text(original: ChatMessage, text: str) -> ChatMessage:
+    blocks: list[Any] = [b for b in original.blocks if not isinstance(b, TextBlock)]
+    if text:
+        blocks.insert(0, TextBlock(text=text))
+    return original.model_copy(update={"blocks": blocks})
+
+
+def _build(sent: Mapping[str, Any]) -> ChatMessage:
+    role = sent["role"]
+    text = sent.get("content") or ""
+    if not isinstance(text, str):
+        text = "".join(p.get("text", "") for p in text if isinstance(p, Mapping))
+    if role == "tool":
+        return ChatMessage(
+            role=MessageRole.TOOL,
+            content=text,
+            additional_kwargs={"tool_call_id": sent.get("tool_call_id", "")},
+        )
+    calls = sent.get("tool_calls") or []
+    if role == "assistant" and calls:
+        if ToolCallBlock is None:
+            return ChatMessage(
+                role=MessageRole.ASSISTANT, content=text, additional_kwargs={"tool_calls": calls}
+            )
+        blocks: list[Any] = [TextBlock(text=text)] if text else []
+        for call in calls:
+            arguments = call["function"]["arguments"]
+            try:
+                kwargs: Any = json.loads(arguments)
+            except ValueError:
+                kwargs = arguments
+            blocks.append(
+                ToolCallBlock(
+                    tool_call_id=call["id"], tool_name=call["function"]["name"], tool_kwargs=kwargs
+                )
+            )
+        return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
+    return ChatMessage(role=MessageRole(role if role != "developer" else "system"), content=text)
+
+
+def _key(message: Mapping[str, Any]) -> str:
+    return json.dumps(message, sort_keys=True, default=str)
+
+
+def _slot(message: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """What identifies ``message`` apart from its text: a tool result's call id, the call ids
+    of an assistant message making calls (``None`` for other messages)."""
+    if message.get("role") == "tool" and message.get("tool_call_id"):
+        return ("tool", str(message["tool_call_id"]))
+    calls = message.get("tool_calls")
+    if message.get("role") == "assistant" and calls:
+        return ("assistant", *(str(c.get("id")) for c in calls))
+    return None
+
+
+def from_openai(
+    sent: Sequence[Mapping[str, Any]],
+    originals: Sequence[ChatMessage],
+    original_dicts: Sequence[Mapping[str, Any]],
+) -> list[ChatMessage]:
+    """The LlamaIndex messages for what the engine assembled. A message the engine left as
+    it was is the app's very object (its images, provider fields and tool-call form kept);
+    one whose text the engine changed (a redacted call, a fenced tool result) is a copy of the
+    app's message with the new text; the rest (the engine's system message, history from
+    earlier runs) are new messages."""
+    same: dict[str, list[int]] = {}
+    slots: dict[tuple[str, ...], list[int]] = {}
+    for index, original in enumerate(original_dicts):
+        same.setdefault(_key(original), []).append(index)
+        original_slot = _slot(original)
+        if original_slot is not None:
+            slots.setdefault(original_slot, []).append(index)
+    used: set[int] = set()
+
+    def take(candidates: list[int] | None) -> int | None:
+        for index in candidates or ():
+            if index not in used:
+                used.add(index)
+                return index
+        return None
+
+    result: list[ChatMessage] = []
+    for message in sent:
+        kept = take(same.get(_key(message)))
+        if kept is not None:
+            result.append(originals[kept])
+            continue
+        slot = _slot(message)
+        changed = take(slots.get(slot)) if slot is not None else None
+        if changed is not None:
+            result.append(_with_text(originals[changed], _content(message)))
+            continue
+        result.append(_build(message))
+    return result
+
+
+def _content(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
+
+
+def tool_schemas(tools: Any) -> list[dict[str, Any]] | None:
+    """The tools a chat call sends (OpenAI tool dicts, or LlamaIndex tools) as OpenAI tool
+    schemas, which the engine counts against the budget; ``None`` without tools."""
+    if not isinstance(tools, (list, tuple)) or not tools:
+        return None
+    schemas: list[dict[str, Any]] = []
+    for tool in tools:
+        if isinstance(tool, Mapping):
+            schemas.append(dict(tool))
+            continue
+        metadata = getattr(tool, "metadata", None)
+        to_openai_tool = getattr(metadata, "to_openai_tool", None)
+        if callable(to_openai_tool):
+            schemas.append(dict(to_openai_tool(skip_length_check=True)))
+    return schemas or None
+
+
+def reply_to_message(message: ChatMessage, provider: str, model: str) -> Message:
+    """The model's reply as the neutral assistant :class:`Message` the engine commits."""
+    (converted,) = to_openai([message])
+    return message_from_openai(converted).model_copy(
+        update={"invocation": ModelInvocation(provider=provider or "unknown", model=model)}
+    )

@@ -1,0 +1,363 @@
+"""The span and event handlers the plugin adds to LlamaIndex's root dispatcher.
+
+The span handler sees every span open (before the method body runs, with the very arguments
+the method receives) and close: it resolves each span's session, rewrites the messages of
+outermost LLM chat spans (``_inject``), and records tool runs from the agent's ``call_tool``
+step (or from tools the app calls itself). The event handler records LLM calls (usage, the
+reply, streaming included) and retrieval hits. The dispatcher swallows handler errors, so
+both handlers fail open by construction; engine failures are also logged and reported as
+``Degraded`` events by the integration kit's guards.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import uuid
+from collections.abc import AsyncGenerator, Generator, Mapping
+from contextvars import ContextVar
+from typing import Any
+
+from llama_index.core.base.base_query_engine import BaseQueryEngine
+from llama_index.core.base.llms.base import BaseLLM
+from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.exception import ExceptionEvent
+from llama_index.core.instrumentation.events.llm import (
+    LLMChatEndEvent,
+    LLMChatInProgressEvent,
+    LLMChatStartEvent,
+)
+from llama_index.core.instrumentation.events.query import QueryEndEvent
+from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
+from llama_index.core.instrumentation.span import BaseSpan
+from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+from llama_index.core.memory.types import BaseMemory
+from llama_index.core.tools.types import BaseTool
+
+from ce.core.integration import ToolRun, is_suppressed, resolve_session
+from ce.llamaindex._inject import inject_sync
+from ce.llamaindex._record import LlmCall, SpanInfo, Tracker, call_args
+
+__all__ = [
+    "SESSION_TAGS",
+    "EventRecorder",
+    "SpanTracker",
+    "failure",
+    "memory_session",
+]
+
+SESSION_TAGS = ("ce_session_id", "session_id")
+"""``instrument_tags`` keys naming the session of everything run inside them."""
+
+_CHAT = frozenset({"chat", "achat", "stream_chat", "astream_chat"})
+_TOOL_CALLS = frozenset({"call", "acall"})
+_QUERIES = frozenset({"query", "aquery"})
+_PARAMS = ("temperature", "max_tokens", "top_p", "seed")
+_DEFAULT_MEMORY_KEY = "chat_history"  # ChatMemoryBuffer's default chat_store_key
+
+# fail_closed: the engine error of an LLM span, raised by the dispatcher patch (_plugin.py)
+_failure: ContextVar[tuple[str, Exception] | None] = ContextVar("ce_li_failure", default=None)
+
+
+def failure(span_id: str) -> Exception | None:
+    """The engine error stored for ``span_id`` in this context (taken out), if any."""
+    stored = _failure.get()
+    if stored is None or stored[0] != span_id:
+        return None
+    _failure.set(None)
+    return stored[1]
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def memory_session(memory: Any) -> str | None:
+    """The session a LlamaIndex memory names when its user set one: a
+    :class:`~ce.llamaindex.ContextEngineMemory`'s ``session_id``, a ``Memory``'s
+    ``session_id`` unless it is the random UUID LlamaIndex generates, a ``ChatMemoryBuffer``'s
+    ``chat_store_key`` unless it is the default ``"chat_history"``."""
+    if not isinstance(memory, BaseMemory):
+        return None
+    session = getattr(memory, "session_id", None)
+    if getattr(type(memory), "ce_memory", False):  # ContextEngineMemory: any id it was given
+        return session if isinstance(session, str) and session else None
+    if isinstance(session, str) and session and not _is_uuid(session):
+        return session
+    key = getattr(memory, "chat_store_key", None)
+    if isinstance(key, str) and key and key != _DEFAULT_MEMORY_KEY:
+        return key
+    return None
+
+
+def _named_session(
+    tags: Mapping[str, Any] | None, arguments: Mapping[str, Any], instance: Any
+) -> str | None:
+    for key in SESSION_TAGS:
+        value = (tags or {}).get(key)
+        if isinstance(value, str) and value:
+            return value
+    candidates = [arguments.get("memory"), getattr(instance, "_memory", None)]
+    for name in ("start_event", "ev"):
+        event = arguments.get(name)
+        getter = getattr(event, "get", None)
+        if callable(getter):
+            candidates.append(getter("memory", None))
+    return next((s for s in map(memory_session, candidates) if s), None)
+
+
+def _method(span_id: str) -> str:
+    return span_id.split("-", 1)[0].rsplit(".", 1)[-1]
+
+
+class SpanTracker(BaseSpanHandler[BaseSpan]):
+    """Sessions of spans, injection into LLM chat spans, tool runs."""
+
+    _tracker: Tracker | None = PrivateAttr(default=None)
+    _inject: bool = PrivateAttr(default=True)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "ContextEngineSpanTracker"
+
+    @property
+    def tracker(self) -> Tracker:
+        assert self._tracker is not None, "bind() the handler first"
+        return self._tracker
+
+    def bind(self, tracker: Tracker, inject: bool) -> SpanTracker:
+        self._tracker = tracker
+        self._inject = inject
+        return self
+
+    def new_span(
+        self,
+        id_: str,
+        bound_args: inspect.BoundArguments,
+        instance: Any | None = None,
+        parent_span_id: str | None = None,
+        tags: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> BaseSpan | None:
+        tracker = self.tracker
+        if not tracker.plugin.installed:
+            return None
+        parent = tracker.span(parent_span_id)
+        arguments = bound_args.arguments
+        named = _named_session(tags, arguments, instance) or (parent.named if parent else None)
+        info = SpanInfo(
+            parent=parent_span_id,
+            named=named,
+            session_id=resolve_session(named, tracker.plugin),
+            tool_call_id=parent.tool_call_id if parent else None,
+            in_query=parent.in_query if parent else False,
+        )
+        method = _method(id_)
+        quiet = is_suppressed()
+        if isinstance(instance, BaseLLM) and method in _CHAT:
+            info.call = self._enter_llm(id_, info, parent, instance, arguments)
+        elif quiet:
+            pass
+        elif isinstance(instance, BaseTool) and method in _TOOL_CALLS and info.tool_call_id is None:
+            self._enter_tool(id_, info, instance, arguments)
+        elif method == "call_tool" and instance is None:
+            event = arguments.get("ev")
+            call_id = getattr(event, "tool_id", None)
+            if isinstance(call_id, str) and call_id:
+                info.tool_call_id = call_id
+                info.tool = ToolRun(
+                    tool_call_id=call_id,
+                    name=str(getattr(event, "tool_name", "") or "tool"),
+                    args=dict(getattr(event, "tool_kwargs", None) or {}),
+                    result=None,
+                    error=None,
+                    started_at=info.started,
+                    ended_at=info.started,
+                )
+        elif isinstance(instance, BaseQueryEngine) and method in _QUERIES:
+            info.in_query = True
+        with tracker.lock:
+            tracker.spans[id_] = info
+        return None
+
+    def _enter_llm(
+        self,
+        id_: str,
+        info: SpanInfo,
+        parent: SpanInfo | None,
+        llm: BaseLLM,
+        arguments: Mapping[str, Any],
+    ) -> LlmCall:
+        tracker = self.tracker
+        if parent is not None and parent.call is not None:  # nested: part of the outer call
+            call = parent.call
+        else:
+            metadata = llm.metadata
+            params = {k: getattr(llm, k) for k in _PARAMS if getattr(llm, k, None) is not None}
+            call = LlmCall(
+                root=id_,
+                session_id=info.session_id,
+                provider=type(llm).__name__.lower(),
+                model=str(getattr(llm, "model", None) or metadata.model_name or "unknown"),
+                params=params,
+                skip=is_suppressed(),
+                helper=info.in_query or info.tool_call_id is not None,
+            )
+            wrapper = getattr(llm, "ce_injects", False)  # wrap(): it injects itself
+            if self._inject and not (call.skip or call.helper or wrapper):
+                self._rewrite(id_, call, arguments)
+        with tracker.lock:
+            tracker.calls[id_] = call
+        return call
+
+    def _rewrite(self, id_: str, call: LlmCall, arguments: Mapping[str, Any]) -> None:
+        messages = arguments.get("messages")
+        if not isinstance(messages, list):
+            return
+        extra = arguments.get("kwargs")
+        tools = extra.get("tools") if isinstance(extra, Mapping) else None
+        tracker = self.tracker
+        try:
+            sent = inject_sync(tracker.plugin, call.session_id, messages, tools)
+        except Exception as exc:  # fail_closed: raised into the call by the dispatcher patch
+            _failure.set((id_, exc))
+            return
+        if sent is not None:
+            call.original = list(messages)
+            call.target = messages
+            messages[:] = sent
+
+    def _enter_tool(
+        self, id_: str, info: SpanInfo, tool: BaseTool, arguments: Mapping[str, Any]
+    ) -> None:
+        extra = arguments.get("kwargs")
+        positional = arguments.get("args")
+        args = call_args(
+            extra if isinstance(extra, Mapping) else None,
+            positional if isinstance(positional, tuple) else None,
+        )
+        name = tool.metadata.get_name()
+        call_id = self.tracker.asked_call_id(info.session_id, name, args) or id_
+        info.tool_call_id = call_id
+        info.tool = ToolRun(
+            tool_call_id=call_id,
+            name=name,
+            args=args,
+            result=None,
+            error=None,
+            started_at=info.started,
+            ended_at=info.started,
+        )
+
+    def _close(self, id_: str, result: Any, err: BaseException | None) -> None:
+        tracker = self.tracker
+        with tracker.lock:
+            info = tracker.spans.pop(id_, None)
+        if info is None:
+            return
+        if info.tool is not None:
+            tracker.record_tool(info, getattr(result, "tool_output", result), err)
+        call = info.call
+        if call is None or call.root != id_:
+            return  # a nested chat span leaves with its call (its stream may still run)
+        call.root_done = True
+        if err is not None:
+            if not call.skip:
+                tracker.record_failure(call, err)
+            tracker.finish_call(call)
+        elif isinstance(result, (Generator, AsyncGenerator)):
+            call.streaming = True  # the stream's end event finishes the call
+        else:
+            tracker.finish_call(call)
+
+    def prepare_to_exit_span(
+        self,
+        id_: str,
+        bound_args: inspect.BoundArguments,
+        instance: Any | None = None,
+        result: Any | None = None,
+        **kwargs: Any,
+    ) -> BaseSpan | None:
+        self._close(id_, result, None)
+        return None
+
+    def prepare_to_drop_span(
+        self,
+        id_: str,
+        bound_args: inspect.BoundArguments,
+        instance: Any | None = None,
+        err: BaseException | None = None,
+        **kwargs: Any,
+    ) -> BaseSpan | None:
+        self._close(id_, None, err)
+        return None
+
+
+class EventRecorder(BaseEventHandler):
+    """LLM chat calls (usage, the reply, first-token latency) and retrieval hits."""
+
+    _tracker: Tracker | None = PrivateAttr(default=None)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "ContextEngineEventRecorder"
+
+    @property
+    def tracker(self) -> Tracker:
+        assert self._tracker is not None, "bind() the handler first"
+        return self._tracker
+
+    def bind(self, tracker: Tracker) -> EventRecorder:
+        self._tracker = tracker
+        return self
+
+    def _call(self, event: BaseEvent) -> LlmCall | None:
+        """The call ``event`` belongs to when its span is the call's recorded one (the
+        first span of a nested chain that emits LLM events)."""
+        span_id = event.span_id
+        if span_id is None:
+            return None
+        with self.tracker.lock:
+            call = self.tracker.calls.get(span_id)
+            if call is None or call.skip:
+                return None
+            if call.events_span is None and isinstance(event, LLMChatStartEvent):
+                call.events_span = span_id
+            return call if call.events_span == span_id else None
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        tracker = self.tracker
+        if not tracker.plugin.installed:
+            return
+        if isinstance(event, (LLMChatStartEvent, LLMChatInProgressEvent, LLMChatEndEvent)):
+            call = self._call(event)
+            if call is None:
+                return
+            if isinstance(event, LLMChatInProgressEvent) and call.first_token is None:
+                call.first_token = time.perf_counter()
+            elif isinstance(event, LLMChatEndEvent):
+                if event.response is not None:
+                    tracker.record_reply(call, event.response)
+                if call.root_done:
+                    tracker.finish_call(call)
+        elif isinstance(event, ExceptionEvent):
+            with tracker.lock:
+                call = tracker.calls.get(event.span_id or "")
+            if call is not None and call.streaming and call.events_span == event.span_id:
+                tracker.record_failure(call, event.exception)
+                tracker.finish_call(call)
+        elif isinstance(event, RetrievalEndEvent):
+            info = tracker.span(event.span_id)
+            if info is not None and not info.in_query and not is_suppressed():
+                tracker.record_hits(info, event.nodes)
+        elif isinstance(event, QueryEndEvent):
+            info = tracker.span(event.span_id)
+            nodes = getattr(event.response, "source_nodes", None)
+            if info is not None and nodes and not is_suppressed():
+                tracker.record_hits(info, nodes)

@@ -1,0 +1,154 @@
+"""The LlamaIndex plugin: install / uninstall through the ce.core Plugin template."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ce.core.integration import InjectMode, Plugin
+from ce.llamaindex.package import REQUIREMENTS
+
+if TYPE_CHECKING:
+    from llama_index.core.llms import LLM
+
+    from ce.core.config import RuntimeConfig
+    from ce.core.engine import ContextEngine
+    from ce.llamaindex._record import Tracker
+    from ce.llamaindex._wrap import ContextEngineLLM
+
+__all__ = ["LlamaIndexPlugin", "install", "uninstall", "wrap"]
+
+
+def _remove(handlers: list[Any], handler: object) -> None:
+    for index, candidate in enumerate(handlers):
+        if candidate is handler:
+            del handlers[index]
+            return
+
+
+class LlamaIndexPlugin(Plugin):
+    """Records every LlamaIndex run and injects the engine's assembled input before every
+    LLM chat call (``chat``, ``achat``, ``stream_chat``, ``astream_chat``: FunctionAgent,
+    AgentWorkflow and ReActAgent tool loops, chat engines, and direct LLM calls).
+
+    It adds one span handler and one event handler to LlamaIndex's root dispatcher and
+    removes exactly those on :meth:`uninstall`. With ``mode="augment"`` the model receives
+    the app's own messages plus the engine's context (see
+    :func:`ce.core.integration.augment_openai`). Option of :meth:`install`: ``inject=False``
+    records only (inject with :func:`wrap` instead). Calls inside
+    :func:`ce.core.integration.suppressed` are neither rewritten nor recorded.
+    """
+
+    name: ClassVar[str] = "llamaindex"
+    requirements: ClassVar[tuple[str, ...]] = REQUIREMENTS
+
+    tracker: Tracker | None = None
+
+    def _install(self, *, inject: bool = True, **options: Any) -> None:
+        if options:
+            raise TypeError(f"unknown install options: {sorted(options)}")
+        from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+
+        from ce.llamaindex._handlers import EventRecorder, SpanTracker
+        from ce.llamaindex._record import Tracker
+
+        root = get_dispatcher()
+        tracker = Tracker(self)
+        spans = SpanTracker().bind(tracker, inject)
+        events = EventRecorder().bind(tracker)
+        root.add_span_handler(spans)
+        self.ledger.register(lambda: _remove(root.span_handlers, spans), "root span handler")
+        root.add_event_handler(events)
+        self.ledger.register(lambda: _remove(root.event_handlers, events), "root event handler")
+        self.tracker = tracker
+        self.ledger.register(self._forget_tracker, "tracker")
+        if self.fail_closed and inject:
+            self._raise_from_span_enter()
+
+    def _forget_tracker(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+        self.tracker = None
+
+    def _raise_from_span_enter(self) -> None:
+        # The dispatcher swallows every error of its handlers, so no handler can stop a
+        # call; with fail_closed the engine's error must reach the caller: span_enter (which
+        # runs before the LLM method body, outside the wrapper's try) re-raises it.
+        from llama_index.core.instrumentation.dispatcher import (  # type: ignore[attr-defined]
+            Dispatcher,
+        )
+        from llama_index.core.instrumentation.span import active_span_id
+
+        from ce.llamaindex._handlers import failure
+
+        def factory(original: Any) -> Any:
+            def span_enter(
+                self: Dispatcher,
+                id_: str,
+                bound_args: Any,
+                instance: Any = None,
+                parent_id: str | None = None,
+                tags: dict[str, Any] | None = None,
+                **kwargs: Any,
+            ) -> None:
+                original(
+                    self,
+                    id_=id_,
+                    bound_args=bound_args,
+                    instance=instance,
+                    parent_id=parent_id,
+                    tags=tags,
+                    **kwargs,
+                )
+                error = failure(id_)
+                if error is not None:
+                    active_span_id.set(parent_id)  # the span never starts: its parent is current
+                    raise error
+
+            return span_enter
+
+        self.ledger.wrap(Dispatcher, "span_enter", factory)
+
+
+def install(
+    engine: ContextEngine | None = None,
+    *,
+    session_id: str | None = None,
+    config: RuntimeConfig | None = None,
+    mode: InjectMode = "replace",
+    fail_closed: bool = False,
+    strict: bool = False,
+    inject: bool = True,
+) -> LlamaIndexPlugin:
+    """Record every LlamaIndex run and inject the assembled input before every LLM chat
+    call; returns the plugin (``.uninstall()`` restores the root dispatcher's handler lists
+    exactly). See :meth:`ce.core.integration.Plugin.install` for the arguments;
+    ``inject=False`` records only (inject with :func:`wrap` instead). Idempotent."""
+    return LlamaIndexPlugin().install(
+        engine,
+        session_id=session_id,
+        config=config,
+        mode=mode,
+        fail_closed=fail_closed,
+        strict=strict,
+        inject=inject,
+    )
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (a logged no-op when it is not installed)."""
+    LlamaIndexPlugin().uninstall()
+
+
+def wrap(llm: LLM, engine: ContextEngine | None = None, **install_options: Any) -> ContextEngineLLM:
+    """``llm`` as an LLM that receives the engine's assembled input on every chat call
+    (``chat``, ``achat``, ``stream_chat``, ``astream_chat``, and the ``*_with_tools`` calls of
+    function-calling agents, whose tool schemas count against the budget), for apps that
+    prefer an explicit wrapper to the global span handler. Installs the plugin for recording
+    (with ``inject=False``) when it is not installed yet; with the global injection installed
+    too, a call is injected once."""
+    from ce.llamaindex._wrap import ContextEngineLLM
+
+    plugin = LlamaIndexPlugin()
+    if not plugin.installed:
+        plugin.install(engine, inject=False, **install_options)
+    return ContextEngineLLM(inner=llm)

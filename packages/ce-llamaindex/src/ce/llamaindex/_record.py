@@ -1,0 +1,289 @@
+"""LlamaIndex runs -> the engine: what the span and event handlers on the root dispatcher see.
+
+:class:`Tracker` keeps the open spans (parent, session, the tool call and query engine they
+run in) and the LLM calls in flight. An LLM chat span nested in another one (a mock LLM's
+``achat`` calling its own ``chat``, a wrapper calling the wrapped LLM) belongs to the outer
+call: only the first span of such a chain that emits LLM events is recorded, so a call's usage
+is counted once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import (
+    ModelCall,
+    Recorder,
+    RetrievalHit,
+    ToolRun,
+    error_text,
+    record_sync,
+)
+from ce.llamaindex._convert import message_text, reply_to_message
+
+if TYPE_CHECKING:
+    from llama_index.core.base.llms.types import ChatResponse
+    from llama_index.core.schema import NodeWithScore
+
+    from ce.core.integration import Plugin
+
+__all__ = ["LlmCall", "SpanInfo", "Tracker", "call_args", "hits_from_nodes", "tokens_of"]
+
+_URI_KEYS = ("source", "uri", "url", "file_path", "file_name")
+_METADATA_VALUE_MAX = 512
+
+
+@dataclass
+class LlmCall:
+    """One LLM chat call: the outermost chat span and the spans nested in it. A ``helper``
+    call (made inside a query engine or a tool run: response synthesis) is recorded as usage
+    only, and its input is left alone."""
+
+    root: str
+    session_id: str
+    provider: str
+    model: str
+    params: dict[str, Any]
+    skip: bool = False
+    helper: bool = False
+    perf: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    events_span: str | None = None
+    streaming: bool = False
+    root_done: bool = False
+    target: list[Any] | None = None
+    original: list[Any] | None = None
+
+
+@dataclass
+class SpanInfo:
+    """An open span: its parent, session, and what it runs inside."""
+
+    parent: str | None
+    named: str | None
+    session_id: str
+    call: LlmCall | None = None
+    tool_call_id: str | None = None
+    tool: ToolRun | None = None
+    in_query: bool = False
+    started: float = field(default_factory=time.time)
+
+
+def tokens_of(response: ChatResponse) -> tuple[int, int]:
+    """Prompt and completion tokens a response reports (0, 0 when it reports none)."""
+    from llama_index.core.callbacks.token_counting import get_tokens_from_response
+
+    try:
+        prompt, completion = get_tokens_from_response(response)
+    except Exception:  # a provider's raw object that is neither a dict nor a model
+        prompt, completion = 0, 0
+    if not (prompt or completion):
+        extra = response.additional_kwargs or {}
+        prompt, completion = extra.get("prompt_tokens", 0), extra.get("completion_tokens", 0)
+    return int(prompt or 0), int(completion or 0)
+
+
+def _small(value: Any) -> bool:
+    if isinstance(value, str):
+        return len(value) <= _METADATA_VALUE_MAX
+    return isinstance(value, (int, float, bool))
+
+
+def hits_from_nodes(nodes: Sequence[NodeWithScore]) -> list[RetrievalHit]:
+    """Retrieved nodes as neutral hits: the source uri from the node's metadata (``source``,
+    ``uri``, ``url``, ``file_path`` or ``file_name``), the score, the source document's id,
+    and the node's small scalar metadata (with its ``node_id`` and ``ref_doc_id``)."""
+    hits: list[RetrievalHit] = []
+    for scored in nodes:
+        node = scored.node
+        meta = dict(node.metadata or {})
+        uri = next((str(meta[k]) for k in _URI_KEYS if meta.get(k)), "")
+        metadata = {str(k): v for k, v in meta.items() if _small(v) and k not in _URI_KEYS}
+        metadata["node_id"] = node.node_id
+        if node.ref_doc_id:
+            metadata["ref_doc_id"] = node.ref_doc_id
+        version = meta.get("version")
+        hits.append(
+            RetrievalHit(
+                content=node.get_content(),
+                uri=uri,
+                score=float(scored.score) if scored.score is not None else None,
+                doc_id=node.ref_doc_id or node.node_id,
+                doc_version=str(version) if version is not None else None,
+                metadata=metadata,
+            )
+        )
+    return hits
+
+
+def _tool_output(output: Any) -> tuple[str, str | None]:
+    """The text of a ToolOutput and its error (the exception, else the text when it is an
+    error)."""
+    text = str(getattr(output, "content", output))
+    if not getattr(output, "is_error", False):
+        return text, None
+    exception = getattr(output, "exception", None)
+    return text, error_text(exception) if isinstance(exception, BaseException) else text
+
+
+class Tracker:
+    """State shared by the plugin's span and event handlers, and the engine writes."""
+
+    def __init__(self, plugin: Plugin) -> None:
+        self.plugin = plugin
+        self.spans: dict[str, SpanInfo] = {}
+        self.calls: dict[str, LlmCall] = {}
+        self._asked: dict[str, list[tuple[str, str, Any]]] = {}
+        self.lock = threading.Lock()
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def span(self, span_id: str | None) -> SpanInfo | None:
+        if span_id is None:
+            return None
+        with self.lock:
+            return self.spans.get(span_id)
+
+    def write(
+        self, session_id: str, what: str, work: Callable[[Recorder], Coroutine[Any, Any, Any]]
+    ) -> None:
+        record_sync(self.plugin, session_id, what, work)
+
+    def asked_call_id(self, session_id: str, name: str, args: Any) -> str | None:
+        """The id of the first call of the session's latest model reply with this tool name
+        and arguments that no tool run has claimed yet (for tools the app calls itself,
+        outside an agent's ``call_tool`` step)."""
+        with self.lock:
+            asked = self._asked.get(session_id, [])
+            for index, (call_id, asked_name, asked_args) in enumerate(asked):
+                if asked_name == name and asked_args == args:
+                    del asked[index]
+                    return call_id
+        return None
+
+    # -- LLM calls --------------------------------------------------------------------------
+
+    @staticmethod
+    def restore(call: LlmCall) -> None:
+        """Put the caller's list back as it was before the rewrite."""
+        if call.target is not None and call.original is not None:
+            call.target[:] = call.original
+            call.target = call.original = None
+
+    def close(self) -> None:
+        """Put back every list still rewritten (streams not consumed to their end) and
+        forget all state: the plugin is being uninstalled."""
+        with self.lock:
+            calls = list({id(c): c for c in self.calls.values()}.values())
+            self.calls.clear()
+            self.spans.clear()
+            self._asked.clear()
+        for call in calls:
+            self.restore(call)
+
+    def finish_call(self, call: LlmCall) -> None:
+        self.restore(call)
+        with self.lock:
+            for span_id in [s for s, c in self.calls.items() if c is call]:
+                del self.calls[span_id]
+
+    def record_reply(self, call: LlmCall, response: ChatResponse) -> None:
+        ended = time.perf_counter()
+        prompt, completion = tokens_of(response)
+        message = response.message
+        model_call = ModelCall(
+            call_id=call.root,
+            provider=call.provider,
+            model=call.model,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            latency_ms=round((ended - call.perf) * 1000),
+            first_token_latency_ms=(
+                round((call.first_token - call.perf) * 1000)
+                if call.streaming and call.first_token is not None
+                else None
+            ),
+            output_text=message_text(message),
+            params=call.params,
+        )
+        reply = reply_to_message(message, call.provider, call.model)
+        if call.helper:  # a query engine's or a tool's own call: usage only
+            self.write(
+                call.session_id, "record model call", lambda r: r.record_model_call(model_call)
+            )
+            return
+        with self.lock:  # the calls of the session's latest reply, for asked_call_id
+            if reply.tool_calls:
+                self._asked[call.session_id] = [
+                    (c.tool_call_id, c.name, c.arguments) for c in reply.tool_calls
+                ]
+            else:
+                self._asked.pop(call.session_id, None)
+
+        async def work(recorder: Recorder) -> None:
+            await recorder.record_model_call(model_call)
+            await recorder.engine.commit_assistant_message(recorder.session_id, reply)
+
+        self.write(call.session_id, "record model call", work)
+
+    def record_failure(self, call: LlmCall, error: BaseException | str) -> None:
+        text = error if isinstance(error, str) else error_text(error)
+        model_call = ModelCall(
+            call_id=call.root,
+            provider=call.provider,
+            model=call.model,
+            prompt_tokens=0,
+            completion_tokens=0,
+            latency_ms=round((time.perf_counter() - call.perf) * 1000),
+            params=call.params,
+            error=text,
+        )
+        self.write(call.session_id, "record model call", lambda r: r.record_model_call(model_call))
+
+    # -- tools and retrieval ----------------------------------------------------------------
+
+    def record_tool(self, info: SpanInfo, output: Any, error: BaseException | None) -> None:
+        started = info.tool
+        if started is None:
+            return
+        result: str | None
+        failure: str | None
+        if error is not None:
+            result, failure = None, error_text(error)
+        else:
+            result, failure = _tool_output(output)
+        run = ToolRun(
+            tool_call_id=started.tool_call_id,
+            name=started.name,
+            args=started.args,
+            result=result,
+            error=failure,
+            started_at=started.started_at,
+            ended_at=time.time(),
+            provider_name="llamaindex",
+        )
+        self.write(info.session_id, "record tool run", lambda r: r.record_tool_run(run))
+
+    def record_hits(self, info: SpanInfo, nodes: Sequence[NodeWithScore]) -> None:
+        hits = hits_from_nodes(nodes)
+        if hits:
+            self.write(
+                info.session_id,
+                "record retrieval",
+                lambda r: r.record_retrieval(hits, info.tool_call_id),
+            )
+
+
+def call_args(kwargs: Mapping[str, Any] | None, args: Sequence[Any] | None) -> dict[str, Any] | str:
+    """A tool's arguments as the model gave them: the keyword arguments, else the one
+    positional input."""
+    if kwargs:
+        return dict(kwargs)
+    if args:
+        first = args[0]
+        return dict(first) if isinstance(first, Mapping) else str(first)
+    return {}

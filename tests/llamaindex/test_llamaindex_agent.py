@@ -1,0 +1,182 @@
+"""A FunctionAgent with two tools (one fails) and a query engine tool over an offline
+VectorStoreIndex, driven sync, async and streaming through the one-line install: what the model
+received on the first and the post-tool call, and what the session document holds."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from llama_index.core import Document, VectorStoreIndex
+from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.llms import mock
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.tools import FunctionTool, QueryEngineTool
+from llamaindex_fakes import NestingLLM, Reply, ScriptedLLM
+
+import ce.llamaindex
+from ce.core.engine import ContextEngine
+from ce.core.schema import EvidenceType, Role, ToolCallStatus
+
+SYSTEM = "You are the weather agent."
+CALLS = [
+    ("call_w", "get_weather", {"city": "Paris"}),
+    ("call_f", "flaky", {"x": 1}),
+    ("call_s", "search_docs", {"input": "autumn"}),
+]
+
+
+def agent_script(messages: list[dict[str, Any]]) -> Reply:
+    if messages[-1]["role"] == "tool":
+        return "Paris is sunny.", []
+    return "", CALLS
+
+
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return f"Sunny in {city}"
+
+
+def flaky(x: int) -> str:
+    """A tool that fails."""
+    raise ValueError("kaboom")
+
+
+class KeepParis(BaseNodePostprocessor):
+    """A reranker stand-in: keeps the Paris document and rescores it."""
+
+    def _postprocess_nodes(
+        self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
+    ) -> list[NodeWithScore]:
+        return [
+            NodeWithScore(node=n.node, score=0.75)
+            for n in nodes
+            if n.node.metadata["source"] == "kb://paris"
+        ]
+
+
+def search_tool() -> QueryEngineTool:
+    documents = [
+        Document(text="Paris is mild in autumn.", metadata={"source": "kb://paris"}, doc_id="p"),
+        Document(text="Oslo is cold in autumn.", metadata={"source": "kb://oslo"}, doc_id="o"),
+    ]
+    index = VectorStoreIndex.from_documents(documents, embed_model=MockEmbedding(embed_dim=8))
+    synthesizer = ScriptedLLM(script=lambda m: ("Paris is mild in autumn.", []), seen=[])
+    engine = index.as_query_engine(
+        llm=synthesizer, similarity_top_k=2, node_postprocessors=[KeepParis()]
+    )
+    return QueryEngineTool.from_defaults(
+        engine, name="search_docs", description="Search the knowledge base."
+    )
+
+
+def make_agent(llm: Any, streaming: bool) -> FunctionAgent:
+    return FunctionAgent(
+        tools=[
+            FunctionTool.from_defaults(get_weather),
+            FunctionTool.from_defaults(flaky),
+            search_tool(),
+        ],
+        llm=llm,
+        system_prompt=SYSTEM,
+        streaming=streaming,
+    )
+
+
+async def _run(agent: FunctionAgent, engine: ContextEngine, session_id: str) -> str:
+    with engine.session(session_id):
+        handler = agent.run(user_msg="weather in Paris?")
+        async for _ in handler.stream_events():
+            pass
+        result = await handler
+    return str(result.response.content)
+
+
+@pytest.mark.parametrize("path", ["sync", "async", "stream"])
+async def test_agent_tool_loop_is_injected_and_recorded(path: str, engine: ContextEngine) -> None:
+    ce.llamaindex.install(engine)
+    await engine.update_notebook("sess-1", "NOTEBOOK-MARK")
+    llm = ScriptedLLM(script=agent_script, seen=[])
+    agent = make_agent(llm, streaming=path == "stream")
+    if path == "sync":  # a blocking caller: no event loop in its thread
+        answer = await asyncio.to_thread(lambda: asyncio.run(_run(agent, engine, "sess-1")))
+    else:
+        answer = await _run(agent, engine, "sess-1")
+    assert answer == "Paris is sunny."
+
+    # what the model received: the engine's input on the first and on the post-tool call
+    first, second = llm.seen
+    assert [m.role.value for m in first] == ["system", "user"]
+    assert SYSTEM in str(first[0].content) and "NOTEBOOK-MARK" in str(first[0].content)
+    assert first[1].content == "weather in Paris?"
+    assert [m.role.value for m in second] == ["system", "user", "assistant", "tool", "tool", "tool"]
+    assert "NOTEBOOK-MARK" in str(second[0].content)
+    tools = {m.additional_kwargs["tool_call_id"]: str(m.content) for m in second[3:]}
+    assert tools["call_w"] == "Sunny in Paris"
+    assert "kaboom" in tools["call_f"]
+
+    # what the session document holds
+    doc = await engine.get_session("sess-1")
+    roles = [m.role for m in doc.session.messages if m.role is not Role.SYSTEM]
+    assert roles == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.TOOL, Role.TOOL, Role.ASSISTANT]
+    assert doc.session.messages[-1].content == "Paris is sunny."
+    assert doc.session.messages[-1].invocation is not None
+    records = {r.tool_call_id: r for r in doc.session.tool_state.tool_calls}
+    assert set(records) == {"call_w", "call_f", "call_s"}
+    assert records["call_w"].status is ToolCallStatus.SUCCESS
+    assert records["call_f"].status is ToolCallStatus.ERROR
+    assert records["call_s"].status is ToolCallStatus.SUCCESS
+    assert records["call_w"].args_digest == {"city": "Paris"}
+    assert all(r.duration_ms is not None and r.duration_ms >= 0 for r in records.values())
+    # the hits after the query engine's postprocessor, linked to the tool call
+    rag = [e for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC]
+    assert [(e.source.uri, e.confidence) for e in rag] == [("kb://paris", 0.75)]
+    assert rag[0].links is not None and rag[0].links.tool_call_id == "call_s"
+    assert rag[0].metadata["doc_id"] == "p"
+    assert f'id="{rag[0].evidence_id}"' in tools["call_s"]
+    # usage counted once per model call: the agent's two and the query engine's synthesis
+    usage = doc.session.model_usage
+    assert len(usage) == 3
+    counts = [(u.prompt_tokens, u.completion_tokens) for u in usage]
+    assert counts[0] == (20, 5) and counts[-1] == (60, 5)  # the synthesis runs in between
+    assert len(await engine.list_turns("sess-1")) == 2  # the synthesis call is left alone
+    streamed = [u.first_token_latency_ms is not None for u in usage]
+    assert streamed == ([True, False, True] if path == "stream" else [False] * 3)
+
+
+def _nesting_llms() -> list[Any]:
+    def weather_only(messages: list[dict[str, Any]]) -> Reply:
+        return ("Paris is sunny.", []) if messages[-1]["role"] == "tool" else ("", CALLS[:1])
+
+    llms: list[Any] = [NestingLLM(script=weather_only, seen=[])]
+    if hasattr(mock, "MockFunctionCallingLLM"):  # llama-index-core >= 0.14.1
+        llms.append(mock.MockFunctionCallingLLM())
+    return llms
+
+
+@pytest.mark.parametrize("llm", _nesting_llms(), ids=lambda llm: type(llm).__name__)
+async def test_nested_chat_spans_are_recorded_once(llm: Any, engine: ContextEngine) -> None:
+    """An LLM whose achat calls its own chat (as LlamaIndex's MockFunctionCallingLLM does)
+    opens two chat spans and emits two sets of LLM events per call: one model call, one
+    injection, one reply."""
+    ce.llamaindex.install(engine, session_id="s-nest")
+    agent = FunctionAgent(
+        tools=[FunctionTool.from_defaults(get_weather)],
+        llm=llm,
+        system_prompt=SYSTEM,
+        streaming=False,
+    )
+    result = await agent.run(user_msg="weather in Paris?")
+    assert str(result.response.content) in ("Tool calls complete.", "Paris is sunny.")
+    doc = await engine.get_session("s-nest")
+    usage = doc.session.model_usage
+    assert len(usage) == 2  # the tool-call step and the answer, not four
+    assert len({u.model_usage_id for u in usage}) == 2
+    if isinstance(llm, NestingLLM):
+        assert [(u.prompt_tokens, u.completion_tokens) for u in usage] == [(20, 5), (40, 5)]
+    assert len(await engine.list_turns("s-nest")) == 2
+    replies = [m for m in doc.session.messages if m.role is Role.ASSISTANT]
+    assert len(replies) == 2

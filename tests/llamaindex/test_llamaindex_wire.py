@@ -1,0 +1,144 @@
+"""Wire level: an unchanged FunctionAgent app over llama-index-llms-openai's OpenAI, pointed at
+the scripted OpenAI server; one line of install. The exact request bodies show the engine's
+input on every call, the post-tool calls included, streaming or not."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_index.llms.openai")
+
+from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.instrumentation.dispatcher import instrument_tags
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.core.tools import FunctionTool
+from llama_index.llms.openai import OpenAI
+
+import ce.llamaindex
+from ce.core.config import BudgetConfig, RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.formats import from_openai_messages
+from ce.core.primitives import SequentialIdGenerator, SteppingClock
+from ce.core.schema import EvidenceType
+from ce.core.stores import MemoryStore
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing.assertions import assert_tool_pairs_intact
+from ce.core.tokens import TiktokenEstimator
+from ce.llamaindex import LlamaIndexPlugin
+
+SYSTEM = "You answer from the knowledge base."
+CANARY = "alice.canary@example.com"
+BUDGET = BudgetConfig(max_input_tokens=900, reserved_reply_tokens=100)
+FILLER = "Background detail that matters little. " * 40
+
+
+class KB(BaseRetriever):
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        query = query_bundle.query_str
+        text = f"Fact about {query}: it is documented. {FILLER}"
+        node = TextNode(text=text, metadata={"source": f"kb://{query}"})
+        return [NodeWithScore(node=node, score=0.8)]
+
+
+async def search_kb(query: str) -> str:
+    """Search the knowledge base."""
+    return "\n".join(n.node.get_content() for n in await KB().aretrieve(query))
+
+
+def script(body: dict[str, Any]) -> ScriptedResponse:
+    messages = body["messages"]
+    if messages[-1]["role"] == "tool":
+        return ScriptedResponse(text="Here is what the knowledge base says.")
+    topic = f"topic{sum(m['role'] == 'user' for m in messages)}"
+    call_id = f"call_{len(messages)}_{topic}"
+    return ScriptedResponse(tool_calls=[(call_id, "search_kb", json.dumps({"query": topic}))])
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[ContextEngine]:
+    engine = ContextEngine(
+        MemoryStore(),
+        clock=SteppingClock(),
+        id_generator=SequentialIdGenerator("id"),
+        config=RuntimeConfig(model_hint="gpt-4o", budget=BUDGET),
+    )
+    yield engine
+    await engine.close()
+
+
+def _tokens(request: dict[str, Any]) -> int:
+    estimator = TiktokenEstimator()
+    parts = from_openai_messages(request["messages"])
+    return sum(estimator.estimate_message(p.role, p.content, "gpt-4o") for p in parts)
+
+
+async def test_every_request_body_is_the_engines_input(engine: ContextEngine) -> None:
+    with ScriptedOpenAIServer(script) as server:
+        # the app, unchanged
+        llm = OpenAI(
+            model="gpt-4o",
+            api_base=server.base_url,
+            api_key="sk-test",
+            additional_kwargs={"stream_options": {"include_usage": True}},
+        )
+        tools = [FunctionTool.from_defaults(search_kb)]
+        agents = [
+            FunctionAgent(tools=tools, llm=llm, system_prompt=SYSTEM, streaming=streaming)
+            for streaming in (False, True, False)
+        ]
+        # the one line
+        ce.llamaindex.install(engine)
+        try:
+            for n, agent in enumerate(agents):
+                question = f"Question {n}: tell me more. Mail me at {CANARY} please."
+                with instrument_tags({"ce_session_id": "wire"}):
+                    handler = agent.run(user_msg=question)
+                    async for _ in handler.stream_events():
+                        pass
+                    await handler
+        finally:
+            LlamaIndexPlugin().uninstall()
+        requests = server.requests
+
+    assert len(requests) == 6  # per question: the first call and the post-tool call
+    assert [r.get("stream", False) for r in requests] == [False, False, True, True, False, False]
+    doc = await engine.get_session("wire")
+    rag = {e.source.uri: e for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC}
+    assert set(rag) == {"kb://topic1", "kb://topic2", "kb://topic3"}
+    assert all(e.links is not None and e.links.tool_call_id for e in rag.values())
+    usage = doc.session.model_usage
+    assert [(u.prompt_tokens, u.completion_tokens) for u in usage] == [(10, 5)] * 6
+    assert all((u.provider, u.model) == ("openai", "gpt-4o") for u in usage)
+    turns = await engine.list_turns("wire")
+    assert len(turns) == len(requests)
+    for index, (request, turn) in enumerate(zip(requests, turns, strict=True)):
+        text = json.dumps(request)
+        assert CANARY not in text  # redacted before it reaches the wire
+        assert request["model"] == "gpt-4o"
+        assert [t["function"]["name"] for t in request["tools"]] == ["search_kb"]
+        messages = request["messages"]
+        assert messages[0]["role"] == "system" and messages[0]["content"].startswith(SYSTEM)
+        assert sum(m["role"] == "system" for m in messages) == 1
+        parts = from_openai_messages(messages)
+        assert_tool_pairs_intact(parts)
+        # within the budget the engine reported for this very call
+        assert turn.report is not None
+        assert turn.report.token_used <= BUDGET.max_input_tokens - BUDGET.reserved_reply_tokens
+        assert _tokens(request) <= BUDGET.max_input_tokens - BUDGET.reserved_reply_tokens
+        last = messages[-1]
+        if index % 2 == 0:  # first call of a question: the newest user message, redacted
+            assert last["role"] == "user" and "[REDACTED:email]" in last["content"]
+        else:  # post-tool call: the tool result is the retrieved doc, fenced with its id
+            assert last["role"] == "tool"
+            uri = f"kb://topic{index // 2 + 1}"
+            assert f'id="{rag[uri].evidence_id}"' in last["content"]
+            assert f'uri="{uri}"' in last["content"]
+            assert messages[-2]["tool_calls"][0]["id"] == last["tool_call_id"]
+    # the budget forced the engine to leave older history out of the last calls
+    assert len(requests[-1]["messages"]) < 1 + 3 * 3 + 1
+    assert any(d.action != "kept" for t in turns for d in t.report.prune_decisions)
