@@ -24,6 +24,7 @@ nox.options.sessions = [
     "tests-core",
     "tests-langchain",
     "tests-llamaindex",
+    "tests-mixed",
 ]
 
 
@@ -113,6 +114,24 @@ def tests_llamaindex(session: nox.Session, llamaindex: str) -> None:
         *LLAMAINDEX_VERSIONS[llamaindex],
     )
     session.run("pytest", "tests/llamaindex", *session.posargs, env=_env())
+
+
+@nox.session(name="tests-mixed")
+def tests_mixed(session: nox.Session) -> None:
+    """One session shared by a LangChain agent and a LlamaIndex agent
+    (examples/mixed_runtime.py), both frameworks at their latest, in one virtualenv."""
+    session.install(
+        *TEST_DEPS,
+        "-e",
+        f"{CORE}[tiktoken]",
+        "-e",
+        LANGCHAIN,
+        "-e",
+        LLAMAINDEX,
+        *LANGCHAIN_VERSIONS["latest"],
+        *LLAMAINDEX_VERSIONS["latest"],
+    )
+    session.run("pytest", "tests/mixed", *session.posargs, env=_env())
 
 
 @nox.session
