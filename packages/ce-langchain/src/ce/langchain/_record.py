@@ -176,13 +176,12 @@ class RecordingHandler(BaseCallbackHandler):
             params=run.params,
         )
 
-        async def work(recorder: Recorder) -> None:
-            await recorder.record_model_call(call)
-            if isinstance(message, AIMessage):
-                reply = ai_to_message(message, run.provider, run.model)
-                await recorder.engine.commit_assistant_message(recorder.session_id, reply)
-
-        self._write(run.session_id, "record model call", work)
+        reply = (
+            ai_to_message(message, run.provider, run.model)
+            if isinstance(message, AIMessage)
+            else None
+        )
+        self._write(run.session_id, "record model call", lambda r: r.record_model_call(call, reply))
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._pop(run_id)

@@ -224,11 +224,9 @@ class Tracker:
             else:
                 self._asked.pop(call.session_id, None)
 
-        async def work(recorder: Recorder) -> None:
-            await recorder.record_model_call(model_call)
-            await recorder.engine.commit_assistant_message(recorder.session_id, reply)
-
-        self.write(call.session_id, "record model call", work)
+        self.write(
+            call.session_id, "record model call", lambda r: r.record_model_call(model_call, reply)
+        )
 
     def record_failure(self, call: LlmCall, error: BaseException | str) -> None:
         text = error if isinstance(error, str) else error_text(error)

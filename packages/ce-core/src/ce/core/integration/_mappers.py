@@ -16,6 +16,7 @@ from ce.core.schema import (
     EvidenceLinks,
     EvidenceSource,
     EvidenceType,
+    Message,
     ModelUsage,
     ModelUsageStage,
     ModelUsageStatus,
@@ -268,14 +269,17 @@ class Recorder:
         again); returns them in hit order."""
         return [await self._ingest(evidence_from_hit(hit, tool_call_id)) for hit in hits]
 
-    async def record_model_call(self, call: ModelCall) -> ModelUsage:
-        """Store the call's ``llm_output`` evidence (when it has text) and its
-        :class:`ModelUsage`; returns the usage."""
+    async def record_model_call(self, call: ModelCall, reply: Message | None = None) -> ModelUsage:
+        """Store the call's ``reply`` (when given, as the assistant message), its
+        ``llm_output`` evidence (when it has text) and its :class:`ModelUsage`, in one engine
+        write (:meth:`ContextEngine.record_model_call`); returns the usage."""
         draft = llm_output_evidence(call)
-        evidence = await self._ingest(draft) if draft is not None else None
         usage = model_usage_from_call(call)
-        await self.engine.record_model_usage(
-            self.session_id, usage, evidence.evidence_id if evidence is not None else None
+        await self.engine.record_model_call(
+            self.session_id,
+            usage,
+            reply=reply,
+            output=(draft.content, draft.source) if draft is not None else None,
         )
         return usage
 
