@@ -216,7 +216,7 @@ async def test_rolling_summary_records_usage_and_evidence_and_hides_old_messages
     assert "summary #1" in adapter.requests[-1].messages[-1].content
 
 
-async def test_row_version_conflict_is_retried_once() -> None:
+async def test_row_version_conflicts_are_retried_then_raised() -> None:
     rec = Recorder()
     store = MemoryStore()
     engine = engine_with(rec, store)
@@ -237,9 +237,23 @@ async def test_row_version_conflict_is_retried_once() -> None:
     doc = await store.get_session("s")
     assert doc is not None
     assert [m.content for m in doc.session.messages] == ["first", "second"]
+    # more conflicts in a row: retried up to conflict_retries (4) times, then raised
+    failures["left"] = 4
+    await engine.prepare_turn("s", "third")
+    failures["left"] = 5
+    with pytest.raises(VersionConflictError):
+        await engine.prepare_turn("s", "fourth")
+    doc = await store.get_session("s")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages] == ["first", "second", "third"]
+    once = engine_with(
+        Recorder(), store, conflict_retries=1, id_generator=SequentialIdGenerator("once")
+    )  # the seed's retry once
     failures["left"] = 2
     with pytest.raises(VersionConflictError):
-        await engine.prepare_turn("s", "third")
+        await once.prepare_turn("s", "fifth")
+    with pytest.raises(ValueError, match="conflict_retries"):
+        engine_with(Recorder(), store, conflict_retries=-1)
 
 
 async def test_another_writer_is_seen_before_the_next_turn(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -86,6 +88,13 @@ class ContextEngine(HistoryWriter):
     ``llm_adapter`` (or a ``summarizer``) enables rolling summaries. Calls for one session are
     serialized; different sessions run concurrently. Every coroutine method has a blocking twin
     under :attr:`sync`.
+
+    ``conflict_retries``: how often a write the store refused because another process wrote
+    the session first (:class:`VersionConflictError`) is redone on the fresh session. The
+    first retry is immediate (seed 004 §18.2: retry once); the later ones wait a short random
+    pause first (at most 5 ms, 10 ms, 20 ms, … up to 200 ms), so many workers writing one
+    session at once do not lose a write that a plugin has no way to redo. The error reaches
+    the caller after that many retries (0: at once).
     """
 
     def __init__(
@@ -102,7 +111,11 @@ class ContextEngine(HistoryWriter):
         llm_adapter: LlmAdapter | None = None,
         summarizer: Summarizer | None = None,
         max_cached_sessions: int = 1024,
+        conflict_retries: int = 4,
     ) -> None:
+        if conflict_retries < 0:
+            raise ValueError(f"conflict_retries must be >= 0, got {conflict_retries}")
+        self.conflict_retries = conflict_retries
         self._owns_store = store is None
         self.store: Store = store or open_store(default_store_url())
         self.config = config or RuntimeConfig()
@@ -228,24 +241,29 @@ class ContextEngine(HistoryWriter):
     async def _attempt(
         self, session_id: str, call: WriteLog, op: Callable[[SessionEntry], Awaitable[_T]]
     ) -> _T:
-        """Run ``op`` on the session; on a version conflict reload and retry once (§18.2)."""
-        for attempt in (1, 2):
+        """Run ``op`` on the session; on a version conflict read the session again and redo
+        it, up to ``conflict_retries`` times (see the class docstring)."""
+        retry = 0
+        while True:
             entry = await self._entry(session_id)
             try:
                 return await op(entry)
             except VersionConflictError as exc:
+                # the cached state holds the refused writes: read the session afresh
                 self._entries.pop(session_id, None)
                 call.errors.append(("version_conflict", str(exc)))
                 await self._emit(
                     "Error", session_id, call.turn_id, reason="version_conflict", detail=str(exc)
                 )
-                if attempt == 2:
+                retry += 1
+                if retry > self.conflict_retries:
                     raise
+                if retry > 1:
+                    await asyncio.sleep(random.uniform(0, min(0.2, 0.0025 * 2**retry)))
             except BaseException:
                 # the cached state may hold writes that never reached the store
                 self._entries.pop(session_id, None)
                 raise
-        raise AssertionError("unreachable")
 
     async def _persist(
         self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None
