@@ -138,8 +138,36 @@ def _build(sent: Mapping[str, Any]) -> ChatMessage:
     return ChatMessage(role=MessageRole(role if role != "developer" else "system"), content=text)
 
 
-def _key(message: Mapping[str, Any]) -> str:
-    return json.dumps(message, sort_keys=True, default=str)
+def _key(message: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes two OpenAI message dicts the same message: role, content, tool ids, name
+    and calls (no JSON encoding of the whole dict: this runs for every message of every call)."""
+    calls = tuple(
+        (
+            _plain(call.get("id")),
+            _plain(_function(call).get("name")),
+            _plain(_function(call).get("arguments")),
+        )
+        for call in message.get("tool_calls") or ()
+    )
+    return (
+        message.get("role"),
+        _plain(message.get("content")),
+        _plain(message.get("tool_call_id")),
+        _plain(message.get("name")),
+        calls,
+    )
+
+
+def _plain(value: Any) -> str | None:
+    """A string or None as it is; anything else (content parts, parsed arguments) as JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _function(call: Mapping[str, Any]) -> Mapping[str, Any]:
+    function = call.get("function")
+    return function if isinstance(function, Mapping) else {}
 
 
 def _slot(message: Mapping[str, Any]) -> tuple[str, ...] | None:
@@ -163,7 +191,7 @@ def from_openai(
     one whose text the engine changed (a redacted call, a fenced tool result) is a copy of the
     app's message with the new text; the rest (the engine's system message, history from
     earlier runs) are new messages."""
-    same: dict[str, list[int]] = {}
+    same: dict[tuple[Any, ...], list[int]] = {}
     slots: dict[tuple[str, ...], list[int]] = {}
     for index, original in enumerate(original_dicts):
         same.setdefault(_key(original), []).append(index)
