@@ -556,3 +556,15 @@ async def test_record_model_call_stores_reply_output_and_usage_in_one_commit() -
     again = await engine.record_model_call("s1", usage, reply=reply, output=output)
     assert again.version == result.version
     assert await engine.get_session("s1") == doc
+
+
+async def test_a_retried_prepare_turn_does_not_store_its_user_message_twice() -> None:
+    store = MemoryStore()
+    engine = make_engine(store)
+    question = Message(role=Role.USER, content="Where is my parcel?", message_id="q1")
+    first = await engine.prepare_turn("s1", question)
+    again = await engine.prepare_turn("s1", question)  # e.g. the first answer was lost
+    assert again.assembled_input == first.assembled_input
+    doc = await store.get_session("s1")
+    assert doc is not None and [m.message_id for m in doc.session.messages] == ["q1"]
+    assert len(await engine.list_turns("s1")) == 2

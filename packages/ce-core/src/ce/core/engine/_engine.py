@@ -92,7 +92,7 @@ class ContextEngine(HistoryWriter):
     ``conflict_retries``: how often a write the store refused because another process wrote
     the session first (:class:`VersionConflictError`) is redone on the fresh session. The
     first retry is immediate (seed 004 §18.2: retry once); the later ones wait a short random
-    pause first (at most 5 ms, 10 ms, 20 ms, … up to 200 ms), so many workers writing one
+    pause first (at most 10 ms, 20 ms, 40 ms, … up to 200 ms), so many workers writing one
     session at once do not lose a write that a plugin has no way to redo. The error reaches
     the caller after that many retries (0: at once).
     """
@@ -349,7 +349,9 @@ class ContextEngine(HistoryWriter):
         user_message: Message | str,
         runtime_config: RuntimeConfig | None = None,
     ) -> PrepareResult:
-        """Record a new user message and assemble the model input for it."""
+        """Record a new user message and assemble the model input for it. A message whose
+        ``message_id`` is already stored is not written again: a retried call (its answer
+        lost) assembles the input again and stores one more turn record."""
         cfg = self._cfg(runtime_config)
         message = (
             Message(role=Role.USER, content=user_message)
@@ -361,8 +363,9 @@ class ContextEngine(HistoryWriter):
         call = WriteLog(self.ids.generate())
 
         async def op(entry: SessionEntry) -> PrepareResult:
-            self._begin_run(entry.state)
-            self._write_user(entry, message, cfg, call)
+            if not (message.message_id and message.message_id in entry.message_ids):
+                self._begin_run(entry.state)
+                self._write_user(entry, message, cfg, call)
             return await self._prepare(entry, cfg, call, "turn", None)
 
         async with self._serialized(session_id):

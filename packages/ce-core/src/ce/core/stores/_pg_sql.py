@@ -256,16 +256,16 @@ def write_records(
     return cursor.rowcount
 
 
-def _lock_head(conn: Conn, s: str, session_id: str) -> tuple[int, dict[str, str | None]]:
+def _lock_head(conn: Conn, s: str, session_id: str) -> tuple[int, dict[str, str | None], str]:
     """Lock the session's row for the rest of the transaction; its version (0 for a new
-    session) and stored ``summary`` / ``run_state`` / ``meta``.
+    session), stored ``summary`` / ``run_state`` / ``meta`` and epoch.
 
     A new session gets a version-0 row first (concurrent creators wait on it), which the
     caller turns into the real row or rolls back with its transaction. A new session starts
     a new epoch (see :class:`~ce.core.stores.base.SessionUpdate`).
     """
     select = (
-        f"SELECT version, summary, run_state, meta FROM {s}.sessions"
+        f"SELECT version, summary, run_state, meta, epoch FROM {s}.sessions"
         " WHERE session_id = %s FOR UPDATE"
     )
     row = conn.execute(select, (session_id,)).fetchone()
@@ -276,17 +276,19 @@ def _lock_head(conn: Conn, s: str, session_id: str) -> tuple[int, dict[str, str 
             (session_id, SCHEMA_VERSION, _DEFAULT_RUN, new_epoch()),
         )
         row = _one(conn.execute(select, (session_id,)))
-    return int(row[0]), dict(zip(_HEAD_COLUMNS, row[1:], strict=True))
+    return int(row[0]), dict(zip(_HEAD_COLUMNS, row[1:4], strict=True)), str(row[4])
 
 
 def commit(
     conn: Conn, s: str, session_id: str, changes: SessionChanges, expected_version: int | None
-) -> int:
-    """Apply ``changes`` in one transaction; the session's version afterwards."""
+) -> tuple[int, str | None]:
+    """Apply ``changes`` in one transaction; the session's version and epoch afterwards (no
+    epoch for a session that still does not exist)."""
     from psycopg import Rollback
 
+    epoch: str | None = None
     with conn.transaction() as transaction:
-        current, stored = _lock_head(conn, s, session_id)
+        current, stored, epoch = _lock_head(conn, s, session_id)
         BaseStore._check_version(session_id, expected_version, current)
         version = current + 1
         changed = sum(
@@ -308,8 +310,8 @@ def commit(
             f"UPDATE {s}.sessions SET version = %s{assignments} WHERE session_id = %s",
             (version, *updates.values(), session_id),
         )
-        return version
-    return current
+        return version, epoch
+    return current, epoch if current else None
 
 
 def _delete_records(conn: Conn, s: str, session_id: str) -> None:
@@ -319,12 +321,13 @@ def _delete_records(conn: Conn, s: str, session_id: str) -> None:
 
 def put(
     conn: Conn, s: str, session_id: str, doc: SessionDocument, expected_version: int | None
-) -> int:
+) -> tuple[int, str]:
     """Replace the session by ``doc`` (its turn records go; a new epoch starts) in one
-    transaction; the new version."""
+    transaction; the new version and epoch."""
     session = doc.session
+    epoch = new_epoch()
     with conn.transaction():
-        current, _ = _lock_head(conn, s, session_id)
+        current, _, _ = _lock_head(conn, s, session_id)
         BaseStore._check_version(session_id, expected_version, current)
         version = current + 1
         _delete_records(conn, s, session_id)
@@ -338,7 +341,7 @@ def put(
                 _json(session.summary) if session.summary else None,
                 _json(session.run),
                 _json(doc.meta) if doc.meta else None,
-                new_epoch(),
+                epoch,
                 session_id,
             ),
         )
@@ -354,7 +357,7 @@ def put(
         )
         for table, table_rows in rows.items():
             write_records(conn, s, table, session_id, version, table_rows)
-    return version
+    return version, epoch
 
 
 def _insert_audit(conn: Conn, s: str, record: AuditRecord) -> None:

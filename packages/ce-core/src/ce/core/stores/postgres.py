@@ -279,14 +279,14 @@ class PostgresStore(BaseStore):
     async def _commit(
         self, session_id: str, changes: SessionChanges, expected_version: int | None
     ) -> PutResult:
-        version = await self._run(_pg_sql.commit, session_id, changes, expected_version)
-        return PutResult(success=True, version=version)
+        version, epoch = await self._run(_pg_sql.commit, session_id, changes, expected_version)
+        return PutResult(success=True, version=version, epoch=epoch)
 
     async def _put_session(
         self, session_id: str, doc: SessionDocument, expected_version: int | None
     ) -> PutResult:
-        version = await self._run(_pg_sql.put, session_id, doc, expected_version)
-        return PutResult(success=True, version=version)
+        version, epoch = await self._run(_pg_sql.put, session_id, doc, expected_version)
+        return PutResult(success=True, version=version, epoch=epoch)
 
     async def delete_session(self, session_id: str) -> bool:
         record = self._audit_record("delete_session", session_id)
