@@ -154,17 +154,20 @@ def bench(session: nox.Session) -> None:
     """Run the benchmarks and write their figures into docs/benchmarks.md.
 
     bench_prepare.py compares ``prepare_turn`` with the frameworks' own trimmers, and
-    bench_langchain.py measures the LangChain plugin, so this session's virtualenv (and only
-    this one) holds the frameworks; bench_workers.py needs psycopg for its PostgreSQL runs.
+    bench_langchain.py / bench_llamaindex.py measure the LangChain / LlamaIndex plugins, so
+    this session's virtualenv (and only this one) holds the frameworks; bench_workers.py needs
+    psycopg for its PostgreSQL runs.
     """
     session.install(
         "-e",
         f"{CORE}[tiktoken,postgres]",
         "-e",
         LANGCHAIN,
+        "-e",
+        LLAMAINDEX,
         "tiktoken>=0.14.0",
         "langchain-core>=1.7.2,<2",
-        "llama-index-core>=0.14.25",
+        "llama-index-core>=0.14.25,<0.15",
         "autogen-core>=0.7.5",
         "autogen-agentchat>=0.7.5",
         "semantic-kernel>=1.45.0",
@@ -181,6 +184,12 @@ def bench(session: nox.Session) -> None:
     )
     session.run(
         "python", "benchmarks/bench_langchain.py", "--write", "docs/benchmarks.md", env=_env()
+    )
+    session.run(
+        "python", "benchmarks/bench_llamaindex.py", "--write", "docs/benchmarks.md", env=_env()
+    )
+    session.run(
+        "python", "benchmarks/bench_catchup.py", "--write", "docs/benchmarks.md", env=_env()
     )
     # worker processes on shared sessions: SQLite, and PostgreSQL when a server answers
     session.run(

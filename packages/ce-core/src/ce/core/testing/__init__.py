@@ -5,7 +5,9 @@ must pass and :class:`PluginContract` the one every framework plugin must pass; 
 ``pytest`` and ``pytest-asyncio`` (extra ``ce-core[testing]``). :class:`ScriptedOpenAIServer`
 is an OpenAI-compatible chat-completions server on 127.0.0.1 answering from a script (stdlib
 only). Everything is imported on first use, so ``import ce.core.testing`` works without
-pytest. :mod:`ce.core.testing.records` holds the record factories the store suite uses.
+pytest. :mod:`ce.core.testing.records` holds the record factories the store suite uses;
+:mod:`ce.core.testing.load` runs many worker processes on shared sessions of one store and
+checks what they left (``python -m ce.core.testing.load``).
 """
 
 from __future__ import annotations
