@@ -11,6 +11,7 @@ import pytest
 
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine, current_session_id
+from ce.core.engine._session import SessionLocks
 from ce.core.errors import BudgetExceededError, InvariantViolationError
 from ce.core.events import Event, InMemoryEventBus
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
@@ -568,3 +569,68 @@ async def test_a_retried_prepare_turn_does_not_store_its_user_message_twice() ->
     doc = await store.get_session("s1")
     assert doc is not None and [m.message_id for m in doc.session.messages] == ["q1"]
     assert len(await engine.list_turns("s1")) == 2
+
+
+async def test_session_locks_serialize_hand_over_and_keep_nothing_after() -> None:
+    locks = SessionLocks()
+    order: list[str] = []
+
+    async def call(session_id: str, name: str) -> None:
+        async with locks.hold(session_id):
+            order.append(f"{name}+")
+            await asyncio.sleep(0)  # yield while holding: the others must wait
+            order.append(f"{name}-")
+
+    await asyncio.gather(*(call(f"s{i % 3}", f"c{i}") for i in range(12)))
+    assert len(locks) == 0  # nothing kept per session once its calls are done
+    for session in range(3):  # each call ran alone on its session, first come first served
+        names = [f"c{i}" for i in range(session, 12, 3)]
+        steps = [o for o in order if o[:-1] in names]
+        assert steps == [f"{n}{sign}" for n in names for sign in "+-"]
+
+    # a waiter cancelled while another call holds the lock leaves the queue; the next gets it
+    async with locks.hold("s"):
+        late = asyncio.ensure_future(call("s", "late"))
+        later = asyncio.ensure_future(call("s", "later"))
+        await asyncio.sleep(0)
+        late.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await late
+    await asyncio.wait_for(later, 10)
+    assert order[-2:] == ["later+", "later-"] and "late+" not in order
+    assert len(locks) == 0
+
+
+def test_session_locks_work_across_event_loops() -> None:
+    locks = SessionLocks()
+    inside = threading.Lock()
+    overlaps: list[int] = []
+
+    async def worker() -> None:
+        for _ in range(50):
+            async with locks.hold("s"):
+                if not inside.acquire(blocking=False):
+                    overlaps.append(1)
+                    continue
+                await asyncio.sleep(0)
+                inside.release()
+
+    threads = [threading.Thread(target=asyncio.run, args=(worker(),)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and overlaps == [] and len(locks) == 0
+
+
+async def test_many_concurrent_calls_on_one_session_do_not_starve_the_store(
+    tmp_path: Path,
+) -> None:
+    """More calls waiting for one session than the default executor has threads: waiting
+    must not hold a thread, or the holder's SQLite calls would never run (a hang)."""
+    engine = make_engine(SQLiteStore(tmp_path / "ce.db"))
+    calls = [engine.prepare_turn("s", f"m{i}") for i in range(40)]
+    await asyncio.wait_for(asyncio.gather(*calls), 120)
+    doc = await engine.get_session("s")
+    assert sorted(m.content for m in doc.session.messages) == sorted(f"m{i}" for i in range(40))
+    await engine.close()

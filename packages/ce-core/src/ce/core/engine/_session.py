@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from itertools import islice
@@ -109,27 +110,75 @@ class SessionEntry:
         return index
 
 
+class _Waiter:
+    """A call waiting for a session's lock: its loop and future, and whether the lock was
+    handed to it (set under the guard, before the future is resolved on its loop)."""
+
+    __slots__ = ("future", "granted", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.granted = False
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class SessionLocks:
     """One lock per session that works across threads and event loops: calls for one session
-    are serialized, different sessions run concurrently."""
+    are serialized (first come, first served), different sessions run concurrently.
+
+    Waiting takes no thread: a waiter awaits a future of its own loop, and the call that
+    releases the lock hands it to the next waiter directly (thread-safely, whatever loop that
+    waiter runs on). So any number of calls may wait for one session while the holder's store
+    calls still find a free worker thread. A session's entry exists only while a call holds
+    the lock or waits for it."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
+        self._waiters: dict[str, deque[_Waiter]] = {}  # present while held; queue of waiters
+
+    def __len__(self) -> int:
+        """The number of sessions whose lock is held right now."""
+        with self._guard:
+            return len(self._waiters)
+
+    async def _acquire(self, session_id: str) -> None:
+        with self._guard:
+            queue = self._waiters.get(session_id)
+            if queue is None:
+                self._waiters[session_id] = deque()
+                return
+            waiter = _Waiter(asyncio.get_running_loop())
+            queue.append(waiter)
+        try:
+            await waiter.future
+        except asyncio.CancelledError:
+            with self._guard:
+                granted = waiter.granted
+                if not granted:
+                    queue.remove(waiter)
+            if granted:  # handed over as the cancellation came: pass it on
+                self._release(session_id)
+            raise
+
+    def _release(self, session_id: str) -> None:
+        with self._guard:
+            queue = self._waiters[session_id]
+            if not queue:
+                del self._waiters[session_id]
+                return
+            waiter = queue.popleft()
+            waiter.granted = True
+        waiter.loop.call_soon_threadsafe(_wake, waiter.future)
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:
-        with self._guard:
-            lock = self._locks.setdefault(session_id, threading.Lock())
-        if not lock.acquire(blocking=False):
-            waiting = asyncio.ensure_future(asyncio.to_thread(lock.acquire))
-            try:
-                await asyncio.shield(waiting)
-            except asyncio.CancelledError:
-                # the thread still takes the lock: hand it back as soon as it does
-                waiting.add_done_callback(lambda _: lock.release())
-                raise
+        await self._acquire(session_id)
         try:
             yield
         finally:
-            lock.release()
+            self._release(session_id)
