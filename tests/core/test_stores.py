@@ -39,6 +39,7 @@ from ce.core.stores import (
     Store,
     open_store,
 )
+from ce.core.stores._rows import DOCUMENT_TABLES
 from ce.core.stores.file import encode_session_id
 from ce.core.testing import InjectedFailure, StoreContract, records
 
@@ -384,7 +385,7 @@ def _layout_1(db: Path) -> None:
     column, no version indexes)."""
     with sqlite3.connect(db) as conn:
         conn.execute("DROP TABLE turns")
-        for table in sqlite_module._DOCUMENT_TABLES:
+        for table in DOCUMENT_TABLES:
             conn.execute(f"DROP INDEX {table}_by_version")
         conn.execute("ALTER TABLE sessions DROP COLUMN epoch")
         conn.execute("PRAGMA user_version = 1")

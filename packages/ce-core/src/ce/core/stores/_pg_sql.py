@@ -11,28 +11,38 @@ without the driver installed.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ce.core.errors import StoreError
 from ce.core.schema import (
     SCHEMA_VERSION,
-    ContextBlock,
     Evidence,
-    Message,
-    Meta,
-    ModelUsage,
-    RunState,
     SessionDocument,
-    Summary,
-    Task,
-    ToolCall,
     TurnRecord,
 )
 from ce.core.stores._docops import user_id_of
-from ce.core.stores.base import AuditRecord, BaseStore, SessionChanges, SessionUpdate, new_epoch
+from ce.core.stores._rows import (
+    DEFAULT_RUN,
+    DOCUMENT_TABLES,
+    HEAD_COLUMNS,
+    RECORD_TABLES,
+    UPSERTED,
+    changes_from_rows,
+    check_schema_version,
+    document_from_rows,
+    record_json,
+    record_rows,
+)
+from ce.core.stores.base import (
+    AuditRecord,
+    BaseStore,
+    SessionChanges,
+    SessionUpdate,
+    changes_of,
+    new_epoch,
+)
 
 if TYPE_CHECKING:
     from psycopg import Connection
@@ -61,22 +71,6 @@ __all__ = [
 ]
 
 _M = TypeVar("_M", bound=BaseModel)
-
-# Record table -> the column holding the record's id (unique per session).
-RECORD_TABLES = {
-    "messages": "message_id",
-    "tool_calls": "tool_call_id",
-    "model_usage": "model_usage_id",
-    "evidences": "evidence_id",
-    "context_blocks": "block_id",
-    "tasks": "task_id",
-    "turns": "turn_id",
-}
-_UPSERTED = frozenset({"context_blocks", "tasks"})
-# Record tables that are part of the session document (turns are kept beside it).
-_DOCUMENT_TABLES = tuple(table for table in RECORD_TABLES if table != "turns")
-_HEAD_COLUMNS = ("summary", "run_state", "meta")
-_DEFAULT_RUN = RunState().model_dump_json(exclude_none=True)
 
 
 def _record_table(table: str) -> str:
@@ -112,7 +106,7 @@ _LAYOUTS: list[list[str]] = [
         )""",
         "CREATE INDEX sessions_by_user ON {s}.sessions (user_id, session_id)",
         *map(_record_table, RECORD_TABLES),
-        *map(_version_index, _DOCUMENT_TABLES),
+        *map(_version_index, DOCUMENT_TABLES),
         """CREATE TABLE {s}.audit (
             seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
             at TEXT NOT NULL,
@@ -186,38 +180,6 @@ def migrate(conn: Conn, schema: str, s: str) -> None:
 # -- writes ---------------------------------------------------------------------------------------
 
 
-def _json(model: BaseModel) -> str:
-    return model.model_dump_json(exclude_none=True)
-
-
-def _message_id(message: Message) -> str:
-    # BaseStore.commit and put_session give every message an id before it reaches a store.
-    assert message.message_id is not None
-    return message.message_id
-
-
-def _record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
-    """``(record_id, body)`` rows per table; appended tables keep the first row of an id,
-    upserted ones the last (at the position of the first)."""
-    rows = {
-        "messages": [(_message_id(m), _json(m)) for m in changes.messages],
-        "tool_calls": [(c.tool_call_id, _json(c)) for c in changes.tool_calls],
-        "model_usage": [(u.model_usage_id, _json(u)) for u in changes.model_usage],
-        "evidences": [(e.evidence_id, _json(e)) for e in changes.evidences],
-        "context_blocks": [(b.block_id, _json(b)) for b in changes.context_blocks],
-        "tasks": [(t.task_id, _json(t)) for t in changes.tasks],
-        "turns": [(t.turn_id, _json(t)) for t in changes.turns],
-    }
-    unique: dict[str, list[tuple[str, str]]] = {}
-    for table, table_rows in rows.items():
-        by_id: dict[str, str] = {}
-        for record_id, body in table_rows:
-            if table in _UPSERTED or record_id not in by_id:
-                by_id[record_id] = body
-        unique[table] = list(by_id.items())
-    return unique
-
-
 def write_records(
     conn: Conn, s: str, table: str, session_id: str, version: int, rows: list[tuple[str, str]]
 ) -> int:
@@ -234,7 +196,7 @@ def write_records(
     on_conflict = (
         "DO UPDATE SET body = excluded.body, version = excluded.version"
         " WHERE t.body IS DISTINCT FROM excluded.body"
-        if table in _UPSERTED
+        if table in UPSERTED
         else "DO NOTHING"
     )
     cursor = conn.execute(
@@ -273,10 +235,10 @@ def _lock_head(conn: Conn, s: str, session_id: str) -> tuple[int, dict[str, str 
         conn.execute(
             f"INSERT INTO {s}.sessions (session_id, version, schema_version, run_state, epoch)"
             " VALUES (%s, 0, %s, %s, %s) ON CONFLICT (session_id) DO NOTHING",
-            (session_id, SCHEMA_VERSION, _DEFAULT_RUN, new_epoch()),
+            (session_id, SCHEMA_VERSION, DEFAULT_RUN, new_epoch()),
         )
         row = _one(conn.execute(select, (session_id,)))
-    return int(row[0]), dict(zip(_HEAD_COLUMNS, row[1:4], strict=True)), str(row[4])
+    return int(row[0]), dict(zip(HEAD_COLUMNS, row[1:4], strict=True)), str(row[4])
 
 
 def commit(
@@ -293,13 +255,13 @@ def commit(
         version = current + 1
         changed = sum(
             write_records(conn, s, table, session_id, version, rows)
-            for table, rows in _record_rows(changes).items()
+            for table, rows in record_rows(changes).items()
         )
-        given = zip(_HEAD_COLUMNS, (changes.summary, changes.run, changes.meta), strict=True)
+        given = zip(HEAD_COLUMNS, (changes.summary, changes.run, changes.meta), strict=True)
         updates: dict[str, str | None] = {
-            column: _json(value)
+            column: record_json(value)
             for column, value in given
-            if value is not None and _json(value) != stored[column]
+            if value is not None and record_json(value) != stored[column]
         }
         if "meta" in updates:
             updates["user_id"] = user_id_of(changes.meta)
@@ -338,24 +300,14 @@ def put(
                 version,
                 doc.schema_version,
                 user_id_of(doc.meta),
-                _json(session.summary) if session.summary else None,
-                _json(session.run),
-                _json(doc.meta) if doc.meta else None,
+                record_json(session.summary) if session.summary else None,
+                record_json(session.run),
+                record_json(doc.meta) if doc.meta else None,
                 epoch,
                 session_id,
             ),
         )
-        rows = _record_rows(
-            SessionChanges(
-                messages=session.messages,
-                tool_calls=session.tool_state.tool_calls,
-                model_usage=session.model_usage,
-                evidences=list(doc.evidences.values()),
-                context_blocks=doc.context_blocks,
-                tasks=session.task_state.todo_list.tasks,
-            )
-        )
-        for table, table_rows in rows.items():
+        for table, table_rows in record_rows(changes_of(doc)).items():
             write_records(conn, s, table, session_id, version, table_rows)
     return version, epoch
 
@@ -414,10 +366,6 @@ def _one(cursor: Any) -> tuple[Any, ...]:
     return tuple(row)
 
 
-def _array(bodies: list[str]) -> str:
-    return "[" + ",".join(bodies) + "]"
-
-
 class _Head(NamedTuple):
     version: int
     epoch: str
@@ -451,7 +399,7 @@ def _read(
             " NULL, NULL, NULL, NULL, NULL, NULL, NULL"
             f" FROM {s}.{table} WHERE session_id = %(sid)s"
             " AND version > (SELECT since FROM head)"
-            for table in _DOCUMENT_TABLES
+            for table in DOCUMENT_TABLES
         ),
     ]
     rows = conn.execute(
@@ -460,7 +408,7 @@ def _read(
         {"sid": session_id, "version": version, "epoch": epoch},
     )
     head: _Head | None = None
-    bodies: dict[str, list[tuple[str, str]]] = {table: [] for table in _DOCUMENT_TABLES}
+    bodies: dict[str, list[tuple[str, str]]] = {table: [] for table in DOCUMENT_TABLES}
     for kind, _, record_id, body, *head_columns in rows:
         if kind:
             bodies[kind].append((record_id, body))
@@ -468,11 +416,7 @@ def _read(
             head = _Head(*head_columns)
     if head is None:
         return None
-    if head.schema_version != SCHEMA_VERSION:
-        raise StoreError(
-            f"session {session_id!r} was written with schema version "
-            f"{head.schema_version!r}; this ce-core reads {SCHEMA_VERSION!r}"
-        )
+    check_schema_version(session_id, head.schema_version)
     return head, bodies
 
 
@@ -483,30 +427,9 @@ def load(conn: Conn, s: str, session_id: str) -> SessionDocument | None:
     if read is None:
         return None
     head, rows = read
-    bodies = {table: [body for _, body in table_rows] for table, table_rows in rows.items()}
-    session = [
-        f'"session_id":{json.dumps(session_id)}',
-        f'"messages":{_array(bodies["messages"])}',
-        f'"task_state":{{"todo_list":{{"tasks":{_array(bodies["tasks"])}}}}}',
-        f'"tool_state":{{"tool_calls":{_array(bodies["tool_calls"])}}}',
-        f'"model_usage":{_array(bodies["model_usage"])}',
-        f'"run":{head.run_state}',
-    ]
-    if head.summary is not None:
-        session.append(f'"summary":{head.summary}')
-    evidences = ",".join(f"{json.dumps(eid)}:{body}" for eid, body in rows["evidences"])
-    document = [
-        f'"schema_version":{json.dumps(head.schema_version)}',
-        f'"session":{{{",".join(session)}}}',
-        f'"evidences":{{{evidences}}}',
-        f'"context_blocks":{_array(bodies["context_blocks"])}',
-    ]
-    if head.meta is not None:
-        document.append(f'"meta":{head.meta}')
-    try:
-        return SessionDocument.model_validate_json("{" + ",".join(document) + "}")
-    except ValidationError as exc:
-        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+    return document_from_rows(
+        session_id, (head.schema_version, head.summary, head.run_state, head.meta), rows
+    )
 
 
 def read_since(
@@ -519,24 +442,7 @@ def read_since(
     if read is None:
         return None
     head, rows = read
-
-    def parsed(table: str, model: type[_M]) -> list[_M]:
-        return [model.model_validate_json(body) for _, body in rows[table]]
-
-    try:
-        changes = SessionChanges(
-            messages=parsed("messages", Message),
-            tool_calls=parsed("tool_calls", ToolCall),
-            model_usage=parsed("model_usage", ModelUsage),
-            evidences=parsed("evidences", Evidence),
-            context_blocks=parsed("context_blocks", ContextBlock),
-            tasks=parsed("tasks", Task),
-            summary=None if head.summary is None else Summary.model_validate_json(head.summary),
-            run=RunState.model_validate_json(head.run_state),
-            meta=None if head.meta is None else Meta.model_validate_json(head.meta),
-        )
-    except ValidationError as exc:
-        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+    changes = changes_from_rows(session_id, (head.summary, head.run_state, head.meta), rows)
     return SessionUpdate(head.version, head.epoch, complete=head.since == 0, changes=changes)
 
 

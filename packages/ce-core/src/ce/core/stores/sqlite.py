@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import sqlite3
 import threading
 import time
@@ -31,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Concatenate, Literal, ParamSpec, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ce.core.errors import StoreError
 from ce.core.primitives import Clock, IdGenerator
@@ -39,18 +38,23 @@ from ce.core.schema import (
     SCHEMA_VERSION,
     ContextBlock,
     Evidence,
-    Message,
-    Meta,
-    ModelUsage,
     PutResult,
-    RunState,
     SessionDocument,
-    Summary,
-    Task,
-    ToolCall,
     TurnRecord,
 )
 from ce.core.stores._docops import user_id_of
+from ce.core.stores._rows import (
+    DEFAULT_RUN,
+    DOCUMENT_TABLES,
+    HEAD_COLUMNS,
+    RECORD_TABLES,
+    UPSERTED,
+    changes_from_rows,
+    check_schema_version,
+    document_from_rows,
+    record_json,
+    record_rows,
+)
 from ce.core.stores.base import (
     AuditRecord,
     BaseStore,
@@ -58,6 +62,7 @@ from ce.core.stores.base import (
     EvidenceFilter,
     SessionChanges,
     SessionUpdate,
+    changes_of,
     filter_blocks,
     filter_evidences,
     new_epoch,
@@ -72,23 +77,9 @@ _P = ParamSpec("_P")
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=BaseModel)
 
-# Record table -> the column holding the record's id (unique per session).
-_RECORD_TABLES = {
-    "messages": "message_id",
-    "tool_calls": "tool_call_id",
-    "model_usage": "model_usage_id",
-    "evidences": "evidence_id",
-    "context_blocks": "block_id",
-    "tasks": "task_id",
-    "turns": "turn_id",
-}
-_UPSERTED = frozenset({"context_blocks", "tasks"})
-# Record tables that are part of the session document (turns are kept beside it).
-_DOCUMENT_TABLES = tuple(table for table in _RECORD_TABLES if table != "turns")
-
 
 def _record_table(table: str) -> str:
-    id_column = _RECORD_TABLES[table]
+    id_column = RECORD_TABLES[table]
     return f"""CREATE TABLE {table} (
         session_id TEXT NOT NULL,
         seq INTEGER NOT NULL,
@@ -116,8 +107,8 @@ _DDL = [
         epoch TEXT NOT NULL DEFAULT ''
     )""",
     "CREATE INDEX sessions_by_user ON sessions (user_id)",
-    *map(_record_table, _RECORD_TABLES),
-    *map(_version_index, _DOCUMENT_TABLES),
+    *map(_record_table, RECORD_TABLES),
+    *map(_version_index, DOCUMENT_TABLES),
     """CREATE TABLE audit (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,
         at TEXT NOT NULL,
@@ -134,20 +125,10 @@ _MIGRATIONS: dict[int, list[str]] = {
     # sessions stored before epochs existed keep the empty epoch
     2: [
         "ALTER TABLE sessions ADD COLUMN epoch TEXT NOT NULL DEFAULT ''",
-        *map(_version_index, _DOCUMENT_TABLES),
+        *map(_version_index, DOCUMENT_TABLES),
     ],
 }
 """Layout version -> the statements that upgrade it to the next version."""
-
-_DEFAULT_RUN = RunState().model_dump_json(exclude_none=True)
-
-
-def _json(model: BaseModel) -> str:
-    return model.model_dump_json(exclude_none=True)
-
-
-def _array(bodies: list[str]) -> str:
-    return "[" + ",".join(bodies) + "]"
 
 
 class SQLiteStore(BaseStore):
@@ -367,11 +348,11 @@ def _write_records(
     """
     if not rows:
         return 0
-    id_column = _RECORD_TABLES[table]
+    id_column = RECORD_TABLES[table]
     on_conflict = (
         f"DO UPDATE SET body = excluded.body, version = excluded.version"
         f" WHERE {table}.body IS NOT excluded.body"
-        if table in _UPSERTED
+        if table in UPSERTED
         else "DO NOTHING"
     )
     sql = (
@@ -386,27 +367,6 @@ def _write_records(
         cursor = conn.execute(sql, (session_id, next_seq + offset, record_id, version, body))
         changed += cursor.rowcount
     return changed
-
-
-def _message_id(message: Message) -> str:
-    # BaseStore.commit and put_session give every message an id before it reaches a store.
-    assert message.message_id is not None
-    return message.message_id
-
-
-def _record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
-    return {
-        "messages": [(_message_id(m), _json(m)) for m in changes.messages],
-        "tool_calls": [(c.tool_call_id, _json(c)) for c in changes.tool_calls],
-        "model_usage": [(u.model_usage_id, _json(u)) for u in changes.model_usage],
-        "evidences": [(e.evidence_id, _json(e)) for e in changes.evidences],
-        "context_blocks": [(b.block_id, _json(b)) for b in changes.context_blocks],
-        "tasks": [(t.task_id, _json(t)) for t in changes.tasks],
-        "turns": [(t.turn_id, _json(t)) for t in changes.turns],
-    }
-
-
-_HEAD_COLUMNS = ("summary", "run_state", "meta")
 
 
 def _commit(
@@ -426,18 +386,18 @@ def _commit(
         version = current + 1
         changed = sum(
             _write_records(conn, table, session_id, version, rows)
-            for table, rows in _record_rows(changes).items()
+            for table, rows in record_rows(changes).items()
         )
         stored: dict[str, str | None] = (
-            dict(zip(_HEAD_COLUMNS, row[1:4], strict=True))
+            dict(zip(HEAD_COLUMNS, row[1:4], strict=True))
             if row
-            else {"summary": None, "run_state": _DEFAULT_RUN, "meta": None}
+            else {"summary": None, "run_state": DEFAULT_RUN, "meta": None}
         )
-        given = zip(_HEAD_COLUMNS, (changes.summary, changes.run, changes.meta), strict=True)
+        given = zip(HEAD_COLUMNS, (changes.summary, changes.run, changes.meta), strict=True)
         updates: dict[str, str | None] = {
-            column: _json(value)
+            column: record_json(value)
             for column, value in given
-            if value is not None and _json(value) != stored[column]
+            if value is not None and record_json(value) != stored[column]
         }
         if "meta" in updates:
             updates["user_id"] = user_id_of(changes.meta)
@@ -456,7 +416,7 @@ def _commit(
                     version,
                     SCHEMA_VERSION,
                     head["user_id"],
-                    *map(head.get, _HEAD_COLUMNS),
+                    *map(head.get, HEAD_COLUMNS),
                     epoch,
                 ),
             )
@@ -471,7 +431,7 @@ def _commit(
 
 def _delete_rows(conn: sqlite3.Connection, session_id: str) -> None:
     """Delete every row of the session, its turn records included."""
-    for table in (*_RECORD_TABLES, "sessions"):
+    for table in (*RECORD_TABLES, "sessions"):
         conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
 
 
@@ -497,25 +457,15 @@ def _put(
                 version,
                 doc.schema_version,
                 user_id_of(doc.meta),
-                _json(session.summary) if session.summary else None,
-                _json(session.run),
-                _json(doc.meta) if doc.meta else None,
+                record_json(session.summary) if session.summary else None,
+                record_json(session.run),
+                record_json(doc.meta) if doc.meta else None,
                 epoch,
             ),
         )
-        rows = _record_rows(
-            SessionChanges(
-                messages=session.messages,
-                tool_calls=session.tool_state.tool_calls,
-                model_usage=session.model_usage,
-                evidences=list(doc.evidences.values()),
-                context_blocks=doc.context_blocks,
-                tasks=session.task_state.todo_list.tasks,
-            )
-        )
-        for table, table_rows in rows.items():
+        for table, table_rows in record_rows(changes_of(doc)).items():
             conn.executemany(
-                f"INSERT INTO {table} (session_id, seq, {_RECORD_TABLES[table]}, version, body)"
+                f"INSERT INTO {table} (session_id, seq, {RECORD_TABLES[table]}, version, body)"
                 " VALUES (?, ?, ?, ?, ?)",
                 [
                     (session_id, seq, rid, version, body)
@@ -571,6 +521,20 @@ def _delete_evidence(conn: sqlite3.Connection, record: AuditRecord) -> bool:
     return True
 
 
+def _rows(
+    conn: sqlite3.Connection, session_id: str, since: int = 0
+) -> dict[str, list[tuple[str, str]]]:
+    """The ``(record_id, body)`` rows of the document tables written after ``since``."""
+    return {
+        table: conn.execute(
+            f"SELECT {RECORD_TABLES[table]}, body FROM {table}"
+            " WHERE session_id = ? AND version > ? ORDER BY seq",
+            (session_id, since),
+        ).fetchall()
+        for table in DOCUMENT_TABLES
+    }
+
+
 def _load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
     with _transaction(conn, "BEGIN"):  # one read snapshot across the tables
         head = conn.execute(
@@ -579,41 +543,8 @@ def _load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
         ).fetchone()
         if head is None:
             return None
-        rows = {
-            table: _bodies(conn, table, session_id)
-            for table in _DOCUMENT_TABLES
-            if table != "evidences"
-        }
-        evidence_rows = conn.execute(
-            "SELECT evidence_id, body FROM evidences WHERE session_id = ? ORDER BY seq",
-            (session_id,),
-        ).fetchall()
-    schema_version, summary, run_state, meta = head
-    _check_schema_version(session_id, schema_version)
-    session = [
-        f'"session_id":{json.dumps(session_id)}',
-        f'"messages":{_array(rows["messages"])}',
-        f'"task_state":{{"todo_list":{{"tasks":{_array(rows["tasks"])}}}}}',
-        f'"tool_state":{{"tool_calls":{_array(rows["tool_calls"])}}}',
-        f'"model_usage":{_array(rows["model_usage"])}',
-        f'"run":{run_state}',
-    ]
-    if summary is not None:
-        session.append(f'"summary":{summary}')
-    evidences = ",".join(f"{json.dumps(eid)}:{body}" for eid, body in evidence_rows)
-    parts = [
-        f'"schema_version":{json.dumps(schema_version)}',
-        f'"session":{{{",".join(session)}}}',
-        f'"evidences":{{{evidences}}}',
-        f'"context_blocks":{_array(rows["context_blocks"])}',
-    ]
-    if meta is not None:
-        parts.append(f'"meta":{meta}')
-    text = "{" + ",".join(parts) + "}"
-    try:
-        return SessionDocument.model_validate_json(text)
-    except ValidationError as exc:
-        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+        rows = _rows(conn, session_id)
+    return document_from_rows(session_id, head, rows)
 
 
 def _read_since(
@@ -628,44 +559,13 @@ def _read_since(
         if head is None:
             return None
         stored, stored_epoch, schema_version, summary, run_state, meta = head
-        _check_schema_version(session_id, schema_version)
+        check_schema_version(session_id, schema_version)
         same_history = stored_epoch == epoch and 0 < version <= stored
         if same_history and version == stored:
             return SessionUpdate(stored, stored_epoch, complete=False, changes=SessionChanges())
-        since = version if same_history else 0
-        bodies = {
-            table: [
-                body
-                for (body,) in conn.execute(
-                    f"SELECT body FROM {table} WHERE session_id = ? AND version > ? ORDER BY seq",
-                    (session_id, since),
-                )
-            ]
-            for table in _DOCUMENT_TABLES
-        }
-    try:
-        changes = SessionChanges(
-            messages=[Message.model_validate_json(b) for b in bodies["messages"]],
-            tool_calls=[ToolCall.model_validate_json(b) for b in bodies["tool_calls"]],
-            model_usage=[ModelUsage.model_validate_json(b) for b in bodies["model_usage"]],
-            evidences=[Evidence.model_validate_json(b) for b in bodies["evidences"]],
-            context_blocks=[ContextBlock.model_validate_json(b) for b in bodies["context_blocks"]],
-            tasks=[Task.model_validate_json(b) for b in bodies["tasks"]],
-            summary=None if summary is None else Summary.model_validate_json(summary),
-            run=RunState.model_validate_json(run_state),
-            meta=None if meta is None else Meta.model_validate_json(meta),
-        )
-    except ValidationError as exc:
-        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+        rows = _rows(conn, session_id, version if same_history else 0)
+    changes = changes_from_rows(session_id, (summary, run_state, meta), rows)
     return SessionUpdate(stored, stored_epoch, complete=not same_history, changes=changes)
-
-
-def _check_schema_version(session_id: str, schema_version: str) -> None:
-    if schema_version != SCHEMA_VERSION:
-        raise StoreError(
-            f"session {session_id!r} was written with schema version {schema_version!r}; "
-            f"this ce-core reads {SCHEMA_VERSION!r}"
-        )
 
 
 def _version(conn: sqlite3.Connection, session_id: str) -> int:

@@ -1,0 +1,177 @@
+"""The row-per-record format that SQLiteStore and PostgresStore share: which tables hold which
+records, a record's row (its id and its JSON body), and a session rebuilt from its rows. The
+SQL of each database stays in its own module."""
+
+from __future__ import annotations
+
+import json
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ce.core.errors import StoreError
+from ce.core.schema import (
+    SCHEMA_VERSION,
+    ContextBlock,
+    Evidence,
+    Message,
+    Meta,
+    ModelUsage,
+    RunState,
+    SessionDocument,
+    Summary,
+    Task,
+    ToolCall,
+)
+from ce.core.stores.base import SessionChanges
+
+__all__ = [
+    "DEFAULT_RUN",
+    "DOCUMENT_TABLES",
+    "HEAD_COLUMNS",
+    "RECORD_TABLES",
+    "UPSERTED",
+    "changes_from_rows",
+    "check_schema_version",
+    "document_from_rows",
+    "record_json",
+    "record_rows",
+]
+
+_M = TypeVar("_M", bound=BaseModel)
+
+RECORD_TABLES = {
+    "messages": "message_id",
+    "tool_calls": "tool_call_id",
+    "model_usage": "model_usage_id",
+    "evidences": "evidence_id",
+    "context_blocks": "block_id",
+    "tasks": "task_id",
+    "turns": "turn_id",
+}
+"""Record table -> the column holding the record's id (unique per session)."""
+
+UPSERTED = frozenset({"context_blocks", "tasks"})
+"""Tables whose records are replaced by id; the others are appended (a stored id is kept)."""
+
+DOCUMENT_TABLES = tuple(table for table in RECORD_TABLES if table != "turns")
+"""Record tables that are part of the session document (turn records are kept beside it)."""
+
+HEAD_COLUMNS = ("summary", "run_state", "meta")
+"""The session row's JSON columns."""
+
+DEFAULT_RUN = RunState().model_dump_json(exclude_none=True)
+"""``run_state`` of a session that has never set one."""
+
+
+def record_json(model: BaseModel) -> str:
+    """A record's body as every store keeps it."""
+    return model.model_dump_json(exclude_none=True)
+
+
+def _message_id(message: Message) -> str:
+    # BaseStore.commit and put_session give every message an id before it reaches a store.
+    assert message.message_id is not None
+    return message.message_id
+
+
+def record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
+    """``(record_id, body)`` rows per record table; appended tables keep the first row of an
+    id, upserted ones the last (at the position of the first)."""
+    rows = {
+        "messages": [(_message_id(m), record_json(m)) for m in changes.messages],
+        "tool_calls": [(c.tool_call_id, record_json(c)) for c in changes.tool_calls],
+        "model_usage": [(u.model_usage_id, record_json(u)) for u in changes.model_usage],
+        "evidences": [(e.evidence_id, record_json(e)) for e in changes.evidences],
+        "context_blocks": [(b.block_id, record_json(b)) for b in changes.context_blocks],
+        "tasks": [(t.task_id, record_json(t)) for t in changes.tasks],
+        "turns": [(t.turn_id, record_json(t)) for t in changes.turns],
+    }
+    unique: dict[str, list[tuple[str, str]]] = {}
+    for table, table_rows in rows.items():
+        by_id: dict[str, str] = {}
+        for record_id, body in table_rows:
+            if table in UPSERTED or record_id not in by_id:
+                by_id[record_id] = body
+        unique[table] = list(by_id.items())
+    return unique
+
+
+def check_schema_version(session_id: str, schema_version: str) -> None:
+    """Raise :class:`StoreError` for a session written with another schema version."""
+    if schema_version != SCHEMA_VERSION:
+        raise StoreError(
+            f"session {session_id!r} was written with schema version {schema_version!r}; "
+            f"this ce-core reads {SCHEMA_VERSION!r}"
+        )
+
+
+def _array(bodies: list[str]) -> str:
+    return "[" + ",".join(bodies) + "]"
+
+
+def document_from_rows(
+    session_id: str,
+    head: tuple[str, str | None, str, str | None],
+    rows: dict[str, list[tuple[str, str]]],
+) -> SessionDocument:
+    """The document of a session from its row (``schema_version``, ``summary``,
+    ``run_state``, ``meta``) and the ``(record_id, body)`` rows of its document tables in
+    stored order: one JSON text validated once. Raises :class:`StoreError` when it does not
+    validate or was written with another schema version."""
+    schema_version, summary, run_state, meta = head
+    check_schema_version(session_id, schema_version)
+    bodies = {table: [body for _, body in rows[table]] for table in DOCUMENT_TABLES}
+    session = [
+        f'"session_id":{json.dumps(session_id)}',
+        f'"messages":{_array(bodies["messages"])}',
+        f'"task_state":{{"todo_list":{{"tasks":{_array(bodies["tasks"])}}}}}',
+        f'"tool_state":{{"tool_calls":{_array(bodies["tool_calls"])}}}',
+        f'"model_usage":{_array(bodies["model_usage"])}',
+        f'"run":{run_state}',
+    ]
+    if summary is not None:
+        session.append(f'"summary":{summary}')
+    evidences = ",".join(f"{json.dumps(eid)}:{body}" for eid, body in rows["evidences"])
+    document = [
+        f'"schema_version":{json.dumps(schema_version)}',
+        f'"session":{{{",".join(session)}}}',
+        f'"evidences":{{{evidences}}}',
+        f'"context_blocks":{_array(bodies["context_blocks"])}',
+    ]
+    if meta is not None:
+        document.append(f'"meta":{meta}')
+    try:
+        return SessionDocument.model_validate_json("{" + ",".join(document) + "}")
+    except ValidationError as exc:
+        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+
+
+def changes_from_rows(
+    session_id: str,
+    head: tuple[str | None, str, str | None],
+    rows: dict[str, list[tuple[str, str]]],
+) -> SessionChanges:
+    """The records of ``(record_id, body)`` rows of the document tables, with the session
+    row's current ``summary``, ``run_state`` and ``meta``, as the changes of a
+    :class:`~ce.core.stores.base.SessionUpdate`. Raises :class:`StoreError` when a body does
+    not validate."""
+    summary, run_state, meta = head
+
+    def parsed(table: str, model: type[_M]) -> list[_M]:
+        return [model.model_validate_json(body) for _, body in rows[table]]
+
+    try:
+        return SessionChanges(
+            messages=parsed("messages", Message),
+            tool_calls=parsed("tool_calls", ToolCall),
+            model_usage=parsed("model_usage", ModelUsage),
+            evidences=parsed("evidences", Evidence),
+            context_blocks=parsed("context_blocks", ContextBlock),
+            tasks=parsed("tasks", Task),
+            summary=None if summary is None else Summary.model_validate_json(summary),
+            run=RunState.model_validate_json(run_state),
+            meta=None if meta is None else Meta.model_validate_json(meta),
+        )
+    except ValidationError as exc:
+        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
