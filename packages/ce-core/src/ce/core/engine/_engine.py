@@ -579,13 +579,8 @@ class ContextEngine(HistoryWriter):
             assistant_message = assistant_message.model_copy(update={"refs": refs})
 
         async def op(entry: SessionEntry) -> PutResult:
-            message_id = assistant_message.message_id
-            if message_id and message_id in entry.message_ids:
+            if not self._write_reply(entry, assistant_message, cfg, call):
                 return PutResult(success=True, version=entry.version)
-            stored = self._write_assistant(entry, assistant_message, cfg, call)
-            self._transition(
-                entry.state, RunStatus.TOOL_RUNNING if stored.tool_calls else RunStatus.COMPLETED
-            )
             return await self._persist(entry, call)
 
         async with self._serialized(session_id):
@@ -688,8 +683,7 @@ class ContextEngine(HistoryWriter):
                 raise EvidenceNotFoundError(
                     f"evidence {llm_output_evidence_id!r} is not in session {session_id!r}"
                 )
-            params, _ = self._redact_value(dict(model_usage.params), cfg, call)
-            entry.state.record_model_usage(model_usage.model_copy(update={"params": params}))
+            self._write_usage(entry, model_usage, cfg, call)
             return await self._persist(entry, call)
 
         async with self._serialized(session_id):
@@ -715,19 +709,15 @@ class ContextEngine(HistoryWriter):
         ingestor = self._ingestor(cfg)
 
         async def op(entry: SessionEntry) -> PutResult:
-            message_id = reply.message_id if reply is not None else None
-            if reply is not None and not (message_id and message_id in entry.message_ids):
-                stored = self._write_assistant(entry, reply, cfg, call)
-                status = RunStatus.TOOL_RUNNING if stored.tool_calls else RunStatus.COMPLETED
-                self._transition(entry.state, status)
+            if reply is not None:
+                self._write_reply(entry, reply, cfg, call)
             added = None
             if output is not None and output[0]:
                 links = EvidenceLinks(model_usage_id=model_usage.model_usage_id)
                 _, added = await self._add_evidence(
                     entry, ingestor, output[0], output[1], EvidenceType.LLM_OUTPUT, links
                 )
-            params, _ = self._redact_value(dict(model_usage.params), cfg, call)
-            entry.state.record_model_usage(model_usage.model_copy(update={"params": params}))
+            self._write_usage(entry, model_usage, cfg, call)
             result = await self._persist(entry, call)
             if added is not None:
                 await self._emit_ingested(session_id, *added)
@@ -735,6 +725,26 @@ class ContextEngine(HistoryWriter):
 
         async with self._serialized(session_id):
             return await self._attempt(session_id, call, op)
+
+    def _write_reply(
+        self, entry: SessionEntry, reply: Message | ModelOutput, cfg: RuntimeConfig, call: WriteLog
+    ) -> bool:
+        """Add the model's reply and move the run on (tools running, or completed); False
+        when a reply with its ``message_id`` is stored already (nothing written)."""
+        if reply.message_id and reply.message_id in entry.message_ids:
+            return False
+        stored = self._write_assistant(entry, reply, cfg, call)
+        status = RunStatus.TOOL_RUNNING if stored.tool_calls else RunStatus.COMPLETED
+        self._transition(entry.state, status)
+        return True
+
+    def _write_usage(
+        self, entry: SessionEntry, usage: ModelUsage, cfg: RuntimeConfig, call: WriteLog
+    ) -> None:
+        """Add a usage record (its ``params`` redacted; a stored ``model_usage_id`` is
+        skipped by the state)."""
+        params, _ = self._redact_value(dict(usage.params), cfg, call)
+        entry.state.record_model_usage(usage.model_copy(update={"params": params}))
 
     async def ingest_evidence(
         self,
