@@ -1,11 +1,29 @@
-"""What the benchmark scripts share: the machine line and writing their section of a doc."""
+"""What the benchmark scripts share: the machine line, percentiles, package versions, the
+plugin-overhead table and writing their section of a doc."""
 
 from __future__ import annotations
 
 import platform
+import statistics
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-__all__ = ["cpu_model", "write_section"]
+__all__ = [
+    "OVERHEAD_HEADER",
+    "cpu_model",
+    "overhead_row",
+    "package_version",
+    "percentile",
+    "write_section",
+]
+
+OVERHEAD_HEADER = [
+    "| call | without, median (ms) | without, p95 (ms) | with plugin, median (ms) "
+    "| with plugin, p95 (ms) | overhead, median (ms) | overhead, p95 (ms) |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+]
+"""The head of a plugin-overhead table (rows from :func:`overhead_row`)."""
 
 
 def cpu_model() -> str:
@@ -32,3 +50,31 @@ def write_section(path: Path, name: str, section: str) -> None:
         text = text.rstrip("\n") + "\n\n" + block
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (``q`` in [0, 100])."""
+    ordered = sorted(samples)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def package_version(name: str) -> str:
+    """The installed version of distribution ``name``, or "not installed"."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def overhead_row(label: str, without: list[float], with_plugin: list[float]) -> str:
+    """A row of the plugin-overhead table from call times in seconds."""
+    ms = 1000.0
+    base_med, base_p95 = statistics.median(without) * ms, percentile(without, 95) * ms
+    plug_med, plug_p95 = statistics.median(with_plugin) * ms, percentile(with_plugin, 95) * ms
+    return (
+        f"| `{label}` | {base_med:.3f} | {base_p95:.3f} | {plug_med:.2f} | {plug_p95:.2f} "
+        f"| **{plug_med - base_med:.2f}** | {plug_p95 - base_p95:.2f} |"
+    )

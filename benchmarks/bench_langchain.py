@@ -17,13 +17,11 @@ import asyncio
 import os
 import platform
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,7 @@ if _CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
 
 import history  # noqa: E402
-from _report import cpu_model, write_section  # noqa: E402
+from _report import OVERHEAD_HEADER, cpu_model, overhead_row, package_version, write_section  # noqa: E402
 from langchain_core.language_models import BaseChatModel  # noqa: E402
 from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
@@ -70,14 +68,6 @@ class InstantChatModel(BaseChatModel):
         self, messages: list[BaseMessage], stop: Any = None, **kwargs: Any
     ) -> ChatResult:
         return self._result()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    low = int(k)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
 
 
 class Bench:
@@ -154,25 +144,8 @@ class Bench:
         return without[: self.calls], with_plugin[: self.calls]
 
 
-def _version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-def row(label: str, without: list[float], with_plugin: list[float]) -> str:
-    ms = 1000.0
-    base_med, base_p95 = statistics.median(without) * ms, percentile(without, 0.95) * ms
-    plug_med, plug_p95 = statistics.median(with_plugin) * ms, percentile(with_plugin, 0.95) * ms
-    return (
-        f"| `{label}` | {base_med:.3f} | {base_p95:.3f} | {plug_med:.2f} | {plug_p95:.2f} "
-        f"| **{plug_med - base_med:.2f}** | {plug_p95 - base_p95:.2f} |"
-    )
-
-
 def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]) -> str:
-    versions = ", ".join(f"{name} {_version(name)}" for name in PACKAGES)
+    versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     low, high = min(session_sizes), max(session_sizes)
     held = f"{low}" if low == high else f"{low}-{high}"
@@ -212,9 +185,7 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
             ]
         ),
         "",
-        "| call | without, median (ms) | without, p95 (ms) | with plugin, median (ms) "
-        "| with plugin, p95 (ms) | overhead, median (ms) | overhead, p95 (ms) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *OVERHEAD_HEADER,
         *rows,
     ]
     return "\n".join(lines) + "\n"
@@ -246,7 +217,7 @@ def main() -> None:
         async_times = bench.run(bench.async_block)
         sizes = session_sizes(bench)
         bench.engine.sync.close()
-    rows = [row("invoke", *sync_times), row("ainvoke", *async_times)]
+    rows = [overhead_row("invoke", *sync_times), overhead_row("ainvoke", *async_times)]
     section = report(rows, command, bench, sizes)
     print(section)
     if args.write:

@@ -19,13 +19,11 @@ import json
 import os
 import platform
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,7 @@ if _CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
 
 import history  # noqa: E402
-from _report import cpu_model, write_section  # noqa: E402
+from _report import OVERHEAD_HEADER, cpu_model, overhead_row, package_version, write_section  # noqa: E402
 from llama_index.core.base.llms.types import (  # noqa: E402
     ChatMessage,
     ChatResponse,
@@ -119,14 +117,6 @@ class InstantLLM(LLM):
 
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
         raise NotImplementedError
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    low = int(k)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
 
 
 def _tags(session_id: str) -> Any:
@@ -279,25 +269,8 @@ def _as_openai(message: ChatMessage) -> dict[str, Any]:
     return entry
 
 
-def _version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-def row(label: str, without: list[float], with_plugin: list[float]) -> str:
-    ms = 1000.0
-    base_med, base_p95 = statistics.median(without) * ms, percentile(without, 0.95) * ms
-    plug_med, plug_p95 = statistics.median(with_plugin) * ms, percentile(with_plugin, 0.95) * ms
-    return (
-        f"| `{label}` | {base_med:.3f} | {base_p95:.3f} | {plug_med:.2f} | {plug_p95:.2f} "
-        f"| **{plug_med - base_med:.2f}** | {plug_p95 - base_p95:.2f} |"
-    )
-
-
 def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]) -> str:
-    versions = ", ".join(f"{name} {_version(name)}" for name in PACKAGES)
+    versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     low, high = min(session_sizes), max(session_sizes)
     held = f"{low}" if low == high else f"{low}-{high}"
@@ -345,9 +318,7 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
             ]
         ),
         "",
-        "| call | without, median (ms) | without, p95 (ms) | with plugin, median (ms) "
-        "| with plugin, p95 (ms) | overhead, median (ms) | overhead, p95 (ms) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *OVERHEAD_HEADER,
         *rows,
     ]
     return "\n".join(lines) + "\n"
@@ -380,7 +351,7 @@ def main() -> None:
         async_times = bench.run(bench.async_block)
         sizes = session_sizes(bench)
         bench.engine.sync.close()
-    rows = [row("chat", *sync_times), row("achat", *async_times)]
+    rows = [overhead_row("chat", *sync_times), overhead_row("achat", *async_times)]
     section = report(rows, command, bench, sizes)
     print(section)
     if args.write:

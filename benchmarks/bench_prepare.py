@@ -54,7 +54,7 @@ if _CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
 
 import history  # noqa: E402
-from _report import cpu_model, write_section  # noqa: E402
+from _report import cpu_model, percentile, write_section  # noqa: E402
 from history import SEED, History, Msg, ToolCall  # noqa: E402
 
 BUDGET = 8_000
@@ -161,17 +161,6 @@ class Cell:
     @property
     def median(self) -> float:
         return statistics.median(self.samples)
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (``q`` in [0, 100])."""
-    ordered = sorted(samples)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = (len(ordered) - 1) * q / 100
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
 Prepare = Callable[[], Awaitable[Any]] | None
