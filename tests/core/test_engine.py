@@ -30,6 +30,7 @@ from ce.core.schema import (
     ToolProvider,
 )
 from ce.core.stores import MemoryStore, SQLiteStore
+from ce.core.testing import deterministic_engine
 from ce.core.testing.assertions import assert_tool_pairs_intact
 
 INV = ModelInvocation(provider="openai", model="gpt-4o")
@@ -634,3 +635,14 @@ async def test_many_concurrent_calls_on_one_session_do_not_starve_the_store(
     doc = await engine.get_session("s")
     assert sorted(m.content for m in doc.session.messages) == sorted(f"m{i}" for i in range(40))
     await engine.close()
+
+
+async def test_deterministic_engines_store_the_same_session() -> None:
+    docs = []
+    for _ in range(2):
+        engine = deterministic_engine()
+        await engine.prepare_turn("s1", "hello")
+        docs.append(await engine.get_session("s1"))
+        await engine.close()
+    assert docs[0] == docs[1]
+    assert docs[0].session.messages[0].message_id == "id-000003"

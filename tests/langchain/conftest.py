@@ -10,22 +10,15 @@ import pytest
 pytest.importorskip("langchain_core")
 pytest.importorskip("langchain")
 
-from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
-from ce.core.primitives import SequentialIdGenerator, SteppingClock
-from ce.core.stores import MemoryStore
+from ce.core.testing import deterministic_engine
 from ce.langchain import LangChainPlugin
 
 
 @pytest.fixture
 async def engine() -> AsyncIterator[ContextEngine]:
     """A deterministic engine on a MemoryStore (modules with another budget override it)."""
-    engine = ContextEngine(
-        MemoryStore(),
-        clock=SteppingClock(),
-        id_generator=SequentialIdGenerator("id"),
-        config=RuntimeConfig(model_hint="gpt-4o"),
-    )
+    engine = deterministic_engine()
     yield engine
     await engine.close()
 

@@ -20,12 +20,9 @@ from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 
-from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.integration import Plugin
-from ce.core.primitives import SequentialIdGenerator, SteppingClock
-from ce.core.stores import MemoryStore
-from ce.core.testing import PluginContract, ScriptedOpenAIServer
+from ce.core.testing import PluginContract, ScriptedOpenAIServer, deterministic_engine
 from ce.core.testing.plugin_contract import RETRIEVAL_DOCS, SYSTEM_PROMPT, TOOL_NAME
 from ce.langchain import LangChainPlugin
 
@@ -87,12 +84,7 @@ class TestLangChainContract(PluginContract):
 
     @pytest.fixture
     async def engine(self) -> AsyncIterator[ContextEngine]:
-        engine = ContextEngine(
-            MemoryStore(),
-            clock=SteppingClock(),
-            id_generator=SequentialIdGenerator("id"),
-            config=RuntimeConfig(model_hint="gpt-4o"),
-        )
+        engine = deterministic_engine()
         yield engine
         await engine.close()
 

@@ -23,10 +23,8 @@ import ce.llamaindex
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.formats import from_openai_messages
-from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import EvidenceType
-from ce.core.stores import MemoryStore
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
 from ce.core.testing.assertions import assert_tool_pairs_intact
 from ce.core.tokens import TiktokenEstimator
 from ce.llamaindex import LlamaIndexPlugin
@@ -61,12 +59,7 @@ def script(body: dict[str, Any]) -> ScriptedResponse:
 
 @pytest.fixture
 async def engine() -> AsyncIterator[ContextEngine]:
-    engine = ContextEngine(
-        MemoryStore(),
-        clock=SteppingClock(),
-        id_generator=SequentialIdGenerator("id"),
-        config=RuntimeConfig(model_hint="gpt-4o", budget=BUDGET),
-    )
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=BUDGET))
     yield engine
     await engine.close()
 

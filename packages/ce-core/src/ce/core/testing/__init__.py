@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ce.core.testing.engines import deterministic_engine
     from ce.core.testing.openai_server import ScriptedOpenAIServer, ScriptedResponse
     from ce.core.testing.plugin_contract import InjectedEngineError, PluginContract
     from ce.core.testing.store_contract import InjectedFailure, StoreContract
@@ -27,6 +28,7 @@ __all__ = [
     "ScriptedOpenAIServer",
     "ScriptedResponse",
     "StoreContract",
+    "deterministic_engine",
 ]
 
 _MODULES = {
@@ -36,6 +38,7 @@ _MODULES = {
     "ScriptedOpenAIServer": "openai_server",
     "ScriptedResponse": "openai_server",
     "StoreContract": "store_contract",
+    "deterministic_engine": "engines",
 }
 
 
