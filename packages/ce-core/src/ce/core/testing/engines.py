@@ -12,8 +12,9 @@ __all__ = ["deterministic_engine"]
 
 def deterministic_engine(config: RuntimeConfig | None = None) -> ContextEngine:
     """A :class:`ContextEngine` on a fresh :class:`MemoryStore` with a stepping clock and
-    sequential ids (``id-000001``, ``id-000002``, …), so the same test run stores the same session; the
-    default config targets ``gpt-4o``. Plugin tests use it as their ``engine`` fixture."""
+    sequential ids (``id-000001``, ``id-000002``, …), so the same test run stores the same
+    session; the default config targets ``gpt-4o``. Plugin tests use it as their ``engine``
+    fixture."""
     return ContextEngine(
         MemoryStore(),
         clock=SteppingClock(),
