@@ -19,7 +19,6 @@ from ce.core.engine import ContextEngine
 from ce.core.errors import SessionNotFoundError
 from ce.core.events import Event
 from ce.core.integration import (
-    DEFAULT_SESSION_ID,
     INTEGRATION_FAILED,
     ModelCall,
     PatchLedger,
@@ -37,7 +36,8 @@ from ce.core.integration import (
     openai_to_messages,
     record_sync,
     requirement_conflicts,
-    resolve_session,
+    Scope,
+    resolve_scope,
     suppressed,
     tool_call_from_run,
     tool_status,
@@ -258,7 +258,7 @@ class ToyPlugin(Plugin):
         self.ledger.register(lambda: toy_callbacks.remove(self._on_event), "toy callback")
 
     def _session(self) -> str:
-        return resolve_session(_toy_thread.get(), self)
+        return resolve_scope(self, run_id="toy", framework=_toy_thread.get()).session_id
 
     def _prepare_sync(self, sid: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         engine = self.engine
@@ -752,13 +752,46 @@ def test_record_sync_writes_from_blocking_hooks_and_fails_open(engine: ContextEn
 
 def test_session_resolution_order(engine: ContextEngine) -> None:
     plugin = RecordingPlugin().install(engine)
-    assert resolve_session(None, plugin) == DEFAULT_SESSION_ID == "default"
+
+    def sid(**kwargs: Any) -> str:
+        return resolve_scope(plugin, run_id="r1", **kwargs).session_id
+
+    # nothing named: the call's own run, never a shared "default"
+    assert resolve_scope(plugin, run_id="r1") == Scope("run:r1", "run")
+    assert sid(framework="") == sid(explicit="") == "run:r1"
     plugin.session_id = "installed"
-    assert resolve_session(None, plugin) == "installed"
+    assert sid() == "installed"
+    assert sid(framework="thread-1") == "thread-1"
+    assert sid(framework=7) == "7"
+    assert sid(framework=True) == "installed"  # not an id
     with engine.session("scoped"):
-        assert resolve_session(None, plugin) == "scoped"
-        assert resolve_session("", plugin) == "scoped"
-        assert resolve_session("thread-1", plugin) == "thread-1"
+        assert sid() == "scoped"
+        assert sid(framework="thread-1") == "scoped"
+        assert sid(explicit="named", framework="thread-1") == "named"
+
+
+def test_nested_calls_get_a_child_scope(engine: ContextEngine) -> None:
+    plugin = RecordingPlugin().install(engine)
+    outer = resolve_scope(plugin, run_id="r1", explicit="alice", framework="t-1")
+    assert outer == Scope("alice", "explicit")
+    # inherited names (the outer run's metadata, thread id, engine.session) do not count
+    inner = resolve_scope(
+        plugin, run_id="r1", explicit="alice", framework="t-1", parent=outer, parent_call_id="c1"
+    )
+    assert inner == Scope("alice/c1", "nested", ("alice",), "alice", "c1")
+    assert inner.nested and not outer.nested
+    deeper = resolve_scope(plugin, run_id="r1", explicit="alice", parent=inner, parent_call_id="c2")
+    assert deeper.session_id == "alice/c1/c2"
+    assert deeper.lineage == ("alice", "alice/c1")
+    with engine.session("alice"):
+        assert resolve_scope(plugin, run_id="r1", parent=outer, parent_call_id="c1") == inner
+    # a session the nested call names itself wins
+    own = resolve_scope(plugin, run_id="r1", explicit="helper", parent=outer, parent_call_id="c1")
+    assert own == Scope("helper", "explicit")
+    with engine.session("helper-2"):
+        assert resolve_scope(plugin, run_id="r1", parent=outer).session_id == "helper-2"
+    # without a call id the child is named after the run
+    assert resolve_scope(plugin, run_id="r9", parent=outer).session_id == "alice/r9"
 
 
 # == mappers and the Recorder =================================================================

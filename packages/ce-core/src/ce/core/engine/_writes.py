@@ -47,9 +47,16 @@ class HistoryWriter:
     """The engine's write side: every text goes through the configured redactor before the
     AgentState (and so the store) sees it."""
 
+    config: RuntimeConfig
     _redactor: RegexRedactor | None
     _redactors: dict[RedactionConfig, RegexRedactor]
     _stored_forms: dict[int, dict[str, str]]
+
+    def redactor_for(self, runtime_config: RuntimeConfig | None = None) -> RegexRedactor | None:
+        """The redactor that texts written under ``runtime_config`` (default: the engine's
+        config) go through, or ``None`` when that config turns redaction off. Integrations use
+        it for what reaches a model without the engine (fail-open)."""
+        return self._redactor_for(runtime_config or self.config)
 
     def _redactor_for(self, cfg: RuntimeConfig) -> RegexRedactor | None:
         if not cfg.redaction.enabled:

@@ -2,10 +2,11 @@
 
 :class:`Plugin` (install / uninstall template methods, one instance per class, version
 check), :class:`PatchLedger` (every hook recorded and undone), :func:`suppressed`,
-:func:`guarded` (fail-open), :func:`resolve_session`, the neutral records and their
-:class:`Recorder` (:func:`record_sync` from blocking hooks), conversion between assembled
-input and OpenAI-style message dicts, and :func:`prepare_openai` /
-:func:`prepare_openai_sync` (a guarded ``prepare_call`` on such dicts).
+:func:`guarded` (fail-open), :func:`resolve_scope` (which session a call belongs to), the
+neutral records and their :class:`Recorder` (:func:`record_sync` from blocking hooks),
+conversion between assembled input and OpenAI-style message dicts, and
+:func:`prepare_openai` / :func:`prepare_openai_sync` (a guarded ``prepare_call`` on such
+dicts, falling back to the framework's own messages redacted).
 """
 
 from ce.core.integration._convert import (
@@ -14,8 +15,20 @@ from ce.core.integration._convert import (
     message_from_part,
     openai_to_messages,
 )
-from ce.core.integration._guard import INTEGRATION_FAILED, guarded, guarded_sync
-from ce.core.integration._inject import augment_openai, prepare_openai, prepare_openai_sync
+from ce.core.integration._guard import (
+    INTEGRATION_FAILED,
+    REDACTION_FAILED,
+    emit_failure,
+    emit_failure_sync,
+    guarded,
+    guarded_sync,
+)
+from ce.core.integration._inject import (
+    augment_openai,
+    prepare_openai,
+    prepare_openai_sync,
+    redact_openai,
+)
 from ce.core.integration._ledger import LedgerEntry, PatchLedger
 from ce.core.integration._mappers import (
     EvidenceDraft,
@@ -38,12 +51,22 @@ from ce.core.integration._plugin import (
     PluginVersionError,
     requirement_conflicts,
 )
-from ce.core.integration._sessions import DEFAULT_SESSION_ID, resolve_session
+from ce.core.integration._sessions import (
+    RUN_SESSION_PREFIX,
+    SESSION_KEY,
+    Scope,
+    ScopeSource,
+    child_session_id,
+    resolve_scope,
+    run_session_id,
+)
 from ce.core.integration._suppress import is_suppressed, suppressed
 
 __all__ = [
-    "DEFAULT_SESSION_ID",
     "INTEGRATION_FAILED",
+    "REDACTION_FAILED",
+    "RUN_SESSION_PREFIX",
+    "SESSION_KEY",
     "EvidenceDraft",
     "InjectMode",
     "LedgerEntry",
@@ -53,9 +76,14 @@ __all__ = [
     "PluginVersionError",
     "Recorder",
     "RetrievalHit",
+    "Scope",
+    "ScopeSource",
     "ToolRun",
     "assembled_to_openai",
     "augment_openai",
+    "child_session_id",
+    "emit_failure",
+    "emit_failure_sync",
     "error_text",
     "evidence_from_hit",
     "guarded",
@@ -69,8 +97,10 @@ __all__ = [
     "prepare_openai",
     "prepare_openai_sync",
     "record_sync",
+    "redact_openai",
     "requirement_conflicts",
-    "resolve_session",
+    "resolve_scope",
+    "run_session_id",
     "suppressed",
     "tool_call_from_run",
     "tool_result_evidence",

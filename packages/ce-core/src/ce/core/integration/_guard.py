@@ -12,22 +12,35 @@ if TYPE_CHECKING:
     from ce.core.engine import ContextEngine
     from ce.core.integration._plugin import Plugin
 
-__all__ = ["INTEGRATION_FAILED", "guarded", "guarded_sync"]
+__all__ = [
+    "INTEGRATION_FAILED",
+    "REDACTION_FAILED",
+    "emit_failure",
+    "emit_failure_sync",
+    "guarded",
+    "guarded_sync",
+]
 
 logger = logging.getLogger("ce.core.integration")
 
 INTEGRATION_FAILED = "integration_failed"
 """The ``reason`` of the ``Degraded`` event a guarded failure emits."""
+REDACTION_FAILED = "redaction_failed"
+"""The ``reason`` of the ``Degraded`` event emitted when the framework's own input, let
+through on an engine failure, could not be redacted either (it went through unredacted)."""
 
 _T = TypeVar("_T")
 
 
 def _report(
-    plugin: Plugin, session_id: str, what: str, exc: Exception
+    plugin: Plugin, session_id: str, what: str, exc: Exception, reason: str = ""
 ) -> tuple[ContextEngine, Event] | None:
-    """Log the failure; the engine and the Degraded event to emit on it, or None when the
-    plugin has no engine any more (a hook still running after ``uninstall()``)."""
+    """Count and log the failure; the engine and the Degraded event (``reason``, default
+    :data:`INTEGRATION_FAILED`) to emit on it, or None when the plugin has no engine any more
+    (a hook still running after ``uninstall()``)."""
+    reason = reason or INTEGRATION_FAILED
     label = plugin.name or type(plugin).__name__
+    plugin.failures[reason] += 1
     logger.warning(
         "plugin %r: %s failed; the call goes on without the engine", label, what, exc_info=exc
     )
@@ -41,7 +54,7 @@ def _report(
         ts=engine.clock.now_iso(),
         tags={"plugin": label},
         payload={
-            "reason": INTEGRATION_FAILED,
+            "reason": reason,
             "detail": f"{what}: {type(exc).__name__}: {exc}",
         },
     )
@@ -67,14 +80,22 @@ async def guarded(
     except Exception as exc:
         if plugin.fail_closed:
             raise
-        report = _report(plugin, session_id, what, exc)
+        await emit_failure(plugin, session_id, what, exc)
+    return None
+
+
+async def emit_failure(
+    plugin: Plugin, session_id: str, what: str, exc: Exception, reason: str = ""
+) -> None:
+    """Count, log (WARNING) and emit as a ``Degraded`` event (``reason``, default
+    :data:`INTEGRATION_FAILED`) a failure a hook goes on after."""
+    report = _report(plugin, session_id, what, exc, reason)
     if report is not None:
         engine, event = report
         try:
             await engine.events.emit(event)
         except Exception:
             logger.exception("emitting the Degraded event failed")
-    return None
 
 
 def guarded_sync(
@@ -92,11 +113,18 @@ def guarded_sync(
     except Exception as exc:
         if plugin.fail_closed:
             raise
-        report = _report(plugin, session_id, what, exc)
+        emit_failure_sync(plugin, session_id, what, exc)
+    return None
+
+
+def emit_failure_sync(
+    plugin: Plugin, session_id: str, what: str, exc: Exception, reason: str = ""
+) -> None:
+    """The blocking twin of :func:`emit_failure`."""
+    report = _report(plugin, session_id, what, exc, reason)
     if report is not None:
         engine, event = report
         try:
             engine.sync.run(engine.events.emit(event))
         except Exception:
             logger.exception("emitting the Degraded event failed")
-    return None

@@ -7,15 +7,22 @@ from typing import TYPE_CHECKING, Any
 
 from ce.core.formats import from_openai_messages
 from ce.core.integration._convert import assembled_to_openai, openai_to_messages
-from ce.core.integration._guard import guarded, guarded_sync
+from ce.core.integration._guard import (
+    REDACTION_FAILED,
+    emit_failure,
+    emit_failure_sync,
+    guarded,
+    guarded_sync,
+)
 
 if TYPE_CHECKING:
     from ce.core.engine import ContextEngine
     from ce.core.integration._plugin import Plugin
+    from ce.core.redaction import RegexRedactor
     from ce.core.schema import AssembledInput, PrepareResult
     from ce.core.tokens import TokenEstimator
 
-__all__ = ["augment_openai", "prepare_openai", "prepare_openai_sync"]
+__all__ = ["augment_openai", "prepare_openai", "prepare_openai_sync", "redact_openai"]
 
 _SYSTEM_ROLES = ("system", "developer")
 
@@ -77,6 +84,49 @@ def _text(content: Any) -> str:
     return ""
 
 
+def redact_openai(
+    messages: Sequence[Mapping[str, Any]], redactor: RegexRedactor
+) -> list[dict[str, Any]]:
+    """Copies of OpenAI-style ``messages`` with every text ``redactor`` matches replaced:
+    string contents, the text parts of multimodal contents (other parts unchanged) and tool
+    call arguments. Roles, ids and names stay."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        copy = dict(message)
+        content = copy.get("content")
+        if isinstance(content, str):
+            copy["content"] = redactor.redact_text(content).redacted_text
+        elif isinstance(content, list):
+            copy["content"] = [
+                {**part, "text": redactor.redact_text(part["text"]).redacted_text}
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+                else part
+                for part in content
+            ]
+        calls = copy.get("tool_calls")
+        if isinstance(calls, list):
+            copy["tool_calls"] = [_redact_call(call, redactor) for call in calls]
+        out.append(copy)
+    return out
+
+
+def _redact_call(call: Any, redactor: RegexRedactor) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    arguments = redactor.redact_text(function["arguments"]).redacted_text
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+def _fallback(
+    plugin: Plugin, engine: ContextEngine, messages: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]] | None:
+    """The framework's own messages, redacted, for a call the engine could not serve; None
+    when redaction is off (they go as they are). Raises what redaction raised."""
+    redactor = engine.redactor_for(plugin.config)
+    return None if redactor is None else redact_openai(messages, redactor)
+
+
 def _sent(
     plugin: Plugin,
     engine: ContextEngine,
@@ -102,8 +152,12 @@ def prepare_openai_sync(
     ``session_id`` (with ``plugin.config`` and ``tool_schemas``) and return the OpenAI-style
     messages the model must receive instead (with ``plugin.mode == "augment"``, the
     framework's own messages plus the engine's context, see :func:`augment_openai`).
-    Fail-open like :func:`guarded_sync`: ``None`` when the engine (or the conversion) failed,
-    so the caller sends its own messages; with ``plugin.fail_closed`` the error is raised."""
+    Fail-open like :func:`guarded_sync`, but never unredacted: when the engine (or the
+    conversion) failed, the framework's own ``messages`` come back through the configured
+    redactor (:func:`redact_openai`). ``None`` means "send your own messages as they are":
+    redaction is off, or it failed too (counted in ``plugin.failures["redaction_failed"]``
+    and reported as a ``Degraded`` event with reason ``redaction_failed``, at WARNING level).
+    With ``plugin.fail_closed`` the error is raised instead."""
     engine = plugin.engine
 
     def prepare() -> list[dict[str, Any]]:
@@ -111,7 +165,16 @@ def prepare_openai_sync(
         result = engine.sync.prepare_call(session_id, pending, plugin.config, tool_schemas)
         return _sent(plugin, engine, messages, result)
 
-    return guarded_sync(plugin, prepare, session_id=session_id, what="prepare_call")
+    sent = guarded_sync(plugin, prepare, session_id=session_id, what="prepare_call")
+    if sent is not None:
+        return sent
+    try:
+        return _fallback(plugin, engine, messages)
+    except Exception as exc:
+        if plugin.fail_closed:
+            raise
+        emit_failure_sync(plugin, session_id, "redaction", exc, REDACTION_FAILED)
+        return None
 
 
 async def prepare_openai(
@@ -121,7 +184,7 @@ async def prepare_openai(
     tool_schemas: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]] | None:
     """The coroutine twin of :func:`prepare_openai_sync` (awaits the engine on the caller's
-    loop; fail-open like :func:`guarded`)."""
+    loop; fail-open, redacted, the same way)."""
     engine = plugin.engine
 
     async def prepare() -> list[dict[str, Any]]:
@@ -129,4 +192,13 @@ async def prepare_openai(
         result = await engine.prepare_call(session_id, pending, plugin.config, tool_schemas)
         return _sent(plugin, engine, messages, result)
 
-    return await guarded(plugin, prepare, session_id=session_id, what="prepare_call")
+    sent = await guarded(plugin, prepare, session_id=session_id, what="prepare_call")
+    if sent is not None:
+        return sent
+    try:
+        return _fallback(plugin, engine, messages)
+    except Exception as exc:
+        if plugin.fail_closed:
+            raise
+        await emit_failure(plugin, session_id, "redaction", exc, REDACTION_FAILED)
+        return None

@@ -6,6 +6,7 @@ import importlib.metadata
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections import Counter
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -77,6 +78,10 @@ class Plugin(ABC):
     mode: InjectMode
     fail_closed: bool
     options: dict[str, Any]
+    failures: Counter[str]
+    """How often a hook went on without the engine, by reason: ``"integration_failed"`` (the
+    engine could not serve a call: the framework's own input went through, redacted) and
+    ``"redaction_failed"`` (that redaction failed too: the input went through unredacted)."""
     _engine: ContextEngine | None
     _installed: bool
     _lock: threading.RLock
@@ -92,6 +97,7 @@ class Plugin(ABC):
                 instance.mode = "replace"
                 instance.fail_closed = False
                 instance.options = {}
+                instance.failures = Counter()
                 instance._engine = None
                 instance._installed = False
                 instance._lock = threading.RLock()

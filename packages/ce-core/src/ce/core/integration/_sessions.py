@@ -1,23 +1,139 @@
-"""Which session a framework call belongs to."""
+"""Which session a framework call belongs to: one rule for every plugin.
+
+A top-level call's session is, first match wins: the ``ce_session_id`` the call names
+explicitly (run metadata, tags), the innermost ``with engine.session(...)``, the framework's
+own conversation identity (a LangGraph ``thread_id``, a chat history's ``session_id``, a
+memory's key, ...), the ``session_id`` given to ``install()``. With none of these the call
+shares history with nothing: it is scoped to its own top-level run, under a generated session
+id (:func:`run_session_id`).
+
+A nested call (a model call inside a tool run, or inside another model-driven component of an
+outer run: an LLM-backed tool, a sub-agent called as a tool, a query engine inside a tool, a
+condense step) is not part of the outer conversation: it gets a child scope
+``"<outer session>/<tool call or component id>"`` and never receives or changes the outer
+session's messages. Only a session the nested call names itself (``ce_session_id`` or
+``engine.session()`` set inside the nested run, not inherited from an enclosing one) takes it
+elsewhere.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from ce.core.engine import current_session_id
 
 if TYPE_CHECKING:
     from ce.core.integration._plugin import Plugin
 
-__all__ = ["DEFAULT_SESSION_ID", "resolve_session"]
+__all__ = [
+    "RUN_SESSION_PREFIX",
+    "SESSION_KEY",
+    "Scope",
+    "ScopeSource",
+    "child_session_id",
+    "resolve_scope",
+    "run_session_id",
+]
 
-DEFAULT_SESSION_ID = "default"
-"""The session of calls nothing else names a session for."""
+SESSION_KEY = "ce_session_id"
+"""The metadata / tag key that names a call's session explicitly, in every framework."""
+
+RUN_SESSION_PREFIX = "run:"
+"""Session ids of calls nothing names a session for start with this, then the run's id."""
+
+ScopeSource = Literal["explicit", "engine", "framework", "install", "run", "nested"]
 
 
-def resolve_session(framework_id: str | None, plugin: Plugin) -> str:
-    """The session of a call: the framework's own id for it (a thread id, a chat history's
-    session, ...) when it has one, else the innermost ``with engine.session(...)``, else the
-    ``session_id`` given to ``plugin.install()``, else :data:`DEFAULT_SESSION_ID`. Empty
-    strings count as absent."""
-    return framework_id or current_session_id() or plugin.session_id or DEFAULT_SESSION_ID
+@dataclass(frozen=True)
+class Scope:
+    """The session a framework call is recorded into and assembled from, and why.
+
+    ``source`` says which rule chose it. ``lineage`` holds the sessions of the enclosing
+    scopes, outermost first (empty for a top-level call); ``parent_session_id`` and
+    ``parent_call_id`` link a nested scope to the call it runs in.
+    """
+
+    session_id: str
+    source: ScopeSource
+    lineage: tuple[str, ...] = ()
+    parent_session_id: str | None = None
+    parent_call_id: str | None = None
+
+    @property
+    def nested(self) -> bool:
+        """Whether this scope is a child of an outer one."""
+        return self.parent_session_id is not None
+
+    def child(self, call_id: str) -> Scope:
+        """The scope of a call nested in this one's ``call_id`` (a tool call id, a
+        component's run id)."""
+        return Scope(
+            session_id=child_session_id(self.session_id, call_id),
+            source="nested",
+            lineage=(*self.lineage, self.session_id),
+            parent_session_id=self.session_id,
+            parent_call_id=call_id,
+        )
+
+
+def run_session_id(run_id: str) -> str:
+    """The generated session of a top-level run that names no session."""
+    return f"{RUN_SESSION_PREFIX}{run_id}"
+
+
+def child_session_id(parent_session_id: str, call_id: str) -> str:
+    """The session of a call nested in ``parent_session_id``'s ``call_id``."""
+    return f"{parent_session_id}/{call_id}"
+
+
+def _name(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    text = str(value)
+    return text or None
+
+
+def resolve_scope(
+    plugin: Plugin,
+    *,
+    run_id: str,
+    explicit: object = None,
+    framework: object = None,
+    parent: Scope | None = None,
+    parent_call_id: str | None = None,
+) -> Scope:
+    """The scope of one framework call (a model call, a tool run, a retrieval).
+
+    ``run_id`` identifies the call's top-level run (a root run, a root span, a workflow
+    run); ``explicit`` is the ``ce_session_id`` the call carries and ``framework`` the
+    framework's own conversation identity, if any (empty strings and non-scalars count as
+    absent; ints are ids too). ``parent`` is the scope of the enclosing tool run or
+    model-driven component when the call is nested in one, and ``parent_call_id`` that
+    component's id (default: ``run_id``).
+
+    A nested call gets ``parent.child(parent_call_id)``, unless it names a session of its own
+    (``explicit`` or ``engine.session()``) that none of its enclosing scopes has: a name
+    inherited from the outer run does not take a nested call back into the outer
+    conversation. A top-level call follows the module's order; with nothing named it is
+    scoped to its run (:func:`run_session_id`).
+    """
+    named = _name(explicit)
+    in_engine = current_session_id()
+    if parent is not None:
+        enclosing = {*parent.lineage, parent.session_id}
+        if named and named not in enclosing:
+            return Scope(named, "explicit")
+        if in_engine and in_engine not in enclosing:
+            return Scope(in_engine, "engine")
+        return parent.child(parent_call_id or run_id)
+    if named:
+        return Scope(named, "explicit")
+    if in_engine:
+        return Scope(in_engine, "engine")
+    own = _name(framework)
+    if own:
+        return Scope(own, "framework")
+    if plugin.session_id:
+        return Scope(plugin.session_id, "install")
+    return Scope(run_session_id(run_id), "run")
