@@ -3,6 +3,7 @@ OpenAI-style message dicts, for plugins of frameworks that speak them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -64,9 +65,16 @@ async def test_prepare_openai_fails_open_and_closed(
         raise RuntimeError("down")
 
     monkeypatch.setattr(plugin.engine, "prepare_call", broken)
-    assert await prepare_openai(plugin, "s", MESSAGES) is None
-    assert prepare_openai_sync(plugin, "s", MESSAGES) is None
+    # fail-open, but redacted: the app's own messages through the redactor
+    for sent in (
+        await prepare_openai(plugin, "s", MESSAGES),
+        prepare_openai_sync(plugin, "s", MESSAGES),
+    ):
+        assert sent is not None and len(sent) == len(MESSAGES)
+        assert "[REDACTED:email]" in sent[-1]["content"]
+        assert "@" not in json.dumps(sent)
     assert [e.payload["reason"] for e in events] == [INTEGRATION_FAILED] * 2
+    assert plugin.failures[INTEGRATION_FAILED] == 2
     plugin.fail_closed = True
     with pytest.raises(RuntimeError, match="down"):
         await prepare_openai(plugin, "s", MESSAGES)

@@ -275,6 +275,11 @@ class ContextEngine(HistoryWriter):
         entry.version = result.version
         if result.epoch is not None:
             entry.epoch = result.epoch
+        for reason, detail in call.degradations[call.degradations_emitted :]:
+            await self._emit(
+                "Degraded", entry.session_id, call.turn_id, reason=reason, detail=detail
+            )
+        call.degradations_emitted = len(call.degradations)
         for message in call.new_messages:
             await self._emit(
                 "MessageAppended",
@@ -462,8 +467,6 @@ class ContextEngine(HistoryWriter):
         for reason, detail in call.errors:
             if reason != "version_conflict":  # emitted when it happened
                 await self._emit("Error", session_id, turn, reason=reason, detail=detail)
-        for reason, detail in call.degradations:
-            await self._emit("Degraded", session_id, turn, reason=reason, detail=detail)
         await self._emit("BlocksDerived", session_id, turn, candidates=selection.candidate_count)
         dropped = [d for d in selection.decisions if d.action == "dropped"]
         await self._emit(
@@ -650,7 +653,11 @@ class ContextEngine(HistoryWriter):
                 dict.fromkeys([*tool_call.result_evidence_ids, *(result_evidence_ids or [])])
             )
             record = tool_call.model_copy(
-                update={"args_digest": digest, "result_evidence_ids": ids}
+                update={
+                    "args_digest": digest,
+                    "result_evidence_ids": ids,
+                    "tool_call_id": entry.stored_call_id(tool_call.tool_call_id),
+                }
             )
             entry.state.record_tool_call(record)
             self._note_redaction(call, f"tool:{tool_call.tool_call_id}", rules, len(rules))
@@ -732,7 +739,12 @@ class ContextEngine(HistoryWriter):
         """Add the model's reply and move the run on (tools running, or completed); False
         when a reply with its ``message_id`` is stored already (nothing written)."""
         if reply.message_id and reply.message_id in entry.message_ids:
-            return False
+            text = reply.content if isinstance(reply, Message) else reply.text
+            probe = Message(role=Role.ASSISTANT, content=text, message_id=reply.message_id)
+            held = self._unless_held(entry, probe, cfg, call)
+            if held is None:
+                return False
+            reply = reply.model_copy(update={"message_id": None, "meta": reply.meta | held.meta})
         stored = self._write_assistant(entry, reply, cfg, call)
         status = RunStatus.TOOL_RUNNING if stored.tool_calls else RunStatus.COMPLETED
         self._transition(entry.state, status)
@@ -798,6 +810,10 @@ class ContextEngine(HistoryWriter):
         """Add one evidence to the entry's state (not persisted yet): the evidence, and the
         ``(evidence, redacted)`` to announce once persisted — None when the same content was
         stored before (that stored evidence is returned)."""
+        if links is not None and links.tool_call_id:
+            stored_id = entry.stored_call_id(links.tool_call_id)
+            if stored_id != links.tool_call_id:
+                links = links.model_copy(update={"tool_call_id": stored_id})
         prepared = ingestor.prepare(content, source, evidence_type, links, metadata, options)
         for reason, detail in prepared.degradations:
             await self._emit("Degraded", entry.session_id, None, reason=reason, detail=detail)

@@ -16,15 +16,33 @@ from ce.core.state import AgentState
 from ce.core.stores.base import SessionUpdate
 from ce.core.tokens import TokenEstimator
 
-__all__ = ["SessionEntry", "SessionLocks", "message_key"]
+__all__ = [
+    "FRAMEWORK_CALL_ID",
+    "FRAMEWORK_CALL_IDS",
+    "FRAMEWORK_MESSAGE_ID",
+    "SessionEntry",
+    "SessionLocks",
+    "message_key",
+]
+
+FRAMEWORK_MESSAGE_ID = "framework_message_id"
+"""Message meta: the framework's id of a message stored under another id (the framework
+reused an id the session holds for other content)."""
+FRAMEWORK_CALL_IDS = "framework_tool_call_ids"
+"""Assistant message meta: ``{stored id: framework id}`` of its tool calls whose framework id
+was already used in the session (stored under a unique id instead)."""
+FRAMEWORK_CALL_ID = "framework_tool_call_id"
+"""Tool message meta: the framework's id of the call it answers, when stored under another."""
 
 
 def message_key(message: Message, content: str | None = None) -> tuple[Any, ...]:
     """What identifies a message when the framework gives it no id: role, text as stored
-    (``content`` when given), tool ids."""
-    calls = tuple(c.tool_call_id for c in message.tool_calls or ())
+    (``content`` when given), tool ids as the framework gave them."""
+    renamed = message.meta.get(FRAMEWORK_CALL_IDS) or {}
+    calls = tuple(renamed.get(c.tool_call_id, c.tool_call_id) for c in message.tool_calls or ())
+    call_id = message.meta.get(FRAMEWORK_CALL_ID, message.tool_call_id)
     text = message.content if content is None else content
-    return (message.role, text, message.tool_call_id, calls)
+    return (message.role, text, call_id, calls)
 
 
 class SessionEntry:
@@ -51,6 +69,9 @@ class SessionEntry:
         self.dedup: dict[str, str] = {}
         self.key_counts: dict[tuple[Any, ...], int] = {}
         self.message_ids: set[str] = set()
+        self.id_texts: dict[str, tuple[Any, ...]] = {}
+        self.id_variants: set[tuple[str, tuple[Any, ...]]] = set()
+        self.call_aliases: dict[str, str] = {}
         self.chunks: dict[int, str] = {}
         doc = state.live_view()
         for message in doc.session.messages:
@@ -81,8 +102,31 @@ class SessionEntry:
     def _count_key(self, message: Message) -> None:
         if message.message_id:
             self.message_ids.add(message.message_id)
+            self.id_texts[message.message_id] = (message.role, message.content)
+        original = message.meta.get(FRAMEWORK_MESSAGE_ID)
+        if isinstance(original, str):
+            self.id_variants.add((original, (message.role, message.content)))
+        for stored, framework_id in (message.meta.get(FRAMEWORK_CALL_IDS) or {}).items():
+            self.call_aliases[framework_id] = stored
         key = message_key(message)
         self.key_counts[key] = self.key_counts.get(key, 0) + 1
+
+    def holds(self, message_id: str, role: Any, text: str) -> bool:
+        """Whether the session holds a message the framework identifies as ``message_id``
+        with this role and (stored) text."""
+        variant = (role, text)
+        return self.id_texts.get(message_id) == variant or (
+            (message_id, variant) in self.id_variants
+        )
+
+    def stored_call_id(self, framework_id: str) -> str:
+        """The stored id of the newest tool call the framework identified as
+        ``framework_id`` that has no tool run recorded yet (a framework may reuse an id in a
+        later turn: the session stores that call under a unique id)."""
+        alias = self.call_aliases.get(framework_id)
+        if alias is None or self.state.tool_call_recorded(alias):
+            return framework_id
+        return alias
 
     def note_written(self, stored: Message) -> None:
         """Remember a message just written (in its stored, redacted form), so a framework

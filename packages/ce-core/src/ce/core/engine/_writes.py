@@ -6,7 +6,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ce.core.config import RedactionConfig, RuntimeConfig
-from ce.core.engine._session import SessionEntry, message_key
+from ce.core.engine._session import (
+    FRAMEWORK_CALL_ID,
+    FRAMEWORK_CALL_IDS,
+    FRAMEWORK_MESSAGE_ID,
+    SessionEntry,
+    message_key,
+)
 from ce.core.errors import InvariantViolationError, RedactionError
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
@@ -40,6 +46,7 @@ class WriteLog:
         self.new_evidence_ids: list[str] = []
         self.redactions: list[RedactionRecord] = []
         self.degradations: list[tuple[str, str]] = []
+        self.degradations_emitted = 0
         self.errors: list[tuple[str, str]] = []
 
 
@@ -196,7 +203,10 @@ class HistoryWriter:
             output = message
         text, rules = self._redact_text(output.text, cfg, call)
         calls, call_rules = self._redacted_calls(output.tool_calls, cfg, call)
+        calls, renamed = self._unique_calls(entry, calls, call)
         meta, meta_rules = self._redact_value(dict(output.meta), cfg, call)
+        if renamed:
+            meta[FRAMEWORK_CALL_IDS] = renamed
         stored = entry.state.append_model_output(
             output.model_copy(update={"text": text, "tool_calls": calls, "meta": meta})
         )
@@ -205,22 +215,64 @@ class HistoryWriter:
         entry.note_written(stored)
         return stored
 
+    def _unique_calls(
+        self, entry: SessionEntry, calls: list[ToolCallRequest], call: WriteLog
+    ) -> tuple[list[ToolCallRequest], dict[str, str]]:
+        """``calls`` with every id the session (or an earlier call of the same reply)
+        already uses replaced by a unique one (``<id>~2``, ``<id>~3``, ...), and the map of
+        the new ids to the framework's: a model may reuse ``call_0`` in every turn."""
+        state = entry.state
+        taken: set[str] = set()
+        renamed: dict[str, str] = {}
+        out: list[ToolCallRequest] = []
+        for request in calls:
+            framework_id = request.tool_call_id
+            stored_id = framework_id
+            if not stored_id.strip() or state.declares(stored_id) or stored_id in taken:
+                base = framework_id.strip() or "call"
+                n = 2
+                while state.declares(f"{base}~{n}") or f"{base}~{n}" in taken:
+                    n += 1
+                stored_id = f"{base}~{n}"
+                renamed[stored_id] = framework_id
+                entry.call_aliases[framework_id] = stored_id
+                call.degradations.append(
+                    (
+                        "tool_call_id_reused",
+                        f"tool call id {framework_id!r} is already used in this session; "
+                        f"stored as {stored_id!r}",
+                    )
+                )
+                request = request.model_copy(update={"tool_call_id": stored_id})
+            taken.add(stored_id)
+            out.append(request)
+        return out, renamed
+
     def _write_tool_result(
         self, entry: SessionEntry, message: Message, cfg: RuntimeConfig, call: WriteLog
     ) -> None:
-        call_id = message.tool_call_id or ""
-        if call_id not in {c.tool_call_id for c in entry.state.pending_tool_calls}:
+        framework_id = message.tool_call_id or ""
+        pending = {c.tool_call_id: c.name for c in entry.state.pending_tool_calls}
+        call_id = framework_id
+        if call_id not in pending:
+            call_id = entry.call_aliases.get(framework_id, "")
+        if call_id not in pending:
             call.degradations.append(
-                ("orphan_tool_result", f"tool result for unknown or answered call {call_id!r}")
+                (
+                    "orphan_tool_result",
+                    f"tool result for unknown or answered call {framework_id!r}",
+                )
             )
             return
         text, rules = self._redact_text(message.content, cfg, call)
         meta, meta_rules = self._redact_value(dict(message.meta), cfg, call)
+        if call_id != framework_id:
+            meta[FRAMEWORK_CALL_ID] = framework_id
         stored = entry.state.append_tool_results(
             [
                 ToolResult(
                     tool_call_id=call_id,
-                    name=message.name or "",
+                    name=pending[call_id],
                     content=text,
                     meta=meta,
                     message_id=message.message_id,
@@ -263,7 +315,10 @@ class HistoryWriter:
                     self._write_instruction(entry, message, cfg, call)
                 continue
             if message.message_id and message.message_id in known_ids:
-                continue
+                fresh = self._unless_held(entry, message, cfg, call)
+                if fresh is None:
+                    continue
+                message = fresh
             if not message.message_id:
                 key = message_key(message, self._stored_text(message.content, cfg))
                 seen[key] = seen.get(key, 0) + 1
@@ -280,3 +335,23 @@ class HistoryWriter:
                     self._write_assistant(entry, message, cfg, call)
             else:
                 self._write_tool_result(entry, message, cfg, call)
+
+    def _unless_held(
+        self, entry: SessionEntry, message: Message, cfg: RuntimeConfig, call: WriteLog
+    ) -> Message | None:
+        """None when the session holds ``message`` (its framework id, role and text), else
+        a copy to store under a fresh id: the framework reused an id the session holds for
+        other content. The copy keeps the framework's id in its meta (so it is recognised
+        when passed again) and the reuse is reported."""
+        message_id = message.message_id or ""
+        if entry.holds(message_id, message.role, self._stored_text(message.content, cfg)):
+            return None
+        call.degradations.append(
+            (
+                "duplicate_message_id",
+                f"message id {message_id!r} is already used in this session for other "
+                "content; stored under a new id",
+            )
+        )
+        meta = {**message.meta, FRAMEWORK_MESSAGE_ID: message_id}
+        return message.model_copy(update={"message_id": None, "meta": meta})

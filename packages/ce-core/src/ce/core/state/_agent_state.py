@@ -206,6 +206,14 @@ class AgentState(RecordWriters):
             if call_id not in self._answered
         ]
 
+    def declares(self, tool_call_id: str) -> bool:
+        """Whether a message of the session declared a tool call with this id."""
+        return tool_call_id in self._declared
+
+    def tool_call_recorded(self, tool_call_id: str) -> bool:
+        """Whether the session holds the record of a tool run with this id."""
+        return tool_call_id in self._recorded_calls
+
     @property
     def notebook(self) -> str:
         """The memory notebook content ('' when never written)."""
