@@ -92,8 +92,9 @@ async def test_prepare_openai_augment_keeps_the_apps_messages_and_adds_the_conte
             prepare_openai_sync(plugin, "s", MESSAGES),
         ):
             assert sent is not None
-            # the app's own messages (unredacted) stay; the context follows its system prompt
-            assert sent[0] == MESSAGES[0] and sent[-1] == MESSAGES[-1]
+            # the app's own messages stay (redacted); the context follows its system prompt
+            assert sent[0] == MESSAGES[0]
+            assert sent[-1] == {"role": "user", "content": "hi, I am [REDACTED:email]"}
             assert len(sent) == 3 and sent[1]["role"] == "system"
             assert "NOTE-1" in sent[1]["content"] and "be brief" not in sent[1]["content"]
         assert len(await engine.list_turns("s")) == 2

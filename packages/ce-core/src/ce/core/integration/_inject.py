@@ -136,8 +136,10 @@ def _sent(
     if plugin.mode != "augment":
         return assembled_to_openai(result.assembled_input)
     hint = (plugin.config or engine.config).model_hint
+    redactor = engine.redactor_for(plugin.config)
+    own = messages if redactor is None else redact_openai(messages, redactor)
     return augment_openai(
-        messages, result.assembled_input, result.report.token_budget, engine.estimator, hint
+        own, result.assembled_input, result.report.token_budget, engine.estimator, hint
     )
 
 
@@ -151,7 +153,8 @@ def prepare_openai_sync(
     the framework's pending OpenAI-style ``messages`` to ``plugin.engine.prepare_call`` in
     ``session_id`` (with ``plugin.config`` and ``tool_schemas``) and return the OpenAI-style
     messages the model must receive instead (with ``plugin.mode == "augment"``, the
-    framework's own messages plus the engine's context, see :func:`augment_openai`).
+    framework's own messages, redacted, plus the engine's context, see
+    :func:`augment_openai`).
     Fail-open like :func:`guarded_sync`, but never unredacted: when the engine (or the
     conversion) failed, the framework's own ``messages`` come back through the configured
     redactor (:func:`redact_openai`). ``None`` means "send your own messages as they are":
