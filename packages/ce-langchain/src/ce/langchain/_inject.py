@@ -11,38 +11,45 @@ LangChain's ``ContextEditingMiddleware`` (the graph state keeps the app's own me
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from langchain_core.messages import BaseMessage, SystemMessage
 from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from langchain_core.runnables.config import var_child_runnable_config
 
 from ce.core.integration import (
+    REDACTION_FAILED,
+    Scope,
+    emit_failure,
+    emit_failure_sync,
     is_suppressed,
     prepare_openai,
     prepare_openai_sync,
-    resolve_session,
 )
 from ce.langchain._convert import from_openai, message_text, to_openai, tool_schemas
+from ce.langchain._scopes import messages_key, parent_run_id
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
 
-    from ce.core.integration import Plugin
+    from ce.langchain._plugin import LangChainPlugin
 
 __all__ = [
     "SKIP_METADATA_KEY",
     "SKIP_TAG",
     "already_injected",
+    "call_scope",
     "current_config",
-    "framework_session",
     "inject_async",
     "inject_sync",
     "make_convert_input",
     "make_middleware",
+    "new_run_id",
     "should_skip",
 ]
 
@@ -50,8 +57,6 @@ SKIP_TAG = "ce:skip"
 """A model (or run) tagged with this is left alone: no injection, no recording."""
 SKIP_METADATA_KEY = "ce_skip"
 """Metadata key with the same effect as :data:`SKIP_TAG` when true."""
-SESSION_METADATA_KEY = "ce_session_id"
-"""Run-config metadata naming the session explicitly (wins over ``thread_id``)."""
 
 # create_agent runs middleware hooks as graph nodes named "<Middleware>.<hook>"; model calls
 # made there (the summarizer's, a tool selector's) are helper calls, not the agent's.
@@ -64,6 +69,16 @@ _injected: ContextVar[bool] = ContextVar("ce_langchain_injected", default=False)
 # conversion of the very same message objects must pass through, not be prepared again.
 _handed_out: ContextVar[tuple[BaseMessage, ...]] = ContextVar("ce_langchain_handed_out", default=())
 
+try:  # the run ids LangChain itself generates (uuid7 since langchain-core 1.1)
+    from langchain_core.utils.uuid import uuid7 as _new_uuid
+except ImportError:  # pragma: no cover - older langchain-core
+    _new_uuid = uuid.uuid4
+
+
+def new_run_id() -> UUID:
+    """A run id like the ones LangChain generates."""
+    return _new_uuid()
+
 
 @contextmanager
 def already_injected() -> Iterator[None]:
@@ -72,19 +87,6 @@ def already_injected() -> Iterator[None]:
         yield
     finally:
         _injected.reset(token)
-
-
-def framework_session(
-    metadata: Mapping[str, Any] | None, configurable: Mapping[str, Any] | None = None
-) -> str | None:
-    """The session LangChain names for a run: metadata ``ce_session_id``, else the LangGraph
-    ``thread_id`` (configurable or metadata)."""
-    for source in (metadata or {}, configurable or {}):
-        for key in (SESSION_METADATA_KEY, "thread_id"):
-            value = source.get(key)
-            if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
-                return str(value)
-    return None
 
 
 def should_skip(
@@ -112,54 +114,167 @@ def current_config() -> tuple[list[str], dict[str, Any], dict[str, Any]]:
     )
 
 
+def call_scope(
+    plugin: LangChainPlugin,
+    config: Mapping[str, Any] | None,
+    tags: Sequence[str],
+    metadata: Mapping[str, Any],
+    run_id: UUID | None = None,
+) -> Scope:
+    """The scope of a chat-model call about to run with ``config`` (its parent run is the
+    config's callback manager's), registered for the handler under ``run_id``: the same
+    scope the call's callbacks are recorded into."""
+    return plugin.tracker.for_call(run_id, parent_run_id(config), metadata, tags)
+
+
+def _redact_messages(plugin: LangChainPlugin, messages: list[BaseMessage]) -> list[BaseMessage]:
+    """Copies of ``messages`` with their texts (string contents, text blocks, tool-call
+    arguments) through the configured redactor; raises what redaction raised."""
+    redactor = plugin.engine.redactor_for(plugin.config)
+    if redactor is None:
+        return messages
+
+    def text(value: str) -> str:
+        return redactor.redact_text(value).redacted_text
+
+    def value(item: Any) -> Any:
+        if isinstance(item, str):
+            return text(item)
+        if isinstance(item, dict):
+            return {k: value(v) for k, v in item.items()}
+        if isinstance(item, list):
+            return [value(v) for v in item]
+        return item
+
+    out: list[BaseMessage] = []
+    for message in messages:
+        content = message.content
+        update: dict[str, Any] = {
+            "content": text(content)
+            if isinstance(content, str)
+            else [
+                {**b, "text": text(b["text"])}
+                if isinstance(b, dict) and isinstance(b.get("text"), str)
+                else (text(b) if isinstance(b, str) else b)
+                for b in content
+            ]
+        }
+        calls = getattr(message, "tool_calls", None)
+        if calls:
+            update["tool_calls"] = [{**c, "args": value(c.get("args"))} for c in calls]
+        out.append(message.model_copy(update=update))
+    return out
+
+
+def _fallback_sync(
+    plugin: LangChainPlugin, session_id: str, messages: list[BaseMessage], exc: Exception
+) -> list[BaseMessage]:
+    """The app's own messages, redacted, after a failure of the plugin's own conversion."""
+    if plugin.fail_closed:
+        raise exc
+    emit_failure_sync(plugin, session_id, "langchain message conversion", exc)
+    try:
+        return _redact_messages(plugin, messages)
+    except Exception as error:
+        emit_failure_sync(plugin, session_id, "redaction", error, REDACTION_FAILED)
+        return messages
+
+
+async def _fallback_async(
+    plugin: LangChainPlugin, session_id: str, messages: list[BaseMessage], exc: Exception
+) -> list[BaseMessage]:
+    if plugin.fail_closed:
+        raise exc
+    await emit_failure(plugin, session_id, "langchain message conversion", exc)
+    try:
+        return _redact_messages(plugin, messages)
+    except Exception as error:
+        await emit_failure(plugin, session_id, "redaction", error, REDACTION_FAILED)
+        return messages
+
+
 def inject_sync(
-    plugin: Plugin,
+    plugin: LangChainPlugin,
     session_id: str,
     messages: list[BaseMessage],
     tools: Sequence[Any] | None = None,
 ) -> list[BaseMessage]:
-    """The messages the model receives instead of ``messages`` (themselves on failure);
-    the schemas of the bound ``tools`` are counted against the budget."""
-    sent = prepare_openai_sync(plugin, session_id, to_openai(messages), tool_schemas(tools))
-    return messages if sent is None else from_openai(sent)
+    """The messages the model receives instead of ``messages`` in ``session_id``; the schemas
+    of the bound ``tools`` are counted against the budget. Fail-open, never unredacted: when
+    the engine or the conversion fails, the app's own ``messages`` come back redacted (as
+    they are only when redaction is off or failed too)."""
+    try:
+        pending = to_openai(messages)
+        schemas = tool_schemas(tools)
+    except Exception as exc:
+        return _fallback_sync(plugin, session_id, messages, exc)
+    sent = prepare_openai_sync(plugin, session_id, pending, schemas)
+    if sent is None:
+        return messages
+    try:
+        return from_openai(sent)
+    except Exception as exc:
+        return _fallback_sync(plugin, session_id, messages, exc)
 
 
 async def inject_async(
-    plugin: Plugin,
+    plugin: LangChainPlugin,
     session_id: str,
     messages: list[BaseMessage],
     tools: Sequence[Any] | None = None,
 ) -> list[BaseMessage]:
     """The coroutine twin of :func:`inject_sync`."""
-    sent = await prepare_openai(plugin, session_id, to_openai(messages), tool_schemas(tools))
-    return messages if sent is None else from_openai(sent)
+    try:
+        pending = to_openai(messages)
+        schemas = tool_schemas(tools)
+    except Exception as exc:
+        return await _fallback_async(plugin, session_id, messages, exc)
+    sent = await prepare_openai(plugin, session_id, pending, schemas)
+    if sent is None:
+        return messages
+    try:
+        return from_openai(sent)
+    except Exception as exc:
+        return await _fallback_async(plugin, session_id, messages, exc)
 
 
-_ENTRY_POINTS = frozenset({"invoke", "ainvoke", "stream", "astream"})
+# The BaseChatModel methods that convert their input through ``_convert_input`` right after
+# ``config = ensure_config(config)`` and pop ``config["run_id"]`` for the call's run later.
+_ENTRY_POINTS = frozenset(
+    {"invoke", "ainvoke", "stream", "astream", "_chat_model_stream_v3", "_achat_model_stream_v3"}
+)
 
 
-def _caller_tools(model: BaseChatModel) -> Sequence[Any] | None:
-    """The tools bound to the call ``model._convert_input`` is converting for.
+def _caller(model: BaseChatModel) -> tuple[Sequence[Any] | None, dict[str, Any] | None]:
+    """The bound tools and the (ensured) run config of the call ``model._convert_input`` is
+    converting for.
 
-    ``bind_tools`` binds them as the ``tools`` kwarg, which reaches ``invoke`` / ``ainvoke``
-    / ``stream`` / ``astream`` (and ``_generate`` later) but not ``_convert_input``; they are
-    read from that caller's ``kwargs``, two frames up (the caller of the patched method).
-    Anything unexpected there means no tools (the budget then just ignores them)."""
+    ``bind_tools`` binds the tools as the ``tools`` kwarg, which reaches ``invoke`` /
+    ``ainvoke`` / ``stream`` / ``astream`` (and ``_generate`` later) but not
+    ``_convert_input``; they and the ``config`` dict (whose ``run_id`` the call's run takes)
+    are read from that caller's locals, two frames up (the caller of the patched method).
+    Anything unexpected there means no tools and no config."""
     frame = sys._getframe(2)
     try:
         if frame.f_code.co_name not in _ENTRY_POINTS or frame.f_locals.get("self") is not model:
-            return None
+            return None, None
         kwargs = frame.f_locals.get("kwargs")
+        config = frame.f_locals.get("config")
     finally:
         del frame
     tools = kwargs.get("tools") if isinstance(kwargs, dict) else None
-    return tools if isinstance(tools, (list, tuple)) and tools else None
+    tools = tools if isinstance(tools, (list, tuple)) and tools else None
+    return tools, config if isinstance(config, dict) else None
 
 
 def make_convert_input(
-    plugin: Plugin,
+    plugin: LangChainPlugin,
 ) -> Callable[[Callable[[Any, Any], PromptValue]], Callable[[Any, Any], PromptValue]]:
-    """The ledger's replacement factory for ``BaseChatModel._convert_input``."""
+    """The ledger's replacement factory for ``BaseChatModel._convert_input``.
+
+    The call's scope comes from its run config (the parent run and the metadata); the call
+    gets its run id here (put into the caller's ensured config, which LangChain pops for the
+    run) so the handler records the call into the scope it was assembled in."""
 
     def factory(
         original: Callable[[BaseChatModel, Any], PromptValue],
@@ -174,13 +289,25 @@ def make_convert_input(
                 a is b for a, b in zip(last, messages, strict=True)
             ):
                 return value
-            tags, metadata, configurable = current_config()
-            own_tags = list(self.tags or [])
-            own_metadata = dict(self.metadata or {})
-            if should_skip([*tags, *own_tags], {**metadata, **own_metadata}):
+            tools, config = _caller(self)
+            if config is None:
+                config = dict(var_child_runnable_config.get() or {})
+                run_id = None
+            else:
+                run_id = config.get("run_id")
+                if run_id is None:
+                    run_id = config["run_id"] = new_run_id()
+            tags = [*(config.get("tags") or []), *(self.tags or [])]
+            metadata = {**(config.get("metadata") or {}), **(self.metadata or {})}
+            if should_skip(tags, metadata):
                 return value
-            session_id = resolve_session(framework_session(metadata, configurable), plugin)
-            sent = inject_sync(plugin, session_id, messages, _caller_tools(self))
+            scope = call_scope(
+                plugin, config, tags, metadata, run_id if isinstance(run_id, UUID) else None
+            )
+            sent = inject_sync(plugin, scope.session_id, messages, tools)
+            if not isinstance(run_id, UUID):
+                # no run id to find the scope by: the handler finds it by these very messages
+                plugin.tracker.remember(messages_key(sent), scope, tuple(sent))
             _handed_out.set(tuple(sent))
             return ChatPromptValue(messages=sent)
 
@@ -200,8 +327,9 @@ def _split_system(messages: list[BaseMessage]) -> tuple[SystemMessage | None, li
     return SystemMessage(content="\n\n".join(str(m.content) for m in system)), rest
 
 
-def make_middleware(plugin: Plugin) -> Any:
-    """A ``create_agent`` middleware that injects through ``wrap_model_call``."""
+def make_middleware(plugin: LangChainPlugin) -> Any:
+    """A ``create_agent`` middleware that injects through ``wrap_model_call``, into the scope
+    of the model node's run (the one the model call's callbacks are recorded into)."""
     from langchain.agents.middleware import AgentMiddleware, ModelRequest
 
     def _session(request: ModelRequest) -> str:
@@ -211,9 +339,9 @@ def make_middleware(plugin: Plugin) -> Any:
             config = get_config()
         except RuntimeError:
             config = {}
-        return resolve_session(
-            framework_session(config.get("metadata"), config.get("configurable")), plugin
-        )
+        tags = list(config.get("tags") or [])
+        metadata = dict(config.get("metadata") or {})
+        return call_scope(plugin, config, tags, metadata).session_id
 
     # langchain < 1.1's ModelRequest has a ``system_prompt`` string, later ones a
     # ``system_message`` (and ``system_prompt`` as its text).

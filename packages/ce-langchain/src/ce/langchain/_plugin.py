@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from ce.core.config import RuntimeConfig
     from ce.core.engine import ContextEngine
+    from ce.langchain._scopes import ScopeTracker
 
 __all__ = ["LangChainPlugin", "install", "middleware", "uninstall", "wrap"]
 
@@ -32,21 +33,46 @@ class LangChainPlugin(Plugin):
     :func:`ce.core.integration.suppressed`, for models or runs tagged ``"ce:skip"`` (or with
     metadata ``{"ce_skip": True}``), and inside ``create_agent`` middleware hook nodes
     (``before_model`` / ``after_model``: the summarizer's own calls).
+
+    Sessions follow :func:`ce.core.integration.resolve_scope`: ``ce_session_id`` metadata,
+    ``engine.session()``, the LangGraph ``thread_id`` or the ``RunnableWithMessageHistory``
+    session (``configurable["session_id"]`` or its ``history_factory_config`` keys), the
+    ``session_id`` given to ``install()``, else the call's own root run (``run:<run id>``).
+    A call inside a tool or retriever run gets the child scope ``<outer>/<tool_call_id>``.
     """
 
     name: ClassVar[str] = "langchain"
     requirements: ClassVar[tuple[str, ...]] = REQUIREMENTS
 
+    tracker: ScopeTracker
+    """The runs in flight and their scopes (while installed)."""
+
     def _install(self, *, patch: bool = True, **options: Any) -> None:
         if options:
             raise TypeError(f"unknown install options: {sorted(options)}")
         from langchain_core.language_models import BaseChatModel
+        from langchain_core.runnables.history import RunnableWithMessageHistory
+        from langchain_core.tools import BaseTool
         from langchain_core.tracers import context as tracer_context
 
         from ce.langchain._inject import make_convert_input
         from ce.langchain._record import RecordingHandler
+        from ce.langchain._scopes import (
+            ScopeTracker,
+            make_history_merge,
+            make_tool_arun,
+            make_tool_run,
+        )
 
-        handler = RecordingHandler(self)
+        self.tracker = ScopeTracker(self)
+        self.ledger.register(self.tracker.clear, "scope tracker (runs in flight)")
+        # The conversation a RunnableWithMessageHistory's history_factory_config keys name,
+        # and the tool_call_id of a starting tool run (older langchain-core does not pass it
+        # to on_tool_start): both needed to scope the calls under them.
+        self.ledger.wrap(RunnableWithMessageHistory, "_merge_configs", make_history_merge)
+        self.ledger.wrap(BaseTool, "run", make_tool_run)
+        self.ledger.wrap(BaseTool, "arun", make_tool_arun)
+        handler = RecordingHandler(self, self.tracker)
         # A ContextVar with a default: every thread and task sees the handler, no set() needed.
         var: ContextVar[Any] = ContextVar("ce_langchain_handler", default=handler)
         tracer_context.register_configure_hook(var, True)

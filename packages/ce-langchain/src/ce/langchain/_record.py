@@ -3,6 +3,9 @@
 It is registered through ``register_configure_hook`` with a ContextVar whose *default* is the
 handler, so every ``CallbackManager.configure`` (every run, in every thread and task) picks it
 up without ``callbacks=`` anywhere; LangChain deduplicates it when an app passes it as well.
+
+It also follows every run in flight (chains included) in the plugin's :class:`ScopeTracker`,
+which decides the session of each call (see :mod:`ce.langchain._scopes`).
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from ce.core.integration import (
     ToolRun,
     error_text,
     record_sync,
-    resolve_session,
 )
 from ce.langchain._convert import ai_to_message, message_text
-from ce.langchain._inject import framework_session, should_skip
+from ce.langchain._inject import should_skip
+from ce.langchain._scopes import ScopeTracker, messages_key, tool_call_in_flight
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
@@ -83,31 +86,26 @@ def _hit(document: Document) -> RetrievalHit:
 class RecordingHandler(BaseCallbackHandler):
     """Records chat-model calls (usage, latency, first-token latency, the reply), tool runs
     (LangChain's ``tool_call_id``, status, duration) and retriever hits (as ``rag_doc``
-    evidence linked to the tool that retrieved them) into the run's session."""
+    evidence linked to the tool that retrieved them) into the session of each call's scope,
+    and follows every run's scope in ``tracker`` (runs left alone are followed too: calls
+    nested in them may not be)."""
 
     raise_error = False
 
-    def __init__(self, plugin: Plugin) -> None:
+    def __init__(self, plugin: Plugin, tracker: ScopeTracker) -> None:
         self.plugin = plugin
+        self.tracker = tracker
         self._runs: dict[UUID, _Run] = {}
         self._lock = threading.Lock()
 
     # -- bookkeeping ------------------------------------------------------------------------
-
-    def _session(self, metadata: Mapping[str, Any] | None, parent: UUID | None) -> str:
-        named = framework_session(metadata)
-        if named is None and parent is not None:
-            with self._lock:
-                parent_run = self._runs.get(parent)
-            if parent_run is not None:
-                named = parent_run.session_id
-        return resolve_session(named, self.plugin)
 
     def _start(self, run_id: UUID, run: _Run) -> None:
         with self._lock:
             self._runs[run_id] = run
 
     def _pop(self, run_id: UUID) -> _Run | None:
+        self.tracker.end(run_id)
         with self._lock:
             return self._runs.pop(run_id, None)
 
@@ -115,6 +113,27 @@ class RecordingHandler(BaseCallbackHandler):
         self, session_id: str, what: str, work: Callable[[Recorder], Coroutine[Any, Any, Any]]
     ) -> None:
         record_sync(self.plugin, session_id, what, work)
+
+    # -- chains: followed for their scope only --------------------------------------------
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.tracker.start(run_id, parent_run_id, "chain", metadata, tags)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.tracker.end(run_id)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self.tracker.end(run_id)
 
     # -- chat models ------------------------------------------------------------------------
 
@@ -129,6 +148,10 @@ class RecordingHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        first = messages[0] if messages else []
+        scope = self.tracker.start(
+            run_id, parent_run_id, "model", metadata, tags, pending_key=messages_key(first)
+        )
         if not self.plugin.installed or should_skip(tags, metadata):
             return
         metadata = metadata or {}
@@ -139,7 +162,7 @@ class RecordingHandler(BaseCallbackHandler):
             run_id,
             _Run(
                 kind="model",
-                session_id=self._session(metadata, parent_run_id),
+                session_id=scope.session_id,
                 provider=str(metadata.get("ls_provider") or invocation.get("_type") or ""),
                 model=str(model),
                 params={k: invocation[k] for k in _PARAMS if invocation.get(k) is not None},
@@ -211,15 +234,19 @@ class RecordingHandler(BaseCallbackHandler):
         inputs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        tool_call_id = str(kwargs.get("tool_call_id") or tool_call_in_flight() or run_id)
+        scope = self.tracker.start(
+            run_id, parent_run_id, "tool", metadata, tags, call_id=tool_call_id
+        )
         if not self.plugin.installed or should_skip(tags, metadata, check_node=False):
             return
         self._start(
             run_id,
             _Run(
                 kind="tool",
-                session_id=self._session(metadata, parent_run_id),
+                session_id=scope.session_id,
                 name=str((serialized or {}).get("name") or kwargs.get("name") or "tool"),
-                tool_call_id=str(kwargs.get("tool_call_id") or run_id),
+                tool_call_id=tool_call_id,
                 args=dict(inputs) if isinstance(inputs, dict) else input_str,
             ),
         )
@@ -276,6 +303,7 @@ class RecordingHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        scope = self.tracker.start(run_id, parent_run_id, "retriever", metadata, tags)
         if not self.plugin.installed or should_skip(tags, metadata, check_node=False):
             return
         parent_tool = None
@@ -288,7 +316,7 @@ class RecordingHandler(BaseCallbackHandler):
             run_id,
             _Run(
                 kind="retriever",
-                session_id=self._session(metadata, parent_run_id),
+                session_id=scope.session_id,
                 parent_tool=parent_tool,
             ),
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, ClassVar
+from uuid import UUID
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
@@ -25,14 +26,14 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
 from langchain_core.tools import BaseTool
 
-from ce.core.integration import resolve_session
 from ce.langchain._inject import (
     _injected,
     already_injected,
+    call_scope,
     current_config,
-    framework_session,
     inject_async,
     inject_sync,
+    new_run_id,
     should_skip,
 )
 from ce.langchain._plugin import LangChainPlugin
@@ -46,8 +47,17 @@ before the wrapped model sees the call)."""
 _RunManager = CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun
 
 # The config of the wrapper's stream() / astream() call: LangChain's stream path calls
-# ``_stream`` without the run manager (whose metadata names the session on the other paths).
+# ``_stream`` without the run manager (whose run's scope the other paths inject into); the
+# config carries the run id the call's run takes.
 _stream_config: ContextVar[RunnableConfig | None] = ContextVar("ce_wrap_stream", default=None)
+
+
+def _with_run_id(config: RunnableConfig | None) -> RunnableConfig:
+    """A copy of ``config`` naming the run id the call's run takes (a new one if none)."""
+    config = dict(config or {})  # type: ignore[assignment]
+    if config.get("run_id") is None:
+        config["run_id"] = new_run_id()
+    return config  # type: ignore[return-value]
 
 
 class ContextEngineChatModel(BaseChatModel):
@@ -118,10 +128,11 @@ class ContextEngineChatModel(BaseChatModel):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> Iterator[AIMessageChunk]:
+        config = _with_run_id(config)
         chunks = super().stream(input, config, stop=stop, **kwargs)
         try:
             while True:
-                token = _stream_config.set(config or {})  # set per step, never across a yield
+                token = _stream_config.set(config)  # set per step, never across a yield
                 try:
                     chunk = next(chunks, None)
                 finally:
@@ -142,10 +153,11 @@ class ContextEngineChatModel(BaseChatModel):
         stop: list[str] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[AIMessageChunk]:
+        config = _with_run_id(config)
         chunks = super().astream(input, config, stop=stop, **kwargs)
         try:
             while True:
-                token = _stream_config.set(config or {})
+                token = _stream_config.set(config)
                 try:
                     chunk = await anext(chunks, None)
                 finally:
@@ -161,24 +173,32 @@ class ContextEngineChatModel(BaseChatModel):
     # -- injection --------------------------------------------------------------------------
 
     def _target(self, run_manager: _RunManager | None) -> tuple[LangChainPlugin, str] | None:
-        """The plugin and session to inject into, or ``None`` to pass the call through."""
+        """The plugin and session to inject into (the scope of this call's own run, which
+        its callbacks are recorded into), or ``None`` to pass the call through."""
         plugin = LangChainPlugin()
         if _injected.get() or not plugin.installed:
             return None
-        tags, metadata, configurable = current_config()
+        tags, metadata, _ = current_config()
         if run_manager is not None:
+            run_id, parent = run_manager.run_id, run_manager.parent_run_id
             tags = [*tags, *(run_manager.tags or [])]
             metadata = {**metadata, **(run_manager.metadata or {})}
         else:
             config = _stream_config.get() or {}
+            run_id, parent = config.get("run_id"), None
             tags = [*tags, *(config.get("tags") or [])]
             metadata = {**metadata, **(config.get("metadata") or {})}
-            configurable = {**configurable, **(config.get("configurable") or {})}
         tags = [*tags, *(self.tags or [])]
         metadata = {**metadata, **(self.metadata or {})}
         if should_skip(tags, metadata):
             return None
-        return plugin, resolve_session(framework_session(metadata, configurable), plugin)
+        scope = plugin.tracker.scope_of(run_id) if isinstance(run_id, UUID) else None
+        if scope is None:
+            if run_manager is not None:
+                scope = plugin.tracker.resolve(run_id, parent, metadata, tags)
+            else:
+                scope = call_scope(plugin, _stream_config.get(), tags, metadata)
+        return plugin, scope.session_id
 
     def _prepare_sync(
         self, messages: list[BaseMessage], run_manager: _RunManager | None, kwargs: dict[str, Any]

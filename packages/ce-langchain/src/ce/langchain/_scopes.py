@@ -1,0 +1,333 @@
+"""Which session a LangChain call belongs to: the kit's rule (:func:`resolve_scope`) applied to
+LangChain's run tree.
+
+LangChain names a conversation in the run config: ``ce_session_id`` metadata (explicit), the
+LangGraph ``thread_id``, or the ``session_id`` (or the ``history_factory_config`` keys) a
+``RunnableWithMessageHistory`` reads; ``ensure_config`` copies scalar ``configurable`` values
+into the metadata every callback sees. :class:`ScopeTracker` follows the runs in flight (chains,
+tools, retrievers, chat models: parent link and scope, dropped when the run ends) so that:
+
+- a top-level run without a name gets ``run:<its run id>`` and every call under it shares it;
+- a run under a chain or a chat model inherits its parent's scope, unless it names a session
+  of its own (a ``RunnableWithMessageHistory`` invoked inside an unnamed run);
+- a run under a tool or a retriever is nested: ``<outer>/<tool_call_id>`` (a retriever: its
+  run id), so an LLM-backed tool, a sub-agent called as a tool or an LLM query rewriter never
+  sees nor changes the outer conversation (only a ``ce_session_id`` / ``engine.session()``
+  none of the enclosing scopes has takes it elsewhere).
+
+Injection (before a chat model's run starts) and recording (its callbacks) ask the same
+tracker, so one call is assembled from and recorded into one session.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from uuid import UUID
+
+from ce.core.engine import current_session_id
+from ce.core.integration import SESSION_KEY, Scope, resolve_scope
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin
+
+__all__ = [
+    "HISTORY_KEY",
+    "ScopeTracker",
+    "explicit_session",
+    "framework_identity",
+    "make_history_merge",
+    "make_tool_arun",
+    "make_tool_run",
+    "messages_key",
+    "parent_run_id",
+    "tool_call_in_flight",
+]
+
+HISTORY_KEY = "ce_history_session"
+"""Metadata the plugin adds to a ``RunnableWithMessageHistory`` run: the conversation its
+``history_factory_config`` keys name (``"alice"`` for the default ``session_id`` key,
+``"user_id=u1&conversation_id=c1"`` for several)."""
+
+_FRAMEWORK_KEYS = (HISTORY_KEY, "thread_id", "session_id")
+_NESTING_KINDS = frozenset({"tool", "retriever"})
+_PENDING_MAX = 4096
+_NODES_MAX = 65536  # runs never ended (an abandoned stream) are forgotten beyond this
+
+# The tool_call_id of the tool run starting in this context (langchain-core < 1.1 does not
+# pass it to on_tool_start; the nested calls of the tool body need it before the tool ends).
+_tool_call: ContextVar[str | None] = ContextVar("ce_langchain_tool_call", default=None)
+
+
+def _scalar(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    return str(value) or None
+
+
+def explicit_session(
+    metadata: Mapping[str, Any] | None, tags: Sequence[str] | None = None
+) -> str | None:
+    """The session a run names explicitly: metadata ``ce_session_id``, else a tag
+    ``"ce_session_id:<id>"``."""
+    named = _scalar((metadata or {}).get(SESSION_KEY))
+    if named:
+        return named
+    prefix = f"{SESSION_KEY}:"
+    for tag in tags or ():
+        if isinstance(tag, str) and tag.startswith(prefix) and len(tag) > len(prefix):
+            return tag[len(prefix) :]
+    return None
+
+
+def framework_identity(metadata: Mapping[str, Any] | None) -> str | None:
+    """LangChain's own conversation identity in a run's metadata: the
+    ``RunnableWithMessageHistory`` key(s), else the LangGraph ``thread_id``, else a
+    ``configurable["session_id"]`` (copied into the metadata by LangChain)."""
+    for key in _FRAMEWORK_KEYS:
+        value = _scalar((metadata or {}).get(key))
+        if value:
+            return value
+    return None
+
+
+def parent_run_id(config: Mapping[str, Any] | None) -> UUID | None:
+    """The run a call made with ``config`` runs under (its callback manager's parent)."""
+    callbacks = (config or {}).get("callbacks")
+    parent = getattr(callbacks, "parent_run_id", None)
+    return parent if isinstance(parent, UUID) else None
+
+
+def tool_call_in_flight() -> str | None:
+    """The ``tool_call_id`` of the tool run starting in this context (see
+    :func:`make_tool_run`)."""
+    return _tool_call.get()
+
+
+@dataclass(frozen=True)
+class _Node:
+    parent: UUID | None
+    kind: str
+    scope: Scope
+    call_id: str
+
+
+class ScopeTracker:
+    """The runs in flight and their scopes, shared by the plugin's injection and recording.
+
+    ``start`` / ``end`` follow a run (cheap: a dict entry under a lock, removed when the run
+    ends). :meth:`for_call` is the scope of a chat-model call about to start (injection);
+    registered under the call's run id, the handler's ``on_chat_model_start`` picks the same
+    scope up (:meth:`start` with ``kind="model"``).
+    """
+
+    def __init__(self, plugin: Plugin) -> None:
+        self.plugin = plugin
+        self._nodes: dict[UUID, _Node] = {}
+        self._pending: OrderedDict[Hashable, tuple[Scope, object]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _node(self, run_id: UUID | None) -> _Node | None:
+        if run_id is None:
+            return None
+        with self._lock:
+            return self._nodes.get(run_id)
+
+    def resolve(
+        self,
+        run_id: UUID,
+        parent: UUID | None,
+        metadata: Mapping[str, Any] | None,
+        tags: Sequence[str] | None = None,
+    ) -> Scope:
+        """The scope of run ``run_id`` under ``parent`` (see the module docstring)."""
+        explicit = explicit_session(metadata, tags)
+        node = self._node(parent)
+        if node is None:
+            # a root run; under a run this tracker never saw, that run stands for the root
+            return resolve_scope(
+                self.plugin,
+                run_id=str(parent or run_id),
+                explicit=explicit,
+                framework=framework_identity(metadata),
+            )
+        if node.kind in _NESTING_KINDS:
+            return resolve_scope(
+                self.plugin,
+                run_id=str(run_id),
+                explicit=explicit,
+                parent=node.scope,
+                parent_call_id=node.call_id,
+            )
+        return self._inherit(node.scope, run_id, explicit, metadata)
+
+    def _inherit(
+        self,
+        outer: Scope,
+        run_id: UUID,
+        explicit: str | None,
+        metadata: Mapping[str, Any] | None,
+    ) -> Scope:
+        """A run under a chain or model keeps its parent's scope unless it names another one
+        (names inherited through the metadata resolve to the parent's scope anyway)."""
+        if outer.nested:
+            enclosing = {*outer.lineage, outer.session_id}
+            in_engine = current_session_id()
+            if explicit and explicit not in enclosing:
+                return Scope(explicit, "explicit")
+            if in_engine and in_engine not in enclosing:
+                return Scope(in_engine, "engine")
+            return outer
+        own = resolve_scope(
+            self.plugin,
+            run_id=str(run_id),
+            explicit=explicit,
+            framework=framework_identity(metadata),
+        )
+        if own.source in ("explicit", "engine", "framework") and own.session_id != outer.session_id:
+            return own
+        return outer
+
+    def start(
+        self,
+        run_id: UUID,
+        parent: UUID | None,
+        kind: str,
+        metadata: Mapping[str, Any] | None,
+        tags: Sequence[str] | None = None,
+        *,
+        call_id: str | None = None,
+        pending_key: Hashable | None = None,
+    ) -> Scope:
+        """Follow run ``run_id`` (``kind``: chain, tool, retriever, model) until :meth:`end`;
+        its scope: the one :meth:`for_call` registered for it (by run id, else by
+        ``pending_key``), else :meth:`resolve`'s."""
+        by_id, by_key = self._take(run_id), self._take(pending_key)
+        scope = by_id or by_key
+        if scope is None:
+            scope = self.resolve(run_id, parent, metadata, tags)
+        node = _Node(parent=parent, kind=kind, scope=scope, call_id=call_id or str(run_id))
+        with self._lock:
+            self._nodes[run_id] = node
+            if len(self._nodes) > _NODES_MAX:
+                del self._nodes[next(iter(self._nodes))]
+        return scope
+
+    def end(self, run_id: UUID) -> None:
+        """Stop following run ``run_id`` (a no-op for a run never started)."""
+        with self._lock:
+            self._nodes.pop(run_id, None)
+
+    def scope_of(self, run_id: UUID | None) -> Scope | None:
+        """The scope of a run in flight, or ``None``."""
+        node = self._node(run_id)
+        return None if node is None else node.scope
+
+    def for_call(
+        self,
+        run_id: UUID | None,
+        parent: UUID | None,
+        metadata: Mapping[str, Any] | None,
+        tags: Sequence[str] | None = None,
+        *,
+        pending_key: Hashable | None = None,
+        keep: object = None,
+    ) -> Scope:
+        """The scope of a chat-model call about to start under ``parent``, registered for the
+        handler under ``run_id`` (the id the call's run will get) or ``pending_key`` (e.g.
+        the identities of the messages handed to it; ``keep`` holds them alive meanwhile)."""
+        scope = self.resolve(run_id or uuid.uuid4(), parent, metadata, tags)
+        for key in (run_id, pending_key):
+            if key is not None:
+                self.remember(key, scope, keep)
+        return scope
+
+    def remember(self, key: Hashable, scope: Scope, keep: object = None) -> None:
+        """Register ``scope`` for the chat-model run :meth:`start` will find under ``key``
+        (the oldest registrations go first beyond a few thousand never claimed)."""
+        with self._lock:
+            self._pending[key] = (scope, keep)
+            self._pending.move_to_end(key)
+            while len(self._pending) > _PENDING_MAX:
+                self._pending.popitem(last=False)
+
+    def _take(self, key: Hashable | None) -> Scope | None:
+        if key is None:
+            return None
+        with self._lock:
+            entry = self._pending.pop(key, None)
+        return None if entry is None else entry[0]
+
+    def clear(self) -> None:
+        """Forget every run and pending call (on uninstall)."""
+        with self._lock:
+            self._nodes.clear()
+            self._pending.clear()
+
+
+def messages_key(messages: Sequence[object]) -> tuple[str, tuple[int, ...]]:
+    """A pending key naming a list of message objects by identity."""
+    return ("messages", tuple(id(m) for m in messages))
+
+
+def make_history_merge(
+    original: Callable[..., Any],
+) -> Callable[..., Any]:
+    """The replacement of ``RunnableWithMessageHistory._merge_configs``: the merged config's
+    metadata also names the conversation its ``history_factory_config`` keys select
+    (:data:`HISTORY_KEY`), so custom keys (``user_id`` + ``conversation_id``) scope the run
+    like ``session_id`` does. Never raises more than the original does."""
+
+    def _merge_configs(self: Any, *configs: Any) -> Any:
+        config = original(self, *configs)
+        try:
+            keys = [spec.id for spec in self.history_factory_config]
+            configurable = config.get("configurable") or {}
+            values = [_scalar(configurable.get(key)) for key in keys]
+            if keys and all(values):
+                identity = (
+                    str(values[0])
+                    if len(keys) == 1
+                    else "&".join(f"{k}={v}" for k, v in zip(keys, values, strict=True))
+                )
+                config["metadata"] = {**(config.get("metadata") or {}), HISTORY_KEY: identity}
+        except Exception:  # an unexpected history_factory_config: no identity, run scope
+            pass
+        return config
+
+    _merge_configs.__wrapped__ = original  # type: ignore[attr-defined]
+    return _merge_configs
+
+
+def make_tool_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The replacement of ``BaseTool.run``: the ``tool_call_id`` it runs for is visible to
+    ``on_tool_start`` (:func:`tool_call_in_flight`) on every langchain-core version."""
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _tool_call.set(_scalar(kwargs.get("tool_call_id")))
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _tool_call.reset(token)
+
+    run.__wrapped__ = original  # type: ignore[attr-defined]
+    return run
+
+
+def make_tool_arun(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """The coroutine twin of :func:`make_tool_run` for ``BaseTool.arun``."""
+
+    async def arun(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _tool_call.set(_scalar(kwargs.get("tool_call_id")))
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            _tool_call.reset(token)
+
+    arun.__wrapped__ = original  # type: ignore[attr-defined]
+    return arun
