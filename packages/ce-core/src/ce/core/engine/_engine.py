@@ -511,10 +511,14 @@ class ContextEngine(HistoryWriter):
         end = summary_range_end(messages, start, stop)
         if end is None:
             return
+        # the engine's own model call: no plugin may rewrite, record or re-enter it
+        from ce.core.integration import suppressed
+
         try:
-            draft = await self._summarizer.summarize(
-                messages, summary, cfg.summary, start=start, to_index=end
-            )
+            with suppressed():
+                draft = await self._summarizer.summarize(
+                    messages, summary, cfg.summary, start=start, to_index=end
+                )
         except SummarizerError as exc:
             call.degradations.append(("summarize_failed", str(exc)))
             return

@@ -58,8 +58,21 @@ class SyncEngine:
             return self._loop
 
     def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Run any coroutine of the engine to completion from synchronous code."""
-        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop()).result()
+        """Run any coroutine of the engine to completion from synchronous code.
+
+        Raises :class:`RuntimeError` when called from the thread that runs these coroutines
+        (code the engine itself runs, e.g. a summarizer's model, calling back into
+        ``engine.sync``): that call would wait on itself forever."""
+        loop = self._ensure_loop()
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError(
+                "engine.sync was called from the engine's own thread (code the engine runs, "
+                "such as its summarizer's model call, calling back into the engine), which "
+                "would wait on itself forever; await the engine's coroutine there, or run the "
+                "model call inside ce.core.integration.suppressed()"
+            )
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     def close(self) -> None:
         """Stop the private loop (the engine's ``close`` does this)."""

@@ -1,0 +1,95 @@
+"""The engine never deadlocks on itself: its own model calls (the summarizer's) run
+suppressed, so no plugin rewrites or re-enters them, and a blocking engine call made from the
+thread that serves the engine's blocking calls raises a clear error instead of hanging."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ce.core.config import RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.integration import is_suppressed
+from ce.core.pipeline import LlmRequest, LlmResponse
+from ce.core.schema import Message, ModelInvocation, Role
+from ce.core.stores import MemoryStore
+
+INV = ModelInvocation(provider="openai", model="gpt-4o")
+
+
+def _finishes(work: Callable[[], Any]) -> Any:
+    """Run ``work`` in a daemon thread and return its result (or raise its error); fails the
+    test instead of hanging the run when ``work`` never returns."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = work()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the call hung (deadlock)"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+class PluginBackedAdapter:
+    """A summarizer whose model is an app model with a plugin installed: like a plugin's
+    blocking hook, it calls the engine (``engine.sync``) unless the call is suppressed."""
+
+    def __init__(self) -> None:
+        self.engine: ContextEngine | None = None
+        self.suppressed: list[bool] = []
+
+    async def generate(self, request: LlmRequest) -> LlmResponse:
+        self.suppressed.append(is_suppressed())
+        if not is_suppressed() and self.engine is not None:
+            self.engine.sync.prepare_call("elsewhere", [Message(role=Role.USER, content="x")])
+        return LlmResponse(content="a summary", model="mini", provider="scripted")
+
+
+def test_the_summarizers_model_calls_run_suppressed_and_never_deadlock() -> None:
+    adapter = PluginBackedAdapter()
+    config = RuntimeConfig(
+        model_hint="gpt-4o",
+        summary={"trigger_message_count": 6, "preserve_recent_messages": 2},  # type: ignore[arg-type]
+    )
+    engine = ContextEngine(MemoryStore(), config=config, llm_adapter=adapter)
+    adapter.engine = engine
+
+    def chat() -> str | None:
+        for i in range(6):
+            engine.sync.prepare_turn("s", f"question {i}")
+            reply = Message(role=Role.ASSISTANT, content=f"answer {i}", invocation=INV)
+            engine.sync.commit_assistant_message("s", reply)
+        summary = engine.sync.get_session("s").session.summary
+        return None if summary is None else summary.content
+
+    try:
+        assert _finishes(chat) == "a summary"
+        assert adapter.suppressed and all(adapter.suppressed)
+    finally:
+        engine.sync.close()
+
+
+def test_a_blocking_call_from_the_engines_own_thread_raises_instead_of_hanging() -> None:
+    engine = ContextEngine(MemoryStore(), config=RuntimeConfig(model_hint="gpt-4o"))
+
+    async def reenter() -> Any:
+        return engine.sync.prepare_turn("s", "hi")
+
+    try:
+        with pytest.raises(RuntimeError, match="would wait on itself"):
+            _finishes(lambda: engine.sync.run(reenter()))
+        # the engine still serves blocking calls afterwards
+        result = _finishes(lambda: engine.sync.prepare_turn("s", "hello"))
+        assert result.assembled_input.parts[-1].content == "hello"
+    finally:
+        engine.sync.close()
