@@ -165,3 +165,20 @@ class NestingLLM(ScriptedLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         return self.chat(messages, **kwargs)
+
+
+class ChatCompletingLLM(ScriptedLLM):
+    """Serves ``complete`` through its own ``chat``, as llama-index-llms-anthropic and other
+    chat-only providers do: a completion opens a chat span inside the completion span."""
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        reply = self.chat([ChatMessage(role="user", content=prompt)])
+        return CompletionResponse(text=reply.message.content or "")
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        reply = await self.achat([ChatMessage(role="user", content=prompt)])
+        return CompletionResponse(text=reply.message.content or "")

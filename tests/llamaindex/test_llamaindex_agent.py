@@ -137,14 +137,22 @@ async def test_agent_tool_loop_is_injected_and_recorded(path: str, engine: Conte
     assert rag[0].links is not None and rag[0].links.tool_call_id == "call_s"
     assert rag[0].metadata["doc_id"] == "p"
     assert f'id="{rag[0].evidence_id}"' in tools["call_s"]
-    # usage counted once per model call: the agent's two and the query engine's synthesis
+    # usage counted once per model call: the agent's two here, the query engine's synthesis
+    # in its own child scope under the tool call (not part of the agent's conversation)
     usage = doc.session.model_usage
-    assert len(usage) == 3
     counts = [(u.prompt_tokens, u.completion_tokens) for u in usage]
-    assert counts[0] == (20, 5) and counts[-1] == (60, 5)  # the synthesis runs in between
-    assert len(await engine.list_turns("sess-1")) == 2  # the synthesis call is left alone
+    assert counts == [(20, 5), (60, 5)]
+    assert len(await engine.list_turns("sess-1")) == 2
     streamed = [u.first_token_latency_ms is not None for u in usage]
-    assert streamed == ([True, False, True] if path == "stream" else [False] * 3)
+    assert streamed == ([True, True] if path == "stream" else [False] * 2)
+    (child,) = [s for s in await engine.store.list_sessions() if s.startswith("sess-1/")]
+    assert child.startswith("sess-1/call_s/")
+    nested = await engine.get_session(child)
+    assert [u.first_token_latency_ms for u in nested.session.model_usage] == [None]
+    assert [m.role for m in nested.session.messages if m.role is not Role.SYSTEM] == [
+        Role.USER,
+        Role.ASSISTANT,
+    ]
 
 
 def _nesting_llms() -> list[Any]:

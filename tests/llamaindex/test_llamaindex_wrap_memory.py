@@ -107,9 +107,11 @@ async def test_sessions_resolve_from_tags_memory_contextvar_and_default(
 ) -> None:
     ce.llamaindex.install(engine, session_id="the-default")
 
+    asked = iter(range(100))
+
     async def ask(memory: Any = None) -> None:
         llm = ScriptedLLM(script=weather_script, seen=[])
-        await _agent(llm).run(user_msg="weather?", memory=memory)
+        await _agent(llm).run(user_msg=f"weather {next(asked)}?", memory=memory)
 
     with instrument_tags({"ce_session_id": "from-tags"}):
         await ask(ChatMemoryBuffer.from_defaults(chat_store_key="from-buffer"))

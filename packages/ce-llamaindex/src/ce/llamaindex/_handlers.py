@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import inspect
 import time
-import uuid
 from collections.abc import AsyncGenerator, Generator, Mapping
 from contextvars import ContextVar
 from typing import Any
 
-from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -33,29 +31,20 @@ from llama_index.core.instrumentation.events.query import QueryEndEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.instrumentation.span import BaseSpan
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
-from llama_index.core.memory.types import BaseMemory
 from llama_index.core.tools.types import BaseTool
 
-from ce.core.integration import ToolRun, is_suppressed, resolve_session
+from ce.core.integration import ToolRun, is_suppressed, resolve_scope
 from ce.llamaindex._inject import inject_sync
-from ce.llamaindex._record import LlmCall, SpanInfo, Tracker, call_args
+from ce.llamaindex._record import LlmCall, Tracker, call_args
+from ce.llamaindex._scopes import CHAT_METHODS, SpanInfo, is_tool, method_of, span_scope
 
 __all__ = [
-    "SESSION_TAGS",
     "EventRecorder",
     "SpanTracker",
     "failure",
-    "memory_session",
 ]
 
-SESSION_TAGS = ("ce_session_id", "session_id")
-"""``instrument_tags`` keys naming the session of everything run inside them."""
-
-_CHAT = frozenset({"chat", "achat", "stream_chat", "astream_chat"})
-_TOOL_CALLS = frozenset({"call", "acall"})
-_QUERIES = frozenset({"query", "aquery"})
 _PARAMS = ("temperature", "max_tokens", "top_p", "seed")
-_DEFAULT_MEMORY_KEY = "chat_history"  # ChatMemoryBuffer's default chat_store_key
 
 # fail_closed: the engine error of an LLM span, raised by the dispatcher patch (_plugin.py)
 _failure: ContextVar[tuple[str, Exception] | None] = ContextVar("ce_li_failure", default=None)
@@ -70,50 +59,45 @@ def failure(span_id: str) -> Exception | None:
     return stored[1]
 
 
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
-
-
-def memory_session(memory: Any) -> str | None:
-    """The session a LlamaIndex memory names when its user set one: a
-    :class:`~ce.llamaindex.ContextEngineMemory`'s ``session_id``, a ``Memory``'s
-    ``session_id`` unless it is the random UUID LlamaIndex generates, a ``ChatMemoryBuffer``'s
-    ``chat_store_key`` unless it is the default ``"chat_history"``."""
-    if not isinstance(memory, BaseMemory):
+def _tool_step(arguments: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+    """The tool-call id, tool name and arguments of an agent's ``call_tool`` step."""
+    event = arguments.get("ev")
+    call_id = getattr(event, "tool_id", None)
+    if not (isinstance(call_id, str) and call_id):
         return None
-    session = getattr(memory, "session_id", None)
-    if getattr(type(memory), "ce_memory", False):  # ContextEngineMemory: any id it was given
-        return session if isinstance(session, str) and session else None
-    if isinstance(session, str) and session and not _is_uuid(session):
-        return session
-    key = getattr(memory, "chat_store_key", None)
-    if isinstance(key, str) and key and key != _DEFAULT_MEMORY_KEY:
-        return key
-    return None
+    name = str(getattr(event, "tool_name", "") or "tool")
+    return call_id, name, dict(getattr(event, "tool_kwargs", None) or {})
 
 
-def _named_session(
-    tags: Mapping[str, Any] | None, arguments: Mapping[str, Any], instance: Any
-) -> str | None:
-    for key in SESSION_TAGS:
-        value = (tags or {}).get(key)
-        if isinstance(value, str) and value:
-            return value
-    candidates = [arguments.get("memory"), getattr(instance, "_memory", None)]
-    for name in ("start_event", "ev"):
-        event = arguments.get(name)
-        getter = getattr(event, "get", None)
-        if callable(getter):
-            candidates.append(getter("memory", None))
-    return next((s for s in map(memory_session, candidates) if s), None)
+def _tool_input(tool: BaseTool, arguments: Mapping[str, Any]) -> tuple[str, Any]:
+    """The name and the arguments (as the model gave them) of a tool's own call span."""
+    extra = arguments.get("kwargs")
+    positional = arguments.get("args")
+    args = call_args(
+        extra if isinstance(extra, Mapping) else None,
+        positional if isinstance(positional, tuple) else None,
+    )
+    return tool.metadata.get_name(), args
 
 
-def _method(span_id: str) -> str:
-    return span_id.split("-", 1)[0].rsplit(".", 1)[-1]
+def _open_tool(
+    info: SpanInfo, outer: str, call_id: str, name: str, args: Any, *, quiet: bool
+) -> None:
+    """Mark ``info`` as the run of tool call ``call_id`` made in session ``outer``."""
+    info.tool_call_id, info.tool_session = call_id, outer
+    info.in_query = info.in_chat_engine = info.answer = info.prompt_call = False
+    if quiet:
+        return
+    now = time.time()
+    info.tool = ToolRun(
+        tool_call_id=call_id,
+        name=name,
+        args=args,
+        result=None,
+        error=None,
+        started_at=now,
+        ended_at=now,
+    )
 
 
 class SpanTracker(BaseSpanHandler[BaseSpan]):
@@ -148,40 +132,31 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         tracker = self.tracker
         if not tracker.plugin.installed:
             return None
+        plugin = tracker.plugin
         parent = tracker.span(parent_span_id)
         arguments = bound_args.arguments
-        named = _named_session(tags, arguments, instance) or (parent.named if parent else None)
-        info = SpanInfo(
-            parent=parent_span_id,
-            named=named,
-            session_id=resolve_session(named, tracker.plugin),
-            tool_call_id=parent.tool_call_id if parent else None,
-            in_query=parent.in_query if parent else False,
-        )
-        method = _method(id_)
-        quiet = is_suppressed()
-        if isinstance(instance, BaseLLM) and method in _CHAT:
+        method = method_of(id_)
+        step = _tool_step(arguments) if method == "call_tool" else None
+        own_tool = is_tool(instance, method) and not (parent is not None and parent.tool_pending)
+        if step is not None or own_tool:  # a tool run: a nested scope named by its call id
+            info = span_scope(plugin, id_, parent_span_id, parent, tags, arguments, instance)
+            outer = info.scope
+            if step is not None:
+                call_id, name, args = step
+            else:
+                name, args = _tool_input(instance, arguments)
+                call_id = tracker.asked_call_id(outer.session_id, name, args) or id_
+            info.scope = resolve_scope(
+                plugin, run_id=info.root, explicit=info.named, parent=outer, parent_call_id=call_id
+            )
+            _open_tool(info, outer.session_id, call_id, name, args, quiet=is_suppressed())
+            info.tool_pending = step is not None
+        else:
+            info = span_scope(plugin, id_, parent_span_id, parent, tags, arguments, instance)
+            if is_tool(instance, method):
+                info.tool_pending = False  # the tool object of the call_tool step above
+        if isinstance(instance, BaseLLM) and method in CHAT_METHODS:
             info.call = self._enter_llm(id_, info, parent, instance, arguments)
-        elif quiet:
-            pass
-        elif isinstance(instance, BaseTool) and method in _TOOL_CALLS and info.tool_call_id is None:
-            self._enter_tool(id_, info, instance, arguments)
-        elif method == "call_tool" and instance is None:
-            event = arguments.get("ev")
-            call_id = getattr(event, "tool_id", None)
-            if isinstance(call_id, str) and call_id:
-                info.tool_call_id = call_id
-                info.tool = ToolRun(
-                    tool_call_id=call_id,
-                    name=str(getattr(event, "tool_name", "") or "tool"),
-                    args=dict(getattr(event, "tool_kwargs", None) or {}),
-                    result=None,
-                    error=None,
-                    started_at=info.started,
-                    ended_at=info.started,
-                )
-        elif isinstance(instance, BaseQueryEngine) and method in _QUERIES:
-            info.in_query = True
         with tracker.lock:
             tracker.spans[id_] = info
         return None
@@ -207,10 +182,9 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
                 model=str(getattr(llm, "model", None) or metadata.model_name or "unknown"),
                 params=params,
                 skip=is_suppressed(),
-                helper=info.in_query or info.tool_call_id is not None,
             )
             wrapper = getattr(llm, "ce_injects", False)  # wrap(): it injects itself
-            if self._inject and not (call.skip or call.helper or wrapper):
+            if self._inject and not (call.skip or wrapper):
                 self._rewrite(id_, call, arguments)
         with tracker.lock:
             tracker.calls[id_] = call
@@ -222,9 +196,8 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             return
         extra = arguments.get("kwargs")
         tools = extra.get("tools") if isinstance(extra, Mapping) else None
-        tracker = self.tracker
         try:
-            sent = inject_sync(tracker.plugin, call.session_id, messages, tools)
+            sent = inject_sync(self.tracker.plugin, call.session_id, messages, tools)
         except Exception as exc:  # fail_closed: raised into the call by the dispatcher patch
             _failure.set((id_, exc))
             return
@@ -232,28 +205,6 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             call.original = list(messages)
             call.target = messages
             messages[:] = sent
-
-    def _enter_tool(
-        self, id_: str, info: SpanInfo, tool: BaseTool, arguments: Mapping[str, Any]
-    ) -> None:
-        extra = arguments.get("kwargs")
-        positional = arguments.get("args")
-        args = call_args(
-            extra if isinstance(extra, Mapping) else None,
-            positional if isinstance(positional, tuple) else None,
-        )
-        name = tool.metadata.get_name()
-        call_id = self.tracker.asked_call_id(info.session_id, name, args) or id_
-        info.tool_call_id = call_id
-        info.tool = ToolRun(
-            tool_call_id=call_id,
-            name=name,
-            args=args,
-            result=None,
-            error=None,
-            started_at=info.started,
-            ended_at=info.started,
-        )
 
     def _close(self, id_: str, result: Any, err: BaseException | None) -> None:
         tracker = self.tracker

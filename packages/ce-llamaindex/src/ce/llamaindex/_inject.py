@@ -4,9 +4,16 @@ The one-line ``install()`` rewrites the ``messages`` of every outermost LLM chat
 (``chat`` / ``achat`` / ``stream_chat`` / ``astream_chat``) from the root dispatcher's span
 handler: span handlers run before the method body with the very list object the method
 receives, and no other LlamaIndex hook can change an LLM's input for every call. The list is
-rewritten in place and put back as it was when the call is over (see ``_spans``), so a list
+rewritten in place and put back as it was when the call is over (see ``_handlers``), so a list
 the application passed in itself is unchanged afterwards. ``wrap(llm)`` is the explicit seam:
 it hands the wrapped LLM a new list and never touches the caller's.
+
+Fail-open, never unredacted: the conversion of LlamaIndex messages to and from the kit's
+OpenAI-style dicts runs inside the same guard as the engine. When the engine fails, the kit
+returns the app's own messages redacted (:func:`ce.core.integration.prepare_openai_sync`);
+when the conversion itself fails, the app's messages come back with their text blocks passed
+through the configured redactor here. ``None`` (send the app's messages as they are) only when
+redaction is off or failed too. With ``plugin.fail_closed`` every error is raised.
 """
 
 from __future__ import annotations
@@ -14,7 +21,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import prepare_openai, prepare_openai_sync
+from llama_index.core.base.llms.types import TextBlock
+
+from ce.core.integration import (
+    REDACTION_FAILED,
+    emit_failure,
+    emit_failure_sync,
+    prepare_openai,
+    prepare_openai_sync,
+)
 from ce.llamaindex._convert import from_openai, to_openai, tool_schemas
 
 if TYPE_CHECKING:
@@ -22,24 +37,87 @@ if TYPE_CHECKING:
 
     from ce.core.integration import Plugin
 
-__all__ = ["inject_async", "inject_sync"]
+__all__ = ["inject_async", "inject_sync", "redacted_natively"]
+
+
+def redacted_natively(plugin: Plugin, messages: Sequence[ChatMessage]) -> list[ChatMessage] | None:
+    """Copies of ``messages`` with the text of every text block passed through the configured
+    redactor (``None`` when redaction is off). Raises what redaction raised."""
+    redactor = plugin.engine.redactor_for(plugin.config)
+    if redactor is None:
+        return None
+    out: list[ChatMessage] = []
+    for message in messages:
+        blocks = [
+            TextBlock(text=redactor.redact_text(b.text).redacted_text)
+            if isinstance(b, TextBlock)
+            else b
+            for b in message.blocks
+        ]
+        out.append(message.model_copy(update={"blocks": blocks}))
+    return out
+
+
+def _fallback_sync(
+    plugin: Plugin, session_id: str, messages: Sequence[ChatMessage], what: str, exc: Exception
+) -> list[ChatMessage] | None:
+    if plugin.fail_closed:
+        raise exc
+    emit_failure_sync(plugin, session_id, what, exc)
+    try:
+        return redacted_natively(plugin, messages)
+    except Exception as failed:
+        emit_failure_sync(plugin, session_id, "redaction", failed, REDACTION_FAILED)
+        return None
+
+
+async def _fallback(
+    plugin: Plugin, session_id: str, messages: Sequence[ChatMessage], what: str, exc: Exception
+) -> list[ChatMessage] | None:
+    if plugin.fail_closed:
+        raise exc
+    await emit_failure(plugin, session_id, what, exc)
+    try:
+        return redacted_natively(plugin, messages)
+    except Exception as failed:
+        await emit_failure(plugin, session_id, "redaction", failed, REDACTION_FAILED)
+        return None
 
 
 def inject_sync(
     plugin: Plugin, session_id: str, messages: Sequence[ChatMessage], tools: Any = None
 ) -> list[ChatMessage] | None:
-    """The messages the model receives instead of ``messages`` (``None`` when the engine
-    failed: fail-open); the schemas of ``tools`` are counted against the budget. Raises the
-    engine's error with ``plugin.fail_closed``."""
-    pending = to_openai(messages)
-    sent = prepare_openai_sync(plugin, session_id, pending, tool_schemas(tools))
-    return None if sent is None else from_openai(sent, messages, pending)
+    """The messages the model receives instead of ``messages``: the engine's input for
+    ``session_id``, or on failure the app's own redacted (``None``: send them as they are);
+    the schemas of ``tools`` are counted against the budget. Raises the error with
+    ``plugin.fail_closed``."""
+    try:
+        pending = to_openai(messages)
+        schemas = tool_schemas(tools)
+    except Exception as exc:
+        return _fallback_sync(plugin, session_id, messages, "convert messages", exc)
+    sent = prepare_openai_sync(plugin, session_id, pending, schemas)
+    if sent is None:
+        return None
+    try:
+        return from_openai(sent, messages, pending)
+    except Exception as exc:
+        return _fallback_sync(plugin, session_id, messages, "convert messages", exc)
 
 
 async def inject_async(
     plugin: Plugin, session_id: str, messages: Sequence[ChatMessage], tools: Any = None
 ) -> list[ChatMessage] | None:
     """The coroutine twin of :func:`inject_sync`."""
-    pending = to_openai(messages)
-    sent = await prepare_openai(plugin, session_id, pending, tool_schemas(tools))
-    return None if sent is None else from_openai(sent, messages, pending)
+    try:
+        pending = to_openai(messages)
+        schemas = tool_schemas(tools)
+    except Exception as exc:
+        return await _fallback(plugin, session_id, messages, "convert messages", exc)
+    sent = await prepare_openai(plugin, session_id, pending, schemas)
+    if sent is None:
+        return None
+    try:
+        return from_openai(sent, messages, pending)
+    except Exception as exc:
+        return await _fallback(plugin, session_id, messages, "convert messages", exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, ClassVar
 
 from llama_index.core.base.llms.types import ChatMessage
@@ -13,7 +14,7 @@ from ce.core.formats import to_openai_messages
 from ce.core.integration import (
     assembled_to_openai,
     openai_to_messages,
-    resolve_session,
+    resolve_scope,
 )
 from ce.core.schema import MessagePart, Role
 from ce.llamaindex._convert import from_openai, to_openai
@@ -28,12 +29,17 @@ class ContextEngineMemory(BaseMemory):
     engine assembles it (within the budget, tool calls kept with their results, redacted).
 
     ``session_id`` names the session (also for the plugin's recording of the runs that use
-    this memory); without one, ``engine.session(...)`` or the plugin's install default
-    applies. ``engine`` defaults to the installed plugin's. Messages put into the memory are
-    recorded at the next ``get``; the history is append-only, so ``reset`` and ``set`` only
-    drop what was not recorded yet. The engine's context blocks (evidence, notebook, summary)
-    reach the model through the plugin's injection or :func:`ce.llamaindex.wrap`; the memory
-    returns the conversation.
+    this memory). Without one the memory is its own conversation: it generates a session id
+    once (``"memory:<uuid>"``, :attr:`conversation_id`) and keeps it for its lifetime, so two
+    memories never share history and one memory's runs do. As everywhere, an
+    ``instrument_tags`` ``ce_session_id`` or ``with engine.session(...)`` around the run takes
+    precedence over the generated id; inside a run the plugin tracks, the memory uses the
+    session the plugin resolved for the span it is called in (a memory used by a sub-agent
+    inside a tool is in that tool call's child scope). ``engine`` defaults to the installed
+    plugin's. Messages put into the memory are recorded at the next ``get``; the history is
+    append-only, so ``reset`` and ``set`` only drop what was not recorded yet. The engine's
+    context blocks (evidence, notebook, summary) reach the model through the plugin's
+    injection or :func:`ce.llamaindex.wrap`; the memory returns the conversation.
     """
 
     session_id: str | None = None
@@ -42,6 +48,7 @@ class ContextEngineMemory(BaseMemory):
     ce_memory: ClassVar[bool] = True  # the plugin reads session_id as a session name
 
     _pending: list[ChatMessage] = PrivateAttr(default_factory=list)
+    _generated: str = PrivateAttr(default_factory=lambda: f"memory:{uuid.uuid4().hex}")
 
     @classmethod
     def class_name(cls) -> str:
@@ -59,10 +66,29 @@ class ContextEngineMemory(BaseMemory):
             raise TypeError(f"unknown arguments: {sorted(kwargs)}")
         return cls(engine=engine, session_id=session_id)
 
+    @property
+    def conversation_id(self) -> str:
+        """The conversation this memory stands for: its ``session_id``, else the id it
+        generated for itself."""
+        return self.session_id or self._generated
+
     def _engine_and_session(self) -> tuple[ContextEngine, str]:
+        from llama_index.core.instrumentation.dispatcher import active_instrument_tags
+        from llama_index.core.instrumentation.span import active_span_id
+
+        from ce.llamaindex._scopes import explicit_session
+
         plugin = LlamaIndexPlugin()
         engine = self.engine if self.engine is not None else plugin.engine
-        return engine, resolve_session(self.session_id, plugin)
+        tracker = plugin.tracker if plugin.installed else None
+        info = tracker.span(active_span_id.get()) if tracker is not None else None
+        if info is not None:  # the session the plugin resolved for this span
+            return engine, info.session_id
+        explicit = explicit_session(active_instrument_tags.get()) or self.session_id
+        scope = resolve_scope(
+            plugin, run_id=self.conversation_id, explicit=explicit, framework=self._generated
+        )
+        return engine, scope.session_id
 
     def _take_pending(self) -> list[Any]:
         pending, self._pending = self._pending, []

@@ -1,10 +1,10 @@
 """LlamaIndex runs -> the engine: what the span and event handlers on the root dispatcher see.
 
-:class:`Tracker` keeps the open spans (parent, session, the tool call and query engine they
-run in) and the LLM calls in flight. An LLM chat span nested in another one (a mock LLM's
-``achat`` calling its own ``chat``, a wrapper calling the wrapped LLM) belongs to the outer
-call: only the first span of such a chain that emits LLM events is recorded, so a call's usage
-is counted once.
+:class:`Tracker` keeps the open spans (parent, scope, the tool call and component they run
+in: :mod:`ce.llamaindex._scopes`) and the LLM calls in flight. An LLM chat span nested in
+another one (a mock LLM's ``achat`` calling its own ``chat``, a wrapper calling the wrapped
+LLM) belongs to the outer call: only the first span of such a chain that emits LLM events is
+recorded, so a call's usage is counted once.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from llama_index.core.schema import NodeWithScore
 
     from ce.core.integration import Plugin
+    from ce.llamaindex._scopes import SpanInfo
 
-__all__ = ["LlmCall", "SpanInfo", "Tracker", "call_args", "hits_from_nodes", "tokens_of"]
+__all__ = ["LlmCall", "Tracker", "call_args", "hits_from_nodes", "tokens_of"]
 
 _URI_KEYS = ("source", "uri", "url", "file_path", "file_name")
 _METADATA_VALUE_MAX = 512
@@ -39,9 +40,8 @@ _METADATA_VALUE_MAX = 512
 
 @dataclass
 class LlmCall:
-    """One LLM chat call: the outermost chat span and the spans nested in it. A ``helper``
-    call (made inside a query engine or a tool run: response synthesis) is recorded as usage
-    only, and its input is left alone."""
+    """One LLM chat call: the outermost chat span and the spans nested in it, and the session
+    it is injected from and recorded into (a nested call's is its own child scope's)."""
 
     root: str
     session_id: str
@@ -49,7 +49,6 @@ class LlmCall:
     model: str
     params: dict[str, Any]
     skip: bool = False
-    helper: bool = False
     perf: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     events_span: str | None = None
@@ -57,20 +56,6 @@ class LlmCall:
     root_done: bool = False
     target: list[Any] | None = None
     original: list[Any] | None = None
-
-
-@dataclass
-class SpanInfo:
-    """An open span: its parent, session, and what it runs inside."""
-
-    parent: str | None
-    named: str | None
-    session_id: str
-    call: LlmCall | None = None
-    tool_call_id: str | None = None
-    tool: ToolRun | None = None
-    in_query: bool = False
-    started: float = field(default_factory=time.time)
 
 
 def tokens_of(response: ChatResponse) -> tuple[int, int]:
@@ -211,11 +196,6 @@ class Tracker:
             params=call.params,
         )
         reply = reply_to_message(message, call.provider, call.model)
-        if call.helper:  # a query engine's or a tool's own call: usage only
-            self.write(
-                call.session_id, "record model call", lambda r: r.record_model_call(model_call)
-            )
-            return
         with self.lock:  # the calls of the session's latest reply, for asked_call_id
             if reply.tool_calls:
                 self._asked[call.session_id] = [
@@ -264,13 +244,14 @@ class Tracker:
             ended_at=time.time(),
             provider_name="llamaindex",
         )
-        self.write(info.session_id, "record tool run", lambda r: r.record_tool_run(run))
+        session_id = info.tool_session or info.session_id  # where the tool call was made
+        self.write(session_id, "record tool run", lambda r: r.record_tool_run(run))
 
     def record_hits(self, info: SpanInfo, nodes: Sequence[NodeWithScore]) -> None:
         hits = hits_from_nodes(nodes)
-        if hits:
+        if hits:  # inside a tool run: evidence of the tool call, in the session that made it
             self.write(
-                info.session_id,
+                info.tool_session or info.session_id,
                 "record retrieval",
                 lambda r: r.record_retrieval(hits, info.tool_call_id),
             )

@@ -34,9 +34,10 @@ __all__ = ["ContextEngineLLM"]
 
 class ContextEngineLLM(FunctionCallingLLM):
     """An LLM that sends ``inner`` the engine's assembled input instead of its own messages
-    (see :func:`ce.llamaindex.wrap`). Without an installed plugin and inside
-    :func:`ce.core.integration.suppressed` (and for a query engine's or a tool's own calls) it
-    passes calls through unchanged."""
+    (see :func:`ce.llamaindex.wrap`), in the session the installed plugin resolves for the
+    call by the same rule as the global injection (a call nested in a tool run or a prompt
+    call gets its own child scope). Without an installed plugin and inside
+    :func:`ce.core.integration.suppressed` it passes calls through unchanged."""
 
     inner: LLM
     """The wrapped LLM."""
@@ -61,9 +62,9 @@ class ContextEngineLLM(FunctionCallingLLM):
         if not plugin.installed or tracker is None:
             return None
         info = tracker.span(active_span_id.get())
-        if info is None or info.call is None or info.call.skip or info.call.helper:
+        if info is None or info.call is None or info.call.skip:
             return None
-        return plugin, info.session_id
+        return plugin, info.call.session_id
 
     def _sent_sync(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> list[Any]:
         target = self._target()

@@ -1,0 +1,260 @@
+"""Which session a LlamaIndex span belongs to: the kit's rule (``resolve_scope``) applied to
+LlamaIndex's spans.
+
+A span's scope is its parent span's, except where something changes it:
+
+- **The top-level run** (a span without a known parent: ``agent.run(...)``, whose workflow
+  steps are all children of the run span, a chat engine's ``chat``, a direct ``llm.chat``):
+  ``ce_session_id`` in ``instrument_tags`` (or ``session_id``), else ``engine.session(...)``,
+  else the framework's conversation identity (:func:`memory_session` of the memory the run or
+  chat engine uses), else ``install(session_id=...)``, else ``run:<root span id>``. A span
+  deeper in a top-level run that names a session (new tags, a new ``engine.session``) or, in a
+  run scoped by the install default or by the run itself, brings a memory with an identity, is
+  resolved again the same way.
+- **Components** (a nested call, :meth:`ce.core.integration.Scope.child`): an agent's tool run
+  (the ``call_tool`` step, id: the model's tool-call id; or a tool the app or a tool body calls
+  itself, id: the call id of the latest reply asking for it, else the span id); a prompt call
+  of an LLM (``predict`` / ``complete`` / ``structured_predict`` families: a condense step, a
+  response synthesizer's call, an LLM-backed helper; id: the span id) except the answer a chat
+  engine's response synthesizer makes (``CondensePlusContextChatEngine``,
+  ``ContextChatEngine``: that call carries the conversation); a chat call made directly inside
+  a query engine (id: its span id). Each gets ``<enclosing session>/<id>``, unless the spans
+  inside it name a session of their own (an ``instrument_tags`` ``ce_session_id`` or an
+  ``engine.session`` that no enclosing scope has).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from llama_index.core.base.base_query_engine import BaseQueryEngine
+from llama_index.core.base.llms.base import BaseLLM
+from llama_index.core.chat_engine.types import BaseChatEngine
+from llama_index.core.memory.types import BaseMemory
+from llama_index.core.response_synthesizers.base import BaseSynthesizer
+from llama_index.core.tools.types import BaseTool
+
+from ce.core.engine import current_session_id
+from ce.core.integration import Scope, resolve_scope
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin, ToolRun
+    from ce.llamaindex._record import LlmCall
+
+__all__ = [
+    "CHAT_METHODS",
+    "SESSION_TAGS",
+    "SpanInfo",
+    "explicit_session",
+    "is_tool",
+    "memory_session",
+    "method_of",
+    "span_scope",
+]
+
+SESSION_TAGS = ("ce_session_id", "session_id")
+"""``instrument_tags`` keys naming the session of everything run inside them."""
+
+CHAT_METHODS = frozenset({"chat", "achat", "stream_chat", "astream_chat"})
+_PROMPT_METHODS = frozenset(
+    {
+        "predict",
+        "apredict",
+        "stream",
+        "astream",
+        "complete",
+        "acomplete",
+        "stream_complete",
+        "astream_complete",
+        "structured_predict",
+        "astructured_predict",
+        "stream_structured_predict",
+        "astream_structured_predict",
+    }
+)
+_TOOL_METHODS = frozenset({"call", "acall"})
+_QUERY_METHODS = frozenset({"query", "aquery"})
+_SYNTHESIZE_METHODS = frozenset({"synthesize", "asynthesize"})
+_DEFAULT_MEMORY_KEY = "chat_history"  # ChatMemoryBuffer's default chat_store_key
+
+
+@dataclass
+class SpanInfo:
+    """An open span: its parent, the top-level run it belongs to, its scope and what it runs
+    inside. ``tool_call_id`` is the tool call the span runs in and ``tool_session`` the
+    session that tool call belongs to (where its run and its retrieval hits are recorded)."""
+
+    parent: str | None
+    root: str
+    scope: Scope
+    named: str | None = None
+    engine_named: str | None = None
+    framework: str | None = None
+    call: LlmCall | None = None
+    tool_call_id: str | None = None
+    tool_session: str | None = None
+    tool: ToolRun | None = None
+    tool_pending: bool = False
+    in_query: bool = False
+    in_chat_engine: bool = False
+    answer: bool = False
+    prompt_call: bool = False
+    started: float = field(default=0.0)
+
+    @property
+    def session_id(self) -> str:
+        return self.scope.session_id
+
+
+def method_of(span_id: str) -> str:
+    """The method name of a span id (``"OpenAI.achat-<uuid>"`` -> ``"achat"``)."""
+    return span_id.split("-", 1)[0].rsplit(".", 1)[-1]
+
+
+def memory_session(memory: Any) -> str | None:
+    """The conversation a LlamaIndex memory stands for, when it names one: a
+    :class:`~ce.llamaindex.ContextEngineMemory`'s session (its ``session_id``, else the id it
+    generated for itself), a ``Memory``'s ``session_id`` (the random UUID LlamaIndex generates
+    counts too: it is unique to that memory object, so it joins the runs that share the memory
+    and no others), a ``ChatMemoryBuffer``'s ``chat_store_key`` unless it is the default
+    ``"chat_history"`` (every buffer has that key: it names no conversation)."""
+    if not isinstance(memory, BaseMemory):
+        return None
+    if getattr(type(memory), "ce_memory", False):  # ContextEngineMemory
+        conversation = getattr(memory, "conversation_id", None)
+        return conversation if isinstance(conversation, str) and conversation else None
+    session = getattr(memory, "session_id", None)
+    if isinstance(session, str) and session:
+        return session
+    key = getattr(memory, "chat_store_key", None)
+    if isinstance(key, str) and key and key != _DEFAULT_MEMORY_KEY:
+        return key
+    return None
+
+
+def explicit_session(tags: Mapping[str, Any] | None) -> str | None:
+    """The session ``instrument_tags`` name (``ce_session_id``, else ``session_id``)."""
+    for key in SESSION_TAGS:
+        value = (tags or {}).get(key)
+        if isinstance(value, (str, int)) and not isinstance(value, bool) and str(value):
+            return str(value)
+    return None
+
+
+def _memories(arguments: Mapping[str, Any], instance: Any) -> list[Any]:
+    candidates = [arguments.get("memory"), getattr(instance, "_memory", None)]
+    for name in ("start_event", "ev"):
+        event = arguments.get(name)
+        getter = getattr(event, "get", None)
+        if callable(getter):
+            try:
+                candidates.append(getter("memory", None))
+            except Exception:  # an event whose get() is not a mapping's
+                continue
+    return candidates
+
+
+def _given_memory_session(memories: list[Any]) -> str | None:
+    """A ContextEngineMemory's own ``session_id``: the user named a ce session with it."""
+    for memory in memories:
+        if isinstance(memory, BaseMemory) and getattr(type(memory), "ce_memory", False):
+            given = getattr(memory, "session_id", None)
+            if isinstance(given, str) and given:
+                return given
+    return None
+
+
+def _component(
+    id_: str, method: str, instance: Any, arguments: Mapping[str, Any], parent: SpanInfo
+) -> str | None:
+    """The id of the component ``id_`` opens inside ``parent`` (a nested call), if it opens
+    one. Tool runs are handled by the span handler (their id needs the model's reply)."""
+    if isinstance(instance, BaseLLM):
+        if parent.prompt_call or parent.call is not None:
+            return None  # part of the LLM call already open
+        if method in _PROMPT_METHODS:
+            return None if parent.answer else id_
+        if method in CHAT_METHODS and parent.in_query:
+            return id_  # a chat call a query engine makes itself
+    return None
+
+
+def span_scope(
+    plugin: Plugin,
+    id_: str,
+    parent_id: str | None,
+    parent: SpanInfo | None,
+    tags: Mapping[str, Any] | None,
+    arguments: Mapping[str, Any],
+    instance: Any,
+) -> SpanInfo:
+    """The :class:`SpanInfo` of a span opening: its scope by the module's rule (tool runs
+    are nested by the span handler, which knows their call ids)."""
+    memories = _memories(arguments, instance)
+    named = explicit_session(tags) or _given_memory_session(memories)
+    in_engine = current_session_id()
+    own = next((s for s in map(memory_session, memories) if s), None)
+    method = method_of(id_)
+    if parent is None:
+        scope = resolve_scope(plugin, run_id=id_, explicit=named, framework=own)
+        info = SpanInfo(parent=parent_id, root=id_, scope=scope)
+    else:
+        info = SpanInfo(
+            parent=parent_id,
+            root=parent.root,
+            scope=parent.scope,
+            framework=parent.framework,
+            tool_call_id=parent.tool_call_id,
+            tool_session=parent.tool_session,
+            tool_pending=parent.tool_pending,
+            in_query=parent.in_query,
+            in_chat_engine=parent.in_chat_engine,
+            answer=parent.answer,
+            prompt_call=parent.prompt_call,
+        )
+        component = _component(id_, method, instance, arguments, parent)
+        # a name the span's context lost (a workflow step's own instrument_tags) is kept
+        named, in_engine = named or parent.named, in_engine or parent.engine_named
+        renamed = (named, in_engine) != (parent.named, parent.engine_named)
+        if component is not None:
+            info.scope = resolve_scope(
+                plugin,
+                run_id=parent.root,
+                explicit=named,
+                parent=parent.scope,
+                parent_call_id=component,
+            )
+        elif parent.scope.nested and renamed:
+            scope = resolve_scope(plugin, run_id=parent.root, explicit=named, parent=parent.scope)
+            if scope.source in ("explicit", "engine"):
+                info.scope = scope
+        elif not parent.scope.nested and (
+            renamed or (own and parent.scope.source in ("run", "install"))
+        ):
+            info.scope = resolve_scope(
+                plugin, run_id=parent.root, explicit=named, framework=own or parent.framework
+            )
+    info.named, info.engine_named = named, in_engine
+    info.framework = own or info.framework
+    _mark(info, method, instance)
+    return info
+
+
+def _mark(info: SpanInfo, method: str, instance: Any) -> None:
+    """What the span runs inside, for its children."""
+    if isinstance(instance, BaseLLM) and method in _PROMPT_METHODS:
+        info.prompt_call = True
+    elif isinstance(instance, BaseChatEngine) and method in CHAT_METHODS:
+        info.in_chat_engine, info.answer = True, False
+    elif isinstance(instance, BaseQueryEngine) and method in _QUERY_METHODS:
+        info.in_query, info.answer = True, False
+    elif isinstance(instance, BaseSynthesizer) and method in _SYNTHESIZE_METHODS:
+        # a chat engine's own synthesizer (not a query engine's) writes its answer
+        info.answer = info.in_chat_engine and not info.in_query and not info.prompt_call
+
+
+def is_tool(instance: Any, method: str) -> bool:
+    """Whether a span is a LlamaIndex tool's ``call`` / ``acall``."""
+    return isinstance(instance, BaseTool) and method in _TOOL_METHODS

@@ -1,0 +1,324 @@
+"""Which conversation a model call belongs to (issue 10), on real LlamaIndex apps: the request
+bodies llama-index-llms-openai's ``OpenAI`` sends to the scripted OpenAI server, and what each
+session holds.
+
+- a nested call (a query engine or a sub-agent inside an agent's tool, a chat engine's condense
+  step) receives only its own messages, redacted, and is recorded in the child scope
+  ``<outer session>/<tool call id>[/<component span id>]``; the outer session never sees it;
+- users named by their memory (chat-store key, a ``Memory``'s own id, a
+  ``ContextEngineMemory``) or by ``instrument_tags`` never see each other's messages, 20 of
+  them concurrently included;
+- calls with no identity at all are scoped to their own run (``run:<root span id>``);
+- a reused tool-call id does not switch the engine off; a broken store still sends the app's
+  messages redacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_index.llms.openai")
+
+from llama_index.core import Document, VectorStoreIndex
+from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.chat_engine import CondensePlusContextChatEngine, SimpleChatEngine
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.instrumentation.dispatcher import instrument_tags
+from llama_index.core.llms import ChatMessage
+from llama_index.core.memory import ChatMemoryBuffer, Memory
+from llama_index.core.storage.chat_store import SimpleChatStore
+from llama_index.core.tools import FunctionTool, QueryEngineTool
+from llama_index.llms.openai import OpenAI
+from llamaindex_fakes import ChatCompletingLLM
+
+import ce.llamaindex
+from ce.core.engine import ContextEngine
+from ce.core.schema import Role
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.llamaindex import ContextEngineMemory, LlamaIndexPlugin
+
+OUTER_SYS = "OUTER-SYS: you plan and call tools."
+EXPERT_SYS = "EXPERT-SYS: you are the expert."
+OUTER_QUESTION = "Outer question: what do the docs say about Paris?"
+REDACTED = "[REDACTED:email]"
+
+
+def _text(request: dict[str, Any]) -> str:
+    return json.dumps(request)
+
+
+def _system(request: dict[str, Any]) -> str:
+    first = request["messages"][0]
+    return str(first["content"]) if first["role"] == "system" else ""
+
+
+def _openai(server: ScriptedOpenAIServer) -> OpenAI:
+    return OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+
+
+@pytest.fixture
+def server_box() -> Iterator[dict[str, Any]]:
+    box: dict[str, Any] = {}
+    yield box
+    server = box.get("server")
+    if server is not None:
+        server.close()
+
+
+async def _sessions(engine: ContextEngine) -> list[str]:
+    return list(await engine.store.list_sessions())
+
+
+async def _contents(engine: ContextEngine, session_id: str, role: Role) -> list[str]:
+    doc = await engine.get_session(session_id)
+    return [m.content for m in doc.session.messages if m.role is role]
+
+
+async def _drive(agent: FunctionAgent, question: str, **kwargs: Any) -> str:
+    handler = agent.run(user_msg=question, **kwargs)
+    async for _ in handler.stream_events():
+        pass
+    return str((await handler).response.content)
+
+
+# -- nested calls: a query engine and a sub-agent inside an agent's tool -------------------
+
+
+def _docs_index() -> VectorStoreIndex:
+    documents = [
+        Document(text="Paris is mild in autumn.", metadata={"source": "kb://paris"}, doc_id="p"),
+        Document(text="Oslo is cold in autumn.", metadata={"source": "kb://oslo"}, doc_id="o"),
+    ]
+    return VectorStoreIndex.from_documents(documents, embed_model=MockEmbedding(embed_dim=8))
+
+
+def _nested_script(body: dict[str, Any]) -> ScriptedResponse:
+    messages = body["messages"]
+    system = _system(body)
+    if "OUTER-SYS" in system:
+        if messages[-1]["role"] == "tool":
+            return ScriptedResponse(text="Final: the docs say Paris is mild.")
+        if any(t["function"]["name"] == "ask_expert" for t in body.get("tools", [])):
+            arguments = {"question": "What is the answer? Ask carol@example.com."}
+            return ScriptedResponse(tool_calls=[("call_x", "ask_expert", json.dumps(arguments))])
+        arguments = {"input": "Paris in autumn, for nested.canary@example.com"}
+        return ScriptedResponse(tool_calls=[("call_q", "search_docs", json.dumps(arguments))])
+    if "EXPERT-SYS" in system:
+        if messages[-1]["role"] == "tool":
+            return ScriptedResponse(text="Expert: the answer is 42.")
+        return ScriptedResponse(tool_calls=[("call_0", "lookup", json.dumps({"q": "answer"}))])
+    return ScriptedResponse(text="Paris is mild in autumn.")  # the query engine's synthesis
+
+
+async def _assert_outer_untouched(
+    engine: ContextEngine, requests: list[dict[str, Any]], outer: str, call_id: str
+) -> list[dict[str, Any]]:
+    """The outer agent's requests and session hold only its own conversation; returns the
+    nested requests."""
+    outer_requests = [r for r in requests if "OUTER-SYS" in _system(r)]
+    nested = [r for r in requests if r not in outer_requests]
+    assert len(outer_requests) == 2 and nested
+    for request in nested:  # only its own messages: no outer question, no outer prompt
+        assert "OUTER-SYS" not in _text(request) and OUTER_QUESTION not in _text(request)
+        assert "@example.com" not in _text(request) and REDACTED in _text(request)
+    last = outer_requests[1]["messages"]
+    assert sum(m["role"] == "system" for m in last) == 1 and "EXPERT-SYS" not in _text(
+        outer_requests[1]
+    )
+    assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"] == call_id
+    assert last[-2]["tool_calls"][0]["id"] == call_id
+    assert await _contents(engine, outer, Role.USER) == [OUTER_QUESTION]
+    replies = await _contents(engine, outer, Role.ASSISTANT)
+    assert replies[-1] == "Final: the docs say Paris is mild."
+    assert not any("42" in r or "mild in autumn" in r for r in replies)
+    doc = await engine.get_session(outer)
+    assert [t.tool_call_id for t in doc.session.tool_state.tool_calls] == [call_id]
+    assert len(doc.session.model_usage) == 2  # the outer agent's own calls only
+    assert "EXPERT-SYS" not in str(doc.session.messages) and "Context information" not in str(
+        doc.session.messages
+    )
+    return nested
+
+
+async def test_a_query_engine_inside_an_agent_tool_is_a_child_scope(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    server = server_box["server"] = ScriptedOpenAIServer(_nested_script).start()
+    llm = _openai(server)
+    query_engine = _docs_index().as_query_engine(llm=llm, similarity_top_k=2)
+    tool = QueryEngineTool.from_defaults(
+        query_engine, name="search_docs", description="Search the docs."
+    )
+    agent = FunctionAgent(tools=[tool], llm=llm, system_prompt=OUTER_SYS)
+    ce.llamaindex.install(engine)
+    with instrument_tags({"ce_session_id": "outer-q"}):
+        assert "Paris is mild" in await _drive(agent, OUTER_QUESTION)
+
+    nested = await _assert_outer_untouched(engine, server.requests, "outer-q", "call_q")
+    (synthesis,) = nested
+    assert "Paris is mild in autumn." in _text(synthesis)  # the retrieved context
+    (child,) = [s for s in await _sessions(engine) if s.startswith("outer-q/")]
+    assert child.startswith("outer-q/call_q/")  # the tool call, then the synthesizer's call
+    assert await _contents(engine, child, Role.ASSISTANT) == ["Paris is mild in autumn."]
+    (prompt,) = await _contents(engine, child, Role.USER)
+    assert "nested.canary" not in prompt and REDACTED in prompt
+    assert len(await engine.list_turns(child)) == 1  # injected: budgeted and redacted
+    # the retrieval is the outer tool call's evidence
+    doc = await engine.get_session("outer-q")
+    assert any(e.links and e.links.tool_call_id == "call_q" for e in doc.evidences.values())
+
+
+async def test_a_sub_agent_as_a_tool_is_a_child_scope(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    server = server_box["server"] = ScriptedOpenAIServer(_nested_script).start()
+    llm = _openai(server)
+
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return f"lookup says 42 for {q}"
+
+    expert = FunctionAgent(
+        tools=[FunctionTool.from_defaults(lookup)], llm=llm, system_prompt=EXPERT_SYS
+    )
+
+    async def ask_expert(question: str) -> str:
+        """Ask the expert agent."""
+        return str((await expert.run(user_msg=question)).response.content)
+
+    agent = FunctionAgent(
+        tools=[FunctionTool.from_defaults(ask_expert)], llm=llm, system_prompt=OUTER_SYS
+    )
+    ce.llamaindex.install(engine)
+    with instrument_tags({"ce_session_id": "outer-a"}):
+        assert "Paris is mild" in await _drive(agent, OUTER_QUESTION)
+
+    nested = await _assert_outer_untouched(engine, server.requests, "outer-a", "call_x")
+    assert len(nested) == 2  # the expert's tool-call step and its answer
+    first, second = (r["messages"] for r in nested)
+    assert first[0]["role"] == "system" and first[0]["content"].startswith("EXPERT-SYS")
+    assert [m["role"] for m in first[1:]] == ["user"]
+    assert [m["role"] for m in second[1:]] == ["user", "assistant", "tool"]
+    assert second[-1]["tool_call_id"] == "call_0"
+    assert await _sessions(engine) == ["outer-a", "outer-a/call_x"]
+    child = await engine.get_session("outer-a/call_x")
+    assert [t.tool_call_id for t in child.session.tool_state.tool_calls] == ["call_0"]
+    assert (await _contents(engine, "outer-a/call_x", Role.ASSISTANT))[-1] == (
+        "Expert: the answer is 42."
+    )
+    assert len(child.session.model_usage) == 2
+    assert len(await engine.list_turns("outer-a/call_x")) == 2
+
+
+async def test_a_nested_call_naming_its_own_session_goes_there(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    server = server_box["server"] = ScriptedOpenAIServer(_nested_script).start()
+    llm = _openai(server)
+
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return f"lookup says 42 for {q}"
+
+    expert = FunctionAgent(
+        tools=[FunctionTool.from_defaults(lookup)], llm=llm, system_prompt=EXPERT_SYS
+    )
+
+    async def ask_expert(question: str) -> str:
+        """Ask the expert agent."""
+        with instrument_tags({"ce_session_id": "expert-log"}):
+            return str((await expert.run(user_msg=question)).response.content)
+
+    agent = FunctionAgent(
+        tools=[FunctionTool.from_defaults(ask_expert)], llm=llm, system_prompt=OUTER_SYS
+    )
+    ce.llamaindex.install(engine)
+    with instrument_tags({"ce_session_id": "outer-n"}):
+        await _drive(agent, OUTER_QUESTION)
+    assert sorted(await _sessions(engine)) == ["expert-log", "outer-n"]
+    assert len(await engine.list_turns("expert-log")) == 2
+    assert "OUTER-SYS" not in str((await engine.get_session("expert-log")).session.messages)
+
+
+# -- a chat engine's condense step ---------------------------------------------------------
+
+
+def _cpc_script(messages: list[dict[str, Any]]) -> tuple[str, list[Any]]:
+    last = str(messages[-1]["content"])
+    if "Standalone question" in last:
+        return "standalone: what about Oslo?", []
+    return f"answer {sum(m['role'] == 'user' for m in messages)}", []
+
+
+def _cpc_response(body: dict[str, Any]) -> ScriptedResponse:
+    text, _ = _cpc_script(body["messages"])
+    return ScriptedResponse(text=text)
+
+
+@pytest.mark.parametrize("provider", ["chat-completing", "openai"])
+async def test_condense_plus_context_condense_call_stays_out_of_the_chat(
+    provider: str, engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    """``CondensePlusContextChatEngine`` condenses with ``llm.complete``: a provider that
+    serves it through its own ``chat`` (Anthropic-style) opens a chat span inside the
+    completion span, which is a nested scope; llama-index-llms-openai's ``OpenAI`` serves it
+    without a chat span (the plugin does not see it). Either way the chat session holds the
+    conversation only, and the answer call carries it."""
+    llm: Any
+    if provider == "openai":
+        server = server_box["server"] = ScriptedOpenAIServer(_cpc_response).start()
+        llm = _openai(server)
+    else:
+        llm = ChatCompletingLLM(script=_cpc_script, seen=[])
+    memory = ChatMemoryBuffer.from_defaults(chat_store_key="alice")
+    chat = CondensePlusContextChatEngine.from_defaults(
+        retriever=_docs_index().as_retriever(similarity_top_k=1),
+        llm=llm,
+        memory=memory,
+        system_prompt="CHAT-SYS",
+    )
+    ce.llamaindex.install(engine)
+
+    def converse() -> list[str]:
+        return [str(chat.chat("What about Paris?")), str(chat.chat("And for erin@example.com?"))]
+
+    assert await asyncio.to_thread(converse) == ["answer 1", "answer 2"]
+    assert await _contents(engine, "alice", Role.USER) == [
+        "What about Paris?",
+        f"And for {REDACTED}?",
+    ]
+    assert await _contents(engine, "alice", Role.ASSISTANT) == ["answer 1", "answer 2"]
+    assert len(await engine.list_turns("alice")) == 2
+    if provider == "openai":
+        requests = server.requests
+        condense = [r for r in requests if "Standalone question" in _text(r)]
+        answers = [r for r in requests if r not in condense]
+    else:
+        condense = [{"messages": _dicts(m)} for m in llm.seen if _is_condense(m)]
+        answers = [{"messages": _dicts(m)} for m in llm.seen if not _is_condense(m)]
+        (child,) = [s for s in await _sessions(engine) if s.startswith("alice/")]
+        assert "complete" in child  # the completion span's id
+        (prompt,) = await _contents(engine, child, Role.USER)
+        assert "Standalone question" in prompt and "erin@" not in prompt
+        assert "erin@" not in _text(condense[0]) and REDACTED in _text(condense[0])
+    assert len(condense) == 1 and len(answers) == 2
+    second = answers[1]["messages"]  # the answer call carries the conversation
+    assert [m["content"] for m in second if m["role"] != "system"] == [
+        "What about Paris?",
+        "answer 1",
+        f"And for {REDACTED}?",
+    ]
+    assert "Standalone question" not in _text(answers[1])
+
+
+def _is_condense(messages: list[ChatMessage]) -> bool:
+    return "Standalone question" in str(messages[-1].content)
+
+
+def _dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    return [{"role": m.role.value, "content": str(m.content)} for m in messages]
