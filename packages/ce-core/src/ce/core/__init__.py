@@ -1,5 +1,132 @@
-"""Context Engine core: schema, AgentState, stores and the context pipeline."""
+"""Context Engine core: record agent sessions and assemble what the model sees.
+
+One flat namespace for what an application uses (``from ce.core import ContextEngine,
+RuntimeConfig, BudgetConfig, Message, Role, open_store``); the submodules hold the rest
+(``ce.core.pipeline``, ``ce.core.state``, ``ce.core.integration`` for plugin authors, ...).
+"""
+
+from ce.core.config import (
+    BudgetConfig,
+    ObservabilityConfig,
+    PruneConfig,
+    RedactionConfig,
+    RedactionRules,
+    RuntimeConfig,
+    SummaryConfig,
+)
+from ce.core.engine import ContextEngine, SyncEngine, current_session_id
+from ce.core.errors import (
+    BudgetExceededError,
+    ContextEngineError,
+    EvidenceNotFoundError,
+    InvariantViolationError,
+    RedactionError,
+    SessionNotFoundError,
+    StoreError,
+    SummarizerError,
+    TurnNotFoundError,
+    VersionConflictError,
+)
+from ce.core.events import Event, EventBus, InMemoryEventBus
+from ce.core.formats import from_openai_messages, to_anthropic_messages, to_openai_messages
+from ce.core.pipeline import LlmAdapter, LlmRequest, LlmResponse
+from ce.core.redaction import RegexRedactor
+from ce.core.schema import (
+    AssembledInput,
+    Author,
+    AuthorKind,
+    ContextBlock,
+    Evidence,
+    EvidenceLinks,
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    MessagePart,
+    ModelInvocation,
+    ModelUsage,
+    PrepareResult,
+    PutResult,
+    Ref,
+    Report,
+    Role,
+    SessionDocument,
+    SourceKind,
+    Task,
+    ToolCall,
+    ToolCallRequest,
+    ToolCallStatus,
+    TurnRecord,
+)
+from ce.core.state import ModelOutput, ToolResult
+from ce.core.stores import FileStore, MemoryStore, SQLiteStore, Store, open_store
+from ce.core.tokens import CharBasedEstimator, TiktokenEstimator, TokenEstimator
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "AssembledInput",
+    "Author",
+    "AuthorKind",
+    "BudgetConfig",
+    "BudgetExceededError",
+    "CharBasedEstimator",
+    "ContextBlock",
+    "ContextEngine",
+    "ContextEngineError",
+    "Event",
+    "EventBus",
+    "Evidence",
+    "EvidenceLinks",
+    "EvidenceNotFoundError",
+    "EvidenceSource",
+    "EvidenceType",
+    "FileStore",
+    "InMemoryEventBus",
+    "InvariantViolationError",
+    "LlmAdapter",
+    "LlmRequest",
+    "LlmResponse",
+    "MemoryStore",
+    "Message",
+    "MessagePart",
+    "ModelInvocation",
+    "ModelOutput",
+    "ModelUsage",
+    "ObservabilityConfig",
+    "PrepareResult",
+    "PruneConfig",
+    "PutResult",
+    "RedactionConfig",
+    "RedactionError",
+    "RedactionRules",
+    "Ref",
+    "RegexRedactor",
+    "Report",
+    "Role",
+    "RuntimeConfig",
+    "SQLiteStore",
+    "SessionDocument",
+    "SessionNotFoundError",
+    "SourceKind",
+    "Store",
+    "StoreError",
+    "SummarizerError",
+    "SummaryConfig",
+    "SyncEngine",
+    "Task",
+    "TiktokenEstimator",
+    "TokenEstimator",
+    "ToolCall",
+    "ToolCallRequest",
+    "ToolCallStatus",
+    "ToolResult",
+    "TurnNotFoundError",
+    "TurnRecord",
+    "VersionConflictError",
+    "__version__",
+    "current_session_id",
+    "from_openai_messages",
+    "open_store",
+    "to_anthropic_messages",
+    "to_openai_messages",
+]
