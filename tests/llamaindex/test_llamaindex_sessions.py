@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -38,9 +38,11 @@ from llamaindex_fakes import ChatCompletingLLM
 
 import ce.llamaindex
 from ce.core.engine import ContextEngine
+from ce.core.formats import from_openai_messages
 from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
-from ce.llamaindex import ContextEngineMemory, LlamaIndexPlugin
+from ce.core.testing.assertions import assert_tool_pairs_intact
+from ce.llamaindex import ContextEngineMemory
 
 OUTER_SYS = "OUTER-SYS: you plan and call tools."
 EXPERT_SYS = "EXPERT-SYS: you are the expert."
@@ -322,3 +324,248 @@ def _is_condense(messages: list[ChatMessage]) -> bool:
 
 def _dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return [{"role": m.role.value, "content": str(m.content)} for m in messages]
+
+
+# -- users named by their memory; no identity at all ---------------------------------------
+
+
+def _echo(body: dict[str, Any]) -> ScriptedResponse:
+    users = [m for m in body["messages"] if m["role"] == "user"]
+    return ScriptedResponse(text=f"noted: {users[-1]['content']}")
+
+
+def _canaries(request: dict[str, Any], words: list[str]) -> set[str]:
+    text = _text(request)
+    return {w for w in words if w in text}
+
+
+@pytest.mark.parametrize("memory_kind", ["chat_store_key", "memory_own_id", "ce_memory"])
+async def test_two_chat_engines_with_their_own_memories_never_mix(
+    memory_kind: str, engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    """Alice and Bob each chat through their own memory: keys ``"alice"`` / ``"bob"`` on one
+    chat store, two ``Memory`` objects without a session id (each has its own random id), or
+    two ``ContextEngineMemory`` without a session id (each generates its own)."""
+    server = server_box["server"] = ScriptedOpenAIServer(_echo).start()
+    llm = _openai(server)
+    store = SimpleChatStore()
+
+    def memory(user: str) -> Any:
+        if memory_kind == "chat_store_key":
+            return ChatMemoryBuffer.from_defaults(chat_store=store, chat_store_key=user)
+        if memory_kind == "memory_own_id":
+            return Memory.from_defaults()
+        return ContextEngineMemory.from_defaults(engine)
+
+    ce.llamaindex.install(engine)
+    chats = {
+        user: SimpleChatEngine.from_defaults(llm=llm, memory=memory(user), system_prompt="SYS")
+        for user in ("alice", "bob")
+    }
+    words = {"alice": "PLUMCANARY", "bob": "KIWICANARY"}
+    for turn in range(2):
+        for user, chat in chats.items():
+            await chat.achat(f"{user} turn {turn}: my word is {words[user]}")
+    requests = server.requests
+    assert len(requests) == 4
+    for index, request in enumerate(requests):
+        user = ("alice", "bob")[index % 2]
+        assert _canaries(request, list(words.values())) == {words[user]}, index
+    # the second turn carries the user's own first turn, from the engine's session
+    assert "alice turn 0" in _text(requests[2]) and "bob turn 0" in _text(requests[3])
+    sessions = await _sessions(engine)
+    assert len(sessions) == 2 and not any(s.startswith("run:") for s in sessions)
+
+
+async def test_calls_without_any_identity_are_scoped_to_their_own_run(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    server = server_box["server"] = ScriptedOpenAIServer(_nested_script).start()
+    llm = _openai(server)
+    ce.llamaindex.install(engine)
+
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return f"lookup says 42 for {q}"
+
+    for word in ("FIRSTRUN", "SECONDRUN"):  # the same agent object, two runs
+        expert = FunctionAgent(
+            tools=[FunctionTool.from_defaults(lookup)], llm=llm, system_prompt=EXPERT_SYS
+        )
+        await expert.run(user_msg=f"what is the answer? {word}")
+    for word in ("FIRSTCHAT", "SECONDCHAT"):
+        await llm.achat([ChatMessage(role="user", content=f"just chatting {word}")])
+    requests = server.requests
+    assert len(requests) == 6  # two per agent run, one per chat
+    words = ["FIRSTRUN", "SECONDRUN", "FIRSTCHAT", "SECONDCHAT"]
+    owners = ["FIRSTRUN", "FIRSTRUN", "SECONDRUN", "SECONDRUN", "FIRSTCHAT", "SECONDCHAT"]
+    for request, owner in zip(requests, owners, strict=True):
+        assert _canaries(request, words) == {owner}
+    assert [m["role"] for m in requests[2]["messages"]] == ["system", "user"]
+    assert [m["role"] for m in requests[5]["messages"]] == ["user"]
+    sessions = await _sessions(engine)
+    assert len(sessions) == 4 and all(s.startswith("run:") for s in sessions)
+    assert sum(s.startswith("run:FunctionAgent.run-") for s in sessions) == 2
+    for session_id in sessions:  # every call recorded, in its own run's session
+        assert len(await engine.list_turns(session_id)) in (1, 2)
+
+
+# -- framework ids the engine would reject; a broken store ----------------------------------
+
+
+def _reusing_script(body: dict[str, Any]) -> ScriptedResponse:
+    if body["messages"][-1]["role"] == "tool":
+        return ScriptedResponse(text="done")
+    return ScriptedResponse(tool_calls=[("call_0", "lookup", json.dumps({"q": "x"}))])
+
+
+async def test_a_tool_call_id_reused_across_turns_keeps_the_session_injected(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    server = server_box["server"] = ScriptedOpenAIServer(_reusing_script).start()
+    llm = _openai(server)
+
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return f"found {q}"
+
+    plugin = ce.llamaindex.install(engine)
+    failed = plugin.failures["integration_failed"]  # the plugin is one object: counts add up
+    memory = ChatMemoryBuffer.from_defaults(chat_store_key="reuser")
+    agent = FunctionAgent(tools=[FunctionTool.from_defaults(lookup)], llm=llm, system_prompt="S")
+    await agent.run(user_msg="first turn", memory=memory)
+    await agent.run(user_msg="second turn, mail frank@example.com", memory=memory)
+    await agent.run(user_msg="third turn, mail grace@example.com", memory=memory)
+    requests = server.requests
+    assert len(requests) == 6
+    assert plugin.failures["integration_failed"] == failed
+    assert len(await engine.list_turns("reuser")) == 6  # every call injected
+    for request in requests[2:]:
+        assert "@example.com" not in _text(request)
+    assert REDACTED in _text(requests[-1])
+    # every call and result stay paired (the engine may rename a reused id in the request)
+    for request in requests:
+        assert_tool_pairs_intact(from_openai_messages(request["messages"]))
+    last = requests[-1]["messages"]
+    assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"].startswith("call_0")
+    assert last[-2]["tool_calls"][0]["id"] == last[-1]["tool_call_id"]
+
+
+class _BrokenStore:
+    """Wraps a store; every read and write raises."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("close",):
+            return getattr(self._inner, name)
+
+        async def broken(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("store is down")
+
+        return broken
+
+
+async def test_fail_open_sends_the_apps_messages_redacted(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    server = server_box["server"] = ScriptedOpenAIServer(_echo).start()
+    llm = _openai(server)
+    engine.store = _BrokenStore(engine.store)  # type: ignore[assignment]
+    plugin = ce.llamaindex.install(engine)
+    failed = plugin.failures["integration_failed"]
+    mine = [
+        ChatMessage(role="system", content="app system"),
+        ChatMessage(role="user", content="reach me at heidi@example.com"),
+    ]
+    reply = await llm.achat(mine)
+    assert "heidi" not in str(reply.message.content)
+    (request,) = server.requests
+    assert [m["role"] for m in request["messages"]] == ["system", "user"]
+    assert request["messages"][0]["content"] == "app system"
+    assert request["messages"][1]["content"] == f"reach me at {REDACTED}"
+    assert plugin.failures["integration_failed"] > failed
+    assert [m.content for m in mine] == ["app system", "reach me at heidi@example.com"]
+
+
+async def test_fail_open_redacts_when_the_conversion_fails(
+    engine: ContextEngine, server_box: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = server_box["server"] = ScriptedOpenAIServer(_echo).start()
+    llm = _openai(server)
+
+    def broken(messages: Any) -> Any:
+        raise ValueError("cannot convert")
+
+    monkeypatch.setattr("ce.llamaindex._inject.to_openai", broken)
+    plugin = ce.llamaindex.install(engine, session_id="s-convert")
+    failed = plugin.failures["integration_failed"]
+    await llm.achat([ChatMessage(role="user", content="reach me at ivan@example.com")])
+    (request,) = server.requests
+    assert request["messages"][-1]["content"] == f"reach me at {REDACTED}"
+    assert plugin.failures["integration_failed"] == failed + 1
+
+
+async def test_fail_closed_still_raises(engine: ContextEngine, server_box: dict[str, Any]) -> None:
+    server = server_box["server"] = ScriptedOpenAIServer(_echo).start()
+    llm = _openai(server)
+    engine.store = _BrokenStore(engine.store)  # type: ignore[assignment]
+    ce.llamaindex.install(engine, fail_closed=True)
+    with pytest.raises(RuntimeError, match="store is down"):
+        await llm.achat([ChatMessage(role="user", content="reach me at judy@example.com")])
+    assert server.requests == []
+
+
+# -- 20 concurrent users -------------------------------------------------------------------
+
+
+async def test_twenty_concurrent_users_never_see_each_others_messages(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    """Twenty users at once, two turns each, five of each kind: agents named by
+    ``instrument_tags``, chat engines named by their chat-store key, agents with their own
+    ``Memory`` (no session id given), chat engines with a ``ContextEngineMemory`` without a
+    session id. Every request carries its own user's word and no other's, and a second turn
+    carries the first."""
+    server = server_box["server"] = ScriptedOpenAIServer(_echo).start()
+    llm = _openai(server)
+    ce.llamaindex.install(engine)
+    words = [f"word{chr(65 + i)}{chr(65 + i)}canary" for i in range(20)]
+    store = SimpleChatStore()
+
+    async def agent_user(index: int) -> None:
+        agent = FunctionAgent(tools=[], llm=llm, system_prompt="SYS")
+        memory = Memory.from_defaults() if index % 4 == 2 else None
+        for turn in range(2):
+            question = f"turn {turn}: my word is {words[index]}"
+            if memory is not None:
+                await agent.run(user_msg=question, memory=memory)
+                continue
+            with instrument_tags({"ce_session_id": f"user-{index}"}):
+                await agent.run(user_msg=question)
+
+    async def chat_user(index: int) -> None:
+        memory: Any = ContextEngineMemory.from_defaults(engine)
+        if index % 4 == 1:
+            memory = ChatMemoryBuffer.from_defaults(
+                chat_store=store, chat_store_key=f"user-{index}"
+            )
+        chat = SimpleChatEngine.from_defaults(llm=llm, memory=memory, system_prompt="SYS")
+        for turn in range(2):
+            await chat.achat(f"turn {turn}: my word is {words[index]}")
+
+    await asyncio.gather(*(agent_user(i) if i % 2 == 0 else chat_user(i) for i in range(20)))
+    requests = server.requests
+    assert len(requests) == 40
+    seen: dict[str, int] = {}
+    for request in requests:
+        (word,) = _canaries(request, words)
+        seen[word] = seen.get(word, 0) + 1
+        if "turn 1" in _text(request):  # the second turn has the first
+            assert "turn 0" in _text(request)
+    assert seen == dict.fromkeys(words, 2)
+    sessions = await _sessions(engine)
+    assert len(sessions) == 20 and not any(s.startswith("run:") for s in sessions)
+    assert sum(s.startswith("user-") for s in sessions) == 10
+    assert sum(s.startswith("memory:") for s in sessions) == 5
