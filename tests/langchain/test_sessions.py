@@ -681,3 +681,19 @@ async def test_wrap_inside_a_tool_gets_a_child_scope(engine: ContextEngine) -> N
     assert [m.content for m in child.session.messages if m.role is Role.ASSISTANT] == [
         "HELPER-REPLY"
     ]
+
+
+async def test_a_session_tag_and_engine_session_name_the_session(engine: ContextEngine) -> None:
+    model = replies("one", "two", "three")
+    ce.langchain.install(engine, session_id="fallback")
+    await asyncio.to_thread(model.invoke, [("user", "tagged")], {"tags": ["ce_session_id:tagged"]})
+
+    def in_engine_session() -> None:
+        with engine.session("named"):
+            model.invoke([("user", "in engine.session")])
+
+    await asyncio.to_thread(in_engine_session)
+    await asyncio.to_thread(model.invoke, [("user", "nothing named")])
+    assert await user_texts(engine, "tagged") == ["tagged"]
+    assert await user_texts(engine, "named") == ["in engine.session"]
+    assert await user_texts(engine, "fallback") == ["nothing named"]

@@ -69,15 +69,17 @@ _injected: ContextVar[bool] = ContextVar("ce_langchain_injected", default=False)
 # conversion of the very same message objects must pass through, not be prepared again.
 _handed_out: ContextVar[tuple[BaseMessage, ...]] = ContextVar("ce_langchain_handed_out", default=())
 
-try:  # the run ids LangChain itself generates (uuid7 since langchain-core 1.1)
-    from langchain_core.utils.uuid import uuid7 as _new_uuid
-except ImportError:  # pragma: no cover - older langchain-core
-    _new_uuid = uuid.uuid4
+
+def _run_id_factory() -> Callable[[], UUID]:
+    try:  # the run ids LangChain itself generates (uuid7 since langchain-core 1.1)
+        from langchain_core.utils.uuid import uuid7
+    except ImportError:  # pragma: no cover - older langchain-core
+        return uuid.uuid4
+    return uuid7
 
 
-def new_run_id() -> UUID:
-    """A run id like the ones LangChain generates."""
-    return _new_uuid()
+new_run_id: Callable[[], UUID] = _run_id_factory()
+"""A run id like the ones LangChain generates."""
 
 
 @contextmanager

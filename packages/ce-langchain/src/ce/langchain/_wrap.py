@@ -54,10 +54,10 @@ _stream_config: ContextVar[RunnableConfig | None] = ContextVar("ce_wrap_stream",
 
 def _with_run_id(config: RunnableConfig | None) -> RunnableConfig:
     """A copy of ``config`` naming the run id the call's run takes (a new one if none)."""
-    config = dict(config or {})  # type: ignore[assignment]
-    if config.get("run_id") is None:
-        config["run_id"] = new_run_id()
-    return config  # type: ignore[return-value]
+    copy = RunnableConfig(**(config or {}))
+    if copy.get("run_id") is None:
+        copy["run_id"] = new_run_id()
+    return copy
 
 
 class ContextEngineChatModel(BaseChatModel):
@@ -179,6 +179,7 @@ class ContextEngineChatModel(BaseChatModel):
         if _injected.get() or not plugin.installed:
             return None
         tags, metadata, _ = current_config()
+        run_id: UUID | None
         if run_manager is not None:
             run_id, parent = run_manager.run_id, run_manager.parent_run_id
             tags = [*tags, *(run_manager.tags or [])]
@@ -193,11 +194,10 @@ class ContextEngineChatModel(BaseChatModel):
         if should_skip(tags, metadata):
             return None
         scope = plugin.tracker.scope_of(run_id) if isinstance(run_id, UUID) else None
-        if scope is None:
-            if run_manager is not None:
-                scope = plugin.tracker.resolve(run_id, parent, metadata, tags)
-            else:
-                scope = call_scope(plugin, _stream_config.get(), tags, metadata)
+        if scope is None and run_manager is not None:
+            scope = plugin.tracker.resolve(run_manager.run_id, parent, metadata, tags)
+        elif scope is None:  # not followed (no handler saw the run): from the config
+            scope = call_scope(plugin, _stream_config.get(), tags, metadata)
         return plugin, scope.session_id
 
     def _prepare_sync(
