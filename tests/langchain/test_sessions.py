@@ -1,6 +1,7 @@
-"""Which conversation a LangChain model call belongs to (issue 10): no history crosses users,
-runs or nested calls. Real LangChain apps, offline; the assertions are on what the fake models
-received and on what the store holds."""
+"""Which conversation a LangChain model call belongs to (issue 10): users of one
+RunnableWithMessageHistory, runs that name no conversation (in one process and across
+processes on one store), and the seams and paths that must agree on the session. Real LangChain
+apps, offline; the assertions are on what the fake models received and what the store holds."""
 
 from __future__ import annotations
 
@@ -9,106 +10,35 @@ import json
 import subprocess
 import sys
 import textwrap
-import threading
-from collections import Counter
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.chat_history import InMemoryChatMessageHistory
-from langchain_core.documents import Document
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
-from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import ConfigurableFieldSpec
 from langchain_core.runnables.history import RunnableWithMessageHistory
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
+from scripted import (
+    OUTER_SYSTEM,
+    StreamingScripted,
+    call,
+    history_chain,
+    replies,
+    texts,
+    user_texts,
+)
 
 import ce.langchain
-from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
-from ce.core.events import Event
 from ce.core.schema import Role
-from ce.core.stores import MemoryStore
-from ce.core.testing import deterministic_engine
 
 # RunnableWithMessageHistory and InMemoryChatMessageHistory are deprecated (still shipped)
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-OUTER_SYSTEM = "You are the outer travel agent."
 HELPER_SYSTEM = "You are a terse summarizer."
-EXPERT_SYSTEM = "You are the visa expert."
-REWRITER_SYSTEM = "Rewrite the query for search."
-
-
-class Scripted(BaseChatModel):
-    """A chat model that answers ``script(messages)`` (an AIMessage or a text) and keeps every
-    message list it received (thread-safe: concurrent users share one instance)."""
-
-    script: Any
-    seen: list[list[BaseMessage]] = []
-    lock: Any = None
-
-    def model_post_init(self, context: Any) -> None:
-        self.seen = []
-        self.lock = threading.Lock()
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted-fake"
-
-    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Scripted:  # type: ignore[override]
-        return self
-
-    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
-        with self.lock:
-            self.seen.append(list(messages))
-            reply = self.script(list(messages))
-        message = reply if isinstance(reply, AIMessage) else AIMessage(content=str(reply))
-        return ChatResult(generations=[ChatGeneration(message=message)])
-
-
-def replies(*answers: AIMessage | str) -> Scripted:
-    """A scripted model answering ``answers`` in turn."""
-    queue = list(answers)
-    return Scripted(script=lambda _: queue.pop(0))
-
-
-def texts(messages: Sequence[BaseMessage]) -> str:
-    return "\n".join(str(m.content) for m in messages)
-
-
-def call(name: str, args: dict[str, Any], call_id: str) -> AIMessage:
-    return AIMessage(content="", tool_calls=[{"name": name, "args": args, "id": call_id}])
-
-
-def failures(plugin: Any) -> Counter[str]:
-    """A copy of ``plugin.failures`` (the counter lives as long as the plugin object)."""
-    return Counter(getattr(plugin, "failures", None) or {})
-
-
-async def user_texts(engine: ContextEngine, session_id: str) -> list[str]:
-    doc = await engine.get_session(session_id)
-    return [str(m.content) for m in doc.session.messages if m.role is Role.USER]
-
-
-def history_chain(model: BaseChatModel, histories: dict[str, InMemoryChatMessageHistory]) -> Any:
-    prompt = ChatPromptTemplate.from_messages(
-        [("system", "You are helpful."), MessagesPlaceholder("history"), ("human", "{question}")]
-    )
-    return RunnableWithMessageHistory(
-        prompt | model,
-        lambda session_id: histories.setdefault(session_id, InMemoryChatMessageHistory()),
-        input_messages_key="question",
-        history_messages_key="history",
-    )
 
 
 # -- 1. several users on one RunnableWithMessageHistory ---------------------------------------
@@ -260,359 +190,7 @@ async def test_a_direct_model_call_is_its_own_run(engine: ContextEngine) -> None
         assert [m.role for m in doc.session.messages] == [Role.USER, Role.ASSISTANT]
 
 
-# -- 3. nested calls: an LLM-backed tool, a sub-agent as a tool, an LLM query rewriter --------
-
-
-def nested_app(
-    middleware: Sequence[Any] = (),
-) -> tuple[Any, Scripted, Scripted, Scripted, Scripted]:
-    helper = replies("SUMMARY-REPLY")
-    expert = replies("EXPERT-REPLY")
-    rewriter = replies("REWRITTEN-QUERY")
-    summarize_prompt = ChatPromptTemplate.from_messages(
-        [("system", HELPER_SYSTEM), ("human", "Summarize: {text}")]
-    )
-    expert_agent = create_agent(expert, tools=[], system_prompt=EXPERT_SYSTEM)
-
-    @tool
-    def summarize(text: str) -> str:
-        """Summarize a text with a helper model."""
-        reply = (summarize_prompt | helper).invoke({"text": text})
-        return f"summary is {str(reply.content).lower()}"
-
-    @tool
-    def ask_expert(question: str) -> str:
-        """Ask the visa expert (a sub-agent)."""
-        state = expert_agent.invoke({"messages": [("user", f"Expert question: {question}")]})
-        return f"expert says {str(state['messages'][-1].content).lower()}"
-
-    class Rewriting(BaseRetriever):
-        def _get_relevant_documents(
-            self, query: str, *, run_manager: CallbackManagerForRetrieverRun
-        ) -> list[Document]:
-            better = rewriter.invoke(
-                [("system", REWRITER_SYSTEM), ("user", query)],
-                {"callbacks": run_manager.get_child()},
-            )
-            return [Document(page_content=f"doc for {better.content}", metadata={"source": "kb"})]
-
-    @tool
-    def search(query: str) -> str:
-        """Search the knowledge base (an LLM rewrites the query first)."""
-        return "found " + " ".join(d.page_content for d in Rewriting().invoke(query))
-
-    outer = replies(
-        call("summarize", {"text": "a long itinerary"}, "call_sum"),
-        call("ask_expert", {"question": "do I need a visa?"}, "call_exp"),
-        call("search", {"query": "visa rules"}, "call_kb"),
-        "All done.",
-        "You are welcome.",
-    )
-    agent = create_agent(
-        outer,
-        tools=[summarize, ask_expert, search],
-        system_prompt=OUTER_SYSTEM,
-        checkpointer=InMemorySaver(),
-        middleware=middleware,
-    )
-    return agent, outer, helper, expert, rewriter
-
-
-@pytest.mark.parametrize("seam", ["install", "middleware"])
-async def test_nested_calls_get_a_child_scope(engine: ContextEngine, seam: str) -> None:
-    if seam == "middleware":
-        app = nested_app([ce.langchain.middleware(engine)])
-    else:
-        ce.langchain.install(engine)
-        app = nested_app()
-    agent, outer, helper, expert, rewriter = app
-    config = {"configurable": {"thread_id": "trip"}}
-    question = "Plan my trip to Japan, my code word is SAKURA."
-    await asyncio.to_thread(agent.invoke, {"messages": [("user", question)]}, config)
-    await agent.ainvoke({"messages": [("user", "Thanks!")]}, config)
-
-    # the nested calls received only their own messages
-    for model, system, prompt in (
-        (helper, HELPER_SYSTEM, "Summarize: a long itinerary"),
-        (expert, EXPERT_SYSTEM, "Expert question: do I need a visa?"),
-        (rewriter, REWRITER_SYSTEM, "visa rules"),
-    ):
-        (seen,) = model.seen
-        assert [m.type for m in seen] == ["system", "human"]
-        assert str(seen[0].content).startswith(system) and seen[1].content == prompt
-        assert "SAKURA" not in texts(seen) and OUTER_SYSTEM not in texts(seen)
-    # the outer agent keeps its instruction and each next call ends with the tool result
-    assert len(outer.seen) == 5
-    for seen in outer.seen:
-        assert seen[0].type == "system" and str(seen[0].content).startswith(OUTER_SYSTEM)
-        for foreign in (HELPER_SYSTEM, EXPERT_SYSTEM, REWRITER_SYSTEM, "Summarize:", "Expert q"):
-            assert foreign not in texts(seen)
-        assert "SUMMARY-REPLY" not in texts(seen) and "EXPERT-REPLY" not in texts(seen)
-    results = [seen[-1] for seen in outer.seen[1:4]]
-    assert all(isinstance(m, ToolMessage) for m in results)
-    assert [m.content for m in results[:2]] == [
-        "summary is summary-reply",
-        "expert says expert-reply",
-    ]
-    assert "doc for REWRITTEN-QUERY" in str(results[2].content)  # fenced as rag evidence
-    assert outer.seen[4][-1].type == "human" and outer.seen[4][-1].content == "Thanks!"
-
-    # the store: the outer session holds the outer conversation only
-    doc = await engine.get_session("trip")
-    stored = doc.session.model_dump_json()
-    for foreign in (HELPER_SYSTEM, EXPERT_SYSTEM, REWRITER_SYSTEM, "Summarize:", "Expert q"):
-        assert foreign not in stored
-    assert await user_texts(engine, "trip") == [question, "Thanks!"]
-    assistant = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
-    assert "SUMMARY-REPLY" not in assistant and "EXPERT-REPLY" not in assistant
-    assert {c.tool_call_id for c in doc.session.tool_state.tool_calls} == {
-        "call_sum",
-        "call_exp",
-        "call_kb",
-    }
-    # ... and each nested call is in its child session (with middleware() only the agent's
-    # own calls are injected: the nested ones are recorded, their prompts not assembled)
-    sessions = set(await engine.store.list_sessions())
-    assert {"trip", "trip/call_sum", "trip/call_exp"} <= sessions
-    (rewrite,) = sessions - {"trip", "trip/call_sum", "trip/call_exp"}
-    assert rewrite.startswith("trip/call_kb/")  # under the tool, then the retriever run
-    nested = {
-        "trip/call_sum": ("Summarize: a long itinerary", "SUMMARY-REPLY"),
-        "trip/call_exp": ("Expert question: do I need a visa?", "EXPERT-REPLY"),
-        rewrite: ("visa rules", "REWRITTEN-QUERY"),
-    }
-    for session_id, (prompt, reply) in nested.items():
-        child = await engine.get_session(session_id)
-        replies_there = [m.content for m in child.session.messages if m.role is Role.ASSISTANT]
-        assert replies_there == [reply]
-        assert len(child.session.model_usage) == 1
-        expected = [prompt] if seam == "install" else []
-        assert await user_texts(engine, session_id) == expected
-
-
-async def test_a_nested_call_naming_its_own_session_goes_there(engine: ContextEngine) -> None:
-    helper = replies("noted")
-
-    @tool
-    def remember(fact: str) -> str:
-        """Remember a fact in the shared notes conversation."""
-        helper.invoke([("user", fact)], {"metadata": {"ce_session_id": "notes"}})
-        return "remembered"
-
-    outer = replies(call("remember", {"fact": "the sky is blue"}, "call_r"), "ok")
-    agent = create_agent(outer, tools=[remember], system_prompt=OUTER_SYSTEM)
-    ce.langchain.install(engine)
-    config = {"configurable": {"thread_id": "main"}}
-    await asyncio.to_thread(agent.invoke, {"messages": [("user", "remember this")]}, config)
-    assert await user_texts(engine, "notes") == ["the sky is blue"]
-    assert await user_texts(engine, "main") == ["remember this"]
-    assert texts(helper.seen[0]) == "the sky is blue"
-
-
-# -- 4. a reused tool-call id does not switch the engine off ----------------------------------
-
-
-async def test_a_reused_tool_call_id_keeps_the_session_working() -> None:
-    budget = BudgetConfig(max_input_tokens=2000, reserved_reply_tokens=200)
-    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=budget))
-    events: list[Event] = []
-    engine.events.on("Degraded", events.append)
-
-    @tool
-    def get_weather(city: str) -> str:
-        """The weather in a city."""
-        return f"sunny in {city}"
-
-    outer = replies(
-        call("get_weather", {"city": "Paris"}, "call_0"),
-        "Paris is sunny.",
-        call("get_weather", {"city": "Oslo"}, "call_0"),  # the same id again, next turn
-        "Oslo is sunny.",
-        "Noted.",
-    )
-    agent = create_agent(
-        outer, tools=[get_weather], system_prompt=OUTER_SYSTEM, checkpointer=InMemorySaver()
-    )
-    plugin = ce.langchain.install(engine)
-    before = failures(plugin)  # the counter lives as long as the plugin object
-    config = {"configurable": {"thread_id": "reuse"}}
-    try:
-        for text in ("Weather in Paris?", "Weather in Oslo?", "Mail me at jo@example.com"):
-            await agent.ainvoke({"messages": [("user", text)]}, config)
-        assert failures(plugin) == before
-        reasons = [e.payload.get("reason") for e in events]
-        assert "integration_failed" not in reasons and "redaction_failed" not in reasons
-        assert len(outer.seen) == 5
-        last = outer.seen[-1]
-        assert "jo@example.com" not in texts(last) and "[REDACTED:email]" in texts(last)
-        assert str(last[0].content).startswith(OUTER_SYSTEM)
-        turns = await engine.list_turns("reuse")
-        assert len(turns) == 5  # every call assembled by the engine
-        limit = budget.max_input_tokens - budget.reserved_reply_tokens
-        assert all(t.report is not None and t.report.token_used <= limit for t in turns)
-    finally:
-        await engine.close()
-
-
-# -- 5. fail-open is redacted -----------------------------------------------------------------
-
-
-class BrokenStore(MemoryStore):
-    """A store whose reads fail."""
-
-    async def get_session(self, session_id: str) -> Any:
-        raise OSError("the store is down")
-
-    async def read_since(self, *args: Any, **kwargs: Any) -> Any:
-        raise OSError("the store is down")
-
-    async def get_version(self, session_id: str) -> int:
-        raise OSError("the store is down")
-
-
-@pytest.mark.parametrize("path", ["sync", "async", "middleware"])
-async def test_fail_open_is_redacted(path: str) -> None:
-    engine = ContextEngine(BrokenStore(), config=RuntimeConfig(model_hint="gpt-4o"))
-    before = failures(ce.langchain.LangChainPlugin())["integration_failed"]
-    model = replies("ok")
-    question = [("system", "Be brief."), ("user", "Mail me at jo@example.com please")]
-    try:
-        if path == "middleware":
-            agent = create_agent(model, tools=[], middleware=[ce.langchain.middleware(engine)])
-            await agent.ainvoke({"messages": question[1:]})
-        else:
-            ce.langchain.install(engine)
-            if path == "sync":
-                await asyncio.to_thread(model.invoke, question)
-            else:
-                await model.ainvoke(question)
-        (seen,) = model.seen
-        assert "jo@example.com" not in texts(seen)
-        assert "Mail me at [REDACTED:email] please" in texts(seen)
-        assert failures(ce.langchain.LangChainPlugin())["integration_failed"] > before
-    finally:
-        await engine.close()
-
-
-async def test_a_conversion_failure_is_redacted_too(
-    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from ce.langchain import _inject
-
-    def broken(messages: Any) -> Any:
-        raise ValueError("cannot convert")
-
-    monkeypatch.setattr(_inject, "to_openai", broken)
-    plugin = ce.langchain.install(engine)
-    before = failures(plugin)["integration_failed"]
-    model = replies("ok", "ok")
-    await asyncio.to_thread(model.invoke, [("user", "Mail me at jo@example.com")])
-    await model.ainvoke([("user", "Mail me at jo@example.com")])
-    assert failures(plugin)["integration_failed"] == before + 2
-    assert [texts(seen) for seen in model.seen] == ["Mail me at [REDACTED:email]"] * 2
-
-
-# -- 6. concurrent users in one process -------------------------------------------------------
-
-USERS = 20
-
-
-def canary(user: int) -> str:
-    return f"CANARY{user:02d}X"
-
-
-def owners(seen: Sequence[BaseMessage]) -> set[int]:
-    text = texts(seen)
-    return {user for user in range(USERS) if canary(user) in text}
-
-
-def check_isolated(model: Scripted, turns: int) -> None:
-    assert len(model.seen) == USERS * turns
-    counts = [0] * USERS
-    for seen in model.seen:
-        found = owners(seen)
-        assert len(found) == 1, found  # its own canary only
-        counts[found.pop()] += 1
-    assert counts == [turns] * USERS
-
-
-def concurrent_agent(checkpointer: bool = True) -> tuple[Any, Scripted]:
-    model = Scripted(script=lambda messages: f"noted ({len(messages)})")
-    agent = create_agent(
-        model,
-        tools=[],
-        system_prompt=OUTER_SYSTEM,
-        checkpointer=InMemorySaver() if checkpointer else None,
-    )
-    return agent, model
-
-
-async def test_concurrent_users_async(engine: ContextEngine) -> None:
-    agent, model = concurrent_agent()
-    chain_model = Scripted(script=lambda messages: "noted")
-    chain = history_chain(chain_model, {})
-    ce.langchain.install(engine)
-
-    async def user(n: int, question: str) -> None:
-        await agent.ainvoke(
-            {"messages": [("user", question)]}, {"configurable": {"thread_id": f"user-{n}"}}
-        )
-        await chain.ainvoke({"question": question}, {"configurable": {"session_id": f"u{n}"}})
-
-    await asyncio.gather(*(user(n, f"My word is {canary(n)}.") for n in range(USERS)))
-    await asyncio.gather(*(user(n, f"User {n}: what is my word?") for n in range(USERS)))
-    # the second question carries no canary: only the user's own history can put one there
-    check_isolated(model, 2)
-    check_isolated(chain_model, 2)
-
-
-async def test_concurrent_users_threads(engine: ContextEngine) -> None:
-    agent, model = concurrent_agent()
-    chain_model = Scripted(script=lambda messages: "noted")
-    chain = history_chain(chain_model, {})
-    ce.langchain.install(engine)
-
-    def user(n: int, question: str) -> None:
-        agent.invoke(
-            {"messages": [("user", question)]}, {"configurable": {"thread_id": f"user-{n}"}}
-        )
-        chain.invoke({"question": question}, {"configurable": {"session_id": f"u{n}"}})
-
-    def run_all(question: str) -> None:
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            list(pool.map(lambda n: user(n, question.format(n=n, c=canary(n))), range(USERS)))
-
-    await asyncio.to_thread(run_all, "My word is {c}.")
-    await asyncio.to_thread(run_all, "User {n}: what is my word?")
-    check_isolated(model, 2)
-    check_isolated(chain_model, 2)
-    stored = set(await engine.store.list_sessions())
-    assert stored == {f"user-{n}" for n in range(USERS)} | {f"u{n}" for n in range(USERS)}
-
-
-async def test_concurrent_runs_without_identity_stay_apart(engine: ContextEngine) -> None:
-    agent, model = concurrent_agent(checkpointer=False)
-    ce.langchain.install(engine)
-    await asyncio.gather(
-        *(agent.ainvoke({"messages": [("user", f"My word is {canary(n)}.")]}) for n in range(USERS))
-    )
-    check_isolated(model, 1)
-    sessions = await engine.store.list_sessions()
-    assert len(sessions) == USERS and all(s.startswith("run:") for s in sessions)
-
-
 # -- the explicit seams and streaming follow the same rule ------------------------------------
-
-
-class StreamingScripted(Scripted):
-    """A :class:`Scripted` model that also streams (one chunk per reply)."""
-
-    def _stream(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Iterator[Any]:
-        from langchain_core.messages import AIMessageChunk
-        from langchain_core.outputs import ChatGenerationChunk
-
-        message = self._generate(messages).generations[0].message
-        yield ChatGenerationChunk(message=AIMessageChunk(content=message.content))
 
 
 @pytest.mark.parametrize("path", ["invoke", "ainvoke", "stream", "astream"])
