@@ -270,7 +270,8 @@ async def test_condense_plus_context_condense_call_stays_out_of_the_chat(
     serves it through its own ``chat`` (Anthropic-style) opens a chat span inside the
     completion span, which is a nested scope; llama-index-llms-openai's ``OpenAI`` serves it
     without a chat span (the plugin does not see it). Either way the chat session holds the
-    conversation only, and the answer call carries it."""
+    conversation only, and the answer call carries it, streamed too (sync and async: the
+    stream is read after the chat engine's span closed)."""
     llm: Any
     if provider == "openai":
         server = server_box["server"] = ScriptedOpenAIServer(_cpc_response).start()
@@ -286,10 +287,19 @@ async def test_condense_plus_context_condense_call_stays_out_of_the_chat(
     )
     ce.llamaindex.install(engine)
 
-    def converse() -> list[str]:
-        return [str(chat.chat("What about Paris?")), str(chat.chat("And for erin@example.com?"))]
+    def converse() -> list[str]:  # the second answer streamed
+        first = str(chat.chat("What about Paris?"))
+        return [first, "".join(chat.stream_chat("And for erin@example.com?").response_gen)]
 
-    assert await asyncio.to_thread(converse) == ["answer 1", "answer 2"]
+    async def aconverse() -> list[str]:
+        first = str(await chat.achat("What about Paris?"))
+        streamed = await chat.astream_chat("And for erin@example.com?")
+        return [first, "".join([t async for t in streamed.async_response_gen()])]
+
+    if provider == "openai":
+        assert await aconverse() == ["answer 1", "answer 2"]
+    else:
+        assert await asyncio.to_thread(converse) == ["answer 1", "answer 2"]
     assert await _contents(engine, "alice", Role.USER) == [
         "What about Paris?",
         f"And for {REDACTED}?",
@@ -408,6 +418,24 @@ async def test_calls_without_any_identity_are_scoped_to_their_own_run(
     assert sum(s.startswith("run:FunctionAgent.run-") for s in sessions) == 2
     for session_id in sessions:  # every call recorded, in its own run's session
         assert len(await engine.list_turns(session_id)) in (1, 2)
+
+
+async def test_runs_started_together_without_identity_stay_apart(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    """Two agent runs started before either is awaited (at llama-index-workflows 2.0 the
+    second run's span is opened as a child of the first, still running)."""
+    server = server_box["server"] = ScriptedOpenAIServer(_echo).start()
+    llm = _openai(server)
+    ce.llamaindex.install(engine)
+    first = FunctionAgent(tools=[], llm=llm, system_prompt="SYS").run(user_msg="ONEWORD")
+    second = FunctionAgent(tools=[], llm=llm, system_prompt="SYS").run(user_msg="TWOWORD")
+    await first
+    await second
+    for request in server.requests:
+        assert len(_canaries(request, ["ONEWORD", "TWOWORD"])) == 1
+    sessions = await _sessions(engine)
+    assert len(sessions) == 2 and all(s.startswith("run:") for s in sessions)
 
 
 # -- framework ids the engine would reject; a broken store ----------------------------------

@@ -133,7 +133,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         if not tracker.plugin.installed:
             return None
         plugin = tracker.plugin
-        parent = tracker.span(parent_span_id)
+        parent = tracker.parent(parent_span_id)
         arguments = bound_args.arguments
         method = method_of(id_)
         step = _tool_step(arguments) if method == "call_tool" else None
@@ -208,8 +208,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
 
     def _close(self, id_: str, result: Any, err: BaseException | None) -> None:
         tracker = self.tracker
-        with tracker.lock:
-            info = tracker.spans.pop(id_, None)
+        info = tracker.pop(id_)
         if info is None:
             return
         if info.tool is not None:

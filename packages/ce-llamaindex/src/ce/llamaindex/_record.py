@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from ce.llamaindex._scopes import SpanInfo
 
 __all__ = ["LlmCall", "Tracker", "call_args", "hits_from_nodes", "tokens_of"]
+
+CLOSED_KEPT = 4096
+"""How many closed chat-engine streaming spans the tracker keeps for their streams' spans."""
 
 _URI_KEYS = ("source", "uri", "url", "file_path", "file_name")
 _METADATA_VALUE_MAX = 512
@@ -121,6 +125,7 @@ class Tracker:
     def __init__(self, plugin: Plugin) -> None:
         self.plugin = plugin
         self.spans: dict[str, SpanInfo] = {}
+        self.closed: OrderedDict[str, SpanInfo] = OrderedDict()
         self.calls: dict[str, LlmCall] = {}
         self._asked: dict[str, list[tuple[str, str, Any]]] = {}
         self.lock = threading.Lock()
@@ -128,10 +133,33 @@ class Tracker:
     # -- bookkeeping ------------------------------------------------------------------------
 
     def span(self, span_id: str | None) -> SpanInfo | None:
+        """The open span ``span_id``."""
         if span_id is None:
             return None
         with self.lock:
             return self.spans.get(span_id)
+
+    def parent(self, span_id: str | None) -> SpanInfo | None:
+        """The span ``span_id`` for a child opening: open, or a chat engine's streaming span
+        closed recently (the stream it returned is read after its span closed; the spans of
+        that read open then, with that span as their parent). Other closed spans are not
+        parents: LlamaIndex versions that leave a finished run's span active in the caller's
+        context would otherwise make later calls its children."""
+        if span_id is None:
+            return None
+        with self.lock:
+            return self.spans.get(span_id) or self.closed.get(span_id)
+
+    def pop(self, span_id: str) -> SpanInfo | None:
+        """Close the span ``span_id``; a chat engine's streaming span is kept among the last
+        :data:`CLOSED_KEPT` for the spans of its stream."""
+        with self.lock:
+            info = self.spans.pop(span_id, None)
+            if info is not None and info.streams:
+                self.closed[span_id] = info
+                while len(self.closed) > CLOSED_KEPT:
+                    self.closed.popitem(last=False)
+            return info
 
     def write(
         self, session_id: str, what: str, work: Callable[[Recorder], Coroutine[Any, Any, Any]]
@@ -166,6 +194,7 @@ class Tracker:
             calls = list({id(c): c for c in self.calls.values()}.values())
             self.calls.clear()
             self.spans.clear()
+            self.closed.clear()
             self._asked.clear()
         for call in calls:
             self.restore(call)

@@ -26,15 +26,16 @@ A span's scope is its parent span's, except where something changes it:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.llms.base import BaseLLM
-from llama_index.core.chat_engine.types import BaseChatEngine
+from llama_index.core.chat_engine.types import BaseChatEngine, StreamingAgentChatResponse
 from llama_index.core.memory.types import BaseMemory
 from llama_index.core.response_synthesizers.base import BaseSynthesizer
 from llama_index.core.tools.types import BaseTool
+from llama_index.core.workflow import Workflow
 
 from ce.core.engine import current_session_id
 from ce.core.integration import Scope, resolve_scope
@@ -74,6 +75,9 @@ _PROMPT_METHODS = frozenset(
         "astream_structured_predict",
     }
 )
+_STREAM_METHODS = frozenset({"stream", "astream"})
+_STREAM_CHAT_METHODS = frozenset({"stream_chat", "astream_chat"})
+_WRITE_METHODS = frozenset({"write_response_to_history", "awrite_response_to_history"})
 _TOOL_METHODS = frozenset({"call", "acall"})
 _QUERY_METHODS = frozenset({"query", "aquery"})
 _SYNTHESIZE_METHODS = frozenset({"synthesize", "asynthesize"})
@@ -101,7 +105,8 @@ class SpanInfo:
     in_chat_engine: bool = False
     answer: bool = False
     prompt_call: bool = False
-    started: float = field(default=0.0)
+    streams: bool = False
+    workflow_run: bool = False
 
     @property
     def session_id(self) -> str:
@@ -175,10 +180,17 @@ def _component(
         if parent.prompt_call or parent.call is not None:
             return None  # part of the LLM call already open
         if method in _PROMPT_METHODS:
-            return None if parent.answer else id_
+            return None if parent.answer or _streamed_answer(method, parent) else id_
         if method in CHAT_METHODS and parent.in_query:
             return id_  # a chat call a query engine makes itself
     return None
+
+
+def _streamed_answer(method: str, parent: SpanInfo) -> bool:
+    """A chat engine streams its answer only (a condense step never streams): a streaming
+    prompt call made right in a chat engine (a stream its response reads after the
+    synthesizer returned) is the answer."""
+    return method in _STREAM_METHODS and parent.in_chat_engine and not parent.in_query
 
 
 def span_scope(
@@ -192,11 +204,17 @@ def span_scope(
 ) -> SpanInfo:
     """The :class:`SpanInfo` of a span opening: its scope by the module's rule (tool runs
     are nested by the span handler, which knows their call ids)."""
+    method = method_of(id_)
+    workflow_run = isinstance(instance, Workflow) and method == "run"
+    if parent is not None and parent.workflow_run and workflow_run:
+        # a workflow run is started by the app or by a step or tool of another run, never by
+        # the run span itself: this parent is the active span an earlier run left behind in
+        # the caller's context (llama-index-workflows 2.0 does not reset it; later releases do)
+        parent = None
     memories = _memories(arguments, instance)
     named = explicit_session(tags) or _given_memory_session(memories)
     in_engine = current_session_id()
     own = next((s for s in map(memory_session, memories) if s), None)
-    method = method_of(id_)
     if parent is None:
         scope = resolve_scope(plugin, run_id=id_, explicit=named, framework=own)
         info = SpanInfo(parent=parent_id, root=id_, scope=scope)
@@ -248,10 +266,16 @@ def _mark(info: SpanInfo, method: str, instance: Any) -> None:
         info.prompt_call = True
     elif isinstance(instance, BaseChatEngine) and method in CHAT_METHODS:
         info.in_chat_engine, info.answer = True, False
+        info.streams = method in _STREAM_CHAT_METHODS
+    elif isinstance(instance, Workflow) and method == "run":
+        info.workflow_run = True
     elif isinstance(instance, BaseQueryEngine) and method in _QUERY_METHODS:
         info.in_query, info.answer = True, False
-    elif isinstance(instance, BaseSynthesizer) and method in _SYNTHESIZE_METHODS:
-        # a chat engine's own synthesizer (not a query engine's) writes its answer
+    elif (isinstance(instance, BaseSynthesizer) and method in _SYNTHESIZE_METHODS) or (
+        isinstance(instance, StreamingAgentChatResponse) and method in _WRITE_METHODS
+    ):
+        # a chat engine's own synthesizer (not a query engine's) makes its answer; a streamed
+        # answer is read when the response is written to the memory
         info.answer = info.in_chat_engine and not info.in_query and not info.prompt_call
 
 
