@@ -42,12 +42,18 @@ def nested_app(
     middleware: Sequence[Any] = (),
 ) -> tuple[Any, Scripted, Scripted, Scripted, Scripted]:
     helper = replies("SUMMARY-REPLY")
-    expert = replies("EXPERT-REPLY")
+    expert = replies(call("lookup_visa", {"country": "Japan"}, "call_inner"), "EXPERT-REPLY")
     rewriter = replies("REWRITTEN-QUERY")
     summarize_prompt = ChatPromptTemplate.from_messages(
         [("system", HELPER_SYSTEM), ("human", "Summarize: {text}")]
     )
-    expert_agent = create_agent(expert, tools=[], system_prompt=EXPERT_SYSTEM)
+
+    @tool
+    def lookup_visa(country: str) -> str:
+        """The visa rules of a country (the sub-agent's own tool)."""
+        return f"no visa needed for {country}"
+
+    expert_agent = create_agent(expert, tools=[lookup_visa], system_prompt=EXPERT_SYSTEM)
 
     @tool
     def summarize(text: str) -> str:
@@ -112,10 +118,15 @@ async def test_nested_calls_get_a_child_scope(engine: ContextEngine, seam: str) 
         (expert, EXPERT_SYSTEM, "Expert question: do I need a visa?"),
         (rewriter, REWRITER_SYSTEM, "visa rules"),
     ):
-        (seen,) = model.seen
+        seen = model.seen[0]
         assert [m.type for m in seen] == ["system", "human"]
         assert str(seen[0].content).startswith(system) and seen[1].content == prompt
         assert "SAKURA" not in texts(seen) and OUTER_SYSTEM not in texts(seen)
+    # the sub-agent's own tool loop: its second call ends with its own tool's result
+    assert len(expert.seen) == 2 and expert.seen[1][-1].type == "tool"
+    assert expert.seen[1][-1].content == "no visa needed for Japan"
+    assert str(expert.seen[1][0].content).startswith(EXPERT_SYSTEM)
+    assert "SAKURA" not in texts(expert.seen[1])
     # the outer agent keeps its instruction and each next call ends with the tool result
     assert len(outer.seen) == 5
     for seen in outer.seen:
@@ -158,11 +169,14 @@ async def test_nested_calls_get_a_child_scope(engine: ContextEngine, seam: str) 
     }
     for session_id, (prompt, reply) in nested.items():
         child = await engine.get_session(session_id)
-        replies_there = [m.content for m in child.session.messages if m.role is Role.ASSISTANT]
-        assert replies_there == [reply]
-        assert len(child.session.model_usage) == 1
+        said = [m.content for m in child.session.messages if m.role is Role.ASSISTANT]
+        assert [text for text in said if text] == [reply]
+        calls = 2 if session_id == "trip/call_exp" else 1
+        assert len(child.session.model_usage) == calls
         expected = [prompt] if seam == "install" else []
         assert await user_texts(engine, session_id) == expected
+    expert_session = await engine.get_session("trip/call_exp")
+    assert [c.tool_call_id for c in expert_session.session.tool_state.tool_calls] == ["call_inner"]
 
 
 async def test_a_nested_call_naming_its_own_session_goes_there(engine: ContextEngine) -> None:

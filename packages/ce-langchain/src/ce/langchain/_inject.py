@@ -307,7 +307,7 @@ def make_convert_input(
                 plugin, config, tags, metadata, run_id if isinstance(run_id, UUID) else None
             )
             sent = inject_sync(plugin, scope.session_id, messages, tools)
-            if not isinstance(run_id, UUID):
+            if not isinstance(run_id, UUID) and sent:
                 # no run id to find the scope by: the handler finds it by these very messages
                 plugin.tracker.remember(messages_key(sent), scope, tuple(sent))
             _handed_out.set(tuple(sent))

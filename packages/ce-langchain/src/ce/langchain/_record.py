@@ -149,9 +149,8 @@ class RecordingHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         first = messages[0] if messages else []
-        scope = self.tracker.start(
-            run_id, parent_run_id, "model", metadata, tags, pending_key=messages_key(first)
-        )
+        key = messages_key(first) if first else None
+        scope = self.tracker.start(run_id, parent_run_id, "model", metadata, tags, pending_key=key)
         if not self.plugin.installed or should_skip(tags, metadata):
             return
         metadata = metadata or {}
