@@ -2,7 +2,12 @@
 assembled input on every chat call, as a new list (the caller's list is never touched).
 
 The wrapper's chat methods are not decorated with LlamaIndex's ``llm_chat_callback``: the
-wrapped LLM emits the chat events, once, with the messages it really received.
+wrapped LLM emits the chat events, once, with the messages it really received. Completions
+(``complete`` and its async / streaming twins, which a provider may serve without a chat call:
+``CondensePlusContextChatEngine``'s condense step on llama-index-llms-openai) go through the
+engine too: the prompt is one user message of the call's scope (a completion is a prompt call,
+so its own child scope), and the wrapped LLM receives that message's text as the engine
+assembled it (redacted).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from llama_index.core.base.llms.types import (
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
+    MessageRole,
 )
 from llama_index.core.instrumentation.span import active_span_id
 from llama_index.core.llms import LLM
@@ -26,6 +32,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools.types import BaseTool
 
+from ce.core.integration import is_suppressed
 from ce.llamaindex._inject import inject_async, inject_sync
 from ce.llamaindex._plugin import LlamaIndexPlugin
 
@@ -94,25 +101,55 @@ class ContextEngineLLM(FunctionCallingLLM):
     ) -> ChatResponseAsyncGen:
         return await self.inner.astream_chat(await self._sent_async(messages, kwargs), **kwargs)
 
-    # -- delegation -------------------------------------------------------------------------
+    # -- completions: the prompt as one user message of the call's scope --------------------
+
+    def _prompt_target(self) -> tuple[LlamaIndexPlugin, str] | None:
+        plugin = LlamaIndexPlugin()
+        tracker = plugin.tracker
+        if not plugin.installed or tracker is None or is_suppressed():
+            return None
+        info = tracker.span(active_span_id.get())
+        return None if info is None else (plugin, info.session_id)
+
+    @staticmethod
+    def _prompt_of(prompt: str, sent: list[ChatMessage] | None) -> str:
+        users = [m for m in sent or () if m.role is MessageRole.USER]
+        return prompt if not users else str(users[-1].content or "")
+
+    def _prompt_sync(self, prompt: str) -> str:
+        target = self._prompt_target()
+        if target is None:
+            return prompt
+        sent = inject_sync(*target, [ChatMessage(role=MessageRole.USER, content=prompt)])
+        return self._prompt_of(prompt, sent)
+
+    async def _prompt_async(self, prompt: str) -> str:
+        target = self._prompt_target()
+        if target is None:
+            return prompt
+        sent = await inject_async(*target, [ChatMessage(role=MessageRole.USER, content=prompt)])
+        return self._prompt_of(prompt, sent)
 
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return self.inner.complete(prompt, formatted, **kwargs)
+        return self.inner.complete(self._prompt_sync(prompt), formatted, **kwargs)
 
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
-        return await self.inner.acomplete(prompt, formatted, **kwargs)
+        return await self.inner.acomplete(await self._prompt_async(prompt), formatted, **kwargs)
 
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
-        return self.inner.stream_complete(prompt, formatted, **kwargs)
+        return self.inner.stream_complete(self._prompt_sync(prompt), formatted, **kwargs)
 
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        return await self.inner.astream_complete(prompt, formatted, **kwargs)
+        sent = await self._prompt_async(prompt)
+        return await self.inner.astream_complete(sent, formatted, **kwargs)
+
+    # -- delegation -------------------------------------------------------------------------
 
     def _prepare_chat_with_tools(
         self,
