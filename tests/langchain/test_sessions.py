@@ -275,3 +275,22 @@ async def test_a_session_tag_and_engine_session_name_the_session(engine: Context
     assert await user_texts(engine, "tagged") == ["tagged"]
     assert await user_texts(engine, "named") == ["in engine.session"]
     assert await user_texts(engine, "fallback") == ["nothing named"]
+
+
+async def test_uninstall_restores_the_session_hooks(engine: ContextEngine) -> None:
+    from langchain_core.tools import BaseTool
+
+    originals = (
+        RunnableWithMessageHistory.__dict__["_merge_configs"],
+        BaseTool.__dict__["run"],
+        BaseTool.__dict__["arun"],
+    )
+    plugin = ce.langchain.install(engine)
+    assert RunnableWithMessageHistory.__dict__["_merge_configs"] is not originals[0]
+    assert BaseTool.__dict__["run"] is not originals[1]
+    plugin.uninstall()
+    assert (
+        RunnableWithMessageHistory.__dict__["_merge_configs"],
+        BaseTool.__dict__["run"],
+        BaseTool.__dict__["arun"],
+    ) == originals
