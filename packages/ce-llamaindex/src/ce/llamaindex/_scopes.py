@@ -17,10 +17,15 @@ A span's scope is its parent span's, except where something changes it:
   of an LLM (``predict`` / ``complete`` / ``structured_predict`` families: a condense step, a
   response synthesizer's call, an LLM-backed helper; id: the span id) except the answer a chat
   engine's response synthesizer makes (``CondensePlusContextChatEngine``,
-  ``ContextChatEngine``: that call carries the conversation); a chat call made directly inside
-  a query engine (id: its span id). Each gets ``<enclosing session>/<id>``, unless the spans
-  inside it name a session of their own (an ``instrument_tags`` ``ce_session_id`` or an
-  ``engine.session`` that no enclosing scope has).
+  ``ContextChatEngine``, streamed or not: that call carries the conversation); a chat call
+  made directly inside a query engine (id: its span id). Each gets
+  ``<enclosing session>/<id>``, unless the spans inside it name a session of their own (an
+  ``instrument_tags`` ``ce_session_id`` or an ``engine.session`` that no enclosing scope has).
+
+A closed span is no parent (LlamaIndex versions that leave a finished workflow run's span
+active in the caller's context would make later calls its children), except a chat engine's
+streaming span, whose stream is read after it closed; and a workflow run opened right under
+another workflow run's span is a top-level run (that parent is such a left-behind span).
 """
 
 from __future__ import annotations
@@ -149,7 +154,13 @@ def explicit_session(tags: Mapping[str, Any] | None) -> str | None:
 
 
 def _memories(arguments: Mapping[str, Any], instance: Any) -> list[Any]:
-    candidates = [arguments.get("memory"), getattr(instance, "_memory", None)]
+    """The memories a span's call uses: its ``memory`` argument, its instance's (a chat
+    engine's ``_memory``), a workflow start event's ``memory``."""
+    try:
+        own = getattr(instance, "_memory", None)
+    except Exception:  # an object whose attribute access fails for its own reasons
+        own = None
+    candidates = [arguments.get("memory"), own]
     for name in ("start_event", "ev"):
         event = arguments.get(name)
         getter = getattr(event, "get", None)
