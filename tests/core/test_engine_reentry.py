@@ -4,6 +4,7 @@ thread that serves the engine's blocking calls raises a clear error instead of h
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -79,17 +80,83 @@ def test_the_summarizers_model_calls_run_suppressed_and_never_deadlock() -> None
         engine.sync.close()
 
 
-def test_a_blocking_call_from_the_engines_own_thread_raises_instead_of_hanging() -> None:
+def test_blocking_calls_nest_inline_without_a_thread_of_their_own() -> None:
     engine = ContextEngine(MemoryStore(), config=RuntimeConfig(model_hint="gpt-4o"))
 
-    async def reenter() -> Any:
-        return engine.sync.prepare_turn("s", "hi")
+    async def nested() -> Any:
+        return engine.sync.prepare_turn("other", "hi")
 
-    try:
-        with pytest.raises(RuntimeError, match="would wait on itself"):
-            _finishes(lambda: engine.sync.run(reenter()))
-        # the engine still serves blocking calls afterwards
-        result = _finishes(lambda: engine.sync.prepare_turn("s", "hello"))
-        assert result.assembled_input.parts[-1].content == "hello"
-    finally:
-        engine.sync.close()
+    result = _finishes(lambda: engine.sync.run(nested()))
+    assert result.assembled_input.parts[-1].content == "hi"
+    assert not [t for t in threading.enumerate() if t.name.startswith("ce-engine")]
+
+
+class SameSessionAdapter:
+    """A summarizer that calls back into the engine for the very session being summarized
+    (blocking, or awaited): that can never get the session's lock."""
+
+    def __init__(self, blocking: bool) -> None:
+        self.engine: ContextEngine | None = None
+        self.blocking = blocking
+
+    async def generate(self, request: LlmRequest) -> LlmResponse:
+        assert self.engine is not None
+        if self.blocking:
+            self.engine.sync.get_report("s")  # reads take no lock: fine
+            self.engine.sync.update_notebook("s", "from the summarizer")
+        else:
+            await self.engine.update_notebook("s", "from the summarizer")
+        return LlmResponse(content="never", model="mini", provider="scripted")
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_calling_back_into_the_held_session_raises_instead_of_hanging(blocking: bool) -> None:
+    adapter = SameSessionAdapter(blocking)
+    config = RuntimeConfig(
+        model_hint="gpt-4o",
+        summary={"trigger_message_count": 4, "preserve_recent_messages": 2},  # type: ignore[arg-type]
+    )
+    engine = ContextEngine(MemoryStore(), config=config, llm_adapter=adapter)
+    adapter.engine = engine
+
+    def chat() -> None:
+        for i in range(5):
+            engine.sync.prepare_turn("s", f"question {i}")
+            reply = Message(role=Role.ASSISTANT, content=f"answer {i}", invocation=INV)
+            engine.sync.commit_assistant_message("s", reply)
+
+    async def chat_async() -> None:
+        for i in range(5):
+            await engine.prepare_turn("s", f"question {i}")
+            reply = Message(role=Role.ASSISTANT, content=f"answer {i}", invocation=INV)
+            await engine.commit_assistant_message("s", reply)
+
+    failures: list[str] = []
+    engine.events.on(
+        "Degraded",
+        lambda e: (
+            failures.append(e.payload["detail"])
+            if e.payload["reason"] == "summarize_failed"
+            else None
+        ),
+    )
+    _finishes(chat if blocking else lambda: asyncio.run(chat_async()))
+    # the summary failed (the turn went on without it) instead of the call hanging
+    assert failures and all("would wait on itself" in f for f in failures)
+    assert engine.sync.get_session("s").session.summary is None
+    assert engine.sync.prepare_turn("s", "later").assembled_input.parts[-1].content == "later"
+
+
+def test_a_blocking_call_on_the_loop_whose_task_holds_the_session_raises() -> None:
+    engine = ContextEngine(MemoryStore(), config=RuntimeConfig(model_hint="gpt-4o"))
+    seen: list[BaseException] = []
+
+    def on_persisted(event: Any) -> None:  # runs on the loop, inside the holder's call
+        try:
+            engine.sync.update_notebook("s", "from a handler")
+        except RuntimeError as exc:
+            seen.append(exc)
+
+    engine.events.on("Persisted", on_persisted)
+    _finishes(lambda: asyncio.run(engine.prepare_turn("s", "hi")))
+    assert seen and "would wait on itself" in str(seen[0])

@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ce.core._drive import settle
+
 __all__ = [
     "EVENT_TYPES",
     "Event",
@@ -106,6 +108,6 @@ class InMemoryEventBus:
             try:
                 result = handler(event)
                 if inspect.isawaitable(result):
-                    await result
+                    await settle(result)
             except Exception:
                 logger.exception("event handler %r failed on %s", handler, event.event_type)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from ce.core._drive import inline, settle
 from ce.core.config import RedactionConfig, RuntimeConfig
 from ce.core.engine._session import SessionEntry, SessionLocks
 from ce.core.engine._turn import Selection, select_and_assemble
@@ -191,7 +193,7 @@ class ContextEngine(HistoryWriter):
         bus = self.events
         if isinstance(bus, InMemoryEventBus) and not bus.has_handlers():
             return
-        await bus.emit(
+        emitted = bus.emit(
             Event(
                 event_type=event_type,
                 session_id=session_id,
@@ -202,6 +204,8 @@ class ContextEngine(HistoryWriter):
                 payload=payload,
             )
         )
+        # the in-memory bus settles async handlers itself; another bus may need a loop
+        await (emitted if isinstance(bus, InMemoryEventBus) else settle(emitted))
 
     async def _entry(self, session_id: str) -> SessionEntry:
         """The cached entry of the session, brought up to the stored version: a stale entry
@@ -259,7 +263,11 @@ class ContextEngine(HistoryWriter):
                 if retry > self.conflict_retries:
                     raise
                 if retry > 1:
-                    await asyncio.sleep(random.uniform(0, min(0.2, 0.0025 * 2**retry)))
+                    pause = random.uniform(0, min(0.2, 0.0025 * 2**retry))
+                    if inline():
+                        time.sleep(pause)
+                    else:
+                        await asyncio.sleep(pause)
             except BaseException:
                 # the cached state may hold writes that never reached the store
                 self._entries.pop(session_id, None)
@@ -516,8 +524,10 @@ class ContextEngine(HistoryWriter):
 
         try:
             with suppressed():
-                draft = await self._summarizer.summarize(
-                    messages, summary, cfg.summary, start=start, to_index=end
+                draft = await settle(
+                    self._summarizer.summarize(
+                        messages, summary, cfg.summary, start=start, to_index=end
+                    )
                 )
         except SummarizerError as exc:
             call.degradations.append(("summarize_failed", str(exc)))

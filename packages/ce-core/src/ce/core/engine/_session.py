@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from itertools import islice
 from typing import Any
 
+from ce.core._drive import blocked_threads, inline
 from ce.core.pipeline import SessionIndex
 from ce.core.schema import Evidence, Message, SessionDocument
 from ce.core.state import AgentState
@@ -155,15 +156,53 @@ class SessionEntry:
 
 
 class _Waiter:
-    """A call waiting for a session's lock: its loop and future, and whether the lock was
-    handed to it (set under the guard, before the future is resolved on its loop)."""
+    """A call waiting for a session's lock: its loop and future (a coroutine call) or its
+    event (a call driven inline, which blocks its thread), and whether the lock was handed
+    to it (set under the guard, before the waiter is woken)."""
 
-    __slots__ = ("future", "granted", "loop")
+    __slots__ = ("event", "future", "granted", "holder", "loop")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None, holder: _Holder) -> None:
         self.loop = loop
-        self.future: asyncio.Future[None] = loop.create_future()
+        self.holder = holder
+        self.future: asyncio.Future[None] | None = None if loop is None else loop.create_future()
+        self.event: threading.Event | None = threading.Event() if loop is None else None
         self.granted = False
+
+    def wake(self) -> None:
+        if self.loop is not None and self.future is not None:
+            self.loop.call_soon_threadsafe(_wake, self.future)
+        elif self.event is not None:
+            self.event.set()
+
+
+class _Holder:
+    """Who holds (or waits for) a session's lock: the thread of a call driven inline, or the
+    event loop and task of a coroutine call."""
+
+    __slots__ = ("loop", "task", "thread")
+
+    def __init__(
+        self,
+        thread: int | None,
+        loop: asyncio.AbstractEventLoop | None,
+        task: asyncio.Task[Any] | None,
+    ) -> None:
+        self.thread = thread
+        self.loop = loop
+        self.task = task
+
+    def blocks(
+        self, waiter: _Holder, blocking: bool, loop: asyncio.AbstractEventLoop | None
+    ) -> bool:
+        """Whether ``waiter`` waiting for this holder could never end: the holder is the
+        waiter's own task, or a thread the waiter's flow of work blocks, or (for a blocking
+        waiter) a task of the event loop the waiter's thread runs."""
+        if self.task is not None and self.task is waiter.task:
+            return True
+        if self.thread is not None and self.thread in blocked_threads(waiter.thread):
+            return True
+        return blocking and loop is not None and self.loop is loop
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -171,19 +210,31 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class SessionLocks:
     """One lock per session that works across threads and event loops: calls for one session
     are serialized (first come, first served), different sessions run concurrently.
 
-    Waiting takes no thread: a waiter awaits a future of its own loop, and the call that
-    releases the lock hands it to the next waiter directly (thread-safely, whatever loop that
-    waiter runs on). So any number of calls may wait for one session while the holder's store
-    calls still find a free worker thread. A session's entry exists only while a call holds
-    the lock or waits for it."""
+    Waiting takes no thread: a coroutine call awaits a future of its own loop, a call driven
+    inline (``engine.sync``) blocks its own thread, and the call that releases the lock hands
+    it to the next waiter directly (thread-safely, whatever loop or thread that waiter runs
+    on). So any number of calls may wait for one session while the holder's store calls still
+    find a free worker thread. A session's entry exists only while a call holds the lock or
+    waits for it. A wait that could never end raises :class:`RuntimeError` instead: a call
+    for a session its own flow of work already holds, or a blocking wait on a thread whose
+    event loop runs the holder."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._waiters: dict[str, deque[_Waiter]] = {}  # present while held; queue of waiters
+        # who holds each session: (thread of an inline holder, loop and task of a coroutine)
+        self._holders: dict[str, _Holder] = {}
 
     def __len__(self) -> int:
         """The number of sessions whose lock is held right now."""
@@ -191,13 +242,34 @@ class SessionLocks:
             return len(self._waiters)
 
     async def _acquire(self, session_id: str) -> None:
+        loop = _running_loop()
+        blocking = inline()
+        me = _Holder(
+            threading.get_ident() if blocking else None,
+            None if blocking else loop,
+            None if blocking or loop is None else asyncio.current_task(loop),
+        )
         with self._guard:
             queue = self._waiters.get(session_id)
             if queue is None:
                 self._waiters[session_id] = deque()
+                self._holders[session_id] = me
                 return
-            waiter = _Waiter(asyncio.get_running_loop())
+            holder = self._holders.get(session_id)
+            if holder is not None and holder.blocks(me, blocking, loop):
+                raise RuntimeError(
+                    f"a call for session {session_id!r} would wait for its own flow of work to "
+                    "release the session (code the engine runs for the session, such as its "
+                    "summarizer's model call, calling back into the engine for it; or a "
+                    "blocking call on the event loop whose task holds it): it would wait on "
+                    "itself forever"
+                )
+            waiter = _Waiter(None if blocking else loop, me)
             queue.append(waiter)
+        if waiter.event is not None:
+            waiter.event.wait()
+            return
+        assert waiter.future is not None
         try:
             await waiter.future
         except asyncio.CancelledError:
@@ -214,10 +286,12 @@ class SessionLocks:
             queue = self._waiters[session_id]
             if not queue:
                 del self._waiters[session_id]
+                self._holders.pop(session_id, None)
                 return
             waiter = queue.popleft()
             waiter.granted = True
-        waiter.loop.call_soon_threadsafe(_wake, waiter.future)
+            self._holders[session_id] = waiter.holder
+        waiter.wake()
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:

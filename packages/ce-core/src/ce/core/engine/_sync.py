@@ -1,98 +1,219 @@
-"""Blocking twins of the engine's coroutines, usable with or without a running event loop."""
+"""The blocking engine: ``engine.sync.<method>(...)`` runs the engine's work inline on the
+calling thread."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ce.core._drive import drive
+
 if TYPE_CHECKING:
+    from ce.core.config import RuntimeConfig
     from ce.core.engine._engine import ContextEngine
+    from ce.core.pipeline import IngestOptions
+    from ce.core.schema import (
+        ContextBlock,
+        Evidence,
+        EvidenceLinks,
+        EvidenceSource,
+        EvidenceType,
+        Message,
+        ModelInvocation,
+        ModelUsage,
+        PrepareResult,
+        PutResult,
+        Ref,
+        Report,
+        SessionDocument,
+        Task,
+        ToolCall,
+        TurnRecord,
+    )
+    from ce.core.state import ModelOutput
 
 __all__ = ["SyncEngine"]
 
 _T = TypeVar("_T")
 
-_METHODS = (
-    "prepare_turn",
-    "prepare_call",
-    "commit_assistant_message",
-    "commit_assistant_chunk",
-    "finalize_assistant_message",
-    "record_tool_call",
-    "record_model_usage",
-    "ingest_evidence",
-    "set_system_instruction",
-    "update_notebook",
-    "upsert_tasks",
-    "put_context_block",
-    "get_session",
-    "list_turns",
-    "get_report",
-    "replay_turn",
-)
-
 
 class SyncEngine:
-    """``engine.sync.<method>(...)`` runs ``engine.<method>(...)`` to completion and returns
-    its result. The coroutine runs on a private event loop in a daemon thread, so the call
-    works from plain threads and from code already inside a running loop alike (no
-    ``nest_asyncio``, no "loop already running"). It blocks the calling thread."""
+    """The blocking twin of every public method of a :class:`ContextEngine`
+    (``engine.sync.prepare_call(...)``), for synchronous code and synchronous framework hooks.
+
+    A call runs inline on the calling thread: the same work as the coroutine method, with the
+    store's I/O done directly (no event loop, no thread hand-off), so it works from plain
+    threads and from code inside a running event loop alike, which it blocks for the call's
+    duration. An async framework path should await the coroutine methods instead. Calls for
+    one session are serialized with the engine's coroutine calls; a blocking call that would
+    wait for a session lock held by its own thread (or by a task of the event loop it blocks)
+    raises :class:`RuntimeError` instead of hanging.
+    """
 
     def __init__(self, engine: ContextEngine) -> None:
         self._engine = engine
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=loop.run_forever, name="ce-engine-sync", daemon=True
-                )
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return self._loop
 
     def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Run any coroutine of the engine to completion from synchronous code.
-
-        Raises :class:`RuntimeError` when called from the thread that runs these coroutines
-        (code the engine itself runs, e.g. a summarizer's model, calling back into
-        ``engine.sync``): that call would wait on itself forever."""
-        loop = self._ensure_loop()
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError(
-                "engine.sync was called from the engine's own thread (code the engine runs, "
-                "such as its summarizer's model call, calling back into the engine), which "
-                "would wait on itself forever; await the engine's coroutine there, or run the "
-                "model call inside ce.core.integration.suppressed()"
-            )
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        """Run a coroutine of the engine (or one built only of engine coroutines, like an
+        integration's recorder work) to completion inline on this thread."""
+        return drive(coro)
 
     def close(self) -> None:
-        """Stop the private loop (the engine's ``close`` does this)."""
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            if thread is not threading.current_thread():
-                thread.join()
-            loop.close()
+        """Nothing to release (kept for symmetry with the engine's ``close``)."""
 
-    def __getattr__(self, name: str) -> Any:
-        if name not in _METHODS:
-            raise AttributeError(name)
-        method = getattr(self._engine, name)
+    # -- reads ------------------------------------------------------------------------------
 
-        def blocking(*args: Any, **kwargs: Any) -> Any:
-            return self.run(method(*args, **kwargs))
+    def get_session(self, session_id: str) -> SessionDocument:
+        return drive(self._engine.get_session(session_id))
 
-        blocking.__name__ = name
-        blocking.__doc__ = f"Blocking twin of :meth:`ContextEngine.{name}`."
-        return blocking
+    def list_turns(self, session_id: str, limit: int | None = None) -> list[TurnRecord]:
+        return drive(self._engine.list_turns(session_id, limit))
+
+    def get_report(self, session_id: str, turn_id: str | None = None) -> Report:
+        return drive(self._engine.get_report(session_id, turn_id))
+
+    def replay_turn(
+        self, session_id: str, turn_id: str, runtime_config: RuntimeConfig | None = None
+    ) -> PrepareResult:
+        return drive(self._engine.replay_turn(session_id, turn_id, runtime_config))
+
+    # -- host state -------------------------------------------------------------------------
+
+    def set_system_instruction(
+        self, session_id: str, text: str, runtime_config: RuntimeConfig | None = None
+    ) -> PutResult:
+        return drive(self._engine.set_system_instruction(session_id, text, runtime_config))
+
+    def update_notebook(
+        self, session_id: str, content: str, runtime_config: RuntimeConfig | None = None
+    ) -> PutResult:
+        return drive(self._engine.update_notebook(session_id, content, runtime_config))
+
+    def put_context_block(self, session_id: str, block: ContextBlock) -> PutResult:
+        return drive(self._engine.put_context_block(session_id, block))
+
+    def upsert_tasks(self, session_id: str, tasks: Sequence[Task]) -> PutResult:
+        return drive(self._engine.upsert_tasks(session_id, tasks))
+
+    # -- turns ------------------------------------------------------------------------------
+
+    def prepare_turn(
+        self,
+        session_id: str,
+        user_message: Message | str,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PrepareResult:
+        return drive(self._engine.prepare_turn(session_id, user_message, runtime_config))
+
+    def prepare_call(
+        self,
+        session_id: str,
+        pending_messages: Sequence[Message],
+        runtime_config: RuntimeConfig | None = None,
+        tool_schemas: list[dict[str, Any]] | None = None,
+    ) -> PrepareResult:
+        return drive(
+            self._engine.prepare_call(session_id, pending_messages, runtime_config, tool_schemas)
+        )
+
+    def commit_assistant_message(
+        self,
+        session_id: str,
+        assistant_message: Message | ModelOutput,
+        refs: list[Ref] | None = None,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        return drive(
+            self._engine.commit_assistant_message(
+                session_id, assistant_message, refs, runtime_config
+            )
+        )
+
+    def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
+        drive(self._engine.commit_assistant_chunk(session_id, chunk, chunk_index))
+
+    def finalize_assistant_message(
+        self,
+        session_id: str,
+        refs: list[Ref] | None = None,
+        *,
+        invocation: ModelInvocation | None = None,
+        message_id: str | None = None,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        return drive(
+            self._engine.finalize_assistant_message(
+                session_id,
+                refs,
+                invocation=invocation,
+                message_id=message_id,
+                runtime_config=runtime_config,
+            )
+        )
+
+    # -- tools, usage, evidence -------------------------------------------------------------
+
+    def record_tool_call(
+        self,
+        session_id: str,
+        tool_call: ToolCall,
+        result_evidence_ids: list[str] | None = None,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        return drive(
+            self._engine.record_tool_call(
+                session_id, tool_call, result_evidence_ids, runtime_config
+            )
+        )
+
+    def record_model_usage(
+        self,
+        session_id: str,
+        model_usage: ModelUsage,
+        llm_output_evidence_id: str | None = None,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        return drive(
+            self._engine.record_model_usage(
+                session_id, model_usage, llm_output_evidence_id, runtime_config
+            )
+        )
+
+    def record_model_call(
+        self,
+        session_id: str,
+        model_usage: ModelUsage,
+        *,
+        reply: Message | ModelOutput | None = None,
+        output: tuple[str, EvidenceSource] | None = None,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        return drive(
+            self._engine.record_model_call(
+                session_id, model_usage, reply=reply, output=output, runtime_config=runtime_config
+            )
+        )
+
+    def ingest_evidence(
+        self,
+        session_id: str,
+        content: str,
+        source: EvidenceSource,
+        evidence_type: EvidenceType,
+        links: EvidenceLinks | None = None,
+        metadata: dict[str, Any] | None = None,
+        options: IngestOptions | None = None,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> Evidence:
+        return drive(
+            self._engine.ingest_evidence(
+                session_id,
+                content,
+                source,
+                evidence_type,
+                links,
+                metadata,
+                options,
+                runtime_config,
+            )
+        )

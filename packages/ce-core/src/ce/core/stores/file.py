@@ -17,7 +17,6 @@ Every commit rewrites the whole document: the cost of an append grows with the s
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import json
@@ -31,6 +30,7 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, Field, ValidationError
 
+from ce.core._drive import run_blocking
 from ce.core.errors import ContextEngineError, StoreError
 from ce.core.primitives import Clock, IdGenerator
 from ce.core.schema import (
@@ -131,7 +131,7 @@ class FileStore(BaseStore):
     async def _run(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         if self._closed:
             raise StoreError(f"{self.directory}: store is closed")
-        return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+        return await run_blocking(functools.partial(fn, *args, **kwargs))
 
     def _path(self, session_id: str, suffix: str = ".json") -> Path:
         return self.directory / (encode_session_id(session_id) + suffix)

@@ -2,13 +2,13 @@
 any number of processes on any number of machines.
 
 Driver (extra ``ce-core[postgres]``: psycopg 3 and psycopg-pool): a thread-safe, synchronous
-``psycopg_pool.ConnectionPool`` driven through :func:`asyncio.to_thread`, the pattern
-:class:`~ce.core.stores.SQLiteStore` uses. The engine drives ONE store object from several
-event loops — the caller's and the private loop thread behind ``engine.sync`` — and asyncpg
-connections and async pools belong to the loop that created them, so a second loop would
-fail on them; a pool used from worker threads belongs to no loop. This module imports without
-the driver; :class:`PostgresStore` raises :class:`~ce.core.errors.StoreError` naming the extra
-when it is missing.
+``psycopg_pool.ConnectionPool``, the pattern :class:`~ce.core.stores.SQLiteStore` uses:
+awaited, a call's work runs in a worker thread; driven inline by ``engine.sync``, on the
+calling thread. The engine drives ONE store object from any number of event loops and
+threads, and asyncpg connections and async pools belong to the loop that created them, so a
+second loop would fail on them; a pool used from threads belongs to no loop. This module
+imports without the driver; :class:`PostgresStore` raises :class:`~ce.core.errors.StoreError`
+naming the extra when it is missing.
 
 DSN: a libpq URL (``postgresql://user:password@host:port/dbname?sslmode=require``, also
 ``postgres://``) or key/value string (``host=... dbname=...``). A URL may carry the extra
@@ -42,7 +42,6 @@ server reclaims the dead row versions at its next (auto)vacuum. Copies outside t
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import getpass
 import os
@@ -51,6 +50,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import unquote
 
+from ce.core._drive import run_blocking
 from ce.core.errors import StoreError
 from ce.core.primitives import Clock, IdGenerator
 from ce.core.schema import ContextBlock, Evidence, PutResult, SessionDocument, TurnRecord
@@ -253,7 +253,7 @@ class PostgresStore(BaseStore):
         *args: _P.args,
         **kwargs: _P.kwargs,
     ) -> _T:
-        return await asyncio.to_thread(functools.partial(self._call, fn, *args, **kwargs))
+        return await run_blocking(functools.partial(self._call, fn, *args, **kwargs))
 
     def _call(
         self,
@@ -342,4 +342,4 @@ class PostgresStore(BaseStore):
         """Close the pool's connections; later calls raise :class:`StoreError`."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            await asyncio.to_thread(pool.close)
+            await run_blocking(pool.close)

@@ -20,7 +20,6 @@ Opening an older file upgrades it to the current version (3).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import sqlite3
 import threading
@@ -32,6 +31,7 @@ from typing import Concatenate, Literal, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
+from ce.core._drive import run_blocking
 from ce.core.errors import StoreError
 from ce.core.primitives import Clock, IdGenerator
 from ce.core.schema import (
@@ -134,8 +134,9 @@ _MIGRATIONS: dict[int, list[str]] = {
 class SQLiteStore(BaseStore):
     """Sessions in one SQLite file (WAL mode), one row per record.
 
-    One connection, guarded by a lock and driven through :func:`asyncio.to_thread`, so a store
-    can be shared by threads and event loops; any number of stores (in any number of
+    One connection, guarded by a lock; awaited, its work runs in a worker thread, and driven
+    inline by ``engine.sync`` it runs on the calling thread, so a store can be shared by
+    threads and event loops; any number of stores (in any number of
     processes) may open the same file. Writes are ``BEGIN IMMEDIATE`` transactions that wait
     up to ``busy_timeout`` seconds for another writer. ``synchronous="NORMAL"`` (the default)
     keeps the file consistent on power loss but may lose the last commits; ``"FULL"`` makes
@@ -182,7 +183,7 @@ class SQLiteStore(BaseStore):
         *args: _P.args,
         **kwargs: _P.kwargs,
     ) -> _T:
-        return await asyncio.to_thread(functools.partial(self._locked, fn, *args, **kwargs))
+        return await run_blocking(functools.partial(self._locked, fn, *args, **kwargs))
 
     def _locked(
         self,
@@ -269,7 +270,7 @@ class SQLiteStore(BaseStore):
                     self._conn.close()
                     self._conn = None
 
-        await asyncio.to_thread(close)
+        await run_blocking(close)
 
 
 def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
