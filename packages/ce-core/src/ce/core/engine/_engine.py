@@ -1,39 +1,30 @@
-"""ContextEngine: the facade a host or a framework plugin talks to (seed 004 §6.7)."""
+"""ContextEngine: the facade a host or a framework plugin talks to."""
 
 from __future__ import annotations
 
-import asyncio
-import random
-import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from ce.core._drive import inline, settle
 from ce.core.config import RedactionConfig, RuntimeConfig
+from ce.core.engine._prepare import Preparer
 from ce.core.engine._session import SessionEntry, SessionLocks
-from ce.core.engine._turn import Selection, select_and_assemble
-from ce.core.engine._writes import HistoryWriter, WriteLog
+from ce.core.engine._turn import select_and_assemble
+from ce.core.engine._writes import WriteLog
 from ce.core.errors import (
-    BudgetExceededError,
     EvidenceNotFoundError,
     InvariantViolationError,
     SessionNotFoundError,
-    SummarizerError,
     TurnNotFoundError,
-    VersionConflictError,
 )
-from ce.core.events import Event, EventBus, InMemoryEventBus
+from ce.core.events import EventBus, InMemoryEventBus
 from ce.core.pipeline import (
-    EvidenceIngestor,
     IngestOptions,
     LlmAdapter,
     LlmSummarizer,
     Summarizer,
-    should_summarize,
-    summary_range_end,
 )
 from ce.core.primitives import (
     Clock,
@@ -54,21 +45,18 @@ from ce.core.schema import (
     Message,
     ModelInvocation,
     ModelUsage,
-    ModelUsageStage,
     PrepareResult,
     PutResult,
     Ref,
     Report,
     Role,
-    RunStatus,
     SessionDocument,
-    SourceKind,
     Task,
     ToolCall,
     TurnRecord,
 )
 from ce.core.state import AgentState, ModelOutput
-from ce.core.stores import SessionChanges, Store, default_store_url, open_store
+from ce.core.stores import Store, default_store_url, open_store
 from ce.core.tokens import TiktokenEstimator, TokenEstimator
 
 __all__ = ["ContextEngine", "current_session_id"]
@@ -82,7 +70,7 @@ def current_session_id() -> str | None:
     return _current_session.get()
 
 
-class ContextEngine(HistoryWriter):
+class ContextEngine(Preparer):
     """Records sessions and assembles the model input before every call.
 
     ``store``: where sessions live (default: ``$CE_STORE_URL``, else an SQLite file under
@@ -93,7 +81,7 @@ class ContextEngine(HistoryWriter):
 
     ``conflict_retries``: how often a write the store refused because another process wrote
     the session first (:class:`VersionConflictError`) is redone on the fresh session. The
-    first retry is immediate (seed 004 §18.2: retry once); the later ones wait a short random
+    first retry is immediate; the later ones wait a short random
     pause first (at most 10 ms, 20 ms, 40 ms, … up to 200 ms), so many workers writing one
     session at once do not lose a write that a plugin has no way to redo. The error reaches
     the caller after that many retries (0: at once).
@@ -181,124 +169,6 @@ class ContextEngine(HistoryWriter):
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _cfg(self, runtime_config: RuntimeConfig | None) -> RuntimeConfig:
-        return runtime_config or self.config
-
-    def _estimator_for(self, model_hint: str | None) -> TokenEstimator:
-        return self.estimator
-
-    async def _emit(
-        self, event_type: str, session_id: str, turn_id: str | None, **payload: Any
-    ) -> None:
-        bus = self.events
-        if isinstance(bus, InMemoryEventBus) and not bus.has_handlers():
-            return
-        emitted = bus.emit(
-            Event(
-                event_type=event_type,
-                session_id=session_id,
-                turn_id=turn_id,
-                tool_call_id=payload.pop("tool_call_id", None),
-                model_usage_id=payload.pop("model_usage_id", None),
-                ts=self.clock.now_iso(),
-                payload=payload,
-            )
-        )
-        # the in-memory bus settles async handlers itself; another bus may need a loop
-        await (emitted if isinstance(bus, InMemoryEventBus) else settle(emitted))
-
-    async def _entry(self, session_id: str) -> SessionEntry:
-        """The cached entry of the session, brought up to the stored version: a stale entry
-        absorbs only what other writers stored since (when the store can read that), so a
-        turn costs what is new, not the whole history."""
-        entry = self._entries.get(session_id)
-        if entry is None:
-            update = await self.store.read_since(session_id)
-        else:
-            update = await self.store.read_since(session_id, entry.version, entry.epoch)
-            current = entry.version == 0 if update is None else not update.complete
-            if current:
-                if update is not None and update.version != entry.version:
-                    entry.catch_up(update)
-                self._entries.move_to_end(session_id)
-                return entry
-        state = AgentState(session_id, clock=self.clock, id_generator=self.ids)
-        version, epoch = 0, ""
-        if update is not None:
-            state.absorb(update.changes)
-            version, epoch = update.version, update.epoch
-        entry = SessionEntry(session_id, state, version, self._estimator_for, epoch)
-        self._entries[session_id] = entry
-        self._entries.move_to_end(session_id)
-        while len(self._entries) > self._max_cached:
-            self._entries.popitem(last=False)
-        await self._emit("SessionLoaded", session_id, None, version=version)
-        return entry
-
-    @asynccontextmanager
-    async def _serialized(self, session_id: str) -> AsyncIterator[None]:
-        if not session_id:
-            raise ValueError("session_id must be a non-empty string")
-        async with self._locks.hold(session_id):
-            yield
-
-    async def _attempt(
-        self, session_id: str, call: WriteLog, op: Callable[[SessionEntry], Awaitable[_T]]
-    ) -> _T:
-        """Run ``op`` on the session; on a version conflict read the session again and redo
-        it, up to ``conflict_retries`` times (see the class docstring)."""
-        retry = 0
-        while True:
-            entry = await self._entry(session_id)
-            try:
-                return await op(entry)
-            except VersionConflictError as exc:
-                # the cached state holds the refused writes: read the session afresh
-                self._entries.pop(session_id, None)
-                call.errors.append(("version_conflict", str(exc)))
-                await self._emit(
-                    "Error", session_id, call.turn_id, reason="version_conflict", detail=str(exc)
-                )
-                retry += 1
-                if retry > self.conflict_retries:
-                    raise
-                if retry > 1:
-                    pause = random.uniform(0, min(0.2, 0.0025 * 2**retry))
-                    if inline():
-                        time.sleep(pause)
-                    else:
-                        await asyncio.sleep(pause)
-            except BaseException:
-                # the cached state may hold writes that never reached the store
-                self._entries.pop(session_id, None)
-                raise
-
-    async def _persist(
-        self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None
-    ) -> PutResult:
-        changes: SessionChanges = entry.state.take_changes()
-        if turn is not None:
-            changes.turns.append(turn)
-        result = await self.store.commit(entry.session_id, changes, expected_version=entry.version)
-        entry.version = result.version
-        if result.epoch is not None:
-            entry.epoch = result.epoch
-        for reason, detail in call.degradations[call.degradations_emitted :]:
-            await self._emit(
-                "Degraded", entry.session_id, call.turn_id, reason=reason, detail=detail
-            )
-        call.degradations_emitted = len(call.degradations)
-        for message in call.new_messages:
-            await self._emit(
-                "MessageAppended",
-                entry.session_id,
-                call.turn_id,
-                message_id=message.message_id,
-                role=message.role.value,
-            )
-        await self._emit("Persisted", entry.session_id, call.turn_id, version=result.version)
-        return result
-
     # -- host state: instruction, notebook, tasks --------------------------------------------
 
     async def set_system_instruction(
@@ -306,53 +176,45 @@ class ContextEngine(HistoryWriter):
     ) -> PutResult:
         """Set the session's system instruction (the same text again writes nothing)."""
         cfg = self._cfg(runtime_config)
-        call = WriteLog(self.ids.generate())
 
-        async def op(entry: SessionEntry) -> PutResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             redacted, rules = self._redact_text(text, cfg, call)
             stored = entry.state.set_system_instruction(redacted)
             self._note_redaction(call, f"msg:{stored.message_id}", rules, 1)
             return await self._persist(entry, call)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
+        return await self._write(session_id, op)
 
     async def update_notebook(
         self, session_id: str, content: str, runtime_config: RuntimeConfig | None = None
     ) -> PutResult:
         """Replace the session's memory notebook (rendered as a high-priority memory block)."""
         cfg = self._cfg(runtime_config)
-        call = WriteLog(self.ids.generate())
 
-        async def op(entry: SessionEntry) -> PutResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             entry.state.update_notebook(self._redact_text(content, cfg, call)[0])
             return await self._persist(entry, call)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
+        return await self._write(session_id, op)
 
     async def put_context_block(self, session_id: str, block: ContextBlock) -> PutResult:
         """Insert or replace a host context block; its ``refs`` render the cited evidence
         (narrowed by their selectors) fenced with provenance."""
-        call = WriteLog(self.ids.generate())
 
-        async def op(entry: SessionEntry) -> PutResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             entry.state.put_context_block(block)
             return await self._persist(entry, call)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
+        return await self._write(session_id, op)
 
     async def upsert_tasks(self, session_id: str, tasks: Sequence[Task]) -> PutResult:
         """Insert or replace tasks of the session's task list (rendered as a state block)."""
-        call = WriteLog(self.ids.generate())
 
-        async def op(entry: SessionEntry) -> PutResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             entry.state.upsert_tasks(tasks)
             return await self._persist(entry, call)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
+        return await self._write(session_id, op)
 
     # -- phase A: prepare -------------------------------------------------------------------
 
@@ -373,16 +235,14 @@ class ContextEngine(HistoryWriter):
         )
         if message.role is not Role.USER:
             raise InvariantViolationError("prepare_turn takes a user message")
-        call = WriteLog(self.ids.generate())
 
-        async def op(entry: SessionEntry) -> PrepareResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PrepareResult:
             if not (message.message_id and message.message_id in entry.message_ids):
                 self._begin_run(entry.state)
                 self._write_user(entry, message, cfg, call)
             return await self._prepare(entry, cfg, call, "turn", None)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
+        return await self._write(session_id, op)
 
     async def prepare_call(
         self,
@@ -395,189 +255,12 @@ class ContextEngine(HistoryWriter):
         messages that are new, keep the current run's in-flight tool chain whole, count
         ``tool_schemas`` against the budget, and assemble."""
         cfg = self._cfg(runtime_config)
-        call = WriteLog(self.ids.generate())
 
-        async def op(entry: SessionEntry) -> PrepareResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PrepareResult:
             self._record_pending(entry, pending_messages, cfg, call)
             return await self._prepare(entry, cfg, call, "call", tool_schemas)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
-
-    async def _prepare(
-        self,
-        entry: SessionEntry,
-        cfg: RuntimeConfig,
-        call: WriteLog,
-        kind: str,
-        tool_schemas: list[dict[str, Any]] | None,
-    ) -> PrepareResult:
-        await self._maybe_summarize(entry, cfg, call)
-        index = entry.index(cfg.model_hint)
-        now = self.clock.now_iso()
-        try:
-            selection = await select_and_assemble(
-                index, entry.doc, cfg, now=parse_iso(now), tool_schemas=tool_schemas
-            )
-        except BudgetExceededError as exc:
-            await self._emit(
-                "Error",
-                entry.session_id,
-                call.turn_id,
-                reason="must_exceeded_budget",
-                detail=str(exc),
-            )
-            raise
-        call.errors.extend(index.drain_errors())
-        call.degradations.extend(selection.degradations)
-        call.degradations.extend(self._tokenizer_notes)
-        self._tokenizer_notes.clear()
-        report = self._report(call, selection)
-        self._transition(entry.state, RunStatus.MODEL_RUNNING)
-        turn = None
-        if cfg.observability.include_reports_in_store:
-            turn = TurnRecord(
-                turn_id=call.turn_id,
-                kind="turn" if kind == "turn" else "call",
-                at=now,
-                message_count=len(entry.doc.session.messages),
-                evidence_count=len(entry.doc.evidences),
-                summary=entry.doc.session.summary,
-                config=_config_snapshot(cfg),
-                tool_schemas=list(tool_schemas or []),
-                report=report,
-            )
-        result = await self._persist(entry, call, turn)
-        await self._emit_turn_events(entry.session_id, call, selection)
-        return PrepareResult(
-            assembled_input=selection.assembled, report=report, session_version=result.version
-        )
-
-    def _report(self, call: WriteLog, selection: Selection) -> Report:
-        return Report(
-            turn_id=call.turn_id,
-            new_evidence_ids=list(call.new_evidence_ids),
-            new_block_ids=[
-                f"msg:{m.message_id}" for m in call.new_messages if m.role is not Role.TOOL
-            ],
-            prune_decisions=selection.decisions,
-            redactions=list(call.redactions),
-            token_budget=selection.budget,
-            token_used=selection.assembled.total_tokens,
-            degradations=[f"{reason}: {detail}" for reason, detail in call.degradations],
-            errors=[f"{reason}: {detail}" for reason, detail in call.errors],
-        )
-
-    async def _emit_turn_events(
-        self, session_id: str, call: WriteLog, selection: Selection
-    ) -> None:
-        turn = call.turn_id
-        for reason, detail in call.errors:
-            if reason != "version_conflict":  # emitted when it happened
-                await self._emit("Error", session_id, turn, reason=reason, detail=detail)
-        await self._emit("BlocksDerived", session_id, turn, candidates=selection.candidate_count)
-        dropped = [d for d in selection.decisions if d.action == "dropped"]
-        await self._emit(
-            "PruneCompleted",
-            session_id,
-            turn,
-            kept=sum(d.block_count for d in selection.decisions if d.action != "dropped"),
-            dropped=sum(d.block_count for d in dropped),
-            reasons=sorted({d.reason for d in dropped}),
-        )
-        await self._emit(
-            "Assembled",
-            session_id,
-            turn,
-            parts=len(selection.assembled.parts),
-            total_tokens=selection.assembled.total_tokens,
-            budget=selection.budget,
-        )
-
-    async def _maybe_summarize(
-        self, entry: SessionEntry, cfg: RuntimeConfig, call: WriteLog
-    ) -> None:
-        if self._summarizer is None or not cfg.summary.enabled:
-            return
-        index = entry.index(cfg.model_hint)
-        doc = entry.doc
-        messages = doc.session.messages
-        summary = doc.session.summary
-        start = summary.message_index_range.to_index + 1 if summary else 0
-        tail = (
-            index.groups[index.last_user_group].position
-            if index.last_user_group is not None
-            else len(messages)
-        )
-        stop = min(len(messages) - cfg.summary.preserve_recent_messages, tail)
-        first = index.first_group_after(start - 1)
-        last = index.first_group_after(stop - 1)
-        if stop <= start or not should_summarize(
-            stop - start, index.group_tokens(first, last), cfg.summary
-        ):
-            return
-        end = summary_range_end(messages, start, stop)
-        if end is None:
-            return
-        # the engine's own model call: no plugin may rewrite, record or re-enter it
-        from ce.core.integration import suppressed
-
-        try:
-            with suppressed():
-                draft = await settle(
-                    self._summarizer.summarize(
-                        messages, summary, cfg.summary, start=start, to_index=end
-                    )
-                )
-        except SummarizerError as exc:
-            call.degradations.append(("summarize_failed", str(exc)))
-            return
-        absorbed = sorted(
-            {ref.evidence_id for m in messages[start : end + 1] for ref in m.refs or ()}
-            | {
-                eid
-                for record in doc.session.tool_state.tool_calls
-                for eid in record.result_evidence_ids
-            }
-            & set(doc.evidences)
-        )
-        usage = entry.state.record_model_usage(
-            ModelUsage(
-                model_usage_id=self.ids.generate(),
-                provider=draft.response.provider or "summarizer",
-                model=draft.response.model,
-                stage=ModelUsageStage.SUMMARIZE,
-                prompt_tokens=draft.response.prompt_tokens,
-                completion_tokens=draft.response.completion_tokens,
-                total_tokens=draft.response.total_tokens,
-                latency_ms=draft.response.latency_ms,
-            )
-        )
-        text, _ = self._redact_text(draft.content, cfg, call)
-        evidence = entry.state.add_evidence(
-            Evidence(
-                evidence_id=self.ids.generate(),
-                type=EvidenceType.LLM_OUTPUT,
-                source=EvidenceSource(kind=SourceKind.LLM, name="summarizer"),
-                content=text,
-                links=EvidenceLinks(model_usage_id=usage.model_usage_id),
-                created_at=self.clock.now_iso(),
-            )
-        )
-        entry.state.set_summary(
-            text,
-            from_index=0,
-            to_index=end,
-            evidence_ids=[*absorbed, evidence.evidence_id],
-        )
-        call.new_evidence_ids.append(evidence.evidence_id)
-        await self._emit(
-            "SummaryGenerated",
-            entry.session_id,
-            call.turn_id,
-            to_index=end,
-            model_usage_id=usage.model_usage_id,
-        )
+        return await self._write(session_id, op)
 
     # -- phase B: the reply -----------------------------------------------------------------
 
@@ -591,17 +274,15 @@ class ContextEngine(HistoryWriter):
         """Record the model's reply. A message whose ``message_id`` is already stored is not
         written again (the current version is returned)."""
         cfg = self._cfg(runtime_config)
-        call = WriteLog(self.ids.generate())
         if refs is not None:
             assistant_message = assistant_message.model_copy(update={"refs": refs})
 
-        async def op(entry: SessionEntry) -> PutResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             if not self._write_reply(entry, assistant_message, cfg, call):
                 return PutResult(success=True, version=entry.version)
             return await self._persist(entry, call)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
+        return await self._write(session_id, op)
 
     async def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         """Buffer one streamed chunk (in memory, per session) until the reply is finalized."""
@@ -659,9 +340,8 @@ class ContextEngine(HistoryWriter):
         """Record one tool run (idempotent by ``tool_call_id``); its ``args_digest`` is
         redacted before it is stored."""
         cfg = self._cfg(runtime_config)
-        call = WriteLog(self.ids.generate())
 
-        async def op(entry: SessionEntry) -> PutResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             digest, rules = self._redact_value(dict(tool_call.args_digest), cfg, call)
             ids = list(
                 dict.fromkeys([*tool_call.result_evidence_ids, *(result_evidence_ids or [])])
@@ -685,8 +365,7 @@ class ContextEngine(HistoryWriter):
             )
             return await self._persist(entry, call)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
+        return await self._write(session_id, op)
 
     async def record_model_usage(
         self,
@@ -697,9 +376,8 @@ class ContextEngine(HistoryWriter):
     ) -> PutResult:
         """Record one model call's usage (idempotent by ``model_usage_id``)."""
         cfg = self._cfg(runtime_config)
-        call = WriteLog(self.ids.generate())
 
-        async def op(entry: SessionEntry) -> PutResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             if llm_output_evidence_id and llm_output_evidence_id not in entry.doc.evidences:
                 raise EvidenceNotFoundError(
                     f"evidence {llm_output_evidence_id!r} is not in session {session_id!r}"
@@ -707,8 +385,7 @@ class ContextEngine(HistoryWriter):
             self._write_usage(entry, model_usage, cfg, call)
             return await self._persist(entry, call)
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
+        return await self._write(session_id, op)
 
     async def record_model_call(
         self,
@@ -726,10 +403,9 @@ class ContextEngine(HistoryWriter):
         :meth:`record_model_usage` does). Integrations call this once at the end of a model
         call instead of the three separately. Idempotent like each of them."""
         cfg = self._cfg(runtime_config)
-        call = WriteLog(self.ids.generate())
         ingestor = self._ingestor(cfg)
 
-        async def op(entry: SessionEntry) -> PutResult:
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             if reply is not None:
                 self._write_reply(entry, reply, cfg, call)
             added = None
@@ -744,33 +420,7 @@ class ContextEngine(HistoryWriter):
                 await self._emit_ingested(session_id, *added)
             return result
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
-
-    def _write_reply(
-        self, entry: SessionEntry, reply: Message | ModelOutput, cfg: RuntimeConfig, call: WriteLog
-    ) -> bool:
-        """Add the model's reply and move the run on (tools running, or completed); False
-        when a reply with its ``message_id`` is stored already (nothing written)."""
-        if reply.message_id and reply.message_id in entry.message_ids:
-            text = reply.content if isinstance(reply, Message) else reply.text
-            probe = Message(role=Role.ASSISTANT, content=text, message_id=reply.message_id)
-            held = self._unless_held(entry, probe, cfg, call)
-            if held is None:
-                return False
-            reply = reply.model_copy(update={"message_id": None, "meta": reply.meta | held.meta})
-        stored = self._write_assistant(entry, reply, cfg, call)
-        status = RunStatus.TOOL_RUNNING if stored.tool_calls else RunStatus.COMPLETED
-        self._transition(entry.state, status)
-        return True
-
-    def _write_usage(
-        self, entry: SessionEntry, usage: ModelUsage, cfg: RuntimeConfig, call: WriteLog
-    ) -> None:
-        """Add a usage record (its ``params`` redacted; a stored ``model_usage_id`` is
-        skipped by the state)."""
-        params, _ = self._redact_value(dict(usage.params), cfg, call)
-        entry.state.record_model_usage(usage.model_copy(update={"params": params}))
+        return await self._write(session_id, op)
 
     async def ingest_evidence(
         self,
@@ -786,10 +436,9 @@ class ContextEngine(HistoryWriter):
         """Store ``content`` as evidence: redacted, deduplicated (the same hit ingested twice
         is one evidence: the stored one is returned), with its confidence and links."""
         cfg = self._cfg(runtime_config)
-        call = WriteLog(self.ids.generate())
         ingestor = self._ingestor(cfg)
 
-        async def op(entry: SessionEntry) -> Evidence:
+        async def op(entry: SessionEntry, call: WriteLog) -> Evidence:
             evidence, added = await self._add_evidence(
                 entry, ingestor, content, source, evidence_type, links, metadata, options
             )
@@ -798,59 +447,7 @@ class ContextEngine(HistoryWriter):
                 await self._emit_ingested(session_id, *added)
             return evidence
 
-        async with self._serialized(session_id):
-            return await self._attempt(session_id, call, op)
-
-    def _ingestor(self, cfg: RuntimeConfig) -> EvidenceIngestor:
-        return EvidenceIngestor(
-            self._redactor_for(cfg),
-            self.hasher,
-            self.ids,
-            self.clock,
-            dual_store=cfg.redaction.mode == "dual_store",
-        )
-
-    async def _add_evidence(
-        self,
-        entry: SessionEntry,
-        ingestor: EvidenceIngestor,
-        content: str,
-        source: EvidenceSource,
-        evidence_type: EvidenceType,
-        links: EvidenceLinks | None = None,
-        metadata: dict[str, Any] | None = None,
-        options: IngestOptions | None = None,
-    ) -> tuple[Evidence, tuple[Evidence, bool] | None]:
-        """Add one evidence to the entry's state (not persisted yet): the evidence, and the
-        ``(evidence, redacted)`` to announce once persisted — None when the same content was
-        stored before (that stored evidence is returned)."""
-        if links is not None and links.tool_call_id:
-            stored_id = entry.stored_call_id(links.tool_call_id)
-            if stored_id != links.tool_call_id:
-                links = links.model_copy(update={"tool_call_id": stored_id})
-        prepared = ingestor.prepare(content, source, evidence_type, links, metadata, options)
-        for reason, detail in prepared.degradations:
-            await self._emit("Degraded", entry.session_id, None, reason=reason, detail=detail)
-        if prepared.dedup_key is not None:
-            existing = entry.dedup.get(prepared.dedup_key)
-            if existing is not None and existing in entry.doc.evidences:
-                return entry.doc.evidences[existing].model_copy(deep=True), None
-        stored = entry.state.add_evidence(prepared.evidence)
-        if prepared.original is not None:
-            entry.state.add_evidence(prepared.original)
-        if prepared.dedup_key is not None:
-            entry.dedup[prepared.dedup_key] = stored.evidence_id
-        return stored, (stored, prepared.redaction is not None)
-
-    async def _emit_ingested(self, session_id: str, evidence: Evidence, redacted: bool) -> None:
-        await self._emit(
-            "EvidenceIngested",
-            session_id,
-            None,
-            evidence_id=evidence.evidence_id,
-            type=evidence.type.value,
-            redacted=redacted,
-        )
+        return await self._write(session_id, op)
 
     # -- replay -----------------------------------------------------------------------------
 
@@ -894,13 +491,3 @@ class ContextEngine(HistoryWriter):
             degradations=[f"{r}: {d}" for r, d in selection.degradations],
         )
         return PrepareResult(assembled_input=selection.assembled, report=report)
-
-
-def _config_snapshot(cfg: RuntimeConfig) -> dict[str, Any]:
-    """The config as stored with a turn; literal redaction dictionaries are sensitive strings,
-    so the snapshot keeps only that they were there."""
-    data = cfg.model_dump(mode="json")
-    rules = data.get("redaction", {}).get("rules")
-    if rules and rules.get("dictionaries"):
-        rules["dictionaries"] = [f"<{len(rules['dictionaries'])} redacted entries>"]
-    return data

@@ -1,0 +1,274 @@
+"""The engine's plumbing under every public call: the session cache, per-session
+serialization, the write template with conflict retries, persisting and events, evidence
+ingestion."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from ce.core._drive import inline, settle
+from ce.core.config import RuntimeConfig
+from ce.core.engine._session import SessionEntry, SessionLocks
+from ce.core.engine._writes import HistoryWriter, WriteLog
+from ce.core.errors import (
+    VersionConflictError,
+)
+from ce.core.events import Event, EventBus, InMemoryEventBus
+from ce.core.pipeline import (
+    EvidenceIngestor,
+    IngestOptions,
+    Summarizer,
+)
+from ce.core.primitives import (
+    Clock,
+    Hasher,
+    IdGenerator,
+)
+from ce.core.schema import (
+    Evidence,
+    EvidenceLinks,
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    ModelUsage,
+    PutResult,
+    Role,
+    RunStatus,
+    TurnRecord,
+)
+from ce.core.state import AgentState, ModelOutput
+from ce.core.stores import SessionChanges, Store
+from ce.core.tokens import TokenEstimator
+
+__all__ = ["EngineCore"]
+
+_T = TypeVar("_T")
+
+
+class EngineCore(HistoryWriter):
+    """What every engine call stands on (the attributes :class:`ContextEngine` sets up)."""
+
+    conflict_retries: int
+    store: Store
+    config: RuntimeConfig
+    events: EventBus
+    clock: Clock
+    ids: IdGenerator
+    hasher: Hasher
+    estimator: TokenEstimator
+    _owns_store: bool
+    _tokenizer_notes: list[tuple[str, str]]
+    _summarizer: Summarizer | None
+    _entries: OrderedDict[str, SessionEntry]
+    _max_cached: int
+    _locks: SessionLocks
+
+    def _cfg(self, runtime_config: RuntimeConfig | None) -> RuntimeConfig:
+        return runtime_config or self.config
+
+    def _estimator_for(self, model_hint: str | None) -> TokenEstimator:
+        return self.estimator
+
+    async def _emit(
+        self, event_type: str, session_id: str, turn_id: str | None, **payload: Any
+    ) -> None:
+        bus = self.events
+        if isinstance(bus, InMemoryEventBus) and not bus.has_handlers():
+            return
+        emitted = bus.emit(
+            Event(
+                event_type=event_type,
+                session_id=session_id,
+                turn_id=turn_id,
+                tool_call_id=payload.pop("tool_call_id", None),
+                model_usage_id=payload.pop("model_usage_id", None),
+                ts=self.clock.now_iso(),
+                payload=payload,
+            )
+        )
+        # the in-memory bus settles async handlers itself; another bus may need a loop
+        await (emitted if isinstance(bus, InMemoryEventBus) else settle(emitted))
+
+    async def _entry(self, session_id: str) -> SessionEntry:
+        """The cached entry of the session, brought up to the stored version: a stale entry
+        absorbs only what other writers stored since (when the store can read that), so a
+        turn costs what is new, not the whole history."""
+        entry = self._entries.get(session_id)
+        if entry is None:
+            update = await self.store.read_since(session_id)
+        else:
+            update = await self.store.read_since(session_id, entry.version, entry.epoch)
+            current = entry.version == 0 if update is None else not update.complete
+            if current:
+                if update is not None and update.version != entry.version:
+                    entry.catch_up(update)
+                self._entries.move_to_end(session_id)
+                return entry
+        state = AgentState(session_id, clock=self.clock, id_generator=self.ids)
+        version, epoch = 0, ""
+        if update is not None:
+            state.absorb(update.changes)
+            version, epoch = update.version, update.epoch
+        entry = SessionEntry(session_id, state, version, self._estimator_for, epoch)
+        self._entries[session_id] = entry
+        self._entries.move_to_end(session_id)
+        while len(self._entries) > self._max_cached:
+            self._entries.popitem(last=False)
+        await self._emit("SessionLoaded", session_id, None, version=version)
+        return entry
+
+    @asynccontextmanager
+    async def _serialized(self, session_id: str) -> AsyncIterator[None]:
+        if not session_id:
+            raise ValueError("session_id must be a non-empty string")
+        async with self._locks.hold(session_id):
+            yield
+
+    async def _write(
+        self, session_id: str, op: Callable[[SessionEntry, WriteLog], Awaitable[_T]]
+    ) -> _T:
+        """The template of every engine call that writes: ``op`` runs on the session's entry
+        with a fresh :class:`WriteLog`, serialized per session, redone on version conflicts
+        (see :meth:`_attempt`)."""
+        call = WriteLog(self.ids.generate())
+        async with self._serialized(session_id):
+            return await self._attempt(session_id, call, lambda entry: op(entry, call))
+
+    async def _attempt(
+        self, session_id: str, call: WriteLog, op: Callable[[SessionEntry], Awaitable[_T]]
+    ) -> _T:
+        """Run ``op`` on the session; on a version conflict read the session again and redo
+        it, up to ``conflict_retries`` times (see the class docstring)."""
+        retry = 0
+        while True:
+            entry = await self._entry(session_id)
+            try:
+                return await op(entry)
+            except VersionConflictError as exc:
+                # the cached state holds the refused writes: read the session afresh
+                self._entries.pop(session_id, None)
+                call.errors.append(("version_conflict", str(exc)))
+                await self._emit(
+                    "Error", session_id, call.turn_id, reason="version_conflict", detail=str(exc)
+                )
+                retry += 1
+                if retry > self.conflict_retries:
+                    raise
+                if retry > 1:
+                    pause = random.uniform(0, min(0.2, 0.0025 * 2**retry))
+                    if inline():
+                        time.sleep(pause)
+                    else:
+                        await asyncio.sleep(pause)
+            except BaseException:
+                # the cached state may hold writes that never reached the store
+                self._entries.pop(session_id, None)
+                raise
+
+    async def _persist(
+        self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None
+    ) -> PutResult:
+        changes: SessionChanges = entry.state.take_changes()
+        if turn is not None:
+            changes.turns.append(turn)
+        result = await self.store.commit(entry.session_id, changes, expected_version=entry.version)
+        entry.version = result.version
+        if result.epoch is not None:
+            entry.epoch = result.epoch
+        for reason, detail in call.degradations[call.degradations_emitted :]:
+            await self._emit(
+                "Degraded", entry.session_id, call.turn_id, reason=reason, detail=detail
+            )
+        call.degradations_emitted = len(call.degradations)
+        for message in call.new_messages:
+            await self._emit(
+                "MessageAppended",
+                entry.session_id,
+                call.turn_id,
+                message_id=message.message_id,
+                role=message.role.value,
+            )
+        await self._emit("Persisted", entry.session_id, call.turn_id, version=result.version)
+        return result
+
+    def _write_reply(
+        self, entry: SessionEntry, reply: Message | ModelOutput, cfg: RuntimeConfig, call: WriteLog
+    ) -> bool:
+        """Add the model's reply and move the run on (tools running, or completed); False
+        when a reply with its ``message_id`` is stored already (nothing written)."""
+        if reply.message_id and reply.message_id in entry.message_ids:
+            text = reply.content if isinstance(reply, Message) else reply.text
+            probe = Message(role=Role.ASSISTANT, content=text, message_id=reply.message_id)
+            held = self._unless_held(entry, probe, cfg, call)
+            if held is None:
+                return False
+            reply = reply.model_copy(update={"message_id": None, "meta": reply.meta | held.meta})
+        stored = self._write_assistant(entry, reply, cfg, call)
+        status = RunStatus.TOOL_RUNNING if stored.tool_calls else RunStatus.COMPLETED
+        self._transition(entry.state, status)
+        return True
+
+    def _write_usage(
+        self, entry: SessionEntry, usage: ModelUsage, cfg: RuntimeConfig, call: WriteLog
+    ) -> None:
+        """Add a usage record (its ``params`` redacted; a stored ``model_usage_id`` is
+        skipped by the state)."""
+        params, _ = self._redact_value(dict(usage.params), cfg, call)
+        entry.state.record_model_usage(usage.model_copy(update={"params": params}))
+
+    def _ingestor(self, cfg: RuntimeConfig) -> EvidenceIngestor:
+        return EvidenceIngestor(
+            self._redactor_for(cfg),
+            self.hasher,
+            self.ids,
+            self.clock,
+            dual_store=cfg.redaction.mode == "dual_store",
+        )
+
+    async def _add_evidence(
+        self,
+        entry: SessionEntry,
+        ingestor: EvidenceIngestor,
+        content: str,
+        source: EvidenceSource,
+        evidence_type: EvidenceType,
+        links: EvidenceLinks | None = None,
+        metadata: dict[str, Any] | None = None,
+        options: IngestOptions | None = None,
+    ) -> tuple[Evidence, tuple[Evidence, bool] | None]:
+        """Add one evidence to the entry's state (not persisted yet): the evidence, and the
+        ``(evidence, redacted)`` to announce once persisted — None when the same content was
+        stored before (that stored evidence is returned)."""
+        if links is not None and links.tool_call_id:
+            stored_id = entry.stored_call_id(links.tool_call_id)
+            if stored_id != links.tool_call_id:
+                links = links.model_copy(update={"tool_call_id": stored_id})
+        prepared = ingestor.prepare(content, source, evidence_type, links, metadata, options)
+        for reason, detail in prepared.degradations:
+            await self._emit("Degraded", entry.session_id, None, reason=reason, detail=detail)
+        if prepared.dedup_key is not None:
+            existing = entry.dedup.get(prepared.dedup_key)
+            if existing is not None and existing in entry.doc.evidences:
+                return entry.doc.evidences[existing].model_copy(deep=True), None
+        stored = entry.state.add_evidence(prepared.evidence)
+        if prepared.original is not None:
+            entry.state.add_evidence(prepared.original)
+        if prepared.dedup_key is not None:
+            entry.dedup[prepared.dedup_key] = stored.evidence_id
+        return stored, (stored, prepared.redaction is not None)
+
+    async def _emit_ingested(self, session_id: str, evidence: Evidence, redacted: bool) -> None:
+        await self._emit(
+            "EvidenceIngested",
+            session_id,
+            None,
+            evidence_id=evidence.evidence_id,
+            type=evidence.type.value,
+            redacted=redacted,
+        )

@@ -1,0 +1,229 @@
+"""Assembling a model input: the rolling summary, selection and assembly, the report and
+the turn record, and the events of a prepared call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ce.core._drive import settle
+from ce.core.config import RuntimeConfig
+from ce.core.engine._core import EngineCore
+from ce.core.engine._session import SessionEntry
+from ce.core.engine._turn import Selection, select_and_assemble
+from ce.core.engine._writes import WriteLog
+from ce.core.errors import (
+    BudgetExceededError,
+    SummarizerError,
+)
+from ce.core.pipeline import (
+    should_summarize,
+    summary_range_end,
+)
+from ce.core.primitives import (
+    parse_iso,
+)
+from ce.core.schema import (
+    Evidence,
+    EvidenceLinks,
+    EvidenceSource,
+    EvidenceType,
+    ModelUsage,
+    ModelUsageStage,
+    PrepareResult,
+    Report,
+    Role,
+    RunStatus,
+    SourceKind,
+    TurnRecord,
+)
+
+__all__ = ["Preparer"]
+
+
+class Preparer(EngineCore):
+    """The prepare phase shared by ``prepare_turn`` and ``prepare_call``."""
+
+    async def _prepare(
+        self,
+        entry: SessionEntry,
+        cfg: RuntimeConfig,
+        call: WriteLog,
+        kind: str,
+        tool_schemas: list[dict[str, Any]] | None,
+    ) -> PrepareResult:
+        await self._maybe_summarize(entry, cfg, call)
+        index = entry.index(cfg.model_hint)
+        now = self.clock.now_iso()
+        try:
+            selection = await select_and_assemble(
+                index, entry.doc, cfg, now=parse_iso(now), tool_schemas=tool_schemas
+            )
+        except BudgetExceededError as exc:
+            await self._emit(
+                "Error",
+                entry.session_id,
+                call.turn_id,
+                reason="must_exceeded_budget",
+                detail=str(exc),
+            )
+            raise
+        call.errors.extend(index.drain_errors())
+        call.degradations.extend(selection.degradations)
+        call.degradations.extend(self._tokenizer_notes)
+        self._tokenizer_notes.clear()
+        report = self._report(call, selection)
+        self._transition(entry.state, RunStatus.MODEL_RUNNING)
+        turn = None
+        if cfg.observability.include_reports_in_store:
+            turn = TurnRecord(
+                turn_id=call.turn_id,
+                kind="turn" if kind == "turn" else "call",
+                at=now,
+                message_count=len(entry.doc.session.messages),
+                evidence_count=len(entry.doc.evidences),
+                summary=entry.doc.session.summary,
+                config=_config_snapshot(cfg),
+                tool_schemas=list(tool_schemas or []),
+                report=report,
+            )
+        result = await self._persist(entry, call, turn)
+        await self._emit_turn_events(entry.session_id, call, selection)
+        return PrepareResult(
+            assembled_input=selection.assembled, report=report, session_version=result.version
+        )
+
+    def _report(self, call: WriteLog, selection: Selection) -> Report:
+        return Report(
+            turn_id=call.turn_id,
+            new_evidence_ids=list(call.new_evidence_ids),
+            new_block_ids=[
+                f"msg:{m.message_id}" for m in call.new_messages if m.role is not Role.TOOL
+            ],
+            prune_decisions=selection.decisions,
+            redactions=list(call.redactions),
+            token_budget=selection.budget,
+            token_used=selection.assembled.total_tokens,
+            degradations=[f"{reason}: {detail}" for reason, detail in call.degradations],
+            errors=[f"{reason}: {detail}" for reason, detail in call.errors],
+        )
+
+    async def _emit_turn_events(
+        self, session_id: str, call: WriteLog, selection: Selection
+    ) -> None:
+        turn = call.turn_id
+        for reason, detail in call.errors:
+            if reason != "version_conflict":  # emitted when it happened
+                await self._emit("Error", session_id, turn, reason=reason, detail=detail)
+        await self._emit("BlocksDerived", session_id, turn, candidates=selection.candidate_count)
+        dropped = [d for d in selection.decisions if d.action == "dropped"]
+        await self._emit(
+            "PruneCompleted",
+            session_id,
+            turn,
+            kept=sum(d.block_count for d in selection.decisions if d.action != "dropped"),
+            dropped=sum(d.block_count for d in dropped),
+            reasons=sorted({d.reason for d in dropped}),
+        )
+        await self._emit(
+            "Assembled",
+            session_id,
+            turn,
+            parts=len(selection.assembled.parts),
+            total_tokens=selection.assembled.total_tokens,
+            budget=selection.budget,
+        )
+
+    async def _maybe_summarize(
+        self, entry: SessionEntry, cfg: RuntimeConfig, call: WriteLog
+    ) -> None:
+        if self._summarizer is None or not cfg.summary.enabled:
+            return
+        index = entry.index(cfg.model_hint)
+        doc = entry.doc
+        messages = doc.session.messages
+        summary = doc.session.summary
+        start = summary.message_index_range.to_index + 1 if summary else 0
+        tail = (
+            index.groups[index.last_user_group].position
+            if index.last_user_group is not None
+            else len(messages)
+        )
+        stop = min(len(messages) - cfg.summary.preserve_recent_messages, tail)
+        first = index.first_group_after(start - 1)
+        last = index.first_group_after(stop - 1)
+        if stop <= start or not should_summarize(
+            stop - start, index.group_tokens(first, last), cfg.summary
+        ):
+            return
+        end = summary_range_end(messages, start, stop)
+        if end is None:
+            return
+        # the engine's own model call: no plugin may rewrite, record or re-enter it
+        from ce.core.integration import suppressed
+
+        try:
+            with suppressed():
+                draft = await settle(
+                    self._summarizer.summarize(
+                        messages, summary, cfg.summary, start=start, to_index=end
+                    )
+                )
+        except SummarizerError as exc:
+            call.degradations.append(("summarize_failed", str(exc)))
+            return
+        absorbed = sorted(
+            {ref.evidence_id for m in messages[start : end + 1] for ref in m.refs or ()}
+            | {
+                eid
+                for record in doc.session.tool_state.tool_calls
+                for eid in record.result_evidence_ids
+            }
+            & set(doc.evidences)
+        )
+        usage = entry.state.record_model_usage(
+            ModelUsage(
+                model_usage_id=self.ids.generate(),
+                provider=draft.response.provider or "summarizer",
+                model=draft.response.model,
+                stage=ModelUsageStage.SUMMARIZE,
+                prompt_tokens=draft.response.prompt_tokens,
+                completion_tokens=draft.response.completion_tokens,
+                total_tokens=draft.response.total_tokens,
+                latency_ms=draft.response.latency_ms,
+            )
+        )
+        text, _ = self._redact_text(draft.content, cfg, call)
+        evidence = entry.state.add_evidence(
+            Evidence(
+                evidence_id=self.ids.generate(),
+                type=EvidenceType.LLM_OUTPUT,
+                source=EvidenceSource(kind=SourceKind.LLM, name="summarizer"),
+                content=text,
+                links=EvidenceLinks(model_usage_id=usage.model_usage_id),
+                created_at=self.clock.now_iso(),
+            )
+        )
+        entry.state.set_summary(
+            text,
+            from_index=0,
+            to_index=end,
+            evidence_ids=[*absorbed, evidence.evidence_id],
+        )
+        call.new_evidence_ids.append(evidence.evidence_id)
+        await self._emit(
+            "SummaryGenerated",
+            entry.session_id,
+            call.turn_id,
+            to_index=end,
+            model_usage_id=usage.model_usage_id,
+        )
+
+
+def _config_snapshot(cfg: RuntimeConfig) -> dict[str, Any]:
+    """The config as stored with a turn; literal redaction dictionaries are sensitive strings,
+    so the snapshot keeps only that they were there."""
+    data = cfg.model_dump(mode="json")
+    rules = data.get("redaction", {}).get("rules")
+    if rules and rules.get("dictionaries"):
+        rules["dictionaries"] = [f"<{len(rules['dictionaries'])} redacted entries>"]
+    return data
