@@ -355,3 +355,38 @@ def test_random_framework_events_never_raise_nor_fail_open(
     assert sent[-1] == {"role": "user", "content": "last"}
     assert engine.sync.get_session("s").session.messages[-1].role is Role.USER
     plugin.uninstall()
+
+
+def test_a_question_asked_again_with_a_fresh_history_reaches_the_model() -> None:
+    """A framework that passes only the new question (a fresh memory on a named session):
+    the same text asked again is a new turn, not a message the session already holds; a
+    retried call (the session already ends with it) is not recorded twice."""
+    engine = deterministic_engine()
+    plugin = _install(engine)
+    system = {"role": "system", "content": "You answer."}
+    question = {"role": "user", "content": "weather?"}
+    for answer in ("sunny", "rainy"):
+        sent = prepare_openai_sync(plugin, "s", [system, question])
+        assert sent is not None and sent[-1] == question
+        history = [m["content"] for m in sent]
+        assert history.count("weather?") == (1 if answer == "sunny" else 2)
+        reply = message_from_openai({"role": "assistant", "content": answer}).model_copy(
+            update={"invocation": ModelInvocation(provider="p", model="m")}
+        )
+        engine.sync.commit_assistant_message("s", reply)
+    # the whole history passed again plus the same question: one more turn, nothing twice
+    full = [system, question, {"role": "assistant", "content": "sunny"}, question]
+    full += [{"role": "assistant", "content": "rainy"}, question]
+    sent = prepare_openai_sync(plugin, "s", full)
+    assert sent is not None
+    assert [m["content"] for m in sent[1:]] == [
+        "weather?",
+        "sunny",
+        "weather?",
+        "rainy",
+        "weather?",
+    ]
+    # a retry of that call (no answer stored in between) records nothing more
+    again = prepare_openai_sync(plugin, "s", [system, question])
+    assert again == sent
+    plugin.uninstall()

@@ -12,7 +12,7 @@ from typing import Any
 
 from ce.core._drive import blocked_threads, inline
 from ce.core.pipeline import SessionIndex
-from ce.core.schema import Evidence, Message, SessionDocument
+from ce.core.schema import Evidence, Message, Role, SessionDocument
 from ce.core.state import AgentState
 from ce.core.stores.base import SessionUpdate
 from ce.core.tokens import TokenEstimator
@@ -69,6 +69,7 @@ class SessionEntry:
         self.indexes: dict[str | None, SessionIndex] = {}
         self.dedup: dict[str, str] = {}
         self.key_counts: dict[tuple[Any, ...], int] = {}
+        self.last_key: tuple[Any, ...] | None = None  # of the newest non-system message
         self.message_ids: set[str] = set()
         self.id_texts: dict[str, tuple[Any, ...]] = {}
         self.id_variants: set[tuple[str, tuple[Any, ...]]] = set()
@@ -111,6 +112,8 @@ class SessionEntry:
             self.call_aliases[framework_id] = stored
         key = message_key(message)
         self.key_counts[key] = self.key_counts.get(key, 0) + 1
+        if message.role is not Role.SYSTEM:
+            self.last_key = key
 
     def holds(self, message_id: str, role: Any, text: str) -> bool:
         """Whether the session holds a message the framework identifies as ``message_id``

@@ -300,7 +300,8 @@ class HistoryWriter:
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig, call: WriteLog
     ) -> None:
         """Record the pending messages that the session does not hold yet: by framework id
-        when they carry one, else by content (a message seen k times is new the k+1-th).
+        when they carry one, else by content (a message seen k times is new the k+1-th; the
+        closing user message is new unless the session's history ends with it).
 
         The last system message is the instruction of this call (the assembled input has one
         instruction): it becomes the session's instruction whenever it differs from the
@@ -309,6 +310,10 @@ class HistoryWriter:
         known_ids = entry.message_ids
         seen: dict[tuple[Any, ...], int] = {}
         instruction = next((m for m in reversed(pending) if m.role is Role.SYSTEM), None)
+        # The message the model is asked to answer now: when the session's history does not
+        # already end with it, it is new even if the same text was asked before (a framework
+        # that passes only the new question, e.g. a fresh memory on a named session).
+        asked = pending[-1] if pending and pending[-1].role is Role.USER else None
         for message in pending:
             if message.role is Role.SYSTEM:
                 if message is instruction:
@@ -322,7 +327,9 @@ class HistoryWriter:
             if not message.message_id:
                 key = message_key(message, self._stored_text(message.content, cfg))
                 seen[key] = seen.get(key, 0) + 1
-                if seen[key] <= entry.key_counts.get(key, 0):
+                if seen[key] <= entry.key_counts.get(key, 0) and not (
+                    message is asked and entry.last_key != key
+                ):
                     continue
             if message.role is Role.USER:
                 if not message.content.strip():
