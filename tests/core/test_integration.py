@@ -731,6 +731,45 @@ def test_a_guarded_hook_after_uninstall_stays_silent(engine: ContextEngine) -> N
     assert guarded_sync(plugin, lambda: plugin.engine, session_id="s1", what="late") is None
 
 
+def test_record_sync_defers_and_never_calls_the_engine_from_the_hook(
+    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin = RecordingPlugin().install(engine)
+    hit = RetrievalHit(content="deferred hit", uri="doc://d", score=0.5)
+
+    class NoBlocking:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"engine.sync.{name} called from a hook")
+
+    monkeypatch.setattr(engine, "sync", NoBlocking())
+    record_sync(plugin, "s-d", "record retrieval", lambda r: r.record_retrieval([hit]))
+
+    async def later() -> None:
+        # the session's next engine call runs the deferred record first: read-your-writes
+        result = await engine.prepare_turn("s-d", "next question")
+        assert result.assembled_input is not None
+        doc = await engine.store.get_session("s-d")
+        assert doc is not None and [e.content for e in doc.evidences.values()] == ["deferred hit"]
+
+    asyncio.run(later())
+    monkeypatch.undo()
+    # order is kept per session, and flush()/close() run what is left
+    for n in range(3):
+        record_sync(
+            plugin,
+            "s-o",
+            "record retrieval",
+            lambda r, n=n: r.record_retrieval(
+                [RetrievalHit(content=f"hit {n}", uri=f"doc://{n}", score=0.1)]
+            ),
+        )
+    assert asyncio.run(engine.store.get_session("s-o")) is None
+    engine.sync.flush()
+    doc = engine.sync.get_session("s-o")
+    assert [e.content for e in doc.evidences.values()] == ["hit 0", "hit 1", "hit 2"]
+    plugin.uninstall()
+
+
 def test_record_sync_writes_from_blocking_hooks_and_fails_open(engine: ContextEngine) -> None:
     plugin = RecordingPlugin().install(engine)
     events = _collect(engine)
@@ -743,6 +782,8 @@ def test_record_sync_writes_from_blocking_hooks_and_fails_open(engine: ContextEn
         raise KeyError(recorder.session_id)
 
     record_sync(plugin, "s-rec", "record tool run", broken)
+    assert events == []  # deferred: the hook neither waited nor failed
+    engine.sync.flush()
     assert [e.payload["detail"] for e in events] == ["record tool run: KeyError: 's-rec'"]
     plugin.uninstall()
     record_sync(plugin, "s-late", "record retrieval", lambda r: r.record_retrieval([hit]))
@@ -1000,3 +1041,28 @@ def test_message_from_openai_carries_the_author() -> None:
         }
     )
     assert reply.tool_calls == [call] and reply.content == ""
+
+
+def test_deferred_records_are_written_when_the_process_exits(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    from ce.core.stores import SQLiteStore
+
+    path = tmp_path / "s.db"
+    script = textwrap.dedent(
+        f"""
+        from ce.core import ContextEngine, EvidenceSource, EvidenceType, SourceKind
+        from ce.core.stores import SQLiteStore
+
+        engine = ContextEngine(SQLiteStore({str(path)!r}))
+        source = EvidenceSource(kind=SourceKind.TOOL, name="t")
+        kind = EvidenceType.TOOL_RESULT
+        engine.defer("s", lambda: engine.ingest_evidence("s", "kept at exit", source, kind))
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    doc = asyncio.run(SQLiteStore(str(path)).get_session("s"))
+    assert doc is not None
+    assert [e.content for e in doc.evidences.values()] == ["kept at exit"]

@@ -158,7 +158,7 @@ async def test_nested_calls_get_a_child_scope(engine: ContextEngine, seam: str) 
     }
     # ... and each nested call is in its child session (with middleware() only the agent's
     # own calls are injected: the nested ones are recorded, their prompts not assembled)
-    sessions = set(await engine.store.list_sessions())
+    sessions = set(await engine.list_sessions())
     assert {"trip", "trip/call_sum", "trip/call_exp"} <= sessions
     (rewrite,) = sessions - {"trip", "trip/call_sum", "trip/call_exp"}
     assert rewrite.startswith("trip/call_kb/")  # under the tool, then the retriever run

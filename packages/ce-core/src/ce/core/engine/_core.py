@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from ce.core._drive import inline, settle
 from ce.core.config import RuntimeConfig
+from ce.core.engine._deferred import DeferredWrites
 from ce.core.engine._session import SessionEntry, SessionLocks
 from ce.core.engine._writes import HistoryWriter, WriteLog
 from ce.core.errors import (
@@ -68,6 +69,7 @@ class EngineCore(HistoryWriter):
     _entries: OrderedDict[str, SessionEntry]
     _max_cached: int
     _locks: SessionLocks
+    _deferred: DeferredWrites
 
     def _cfg(self, runtime_config: RuntimeConfig | None) -> RuntimeConfig:
         return runtime_config or self.config
@@ -133,9 +135,10 @@ class EngineCore(HistoryWriter):
     async def _write(
         self, session_id: str, op: Callable[[SessionEntry, WriteLog], Awaitable[_T]]
     ) -> _T:
-        """The template of every engine call that writes: ``op`` runs on the session's entry
-        with a fresh :class:`WriteLog`, serialized per session, redone on version conflicts
-        (see :meth:`_attempt`)."""
+        """The template of every engine call that writes: the session's deferred records
+        first, then ``op`` on the session's entry with a fresh :class:`WriteLog`, serialized
+        per session, redone on version conflicts (see :meth:`_attempt`)."""
+        await self._deferred.run(session_id)
         call = WriteLog(self.ids.generate())
         async with self._serialized(session_id):
             return await self._attempt(session_id, call, lambda entry: op(entry, call))

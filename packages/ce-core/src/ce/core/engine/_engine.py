@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from ce.core.config import RedactionConfig, RuntimeConfig
+from ce.core.engine._deferred import DeferredWrites, flush_at_exit, note_pending
 from ce.core.engine._prepare import Preparer
 from ce.core.engine._session import SessionEntry, SessionLocks
 from ce.core.engine._turn import select_and_assemble
@@ -60,6 +62,8 @@ from ce.core.stores import Store, default_store_url, open_store
 from ce.core.tokens import TiktokenEstimator, TokenEstimator
 
 __all__ = ["ContextEngine", "current_session_id"]
+
+atexit.register(flush_at_exit)
 
 _current_session: ContextVar[str | None] = ContextVar("ce_current_session", default=None)
 _T = TypeVar("_T")
@@ -124,6 +128,7 @@ class ContextEngine(Preparer):
         self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
         self._max_cached = max_cached_sessions
         self._locks = SessionLocks()
+        self._deferred = DeferredWrites()
         from ce.core.engine._sync import SyncEngine
 
         self.sync = SyncEngine(self)
@@ -142,16 +147,25 @@ class ContextEngine(Preparer):
             _current_session.reset(token)
 
     async def get_session(self, session_id: str) -> SessionDocument:
+        await self._deferred.run(session_id)
         doc = await self.store.get_session(session_id)
         if doc is None:
             raise SessionNotFoundError(session_id)
         return doc
 
+    async def list_sessions(self, user_id: str | None = None) -> list[str]:
+        """The ids of the stored sessions (of ``user_id``'s when given), after running every
+        deferred record."""
+        await self.flush()
+        return await self.store.list_sessions(user_id)
+
     async def list_turns(self, session_id: str, limit: int | None = None) -> list[TurnRecord]:
+        await self._deferred.run(session_id)
         return await self.store.list_turns(session_id, limit)
 
     async def get_report(self, session_id: str, turn_id: str | None = None) -> Report:
         """The report of ``turn_id`` (default: the newest turn of the session)."""
+        await self._deferred.run(session_id)
         if turn_id is None:
             turns = await self.store.list_turns(session_id, 1)
             if not turns:
@@ -163,9 +177,31 @@ class ContextEngine(Preparer):
         return record.report
 
     async def close(self) -> None:
+        """Run the deferred records, then close the store the engine opened itself."""
+        await self.flush()
         self.sync.close()
         if self._owns_store:
             await self.store.close()
+
+    # -- write-behind -----------------------------------------------------------------------
+
+    def defer(self, session_id: str, work: Callable[[], Awaitable[Any]]) -> None:
+        """Queue a record write for ``session_id`` without waiting for it (write-behind):
+        ``work()`` (a coroutine of engine writes, e.g. an integration's recording of a model
+        call) runs, in the order queued, before the session's next engine call (write or
+        read) in this process, on :meth:`flush`, on :meth:`close` and when the interpreter
+        exits. A failing ``work`` is logged and does not stop the others. Lets a framework
+        hook record without blocking (no engine call, no I/O); a crash loses what was queued
+        and not yet run."""
+        if not session_id:
+            raise ValueError("session_id must be a non-empty string")
+        self._deferred.add(session_id, work)
+        note_pending(self)
+
+    async def flush(self, session_id: str | None = None) -> None:
+        """Run the deferred records of ``session_id`` (default: of every session) now."""
+        for sid in [session_id] if session_id is not None else self._deferred.sessions():
+            await self._deferred.run(sid)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -457,6 +493,7 @@ class ContextEngine(Preparer):
         """Reassemble a past turn from what is stored (the history it saw, its summary and
         tool schemas) under ``runtime_config`` (default: the turn's own config). Writes
         nothing; the same stored turn and config give the same result."""
+        await self._deferred.run(session_id)
         record = await self.store.get_turn(session_id, turn_id)
         if record is None:
             raise TurnNotFoundError(session_id, turn_id)

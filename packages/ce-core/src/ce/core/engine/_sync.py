@@ -61,10 +61,16 @@ class SyncEngine:
     def close(self) -> None:
         """Nothing to release (kept for symmetry with the engine's ``close``)."""
 
+    def flush(self, session_id: str | None = None) -> None:
+        drive(self._engine.flush(session_id))
+
     # -- reads ------------------------------------------------------------------------------
 
     def get_session(self, session_id: str) -> SessionDocument:
         return drive(self._engine.get_session(session_id))
+
+    def list_sessions(self, user_id: str | None = None) -> list[str]:
+        return drive(self._engine.list_sessions(user_id))
 
     def list_turns(self, session_id: str, limit: int | None = None) -> list[TurnRecord]:
         return drive(self._engine.list_turns(session_id, limit))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration._guard import guarded_sync
+from ce.core.integration._guard import guarded, guarded_sync
 from ce.core.pipeline import IngestOptions
 from ce.core.schema import (
     Evidence,
@@ -290,13 +290,25 @@ def record_sync(
     what: str,
     work: Callable[[Recorder], Coroutine[Any, Any, Any]],
 ) -> None:
-    """From a blocking framework hook (a callback or event handler): run ``work`` with a
-    :class:`Recorder` on ``plugin.engine``'s session ``session_id`` through ``engine.sync``,
-    fail-open like :func:`~ce.core.integration.guarded_sync` (``what`` names it in the log and
-    the ``Degraded`` event). Does nothing when the plugin is not installed (a hook still
-    running after ``uninstall()``)."""
+    """From a framework hook (a callback or event handler, sync or on an event loop): record
+    with ``work`` and a :class:`Recorder` on ``plugin.engine``'s session ``session_id``,
+    without waiting: the write is deferred (:meth:`ContextEngine.defer`) and runs before the
+    session's next engine call, so the hook never blocks and never calls the engine. Fail-open
+    like :func:`~ce.core.integration.guarded` when it runs (``what`` names it in the log and
+    the ``Degraded`` event). With ``plugin.fail_closed`` it runs now (blocking) and raises.
+    Does nothing when the plugin is not installed (a hook still running after
+    ``uninstall()``)."""
     if not plugin.installed:
         return
     engine = plugin.engine
     recorder = Recorder(engine, session_id)
-    guarded_sync(plugin, lambda: engine.sync.run(work(recorder)), session_id=session_id, what=what)
+    if plugin.fail_closed:
+        guarded_sync(
+            plugin, lambda: engine.sync.run(work(recorder)), session_id=session_id, what=what
+        )
+        return
+
+    async def deferred() -> None:
+        await guarded(plugin, lambda: work(recorder), session_id=session_id, what=what)
+
+    engine.defer(session_id, deferred)

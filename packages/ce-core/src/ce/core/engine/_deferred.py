@@ -1,0 +1,85 @@
+"""Write-behind: records an integration hands over without waiting, run in order before the
+session is next used."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ce.core.engine._engine import ContextEngine
+
+__all__ = ["DeferredWrites", "draining", "flush_at_exit", "note_pending"]
+
+logger = logging.getLogger("ce.core.engine")
+
+Work = Callable[[], Awaitable[Any]]
+
+_draining: ContextVar[bool] = ContextVar("ce_engine_draining", default=False)
+
+# Engines with deferred records, flushed when the interpreter exits.
+_with_pending: weakref.WeakSet[ContextEngine] = weakref.WeakSet()
+_pending_lock = threading.Lock()
+
+
+def draining() -> bool:
+    """Whether the current engine call runs deferred records (which must not drain again)."""
+    return _draining.get()
+
+
+class DeferredWrites:
+    """Per-session ordered queues of deferred record writes (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[Work]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, session_id: str, work: Work) -> None:
+        with self._lock:
+            self._queues.setdefault(session_id, deque()).append(work)
+
+    def has(self, session_id: str) -> bool:
+        return session_id in self._queues
+
+    def sessions(self) -> list[str]:
+        with self._lock:
+            return list(self._queues)
+
+    def take(self, session_id: str) -> list[Work]:
+        with self._lock:
+            return list(self._queues.pop(session_id, ()))
+
+    async def run(self, session_id: str) -> None:
+        """Run the session's queued writes in order (each one fails alone: logged)."""
+        if _draining.get() or session_id not in self._queues:
+            return
+        token = _draining.set(True)
+        try:
+            for work in self.take(session_id):
+                try:
+                    await work()
+                except Exception:
+                    logger.exception("a deferred record of session %r failed", session_id)
+        finally:
+            _draining.reset(token)
+
+
+def note_pending(engine: ContextEngine) -> None:
+    with _pending_lock:
+        _with_pending.add(engine)
+
+
+def flush_at_exit() -> None:
+    """Run what every engine still has queued (registered with :mod:`atexit`)."""
+    with _pending_lock:
+        engines = list(_with_pending)
+    for engine in engines:
+        try:
+            engine.sync.flush()
+        except Exception:
+            logger.exception("flushing deferred records at exit failed")
