@@ -731,42 +731,36 @@ def test_a_guarded_hook_after_uninstall_stays_silent(engine: ContextEngine) -> N
     assert guarded_sync(plugin, lambda: plugin.engine, session_id="s1", what="late") is None
 
 
-def test_record_sync_defers_and_never_calls_the_engine_from_the_hook(
+def test_record_sync_on_an_event_loop_never_calls_the_engine_from_the_hook(
     engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plugin = RecordingPlugin().install(engine)
-    hit = RetrievalHit(content="deferred hit", uri="doc://d", score=0.5)
 
     class NoBlocking:
         def __getattr__(self, name: str) -> Any:
-            raise AssertionError(f"engine.sync.{name} called from a hook")
+            raise AssertionError(f"engine.sync.{name} called from a hook on the loop")
 
     monkeypatch.setattr(engine, "sync", NoBlocking())
-    record_sync(plugin, "s-d", "record retrieval", lambda r: r.record_retrieval([hit]))
 
-    async def later() -> None:
-        # the session's next engine call runs the deferred record first: read-your-writes
-        result = await engine.prepare_turn("s-d", "next question")
-        assert result.assembled_input is not None
-        doc = await engine.store.get_session("s-d")
-        assert doc is not None and [e.content for e in doc.evidences.values()] == ["deferred hit"]
+    async def app() -> None:
+        # hooks running on the loop's thread queue their records and return at once ...
+        for n in range(3):
+            hit = RetrievalHit(content=f"hit {n}", uri=f"doc://{n}", score=0.1)
+            record_sync(plugin, "s-o", "record retrieval", lambda r, h=hit: r.record_retrieval([h]))
+        # ... the session's next engine call (or a task on the loop) writes them, in order
+        await engine.prepare_turn("s-o", "next question")
+        doc = await engine.store.get_session("s-o")
+        assert doc is not None
+        assert [e.content for e in doc.evidences.values()] == ["hit 0", "hit 1", "hit 2"]
+        record_sync(plugin, "s-t", "record retrieval", lambda r: r.record_retrieval([hit]))
+        # without any engine call of the app: a task on the loop writes it
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert others
+        await asyncio.gather(*others)
+        assert await engine.store.get_session("s-t") is not None
 
-    asyncio.run(later())
+    asyncio.run(app())
     monkeypatch.undo()
-    # order is kept per session, and flush()/close() run what is left
-    for n in range(3):
-        record_sync(
-            plugin,
-            "s-o",
-            "record retrieval",
-            lambda r, n=n: r.record_retrieval(
-                [RetrievalHit(content=f"hit {n}", uri=f"doc://{n}", score=0.1)]
-            ),
-        )
-    assert asyncio.run(engine.store.get_session("s-o")) is None
-    engine.sync.flush()
-    doc = engine.sync.get_session("s-o")
-    assert [e.content for e in doc.evidences.values()] == ["hit 0", "hit 1", "hit 2"]
     plugin.uninstall()
 
 
@@ -782,8 +776,6 @@ def test_record_sync_writes_from_blocking_hooks_and_fails_open(engine: ContextEn
         raise KeyError(recorder.session_id)
 
     record_sync(plugin, "s-rec", "record tool run", broken)
-    assert events == []  # deferred: the hook neither waited nor failed
-    engine.sync.flush()
     assert [e.payload["detail"] for e in events] == ["record tool run: KeyError: 's-rec'"]
     plugin.uninstall()
     record_sync(plugin, "s-late", "record retrieval", lambda r: r.record_retrieval([hit]))

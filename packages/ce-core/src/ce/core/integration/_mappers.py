@@ -3,6 +3,7 @@ that writes them through the engine."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -284,20 +285,23 @@ class Recorder:
         return usage
 
 
+_flushes: set[asyncio.Task[None]] = set()  # flush tasks in flight (the loop keeps weak refs)
+
+
 def record_sync(
     plugin: Plugin,
     session_id: str,
     what: str,
     work: Callable[[Recorder], Coroutine[Any, Any, Any]],
 ) -> None:
-    """From a framework hook (a callback or event handler, sync or on an event loop): record
-    with ``work`` and a :class:`Recorder` on ``plugin.engine``'s session ``session_id``,
-    without waiting: the write is deferred (:meth:`ContextEngine.defer`) and runs before the
-    session's next engine call, so the hook never blocks and never calls the engine. Fail-open
-    like :func:`~ce.core.integration.guarded` when it runs (``what`` names it in the log and
-    the ``Degraded`` event). With ``plugin.fail_closed`` it runs now (blocking) and raises.
-    Does nothing when the plugin is not installed (a hook still running after
-    ``uninstall()``)."""
+    """From a framework hook (a callback or event handler): record with ``work`` and a
+    :class:`Recorder` on ``plugin.engine``'s session ``session_id``, fail-open like
+    :func:`~ce.core.integration.guarded` (``what`` names it in the log and the ``Degraded``
+    event). The write joins the session's ordered queue (:meth:`ContextEngine.defer`): from a
+    hook on an event loop's thread it is written by a task on that loop (the hook never
+    blocks the loop), from a plain thread it is written now, inline. With
+    ``plugin.fail_closed`` it is written now and its error raised. Does nothing when the
+    plugin is not installed (a hook still running after ``uninstall()``)."""
     if not plugin.installed:
         return
     engine = plugin.engine
@@ -312,3 +316,13 @@ def record_sync(
         await guarded(plugin, lambda: work(recorder), session_id=session_id, what=what)
 
     engine.defer(session_id, deferred)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        guarded_sync(
+            plugin, lambda: engine.sync.flush(session_id), session_id=session_id, what=what
+        )
+        return
+    task = loop.create_task(engine.flush(session_id))
+    _flushes.add(task)
+    task.add_done_callback(_flushes.discard)
