@@ -160,3 +160,34 @@ def test_a_blocking_call_on_the_loop_whose_task_holds_the_session_raises() -> No
     engine.events.on("Persisted", on_persisted)
     _finishes(lambda: asyncio.run(engine.prepare_turn("s", "hi")))
     assert seen and "would wait on itself" in str(seen[0])
+
+
+def test_blocking_calls_from_many_threads_at_once(tmp_path: Any) -> None:
+    """Inline calls run on the callers' threads: many threads on shared and separate
+    sessions, with a session cache small enough to evict, lose and duplicate nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ce.core.stores import SQLiteStore
+
+    engine = ContextEngine(
+        SQLiteStore(str(tmp_path / "s.db")),
+        config=RuntimeConfig(model_hint="gpt-4o"),
+        max_cached_sessions=3,
+    )
+
+    def worker(n: int) -> None:
+        for turn in range(10):
+            session = f"s{(n + turn) % 6}"
+            engine.sync.prepare_turn(session, f"w{n} t{turn}")
+            reply = Message(role=Role.ASSISTANT, content=f"a{n}-{turn}", invocation=INV)
+            engine.sync.commit_assistant_message(session, reply)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(worker, range(8)))
+    texts = [
+        m.content
+        for sid in engine.sync.list_sessions()
+        for m in engine.sync.get_session(sid).session.messages
+        if m.role is Role.USER
+    ]
+    assert sorted(texts) == sorted(f"w{n} t{t}" for n in range(8) for t in range(10))

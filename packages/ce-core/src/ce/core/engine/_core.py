@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,20 +18,10 @@ from ce.core.config import RuntimeConfig
 from ce.core.engine._deferred import DeferredWrites
 from ce.core.engine._session import SessionEntry, SessionLocks
 from ce.core.engine._writes import HistoryWriter, WriteLog
-from ce.core.errors import (
-    VersionConflictError,
-)
+from ce.core.errors import VersionConflictError
 from ce.core.events import Event, EventBus, InMemoryEventBus
-from ce.core.pipeline import (
-    EvidenceIngestor,
-    IngestOptions,
-    Summarizer,
-)
-from ce.core.primitives import (
-    Clock,
-    Hasher,
-    IdGenerator,
-)
+from ce.core.pipeline import EvidenceIngestor, IngestOptions, Summarizer
+from ce.core.primitives import Clock, Hasher, IdGenerator
 from ce.core.schema import (
     Evidence,
     EvidenceLinks,
@@ -67,6 +58,7 @@ class EngineCore(HistoryWriter):
     _tokenizer_notes: list[tuple[str, str]]
     _summarizer: Summarizer | None
     _entries: OrderedDict[str, SessionEntry]
+    _entries_lock: threading.Lock  # blocking calls run on many threads at once
     _max_cached: int
     _locks: SessionLocks
     _deferred: DeferredWrites
@@ -97,6 +89,12 @@ class EngineCore(HistoryWriter):
         # the in-memory bus settles async handlers itself; another bus may need a loop
         await (emitted if isinstance(bus, InMemoryEventBus) else settle(emitted))
 
+    def _touch(self, session_id: str) -> None:
+        """Mark the cached entry as the most recently used (it may have been evicted)."""
+        with self._entries_lock:
+            if session_id in self._entries:
+                self._entries.move_to_end(session_id)
+
     async def _entry(self, session_id: str) -> SessionEntry:
         """The cached entry of the session, brought up to the stored version: a stale entry
         absorbs only what other writers stored since (when the store can read that), so a
@@ -110,7 +108,7 @@ class EngineCore(HistoryWriter):
             if current:
                 if update is not None and update.version != entry.version:
                     entry.catch_up(update)
-                self._entries.move_to_end(session_id)
+                self._touch(session_id)
                 return entry
         state = AgentState(session_id, clock=self.clock, id_generator=self.ids)
         version, epoch = 0, ""
@@ -118,10 +116,11 @@ class EngineCore(HistoryWriter):
             state.absorb(update.changes)
             version, epoch = update.version, update.epoch
         entry = SessionEntry(session_id, state, version, self._estimator_for, epoch)
-        self._entries[session_id] = entry
-        self._entries.move_to_end(session_id)
-        while len(self._entries) > self._max_cached:
-            self._entries.popitem(last=False)
+        with self._entries_lock:
+            self._entries[session_id] = entry
+            self._entries.move_to_end(session_id)
+            while len(self._entries) > self._max_cached:
+                self._entries.popitem(last=False)
         await self._emit("SessionLoaded", session_id, None, version=version)
         return entry
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,12 +23,7 @@ from ce.core.errors import (
     TurnNotFoundError,
 )
 from ce.core.events import EventBus, InMemoryEventBus
-from ce.core.pipeline import (
-    IngestOptions,
-    LlmAdapter,
-    LlmSummarizer,
-    Summarizer,
-)
+from ce.core.pipeline import IngestOptions, LlmAdapter, LlmSummarizer, Summarizer
 from ce.core.primitives import (
     Clock,
     Hasher,
@@ -126,6 +122,7 @@ class ContextEngine(Preparer):
         self._stored_forms: dict[int, dict[str, str]] = {}
         self._summarizer = summarizer or (LlmSummarizer(llm_adapter) if llm_adapter else None)
         self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
+        self._entries_lock = threading.Lock()
         self._max_cached = max_cached_sessions
         self._locks = SessionLocks()
         self._deferred = DeferredWrites()

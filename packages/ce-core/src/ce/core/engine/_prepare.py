@@ -11,17 +11,9 @@ from ce.core.engine._core import EngineCore
 from ce.core.engine._session import SessionEntry
 from ce.core.engine._turn import Selection, select_and_assemble
 from ce.core.engine._writes import WriteLog
-from ce.core.errors import (
-    BudgetExceededError,
-    SummarizerError,
-)
-from ce.core.pipeline import (
-    should_summarize,
-    summary_range_end,
-)
-from ce.core.primitives import (
-    parse_iso,
-)
+from ce.core.errors import BudgetExceededError, SummarizerError
+from ce.core.pipeline import should_summarize, summary_range_end
+from ce.core.primitives import parse_iso
 from ce.core.schema import (
     Evidence,
     EvidenceLinks,
