@@ -192,13 +192,14 @@ async def test_uninstall_restores_langchain_and_the_apps_own_messages(
 ) -> None:
     from langchain_core.tracers import context as tracer_context
 
-    original = BaseChatModel.__dict__["_convert_input"]
+    names = ("_convert_input", "ainvoke", "astream")
+    originals = [BaseChatModel.__dict__[name] for name in names]
     hooks = list(tracer_context._configure_hooks)
     plugin = ce.langchain.install(engine)
-    assert BaseChatModel.__dict__["_convert_input"] is not original
+    assert all(BaseChatModel.__dict__[n] is not o for n, o in zip(names, originals, strict=True))
     assert len(tracer_context._configure_hooks) == len(hooks) + 1
     plugin.uninstall()
-    assert BaseChatModel.__dict__["_convert_input"] is original
+    assert all(BaseChatModel.__dict__[n] is o for n, o in zip(names, originals, strict=True))
     assert tracer_context._configure_hooks == hooks
     assert all(a is b for a, b in zip(tracer_context._configure_hooks, hooks, strict=True))
     model = make_model()

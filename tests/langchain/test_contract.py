@@ -102,4 +102,8 @@ class TestLangChainContract(PluginContract):
         return app.stream(text, session_id)
 
     def patched_targets(self) -> list[tuple[Any, str]]:
-        return [(BaseChatModel, "_convert_input")]
+        return [
+            (BaseChatModel, "_convert_input"),
+            (BaseChatModel, "ainvoke"),
+            (BaseChatModel, "astream"),
+        ]

@@ -1,8 +1,9 @@
-"""LangChain message types <-> the engine's neutral messages (through OpenAI-style dicts)."""
+"""LangChain message types <-> the engine's neutral messages (through OpenAI-style dicts), and
+the engine's input back onto the app's own message objects (:func:`reconcile`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import (
@@ -13,10 +14,20 @@ from langchain_core.messages import (
 )
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from ce.core.formats import from_openai_messages, to_openai_messages
 from ce.core.integration import message_from_openai
 from ce.core.schema import Message, ModelInvocation
 
-__all__ = ["ai_to_message", "from_openai", "message_text", "to_openai", "tool_schemas"]
+__all__ = [
+    "ai_to_message",
+    "from_openai",
+    "message_text",
+    "reconcile",
+    "to_openai",
+    "tool_schemas",
+]
+
+_TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
 
 
 def to_openai(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
@@ -67,3 +78,144 @@ def message_text(message: BaseMessage) -> str:
         elif isinstance(block, dict) and block.get("type") == "text":
             parts.append(str(block.get("text", "")))
     return "".join(parts)
+
+
+# -- the engine's input back onto the app's messages ---------------------------------------
+#
+# The engine speaks text: ``ce.core.formats.from_openai_messages`` keeps only the text parts of
+# a message (image, file and audio parts are dropped before ``prepare_call``) and the assembled
+# input comes back as plain OpenAI dicts. Rebuilding LangChain messages from those would lose
+# what the engine never saw: image parts, message ids, ``additional_kwargs``,
+# ``response_metadata``, a tool message's ``artifact``.
+
+_Key = tuple[Hashable, ...]
+
+
+def _keys(messages: Sequence[Mapping[str, Any]]) -> list[_Key]:
+    """What the engine sees of each OpenAI message (role, text, tool call id, name, tool
+    calls), through the engine's own conversion: messages with equal keys are the same
+    message to the engine."""
+    out: list[_Key] = []
+    for message in to_openai_messages(from_openai_messages(messages)):
+        calls = tuple(
+            (c["id"], c["function"]["name"], c["function"]["arguments"])
+            for c in message.get("tool_calls") or ()
+        )
+        out.append(
+            (
+                message["role"],
+                message.get("content"),
+                message.get("tool_call_id"),
+                message.get("name"),
+                calls,
+            )
+        )
+    return out
+
+
+def _unchanged(app_keys: list[_Key], sent_keys: list[_Key]) -> list[int | None]:
+    """For each sent message, the index of the app message it is unchanged from, or None:
+    matched from the end, keeping the order (the newest messages are the app's pending ones;
+    older ones may come from the store)."""
+    index: dict[_Key, list[int]] = {}
+    for j, key in enumerate(app_keys):
+        index.setdefault(key, []).append(j)
+    match: list[int | None] = [None] * len(sent_keys)
+    bound = len(app_keys)
+    for i in range(len(sent_keys) - 1, -1, -1):
+        candidates = index.get(sent_keys[i])
+        while candidates and candidates[-1] >= bound:
+            candidates.pop()
+        if candidates:
+            bound = candidates.pop()
+            match[i] = bound
+    return match
+
+
+def _rewritten(
+    app_keys: list[_Key], sent_keys: list[_Key], match: list[int | None]
+) -> dict[int, int]:
+    """Sent messages whose text alone the engine rewrote (redaction, a fenced tool result,
+    the system prompt with the engine's context), to the app message each stands for: between
+    the same unchanged neighbours, a tool result with the same ``tool_call_id``, and the
+    system and user messages in order when both sides have as many of them there (after the
+    last unchanged message, the newest user message at least: the app's pending question).
+    Assistant messages are never paired (their tool calls go as the engine sent them)."""
+    pairs: dict[int, int] = {}
+    anchors = [(i, j) for i, j in enumerate(match) if j is not None]
+    low_i = low_j = -1
+    for high_i, high_j in [*anchors, (len(sent_keys), len(app_keys))]:
+        sent_gap = range(low_i + 1, high_i)
+        app_gap = range(low_j + 1, high_j)
+        if sent_gap and app_gap:
+            for role in ("system", "user"):
+                sent_role = [i for i in sent_gap if sent_keys[i][0] == role]
+                app_role = [j for j in app_gap if app_keys[j][0] == role]
+                if sent_role and len(sent_role) == len(app_role):
+                    pairs.update(zip(sent_role, app_role, strict=True))
+                elif sent_role and app_role and role == "user" and high_i == len(sent_keys):
+                    pairs[sent_role[-1]] = app_role[-1]
+            results = {app_keys[j][2]: j for j in app_gap if app_keys[j][0] == "tool"}
+            for i in sent_gap:
+                if sent_keys[i][0] == "tool" and sent_keys[i][2] in results:
+                    pairs[i] = results.pop(sent_keys[i][2])
+        low_i, low_j = high_i, high_j
+    return pairs
+
+
+def _with_text(message: BaseMessage, text: str) -> BaseMessage:
+    """A copy of ``message`` with ``text`` as its text: a string content is replaced; in a
+    list content the first text block takes ``text`` (its other keys kept), the other text
+    blocks go, every other block (images, files, audio) stays where it was."""
+    content = message.content
+    if isinstance(content, str):
+        return message.model_copy(update={"content": text})
+    blocks: list[Any] = []
+    placed = False
+    for block in content:
+        is_text = isinstance(block, str) or (
+            isinstance(block, dict) and block.get("type") in _TEXT_TYPES
+        )
+        if not is_text:
+            blocks.append(block)
+        elif not placed:
+            placed = True
+            blocks.append({**block, "text": text} if isinstance(block, dict) else text)
+    if not placed and text:
+        blocks.insert(0, {"type": "text", "text": text})
+    return message.model_copy(update={"content": blocks})
+
+
+def reconcile(
+    app: Sequence[BaseMessage],
+    pending: Sequence[Mapping[str, Any]],
+    sent: Sequence[Mapping[str, Any]],
+) -> list[BaseMessage]:
+    """The LangChain messages the model receives for the engine's OpenAI-style ``sent``,
+    given the app's own messages ``app`` and their OpenAI dicts ``pending`` (one each, in
+    order): the app's own object for every message the engine kept as it was (ids,
+    ``additional_kwargs``, image / file / audio parts and all), a copy of the app's message
+    with the engine's text for a system, user or tool message whose text alone the engine
+    rewrote, and new messages for what the engine added (its summary, history the app did not
+    pass, an assistant turn it changed)."""
+    if len(pending) != len(app):
+        return from_openai(sent)
+    app_keys, sent_keys = _keys(pending), _keys(sent)
+    match = _unchanged(app_keys, sent_keys)
+    rewritten = _rewritten(app_keys, sent_keys, match)
+    out: list[BaseMessage | None] = []
+    built: list[int] = []
+    for i, j in enumerate(match):
+        if j is not None:
+            out.append(app[j])
+        elif i in rewritten:
+            text = sent_keys[i][1]
+            out.append(_with_text(app[rewritten[i]], text if isinstance(text, str) else ""))
+        else:
+            out.append(None)
+            built.append(i)
+    if built:
+        new = from_openai([sent[i] for i in built])
+        for i, message in zip(built, new, strict=True):
+            out[i] = message
+    return [m for m in out if m is not None]

@@ -1,16 +1,16 @@
-"""Engine -> LangChain: the assembled input replaces the chat model's input before every call.
+"""Engine -> LangChain: the engine's assembled input for a chat model's call, on either face of
+the engine (:func:`inject_sync` inline through ``engine.sync``, :func:`inject_async` awaited on
+the caller's loop), handed back as the app's own message objects where the engine kept them
+(:func:`ce.langchain._convert.reconcile`).
 
-Two seams. The one-line ``install()`` wraps ``BaseChatModel._convert_input``: LangChain has no
-public hook that can change a chat model's input for every call, and ``invoke``, ``ainvoke``,
-``stream`` and ``astream`` all convert their input through this one method before any callback
-fires (so traces show what the model really received). ``middleware()`` uses the official
-``create_agent`` seam, ``wrap_model_call`` / ``awrap_model_call``, and is ephemeral like
-LangChain's ``ContextEditingMiddleware`` (the graph state keeps the app's own messages).
+The seams that call them: the one-line ``install()`` patches in :mod:`ce.langchain._patch`;
+``middleware()`` here, through the official ``create_agent`` seam ``wrap_model_call`` /
+``awrap_model_call``, ephemeral like LangChain's ``ContextEditingMiddleware`` (the graph state
+keeps the app's own messages); ``wrap()`` in :mod:`ce.langchain._wrap`.
 """
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from langchain_core.messages import BaseMessage, SystemMessage
-from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from langchain_core.runnables.config import var_child_runnable_config
 
 from ce.core.integration import (
@@ -31,12 +30,10 @@ from ce.core.integration import (
     prepare_openai,
     prepare_openai_sync,
 )
-from ce.langchain._convert import from_openai, message_text, to_openai, tool_schemas
-from ce.langchain._scopes import messages_key, parent_run_id
+from ce.langchain._convert import message_text, reconcile, to_openai, tool_schemas
+from ce.langchain._scopes import parent_run_id
 
 if TYPE_CHECKING:
-    from langchain_core.language_models import BaseChatModel
-
     from ce.langchain._plugin import LangChainPlugin
 
 __all__ = [
@@ -47,7 +44,6 @@ __all__ = [
     "current_config",
     "inject_async",
     "inject_sync",
-    "make_convert_input",
     "make_middleware",
     "new_run_id",
     "should_skip",
@@ -64,10 +60,6 @@ _HELPER_NODE_SUFFIXES = (".before_model", ".after_model", ".before_agent", ".aft
 
 # Set while a middleware / wrapper has already injected: the global patch then stays out.
 _injected: ContextVar[bool] = ContextVar("ce_langchain_injected", default=False)
-# The messages the patch handed out last in this context. Providers convert their input again
-# inside ``_generate`` (langchain-openai's ``_get_request_payload`` does): that second
-# conversion of the very same message objects must pass through, not be prepared again.
-_handed_out: ContextVar[tuple[BaseMessage, ...]] = ContextVar("ce_langchain_handed_out", default=())
 
 
 def _run_id_factory() -> Callable[[], UUID]:
@@ -214,7 +206,7 @@ def inject_sync(
     if sent is None:
         return messages
     try:
-        return from_openai(sent)
+        return reconcile(messages, pending, sent)
     except Exception as exc:
         return _fallback_sync(plugin, session_id, messages, exc)
 
@@ -235,88 +227,9 @@ async def inject_async(
     if sent is None:
         return messages
     try:
-        return from_openai(sent)
+        return reconcile(messages, pending, sent)
     except Exception as exc:
         return await _fallback_async(plugin, session_id, messages, exc)
-
-
-# The BaseChatModel methods that convert their input through ``_convert_input`` right after
-# ``config = ensure_config(config)`` and pop ``config["run_id"]`` for the call's run later.
-_ENTRY_POINTS = frozenset(
-    {"invoke", "ainvoke", "stream", "astream", "_chat_model_stream_v3", "_achat_model_stream_v3"}
-)
-
-
-def _caller(model: BaseChatModel) -> tuple[Sequence[Any] | None, dict[str, Any] | None]:
-    """The bound tools and the (ensured) run config of the call ``model._convert_input`` is
-    converting for.
-
-    ``bind_tools`` binds the tools as the ``tools`` kwarg, which reaches ``invoke`` /
-    ``ainvoke`` / ``stream`` / ``astream`` (and ``_generate`` later) but not
-    ``_convert_input``; they and the ``config`` dict (whose ``run_id`` the call's run takes)
-    are read from that caller's locals, two frames up (the caller of the patched method).
-    Anything unexpected there means no tools and no config."""
-    frame = sys._getframe(2)
-    try:
-        if frame.f_code.co_name not in _ENTRY_POINTS or frame.f_locals.get("self") is not model:
-            return None, None
-        kwargs = frame.f_locals.get("kwargs")
-        config = frame.f_locals.get("config")
-    finally:
-        del frame
-    tools = kwargs.get("tools") if isinstance(kwargs, dict) else None
-    tools = tools if isinstance(tools, (list, tuple)) and tools else None
-    return tools, config if isinstance(config, dict) else None
-
-
-def make_convert_input(
-    plugin: LangChainPlugin,
-) -> Callable[[Callable[[Any, Any], PromptValue]], Callable[[Any, Any], PromptValue]]:
-    """The ledger's replacement factory for ``BaseChatModel._convert_input``.
-
-    The call's scope comes from its run config (the parent run and the metadata); the call
-    gets its run id here (put into the caller's ensured config, which LangChain pops for the
-    run) so the handler records the call into the scope it was assembled in."""
-
-    def factory(
-        original: Callable[[BaseChatModel, Any], PromptValue],
-    ) -> Callable[[BaseChatModel, Any], PromptValue]:
-        def _convert_input(self: BaseChatModel, model_input: Any) -> PromptValue:
-            value = original(self, model_input)
-            if _injected.get() or not plugin.installed or getattr(self, "_ce_injects", False):
-                return value
-            messages = value.to_messages()
-            last = _handed_out.get()
-            if len(last) == len(messages) and all(
-                a is b for a, b in zip(last, messages, strict=True)
-            ):
-                return value
-            tools, config = _caller(self)
-            if config is None:
-                config = dict(var_child_runnable_config.get() or {})
-                run_id = None
-            else:
-                run_id = config.get("run_id")
-                if run_id is None:
-                    run_id = config["run_id"] = new_run_id()
-            tags = [*(config.get("tags") or []), *(self.tags or [])]
-            metadata = {**(config.get("metadata") or {}), **(self.metadata or {})}
-            if should_skip(tags, metadata):
-                return value
-            scope = call_scope(
-                plugin, config, tags, metadata, run_id if isinstance(run_id, UUID) else None
-            )
-            sent = inject_sync(plugin, scope.session_id, messages, tools)
-            if not isinstance(run_id, UUID) and sent:
-                # no run id to find the scope by: the handler finds it by these very messages
-                plugin.tracker.remember(messages_key(sent), scope, tuple(sent))
-            _handed_out.set(tuple(sent))
-            return ChatPromptValue(messages=sent)
-
-        _convert_input.__wrapped__ = original  # type: ignore[attr-defined]
-        return _convert_input
-
-    return factory
 
 
 def _split_system(messages: list[BaseMessage]) -> tuple[SystemMessage | None, list[BaseMessage]]:

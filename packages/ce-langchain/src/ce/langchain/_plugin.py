@@ -21,7 +21,9 @@ __all__ = ["LangChainPlugin", "install", "middleware", "uninstall", "wrap"]
 class LangChainPlugin(Plugin):
     """Records every LangChain run and injects the engine's assembled input before every
     chat-model call (``invoke``, ``ainvoke``, ``stream``, ``astream``; tool loops of
-    ``create_agent`` and LangGraph graphs included).
+    ``create_agent`` and LangGraph graphs included): sync calls through the blocking engine
+    (``engine.sync``, inline), async calls awaiting the engine on the caller's event loop.
+    The model receives the app's own message objects wherever the engine kept them.
 
     With ``mode="augment"`` the model receives the app's own messages, the engine's context
     (memory, state, summary, evidence) as one more system message after the app's system
@@ -55,7 +57,7 @@ class LangChainPlugin(Plugin):
         from langchain_core.tools import BaseTool
         from langchain_core.tracers import context as tracer_context
 
-        from ce.langchain._inject import make_convert_input
+        from ce.langchain._patch import make_ainvoke, make_astream, make_convert_input
         from ce.langchain._record import RecordingHandler
         from ce.langchain._scopes import (
             ScopeTracker,
@@ -89,9 +91,13 @@ class LangChainPlugin(Plugin):
 
         self.ledger.register(unregister, "langchain configure hook (RecordingHandler)")
         if patch:
-            # No public hook can change a chat model's input on every call: wrap the one
-            # conversion invoke / ainvoke / stream / astream all go through.
+            # No public hook can change a chat model's input on every call: the sync paths
+            # are prepared inline in the one conversion invoke / stream go through; ainvoke /
+            # astream await the engine first and hand that conversion the prepared input
+            # (the seams and why: ce.langchain._patch).
             self.ledger.wrap(BaseChatModel, "_convert_input", make_convert_input(self))
+            self.ledger.wrap(BaseChatModel, "ainvoke", make_ainvoke(self))
+            self.ledger.wrap(BaseChatModel, "astream", make_astream(self))
 
 
 def install(

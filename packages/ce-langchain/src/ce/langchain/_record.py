@@ -91,6 +91,10 @@ class RecordingHandler(BaseCallbackHandler):
     nested in them may not be)."""
 
     raise_error = False
+    # Called on the run's own thread, in async runs too (not on an executor thread): every
+    # hook is cheap (a tracker entry, a record queued with record_sync, whose write then runs
+    # as a task on the run's event loop), so an async run never hops threads nor blocks.
+    run_inline = True
 
     def __init__(self, plugin: Plugin, tracker: ScopeTracker) -> None:
         self.plugin = plugin
