@@ -188,9 +188,10 @@ def from_openai(
 ) -> list[ChatMessage]:
     """The LlamaIndex messages for what the engine assembled. A message the engine left as
     it was is the app's very object (its images, provider fields and tool-call form kept);
-    one whose text the engine changed (a redacted call, a fenced tool result) is a copy of the
-    app's message with the new text; the rest (the engine's system message, history from
-    earlier runs) are new messages."""
+    one whose text the engine changed (a redacted call, a fenced tool result, the newest user
+    message redacted) is a copy of the app's message with the new text, its other blocks
+    (images, audio) kept; the rest (the engine's system message, history from earlier runs)
+    are new messages."""
     same: dict[tuple[Any, ...], list[int]] = {}
     slots: dict[tuple[str, ...], list[int]] = {}
     for index, original in enumerate(original_dicts):
@@ -199,6 +200,10 @@ def from_openai(
         if original_slot is not None:
             slots.setdefault(original_slot, []).append(index)
     used: set[int] = set()
+    # the newest user message is always in the engine's input (it may be redacted): the last
+    # user message sent stands for the app's last one
+    newest = _last_user(original_dicts)
+    newest_sent = _last_user(sent)
 
     def take(candidates: list[int] | None) -> int | None:
         for index in candidates or ():
@@ -208,18 +213,27 @@ def from_openai(
         return None
 
     result: list[ChatMessage] = []
-    for message in sent:
+    for position, message in enumerate(sent):
         kept = take(same.get(_key(message)))
         if kept is not None:
             result.append(originals[kept])
             continue
         slot = _slot(message)
         changed = take(slots.get(slot)) if slot is not None else None
+        if changed is None and position == newest_sent and newest is not None:
+            changed = take([newest])
         if changed is not None:
             result.append(_with_text(originals[changed], _content(message)))
             continue
         result.append(_build(message))
     return result
+
+
+def _last_user(messages: Sequence[Mapping[str, Any]]) -> int | None:
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            return index
+    return None
 
 
 def _content(message: Mapping[str, Any]) -> str:

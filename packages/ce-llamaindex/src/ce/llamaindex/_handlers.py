@@ -1,12 +1,16 @@
 """The span and event handlers the plugin adds to LlamaIndex's root dispatcher.
 
 The span handler sees every span open (before the method body runs, with the very arguments
-the method receives) and close: it resolves each span's session, rewrites the messages of
-outermost LLM chat spans (``_inject``), and records tool runs from the agent's ``call_tool``
-step (or from tools the app calls itself). The event handler records LLM calls (usage, the
-reply, streaming included) and retrieval hits. The dispatcher swallows handler errors, so
-both handlers fail open by construction; engine failures are also logged and reported as
-``Degraded`` events by the integration kit's guards.
+the method receives) and close: it resolves each span's session (cheap, no engine call), has
+the messages of outermost LLM chat spans rewritten (``_inject``), and records tool runs from
+the agent's ``call_tool`` step (or from tools the app calls itself). A sync chat call
+(``chat`` / ``stream_chat``) is rewritten right there, by the blocking engine inline; an async
+one (``achat`` / ``astream_chat``) is left to the async seam (``_seam``), which awaits the
+engine inside the span, on the caller's event loop, before the provider reads the list (the
+dispatcher calls span handlers synchronously: a handler can only block). The event handler
+records LLM calls (usage, the reply, streaming included) and retrieval hits. The dispatcher
+swallows handler errors, so both handlers fail open by construction; engine failures are also
+logged and reported as ``Degraded`` events by the integration kit's guards.
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ from llama_index.core.instrumentation.events.llm import (
 )
 from llama_index.core.instrumentation.events.query import QueryEndEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
-from llama_index.core.instrumentation.span import BaseSpan
+from llama_index.core.instrumentation.span import BaseSpan, active_span_id
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.tools.types import BaseTool
 
 from ce.core.integration import ToolRun, is_suppressed, resolve_scope
-from ce.llamaindex._inject import inject_sync
+from ce.llamaindex._inject import inject_async, inject_sync
 from ce.llamaindex._record import LlmCall, Tracker, call_args
 from ce.llamaindex._scopes import CHAT_METHODS, SpanInfo, is_tool, method_of, span_scope
+from ce.llamaindex._seam import ASYNC_CHAT_METHODS, seamed
 
 __all__ = [
     "EventRecorder",
@@ -100,6 +105,24 @@ def _open_tool(
     )
 
 
+def _chat_input(arguments: Mapping[str, Any]) -> tuple[list[Any] | None, Any]:
+    """The ``messages`` list of a chat span's arguments (``None`` when it is not a list: it
+    cannot be rewritten in place) and the request's ``tools``."""
+    messages = arguments.get("messages")
+    extra = arguments.get("kwargs")
+    tools = extra.get("tools") if isinstance(extra, Mapping) else None
+    return (messages if isinstance(messages, list) else None), tools
+
+
+def _put(call: LlmCall, messages: list[Any], sent: list[Any] | None) -> None:
+    """Put ``sent`` into the call's list in place (the provider and the chat events read that
+    very list); the caller's messages are put back when the call is over."""
+    if sent is not None:
+        call.original = list(messages)
+        call.target = messages
+        messages[:] = sent
+
+
 class SpanTracker(BaseSpanHandler[BaseSpan]):
     """Sessions of spans, injection into LLM chat spans, tool runs."""
 
@@ -156,7 +179,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             if is_tool(instance, method):
                 info.tool_pending = False  # the tool object of the call_tool step above
         if isinstance(instance, BaseLLM) and method in CHAT_METHODS:
-            info.call = self._enter_llm(id_, info, parent, instance, arguments)
+            info.call = self._enter_llm(id_, method, info, parent, instance, arguments)
         with tracker.lock:
             tracker.spans[id_] = info
         return None
@@ -164,6 +187,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
     def _enter_llm(
         self,
         id_: str,
+        method: str,
         info: SpanInfo,
         parent: SpanInfo | None,
         llm: BaseLLM,
@@ -185,26 +209,52 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             )
             wrapper = getattr(llm, "ce_injects", False)  # wrap(): it injects itself
             if self._inject and not (call.skip or wrapper):
-                self._rewrite(id_, call, arguments)
+                if method in ASYNC_CHAT_METHODS and seamed(llm, method):
+                    call.deferred = arguments  # awaited at the seam: inject_deferred
+                else:  # a sync call, or an async method no seam wraps: inline, blocking
+                    self._rewrite(id_, call, arguments)
         with tracker.lock:
             tracker.calls[id_] = call
         return call
 
     def _rewrite(self, id_: str, call: LlmCall, arguments: Mapping[str, Any]) -> None:
-        messages = arguments.get("messages")
-        if not isinstance(messages, list):
+        messages, tools = _chat_input(arguments)
+        if messages is None:
             return
-        extra = arguments.get("kwargs")
-        tools = extra.get("tools") if isinstance(extra, Mapping) else None
         try:
             sent = inject_sync(self.tracker.plugin, call.session_id, messages, tools)
         except Exception as exc:  # fail_closed: raised into the call by the dispatcher patch
             _failure.set((id_, exc))
             return
-        if sent is not None:
-            call.original = list(messages)
-            call.target = messages
-            messages[:] = sent
+        _put(call, messages, sent)
+
+    async def inject_deferred(self, llm: BaseLLM) -> None:
+        """The async seam's work (``_seam``), run inside the chat span the current context is
+        in, before the chat callback and the provider's body: await the engine for the call
+        the span handler left to it (none for a nested span, a suppressed call, ``wrap()``'s
+        LLM) and rewrite the call's list. With ``fail_closed`` the engine's error is raised
+        here, into the call (the model is not called, nor is the call recorded)."""
+        tracker = self._tracker
+        span_id = active_span_id.get()
+        if tracker is None or span_id is None or not tracker.plugin.installed:
+            return
+        with tracker.lock:
+            call = tracker.calls.get(span_id)
+            if call is None or call.root != span_id or call.deferred is None:
+                return
+            arguments, call.deferred = call.deferred, None
+        messages, tools = _chat_input(arguments)
+        if messages is None:
+            return
+        try:
+            sent = await inject_async(tracker.plugin, call.session_id, messages, tools)
+        except BaseException:  # fail_closed, or the task cancelled: the model is not called
+            call.skip = True
+            raise
+        with tracker.lock:
+            if tracker.calls.get(span_id) is not call:
+                return  # uninstalled meanwhile: nobody would put the caller's list back
+        _put(call, messages, sent)
 
     def _close(self, id_: str, result: Any, err: BaseException | None) -> None:
         tracker = self.tracker

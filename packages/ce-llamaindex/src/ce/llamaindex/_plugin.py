@@ -30,9 +30,10 @@ class LlamaIndexPlugin(Plugin):
     LLM chat call (``chat``, ``achat``, ``stream_chat``, ``astream_chat``: FunctionAgent,
     AgentWorkflow and ReActAgent tool loops, chat engines, and direct LLM calls).
 
-    It adds one span handler and one event handler to LlamaIndex's root dispatcher and
-    removes exactly those on :meth:`uninstall`. With ``mode="augment"`` the model receives
-    the app's own messages plus the engine's context (see
+    It adds one span handler and one event handler to LlamaIndex's root dispatcher and, to
+    await the engine on async calls, wraps every LLM class's ``achat`` / ``astream_chat`` (and
+    those of LLM classes created later); :meth:`uninstall` removes exactly those. With
+    ``mode="augment"`` the model receives the app's own messages plus the engine's context (see
     :func:`ce.core.integration.augment_openai`). Option of :meth:`install`: ``inject=False``
     records only (inject with :func:`wrap` instead). Calls inside
     :func:`ce.core.integration.suppressed` are neither rewritten nor recorded.
@@ -61,6 +62,11 @@ class LlamaIndexPlugin(Plugin):
         self.ledger.register(lambda: _remove(root.event_handlers, events), "root event handler")
         self.tracker = tracker
         self.ledger.register(self._forget_tracker, "tracker")
+        if inject:
+            from ce.llamaindex._seam import Seams
+
+            # async chat calls await the engine inside their span (see _seam: why there)
+            Seams(self.ledger, spans.inject_deferred).install()
         if self.fail_closed and inject:
             self._raise_from_span_enter()
 
@@ -72,7 +78,8 @@ class LlamaIndexPlugin(Plugin):
     def _raise_from_span_enter(self) -> None:
         # The dispatcher swallows every error of its handlers, so no handler can stop a
         # call; with fail_closed the engine's error must reach the caller: span_enter (which
-        # runs before the LLM method body, outside the wrapper's try) re-raises it.
+        # runs before the LLM method body, outside the wrapper's try) re-raises it. The async
+        # seam raises its own error into the call itself.
         from llama_index.core.instrumentation.dispatcher import (  # type: ignore[attr-defined]
             Dispatcher,
         )

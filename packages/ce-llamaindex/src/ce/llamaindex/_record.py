@@ -60,6 +60,8 @@ class LlmCall:
     root_done: bool = False
     target: list[Any] | None = None
     original: list[Any] | None = None
+    deferred: Mapping[str, Any] | None = None
+    """The chat span's arguments, until the async seam injects them."""
 
 
 def tokens_of(response: ChatResponse) -> tuple[int, int]:

@@ -1,0 +1,154 @@
+"""The async seam: every LLM class's ``achat`` / ``astream_chat`` awaits the engine inside its
+chat span, before LlamaIndex's chat callback and the provider's body run.
+
+Why there: LlamaIndex gives no awaited hook between a chat span opening and the LLM reading
+its messages. Span handlers are called synchronously (``Dispatcher.span_enter``, from the span
+decorator, before the method body); ``LLMChatStartEvent`` goes out through the synchronous
+``Dispatcher.event``; the chat callback's only await before the body is an optional rate
+limiter; providers read the messages before their first await. A handler can therefore only
+call the engine blocking, which on an async path stalls the event loop for the whole
+``prepare_call``. So the plugin makes the seam itself: at install, each LLM class's own
+``achat`` / ``astream_chat`` (the dispatcher's span around the chat callback around the
+provider's body) is replaced, through the plugin's ledger, by the same span around a coroutine
+that first awaits ``before(llm)`` and then runs the original inner function with the very
+arguments. The span handler has already resolved the call's session synchronously (cheap, no
+engine call) when the seam runs, and the list the seam rewrites is the one the chat callback
+dispatches and the provider reads. Classes created after install are seamed as they are created
+(``BaseLLM.__init_subclass__``, recorded in the ledger too). Every async chat path ends in one
+of these two methods: ``achat_with_tools`` / ``astream_chat_with_tools`` (FunctionAgent,
+AgentWorkflow), ReActAgent, chat engines, ``apredict`` / ``astream`` of chat models.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from types import FunctionType
+from typing import TYPE_CHECKING, Any
+
+from llama_index.core.base.llms.base import BaseLLM
+from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+
+if TYPE_CHECKING:
+    from ce.core.integration import PatchLedger
+
+__all__ = ["ASYNC_CHAT_METHODS", "Seams", "seamed"]
+
+logger = logging.getLogger("ce.llamaindex")
+
+ASYNC_CHAT_METHODS = frozenset({"achat", "astream_chat"})
+"""The methods every async chat call of an LLM ends in."""
+
+_MARK = "ce_async_seam"
+_MISSING = object()
+_SPAN_MARK = "__dispatcher_span_decorated__"  # llama_index_instrumentation's attribute
+
+Before = Callable[[BaseLLM], Awaitable[None]]
+
+
+def seamed(instance: Any, method: str) -> bool:
+    """Whether the ``method`` a call of ``instance`` runs awaits the engine at the seam (else
+    the span handler injects inline)."""
+    try:
+        attribute = inspect.getattr_static(type(instance), method)
+    except AttributeError:
+        return False
+    return getattr(attribute, _MARK, False) is True
+
+
+def _subclasses(cls: type) -> Iterator[type]:
+    seen: set[type] = set()
+    stack: list[type] = list(cls.__subclasses__())
+    while stack:
+        sub = stack.pop()
+        if sub not in seen:
+            seen.add(sub)
+            stack.extend(sub.__subclasses__())
+            yield sub
+
+
+def _seam(cls: type, inner: Callable[..., Any], before: Before) -> Any:
+    """``inner`` (the function the dispatcher's span wrapped) behind ``await before(llm)``,
+    in a span of the class's module dispatcher, as ``DispatcherSpanMixin`` decorates it."""
+
+    async def seam(self: BaseLLM, *args: Any, **kwargs: Any) -> Any:
+        await before(self)
+        return await inner(self, *args, **kwargs)
+
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):  # the span id's name
+        setattr(seam, name, getattr(inner, name, None))
+    seam.__wrapped__ = inner  # type: ignore[attr-defined]  # the signature the span binds
+    setattr(seam, _MARK, True)
+    return get_dispatcher(cls.__module__).span(seam)
+
+
+class Seams:
+    """The async seams of one install: every LLM class present, and those created later."""
+
+    def __init__(self, ledger: PatchLedger, before: Before) -> None:
+        self._ledger = ledger
+        self._before = before
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        """Seam every LLM class there is, and every one created from now on."""
+        own = vars(BaseLLM).get("__init_subclass__")
+        seams = self
+
+        def init_subclass(cls: type[BaseLLM], /, **kwargs: Any) -> None:
+            if isinstance(own, classmethod):
+                own.__func__(cls, **kwargs)
+            else:
+                super(BaseLLM, cls).__init_subclass__(**kwargs)
+            try:
+                seams.add(cls)
+            except Exception:  # a class is never kept from being created
+                logger.warning("cannot seam %s", cls.__qualname__, exc_info=True)
+
+        self._replace(BaseLLM, "__init_subclass__", classmethod(init_subclass))
+        for cls in list(_subclasses(BaseLLM)):
+            self.add(cls)
+
+    def add(self, cls: type) -> None:
+        """Seam the async chat methods ``cls`` defines itself (a class that injects itself,
+        :func:`ce.llamaindex.wrap`'s, is left alone). Never raises: a class that cannot be
+        seamed keeps the span handler's inline injection."""
+        if getattr(cls, "ce_injects", False):
+            return
+        with self._lock:
+            for method in sorted(ASYNC_CHAT_METHODS):
+                current = vars(cls).get(method)
+                if current is None or getattr(current, _MARK, False):
+                    continue
+                inner = getattr(current, "__wrapped__", None)
+                if not (
+                    type(current) is not FunctionType  # the span's wrapper, not a plain function
+                    and getattr(current, _SPAN_MARK, False)
+                    and inspect.iscoroutinefunction(inner)
+                ):
+                    continue  # not a span LlamaIndex opens: the span handler never sees it
+                try:
+                    self._replace(cls, method, _seam(cls, inner, self._before))
+                except Exception:  # an odd class (read-only attributes, a metaclass veto)
+                    logger.warning("cannot seam %s.%s", cls.__qualname__, method, exc_info=True)
+
+    def _replace(self, owner: type, attr: str, new: Any) -> None:
+        """Set ``owner.attr`` (an attribute of the class itself, or none) to ``new``, recorded
+        in the ledger: undo puts back the very object the class held, or deletes ``new``.
+        (Not ``PatchLedger.wrap``: it compares what ``getattr`` returns, and a span wrapper or
+        a classmethod read through ``getattr`` is a new bound object each time.)"""
+        old = vars(owner).get(attr, _MISSING)
+        setattr(owner, attr, new)
+
+        def undo() -> None:
+            if vars(owner).get(attr, _MISSING) is not new:
+                logger.warning("%s.%s was replaced after the plugin wrapped it", owner, attr)
+            if old is _MISSING:
+                if attr in vars(owner):
+                    delattr(owner, attr)
+            else:
+                setattr(owner, attr, old)
+
+        self._ledger.register(undo, f"wrap {owner.__qualname__}.{attr}")

@@ -1,0 +1,293 @@
+"""Async paths await the engine (issue 11), on llama-index-llms-openai's ``OpenAI`` against the
+scripted OpenAI server: ``achat``, ``astream_chat`` and an async ``FunctionAgent`` tool loop run
+with a blocking engine (``engine.sync``) that fails on any use, and the model still receives the
+engine's input (the notebook, within the budget, redacted) while the calls are recorded; 20
+sessions × 3 calls at once never see each other; the image blocks of the app's messages reach
+the wire unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_index.llms.openai")
+
+from llama_index.core.agent.workflow import FunctionAgent, ReActAgent
+from llama_index.core.base.llms.base import BaseLLM
+from llama_index.core.base.llms.types import ChatResponse, ImageBlock, TextBlock
+from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.instrumentation.dispatcher import instrument_tags
+from llama_index.core.llms import ChatMessage
+from llama_index.core.llms.callbacks import llm_chat_callback
+from llama_index.core.tools import FunctionTool
+from llama_index.llms.openai import OpenAI
+from llamaindex_fakes import ScriptedLLM
+
+import ce.llamaindex
+from ce.core.config import BudgetConfig, RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.formats import from_openai_messages
+from ce.core.schema import Role
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
+from ce.core.tokens import TiktokenEstimator
+
+SYSTEM = "You answer from the knowledge base."
+CANARY = "zed.canary@example.com"
+REDACTED = "[REDACTED:email]"
+MARK = "NOTEBOOK-MARK-ASYNC"
+BUDGET = BudgetConfig(max_input_tokens=900, reserved_reply_tokens=100)
+FILLER = "Background detail that matters little. " * 30
+IMAGE = "https://example.com/cat.png"
+
+
+class NoBlockingEngine:
+    """Stands in for ``engine.sync``: every attribute use is noted and fails."""
+
+    def __init__(self) -> None:
+        self.used: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.used.append(name)
+        raise AssertionError(f"a blocking engine call on an async path: engine.sync.{name}")
+
+
+@contextmanager
+def no_blocking(engine: ContextEngine) -> Iterator[NoBlockingEngine]:
+    real, guard = engine.sync, NoBlockingEngine()
+    engine.sync = guard  # type: ignore[assignment]
+    try:
+        yield guard
+    finally:
+        engine.sync = real
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[ContextEngine]:
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=BUDGET))
+    yield engine
+    await engine.close()
+
+
+def _tokens(request: dict[str, Any]) -> int:
+    estimator = TiktokenEstimator()
+    parts = from_openai_messages(request["messages"])
+    return sum(estimator.estimate_message(p.role, p.content, "gpt-4o") for p in parts)
+
+
+def _openai(server: ScriptedOpenAIServer, **kwargs: Any) -> OpenAI:
+    return OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test", **kwargs)
+
+
+def search_kb(query: str) -> str:
+    """Search the knowledge base."""
+    return f"Fact about {query}: it is documented."
+
+
+def _agent_script(body: dict[str, Any]) -> ScriptedResponse:
+    if body["messages"][-1]["role"] == "tool":
+        return ScriptedResponse(text="Here is what the knowledge base says.")
+    return ScriptedResponse(tool_calls=[("call_kb", "search_kb", json.dumps({"query": "cats"}))])
+
+
+def _history() -> list[ChatMessage]:
+    """An app's conversation longer than the budget, ending with a question that carries the
+    canary."""
+    messages = [ChatMessage(role="system", content=SYSTEM)]
+    for turn in range(12):
+        messages.append(ChatMessage(role="user", content=f"Old question {turn}. {FILLER}"))
+        messages.append(ChatMessage(role="assistant", content=f"Old answer {turn}. {FILLER}"))
+    messages.append(ChatMessage(role="user", content=f"New question: mail me at {CANARY}."))
+    return messages
+
+
+def _react_script(body: dict[str, Any]) -> ScriptedResponse:
+    return ScriptedResponse(text="Thought: I can answer without a tool.\nAnswer: Done.")
+
+
+QUESTION = f"New question: mail me at {CANARY}."
+PATHS = {  # the async paths apps take, and the LLM methods they end in
+    "achat": "achat",
+    "astream_chat": "astream_chat",
+    "function_agent": "astream_chat_with_tools",
+    "function_agent_no_streaming": "achat_with_tools",
+    "react_agent": "astream_chat",
+    "chat_engine": "astream_chat",
+}
+
+
+async def _run(path: str, llm: OpenAI) -> str:
+    """One async run of ``path``; the answer."""
+    if path == "achat":
+        return str((await llm.achat(_history())).message.content)
+    if path == "astream_chat":
+        return str([c async for c in await llm.astream_chat(_history())][-1].message.content)
+    if path == "chat_engine":
+        chat = SimpleChatEngine.from_defaults(llm=llm, system_prompt=SYSTEM)
+        streamed = await chat.astream_chat(QUESTION)
+        return "".join([token async for token in streamed.async_response_gen()])
+    tools = [FunctionTool.from_defaults(search_kb)]
+    agent: Any
+    if path == "react_agent":
+        agent = ReActAgent(tools=tools, llm=llm, system_prompt=SYSTEM)
+    else:
+        streaming = path == "function_agent"
+        agent = FunctionAgent(tools=tools, llm=llm, system_prompt=SYSTEM, streaming=streaming)
+    handler = agent.run(user_msg=QUESTION)
+    async for _ in handler.stream_events():
+        pass
+    return str((await handler).response.content)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+async def test_the_async_path_awaits_the_engine_and_never_blocks(
+    path: str, engine: ContextEngine
+) -> None:
+    script: Any = lambda body: ScriptedResponse(text="Done.")  # noqa: E731
+    script = {"react_agent": _react_script}.get(path, script)
+    script = _agent_script if path.startswith("function_agent") else script
+    with ScriptedOpenAIServer(script) as server:
+        llm = _openai(server, additional_kwargs={"stream_options": {"include_usage": True}})
+        ce.llamaindex.install(engine)
+        await engine.update_notebook("s-async", MARK)
+        with no_blocking(engine) as blocking, instrument_tags({"ce_session_id": "s-async"}):
+            reply = await _run(path, llm)
+            ce.llamaindex.uninstall()
+        requests = server.requests
+
+    agent = path.startswith("function_agent")
+    assert blocking.used == []
+    assert len(requests) == (2 if agent else 1)
+    assert [r.get("stream", False) for r in requests][-1] == ("stream" in PATHS[path])
+    for request in requests:
+        messages = request["messages"]
+        assert messages[0]["role"] == "system"
+        assert MARK in messages[0]["content"]
+        if path != "react_agent":  # llama-index-core 0.14.0's ReActAgent drops system_prompt
+            assert SYSTEM in messages[0]["content"]
+        assert CANARY not in json.dumps(request)
+        assert _tokens(request) <= BUDGET.max_input_tokens - BUDGET.reserved_reply_tokens
+    assert REDACTED in requests[0]["messages"][-1]["content"]
+    if agent:
+        assert requests[1]["messages"][-1]["role"] == "tool"
+    elif path in ("achat", "astream_chat"):
+        assert len(requests[0]["messages"]) < len(_history())  # the budget left history out
+    await engine.flush()
+    doc = await engine.get_session("s-async")
+    assert len(doc.session.model_usage) == len(requests)
+    assert all((u.prompt_tokens, u.completion_tokens) == (10, 5) for u in doc.session.model_usage)
+    answers = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
+    assert answers[-1] in (reply, f"Thought: I can answer without a tool.\nAnswer: {reply}")
+
+
+async def test_twenty_sessions_at_once_each_see_only_their_own(engine: ContextEngine) -> None:
+    """20 sessions × 3 ``achat`` calls under ``asyncio.gather``, each call sending only its new
+    question: every request carries its own session's earlier turns (from the engine) and no
+    other session's canary, with no blocking engine call."""
+    words = [f"word{chr(65 + i)}{chr(65 + i)}canary" for i in range(20)]
+
+    def echo(body: dict[str, Any]) -> ScriptedResponse:
+        return ScriptedResponse(text=f"ack {len(body['messages'])}")
+
+    with ScriptedOpenAIServer(echo) as server:
+        llm = _openai(server)
+        ce.llamaindex.install(engine)
+
+        async def user(index: int) -> None:
+            for turn in range(3):
+                question = f"turn {turn}: my word is {words[index]}"
+                with instrument_tags({"ce_session_id": f"user-{index}"}):
+                    await llm.achat([ChatMessage(role="user", content=question)])
+
+        with no_blocking(engine) as blocking:
+            await asyncio.gather(*(user(i) for i in range(20)))
+            ce.llamaindex.uninstall()
+        requests = server.requests
+
+    assert blocking.used == []
+    assert len(requests) == 60
+    seen: dict[str, list[int]] = {}
+    for request in requests:
+        text = json.dumps(request)
+        (word,) = [w for w in words if w in text]
+        turn = int(request["messages"][-1]["content"].split(":")[0].removeprefix("turn "))
+        seen.setdefault(word, []).append(turn)
+        for earlier in range(turn):  # the session's history, from the engine
+            assert f"turn {earlier}: my word is {word}" in text
+    assert {w: sorted(t) for w, t in seen.items()} == {w: [0, 1, 2] for w in words}
+    await engine.flush()
+    for index in range(20):
+        doc = await engine.get_session(f"user-{index}")
+        assert len(doc.session.model_usage) == 3
+
+
+def _image_message(text: str) -> ChatMessage:
+    return ChatMessage(
+        role="user", blocks=[TextBlock(text=text), ImageBlock(url=IMAGE, detail="low")]
+    )
+
+
+def _image_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message["content"]
+    if not isinstance(content, list):
+        return []
+    return [p for p in content if p.get("type") == "image_url"]
+
+
+@pytest.mark.parametrize("path", ["chat", "achat"])
+async def test_image_blocks_reach_the_model_unchanged(path: str, engine: ContextEngine) -> None:
+    """An earlier message with an image (unchanged: the app's very object is sent) and a new
+    question with an image whose text the engine redacts: both images reach the wire."""
+    with ScriptedOpenAIServer([ScriptedResponse(text="A cat.")]) as server:
+        llm = _openai(server)
+        ce.llamaindex.install(engine, session_id="s-image")
+        mine = [
+            ChatMessage(role="system", content=SYSTEM),
+            _image_message("Here is my first picture."),
+            ChatMessage(role="assistant", content="Nice picture."),
+            _image_message(f"And this one? Mail me at {CANARY}."),
+        ]
+        if path == "chat":
+            llm.chat(mine)
+        else:
+            await llm.achat(mine)
+        (request,) = server.requests
+    messages = request["messages"]
+    users = [m for m in messages if m["role"] == "user"]
+    assert len(users) == 2
+    for message in users:
+        (part,) = _image_parts(message)
+        assert part["image_url"]["url"] == IMAGE
+    assert "Here is my first picture." in json.dumps(users[0])
+    assert REDACTED in json.dumps(users[1]) and CANARY not in json.dumps(request)
+
+
+async def test_the_seams_come_off_exactly_and_cover_classes_made_later(
+    engine: ContextEngine,
+) -> None:
+    originals = {m: vars(OpenAI)[m] for m in ("achat", "astream_chat")}
+    ce.llamaindex.install(engine, session_id="s-later")
+    assert all(vars(OpenAI)[m] is not o for m, o in originals.items())
+    assert "__init_subclass__" in vars(BaseLLM)
+
+    class Later(ScriptedLLM):  # an LLM class defined after install()
+        @llm_chat_callback()
+        async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+            return self._reply(messages)
+
+    await engine.update_notebook("s-later", MARK)
+    llm = Later(script=lambda messages: ("ok", []), seen=[])
+    with no_blocking(engine) as blocking:
+        await llm.achat([ChatMessage(role="user", content="made later")])
+    assert blocking.used == []
+    assert MARK in str(llm.seen[0][0].content)
+    ce.llamaindex.uninstall()
+    assert all(vars(OpenAI)[m] is o for m, o in originals.items())
+    assert "__init_subclass__" not in vars(BaseLLM)
+    assert not getattr(vars(Later)["achat"], "ce_async_seam", False)
+    await llm.achat([ChatMessage(role="user", content="after uninstall")])
+    assert [m.content for m in llm.seen[1]] == ["after uninstall"]
