@@ -166,3 +166,41 @@ async def test_the_same_message_objects_in_a_new_call_are_prepared_again(
     assert all(a is b for seen in model.seen for a, b in zip(seen, messages, strict=True))
     assert len(await engine.list_turns("first")) == 1
     assert len(await engine.list_turns("second")) == 1
+
+
+def test_the_plugins_reading_of_a_message_is_the_engines() -> None:
+    # reconcile compares messages by what the engine reads of them, without building the
+    # engine's parts: that reading must stay the engine's own
+    from ce.core.formats import from_openai_messages, to_openai_messages
+    from ce.langchain._convert import _key, to_openai
+
+    messages: list[Any] = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, IMAGE, "b"], "name": "jo"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}},
+                {"id": "c2", "type": "function", "function": {"name": "g", "arguments": {"x": 1}}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "r1"}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "r2", "name": "g"},
+        {"role": "assistant", "content": "done", "name": "bot"},
+        *to_openai(app_messages()),
+    ]
+    engine_reading = [
+        (
+            m["role"],
+            m.get("content") or "",
+            m.get("tool_call_id"),
+            m.get("name"),
+            tuple(
+                (c["id"], c["function"]["name"], c["function"]["arguments"])
+                for c in m.get("tool_calls") or ()
+            ),
+        )
+        for m in to_openai_messages(from_openai_messages(messages))
+    ]
+    assert [_key(m) for m in messages] == engine_reading

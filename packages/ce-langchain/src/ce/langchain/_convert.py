@@ -3,6 +3,7 @@ the engine's input back onto the app's own message objects (:func:`reconcile`)."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -14,7 +15,6 @@ from langchain_core.messages import (
 )
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from ce.core.formats import from_openai_messages, to_openai_messages
 from ce.core.integration import message_from_openai
 from ce.core.schema import Message, ModelInvocation
 
@@ -91,26 +91,42 @@ def message_text(message: BaseMessage) -> str:
 _Key = tuple[Hashable, ...]
 
 
-def _keys(messages: Sequence[Mapping[str, Any]]) -> list[_Key]:
-    """What the engine sees of each OpenAI message (role, text, tool call id, name, tool
-    calls), through the engine's own conversion: messages with equal keys are the same
-    message to the engine."""
-    out: list[_Key] = []
-    for message in to_openai_messages(from_openai_messages(messages)):
-        calls = tuple(
-            (c["id"], c["function"]["name"], c["function"]["arguments"])
-            for c in message.get("tool_calls") or ()
-        )
-        out.append(
-            (
-                message["role"],
-                message.get("content"),
-                message.get("tool_call_id"),
-                message.get("name"),
-                calls,
-            )
-        )
-    return out
+def _text(content: Any) -> str:
+    """A content's text as the engine reads it (``ce.core.formats``): a string, or the text
+    parts of a list joined with newlines; anything else counts as no text."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(
+        part if isinstance(part, str) else str(part.get("text", ""))
+        for part in content
+        if isinstance(part, str) or (isinstance(part, Mapping) and part.get("type") in _TEXT_TYPES)
+    )
+
+
+def _arguments(function: Mapping[str, Any]) -> str:
+    raw = function.get("arguments")
+    if raw is not None and not isinstance(raw, str):
+        raw = json.dumps(raw, ensure_ascii=False, separators=(",", ":"))
+    return raw if raw and raw.strip() else "{}"
+
+
+def _key(message: Mapping[str, Any]) -> _Key:
+    """What the engine sees of an OpenAI message (role, text, tool call id, the name of a
+    user or assistant message, tool calls): two messages with equal keys are one message to
+    the engine. The same reading as ``ce.core.formats.from_openai_messages`` (then
+    ``to_openai_messages``), without building its parts."""
+    role = message.get("role")
+    role = "system" if role == "developer" else role
+    name = message.get("name") if role in ("user", "assistant") else None
+    calls = tuple(
+        (call.get("id"), function.get("name"), _arguments(function))
+        for call in message.get("tool_calls") or ()
+        if isinstance(call, Mapping) and isinstance(function := call.get("function"), Mapping)
+    )
+    call_id = message.get("tool_call_id") if role == "tool" else None
+    return (role, _text(message.get("content")), call_id, name, calls)
 
 
 def _unchanged(app_keys: list[_Key], sent_keys: list[_Key]) -> list[int | None]:
@@ -200,7 +216,7 @@ def reconcile(
     pass, an assistant turn it changed)."""
     if len(pending) != len(app):
         return from_openai(sent)
-    app_keys, sent_keys = _keys(pending), _keys(sent)
+    app_keys, sent_keys = [_key(m) for m in pending], [_key(m) for m in sent]
     match = _unchanged(app_keys, sent_keys)
     rewritten = _rewritten(app_keys, sent_keys, match)
     out: list[BaseMessage | None] = []

@@ -1,0 +1,214 @@
+"""Concurrent async LangChain calls on one event loop, with and without ``ce.langchain``.
+
+20 sessions run at once on one event loop (``asyncio.gather``), each making 5 ``ainvoke``
+calls one after the other with a 50-message conversation (``history.py``, seed 20240601)
+whose history is already in the engine's SQLite store. The chat model answers after ``await
+asyncio.sleep(0.05)`` (a provider's network latency; the loop is free meanwhile). Measured per
+run: the wall time of all 100 calls (with the plugin: and the final ``await engine.flush()``
+of the records still queued), and the event loop's max lateness, from a heartbeat task that
+sleeps 5 ms at a time (max of actual minus expected wake-up time). Runs alternate without /
+with the plugin (after one untimed warm-up run of each); the medians are compared.
+
+    python benchmarks/bench_async_langchain.py [--runs 5] [--sessions 20] [--calls 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
+if _CACHE.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
+
+import history  # noqa: E402
+from _report import cpu_model, package_version  # noqa: E402
+from langchain_core.language_models import BaseChatModel  # noqa: E402
+from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
+from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
+
+import ce.langchain  # noqa: E402
+from ce.core.config import BudgetConfig, RuntimeConfig  # noqa: E402
+from ce.core.engine import ContextEngine  # noqa: E402
+from ce.core.stores import SQLiteStore  # noqa: E402
+
+MESSAGES = 50
+BUDGET = 8_000
+REPLY_TOKENS = 1_024
+LATENCY = 0.05
+HEARTBEAT = 0.005
+PACKAGES = ("ce-core", "ce-langchain", "langchain-core", "tiktoken", "pydantic")
+
+
+class SlowChatModel(BaseChatModel):
+    """Answers "ok" (with usage metadata) after ``await asyncio.sleep(latency)``."""
+
+    latency: float = LATENCY
+
+    @property
+    def _llm_type(self) -> str:
+        return "slow"
+
+    def _result(self) -> ChatResult:
+        usage = {"input_tokens": 100, "output_tokens": 1, "total_tokens": 101}
+        message = AIMessage(content="ok", usage_metadata=usage)  # type: ignore[arg-type]
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, **kwargs: Any) -> ChatResult:
+        return self._result()
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], stop: Any = None, **kwargs: Any
+    ) -> ChatResult:
+        await asyncio.sleep(self.latency)
+        return self._result()
+
+
+async def heartbeat(stop: asyncio.Event, lateness: list[float]) -> None:
+    """Wake every ``HEARTBEAT`` seconds; note how late each wake-up is."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        expected = loop.time() + HEARTBEAT
+        await asyncio.sleep(HEARTBEAT)
+        lateness.append(loop.time() - expected)
+
+
+class Bench:
+    def __init__(self, directory: Path, sessions: int, calls: int) -> None:
+        self.sessions = [f"async-bench-{i}" for i in range(sessions)]
+        self.calls = calls
+        self.engine = ContextEngine(
+            store=SQLiteStore(str(directory / "sessions.db")),
+            config=RuntimeConfig(
+                model_hint="gpt-4o",
+                budget=BudgetConfig(
+                    max_input_tokens=BUDGET + REPLY_TOKENS, reserved_reply_tokens=REPLY_TOKENS
+                ),
+            ),
+        )
+        self.model = SlowChatModel()
+        self.messages = history.to_langchain(history.generate(MESSAGES, evidences=0))
+
+    def populate(self) -> None:
+        """Every session gets the 50 messages (and one reply) through the plugin, untimed."""
+        ce.langchain.install(self.engine)
+        for session_id in self.sessions:
+            with self.engine.session(session_id):
+                self.model.invoke(self.messages)
+        self.engine.sync.flush()
+        ce.langchain.uninstall()
+
+    async def _session(self, session_id: str) -> None:
+        config: Any = {"metadata": {"ce_session_id": session_id}}
+        for _ in range(self.calls):
+            await self.model.ainvoke(self.messages, config)
+
+    async def _run(self, installed: bool) -> tuple[float, float]:
+        stop = asyncio.Event()
+        lateness: list[float] = []
+        beat = asyncio.create_task(heartbeat(stop, lateness))
+        await asyncio.sleep(0)  # the heartbeat is running
+        start = time.perf_counter()
+        await asyncio.gather(*(self._session(s) for s in self.sessions))
+        if installed:
+            await self.engine.flush()
+        wall = time.perf_counter() - start
+        stop.set()
+        await beat
+        return wall, max(lateness)
+
+    def run(self, installed: bool) -> tuple[float, float]:
+        """One run of every session's calls on a fresh event loop: (wall, max lateness)."""
+        if installed:
+            ce.langchain.install(self.engine)
+        try:
+            return asyncio.run(self._run(installed))
+        finally:
+            if installed:
+                ce.langchain.uninstall()
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+def report(
+    args: argparse.Namespace,
+    without: list[tuple[float, float]],
+    with_plugin: list[tuple[float, float]],
+    command: str,
+) -> str:
+    versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
+    wall_without = statistics.median(w for w, _ in without)
+    wall_with = statistics.median(w for w, _ in with_plugin)
+    late_without = statistics.median(late for _, late in without)
+    late_with = statistics.median(late for _, late in with_plugin)
+    calls = args.sessions * args.calls
+    ratio = wall_with / wall_without
+    delta = late_with - late_without
+    lines = [
+        "## LangChain plugin: concurrent async calls on one event loop",
+        "",
+        f"Command: `{command}`  ",
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
+        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}  ",
+        f"Versions: {versions}",
+        "",
+        f"{args.sessions} sessions x {args.calls} `ainvoke` calls ({calls} calls) gathered on one "
+        f"event loop; a {MESSAGES}-message conversation already stored per session (SQLite "
+        f"file, budget {BUDGET:,} tokens, `gpt-4o` tokenizer); the model answers after "
+        f"`await asyncio.sleep({LATENCY})`; heartbeat every {HEARTBEAT * 1000:.0f} ms; "
+        f"{args.runs} alternating runs each (after one warm-up run each), medians.",
+        "",
+        "| | wall (ms) | runs (ms) | loop max lateness (ms) | runs (ms) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        f"| without plugin | {_ms(wall_without)} | {', '.join(_ms(w) for w, _ in without)} "
+        f"| {_ms(late_without)} | {', '.join(_ms(late) for _, late in without)} |",
+        f"| with plugin | {_ms(wall_with)} | {', '.join(_ms(w) for w, _ in with_plugin)} "
+        f"| {_ms(late_with)} | {', '.join(_ms(late) for _, late in with_plugin)} |",
+        "",
+        f"Wall with / without: **{ratio:.2f}x** (target <= 1.15x). Max lateness with - without: "
+        f"**{delta * 1000:+.1f} ms** (target <= +5 ms).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="timed runs per variant")
+    parser.add_argument("--sessions", type=int, default=20, help="concurrent sessions")
+    parser.add_argument("--calls", type=int, default=5, help="ainvoke calls per session")
+    args = parser.parse_args()
+    command = "python benchmarks/bench_async_langchain.py"
+    for name, default in (("runs", 5), ("sessions", 20), ("calls", 5)):
+        if getattr(args, name) != default:
+            command += f" --{name} {getattr(args, name)}"
+
+    without: list[tuple[float, float]] = []
+    with_plugin: list[tuple[float, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp), args.sessions, args.calls)
+        bench.populate()
+        for index in range(args.runs + 1):
+            for installed, sink in ((False, without), (True, with_plugin)):
+                result = bench.run(installed)
+                if index:  # the first run of each warms up
+                    sink.append(result)
+        bench.engine.sync.close()
+    print(report(args, without, with_plugin, command))
+
+
+if __name__ == "__main__":
+    main()
