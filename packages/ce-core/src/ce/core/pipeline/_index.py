@@ -10,7 +10,9 @@ proportional to that record, never to the history. Rules:
   holds a call without its result; system messages are not conversation (the newest one is the
   instruction);
 * a tool result whose call produced ``rag_doc`` evidence renders as those evidences, fenced
-  with their ids and sources, instead of the tool's raw text;
+  with their ids and sources, instead of the tool's raw text; a tool call whose run was
+  recorded without a tool message (``record_tool_call`` with a ``tool_result`` evidence linked
+  by ``tool_call_id``) renders with that evidence, fenced, as its result;
 * every other evidence is one ``evidence`` block, except ``llm_output`` (the model's own words
   are in the history already), evidence linked to a tool call (its tool result shows it) and
   the unredacted originals that ``dual_store`` keeps for audits;
@@ -155,6 +157,7 @@ class SessionIndex:
         self._call_group: dict[str, int] = {}
         self._tool_records: dict[str, ToolCall] = {}
         self._rag_by_call: dict[str, list[Evidence]] = {}
+        self._result_by_call: dict[str, list[Evidence]] = {}
         self.evidence_tiers: dict[Priority, list[Candidate]] = {
             p: [] for p in (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
         }
@@ -206,7 +209,7 @@ class SessionIndex:
         self.record_count += 1
         self._tool_records.setdefault(record.tool_call_id, record)
         index = self._call_group.get(record.tool_call_id)
-        if index is not None and record.tool_call_id in self._group_data[index].results:
+        if index is not None and self._answered(self._group_data[index], record.tool_call_id):
             self._refresh(index)
 
     def add_evidence(self, evidence: Evidence) -> None:
@@ -217,9 +220,13 @@ class SessionIndex:
         if call_id:
             if evidence.type is EvidenceType.RAG_DOC:
                 self._rag_by_call.setdefault(call_id, []).append(evidence)
-                index = self._call_group.get(call_id)
-                if index is not None and call_id in self._group_data[index].results:
-                    self._refresh(index)
+            elif evidence.type is EvidenceType.TOOL_RESULT:
+                self._result_by_call.setdefault(call_id, []).append(evidence)
+            else:
+                return
+            index = self._call_group.get(call_id)
+            if index is not None and self._answered(self._group_data[index], call_id):
+                self._refresh(index)
             return
         tier = evidence_priority(evidence)
         try:
@@ -288,11 +295,18 @@ class SessionIndex:
             return message.text_at(level)
         return shorten(message.content, level)
 
-    def _tool_text(self, call_id: str, result: Message, level: LevelOfDetail) -> str:
+    def _answered(self, data: _Group, call_id: str) -> bool:
+        """Whether a tool call has its result: a tool message, or (a run recorded with
+        ``record_tool_call`` and no tool message) a ``tool_result`` evidence linked to it."""
+        return call_id in data.results or call_id in self._result_by_call
+
+    def _tool_text(self, call_id: str, result: Message | None, level: LevelOfDetail) -> str:
         evidences = self._rag_by_call.get(call_id)
+        if not evidences and result is None:
+            evidences = self._result_by_call.get(call_id)
         if evidences:
             return "\n\n".join(fence_evidence(ev, shorten(ev.content, level)) for ev in evidences)
-        return self._text(result, level)
+        return self._text(result, level) if result is not None else ""
 
     def _render_group(self, data: _Group, level: LevelOfDetail) -> Rendering:
         head = data.head
@@ -301,20 +315,20 @@ class SessionIndex:
                 MessagePart(role=Role.USER, content=self._text(head, level)),
             )
         else:
-            calls = [c for c in head.tool_calls or () if c.tool_call_id in data.results]
+            calls = [c for c in head.tool_calls or () if self._answered(data, c.tool_call_id)]
             text = self._text(head, level)
             if not calls and not text.strip():
                 return Rendering(level, (), "", 0)
             built = [MessagePart(role=Role.ASSISTANT, content=text, tool_calls=calls or None)]
             for call in calls:
                 record = self._tool_records.get(call.tool_call_id)
-                result = data.results[call.tool_call_id]
+                result = data.results.get(call.tool_call_id)
                 built.append(
                     MessagePart(
                         role=Role.TOOL,
                         content=self._tool_text(call.tool_call_id, result, level),
                         tool_call_id=call.tool_call_id,
-                        name=result.name or call.name,
+                        name=(result.name if result is not None else None) or call.name,
                         is_error=record is not None and record.status is not ToolCallStatus.SUCCESS,
                     )
                 )

@@ -1,0 +1,73 @@
+"""The record-based tool flow renders: an assistant tool call whose run was recorded with
+``record_tool_call`` and a ``tool_result`` evidence linked by ``tool_call_id`` (no tool
+message) reaches the model as the proper pair, its result fenced with its evidence id; a call
+with neither a result message nor linked result evidence stays out, reported unanswered."""
+
+from __future__ import annotations
+
+from ce.core import (
+    EvidenceLinks,
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    ModelInvocation,
+    Role,
+    SourceKind,
+    ToolCall,
+    ToolCallRequest,
+    ToolCallStatus,
+    to_openai_messages,
+)
+from ce.core.schema import ProviderKind, ToolProvider
+from ce.core.testing import deterministic_engine
+
+INV = ModelInvocation(provider="openai", model="gpt-4o")
+
+
+def _call(call_id: str, city: str) -> ToolCallRequest:
+    return ToolCallRequest(
+        tool_call_id=call_id, name="weather", raw_arguments=f'{{"city": "{city}"}}'
+    )
+
+
+async def test_a_recorded_tool_run_renders_as_the_call_and_its_fenced_result() -> None:
+    engine = deterministic_engine()
+    await engine.prepare_turn("s", "Weather in Oslo and Rome?")
+    await engine.commit_assistant_message(
+        "s",
+        Message(
+            role=Role.ASSISTANT,
+            content="",
+            tool_calls=[_call("c1", "Oslo"), _call("c2", "Rome")],
+            invocation=INV,
+        ),
+    )
+    evidence = await engine.ingest_evidence(
+        "s",
+        "Oslo: sunny, 18C",
+        EvidenceSource(kind=SourceKind.TOOL, name="weather"),
+        EvidenceType.TOOL_RESULT,
+        links=EvidenceLinks(tool_call_id="c1"),
+    )
+    await engine.record_tool_call(
+        "s",
+        ToolCall(
+            tool_call_id="c1",
+            tool="weather",
+            provider=ToolProvider(kind=ProviderKind.OTHER),
+            status=ToolCallStatus.SUCCESS,
+        ),
+        result_evidence_ids=[evidence.evidence_id],
+    )
+    result = await engine.prepare_turn("s", "And tomorrow?")
+    sent = to_openai_messages(result.assembled_input.parts)
+    roles = [m["role"] for m in sent]
+    assert roles == ["user", "assistant", "tool", "user"]
+    assistant, tool = sent[1], sent[2]
+    # c2 has neither a result message nor result evidence: unanswered, left out
+    assert [c["id"] for c in assistant["tool_calls"]] == ["c1"]
+    assert tool["tool_call_id"] == "c1"
+    assert "Oslo: sunny, 18C" in tool["content"]
+    assert f'id="{evidence.evidence_id}"' in tool["content"]
+    decisions = {d.block_id: d for d in result.report.prune_decisions}
+    assert any(d.action == "kept" for d in decisions.values())
