@@ -5,8 +5,9 @@ calls one after the other with a 50-message conversation (``history.py``, seed 2
 whose history is already in the engine's SQLite store. The chat model answers after ``await
 asyncio.sleep(0.05)`` (a provider's network latency; the loop is free meanwhile). Measured per
 run: the wall time of all 100 calls (with the plugin: and the final ``await engine.flush()``
-of the records still queued), and the event loop's max lateness, from a heartbeat task that
-sleeps 5 ms at a time (max of actual minus expected wake-up time). Runs alternate without /
+of the records still queued), the event loop's max lateness, from a heartbeat task that
+sleeps 5 ms at a time (max of actual minus expected wake-up time), and the process CPU time
+(all threads) per call. Runs alternate without /
 with the plugin (after one untimed warm-up run of each); the medians are compared.
 
     python benchmarks/bench_async_langchain.py [--runs 5] [--sessions 20] [--calls 5]
@@ -114,22 +115,23 @@ class Bench:
         for _ in range(self.calls):
             await self.model.ainvoke(self.messages, config)
 
-    async def _run(self, installed: bool) -> tuple[float, float]:
+    async def _run(self, installed: bool) -> tuple[float, float, float]:
         stop = asyncio.Event()
         lateness: list[float] = []
         beat = asyncio.create_task(heartbeat(stop, lateness))
         await asyncio.sleep(0)  # the heartbeat is running
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(self._session(s) for s in self.sessions))
         if installed:
             await self.engine.flush()
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         stop.set()
         await beat
-        return wall, max(lateness)
+        return wall, max(lateness), cpu / (len(self.sessions) * self.calls)
 
-    def run(self, installed: bool) -> tuple[float, float]:
-        """One run of every session's calls on a fresh event loop: (wall, max lateness)."""
+    def run(self, installed: bool) -> tuple[float, float, float]:
+        """One run of every session's calls on a fresh event loop: (wall, max lateness, CPU
+        per call)."""
         if installed:
             ce.langchain.install(self.engine)
         try:
@@ -143,20 +145,26 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
 
+Run = tuple[float, float, float]  # wall, max lateness, CPU per call (seconds)
+
+
+def _row(label: str, runs: list[Run]) -> str:
+    wall = statistics.median(r[0] for r in runs)
+    late = statistics.median(r[1] for r in runs)
+    cpu = statistics.median(r[2] for r in runs)
+    return (
+        f"| {label} | {_ms(wall)} | {', '.join(_ms(r[0]) for r in runs)} | {_ms(late)} "
+        f"| {', '.join(_ms(r[1]) for r in runs)} | {cpu * 1000:.2f} |"
+    )
+
+
 def report(
-    args: argparse.Namespace,
-    without: list[tuple[float, float]],
-    with_plugin: list[tuple[float, float]],
-    command: str,
+    args: argparse.Namespace, without: list[Run], with_plugin: list[Run], command: str
 ) -> str:
     versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
-    wall_without = statistics.median(w for w, _ in without)
-    wall_with = statistics.median(w for w, _ in with_plugin)
-    late_without = statistics.median(late for _, late in without)
-    late_with = statistics.median(late for _, late in with_plugin)
+    ratio = statistics.median(r[0] for r in with_plugin) / statistics.median(r[0] for r in without)
+    delta = statistics.median(r[1] for r in with_plugin) - statistics.median(r[1] for r in without)
     calls = args.sessions * args.calls
-    ratio = wall_with / wall_without
-    delta = late_with - late_without
     lines = [
         "## LangChain plugin: concurrent async calls on one event loop",
         "",
@@ -172,12 +180,10 @@ def report(
         f"`await asyncio.sleep({LATENCY})`; heartbeat every {HEARTBEAT * 1000:.0f} ms; "
         f"{args.runs} alternating runs each (after one warm-up run each), medians.",
         "",
-        "| | wall (ms) | runs (ms) | loop max lateness (ms) | runs (ms) |",
-        "| --- | ---: | ---: | ---: | ---: |",
-        f"| without plugin | {_ms(wall_without)} | {', '.join(_ms(w) for w, _ in without)} "
-        f"| {_ms(late_without)} | {', '.join(_ms(late) for _, late in without)} |",
-        f"| with plugin | {_ms(wall_with)} | {', '.join(_ms(w) for w, _ in with_plugin)} "
-        f"| {_ms(late_with)} | {', '.join(_ms(late) for _, late in with_plugin)} |",
+        "| | wall (ms) | runs (ms) | loop max lateness (ms) | runs (ms) | CPU per call (ms) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        _row("without plugin", without),
+        _row("with plugin", with_plugin),
         "",
         f"Wall with / without: **{ratio:.2f}x** (target <= 1.15x). Max lateness with - without: "
         f"**{delta * 1000:+.1f} ms** (target <= +5 ms).",
@@ -196,8 +202,8 @@ def main() -> None:
         if getattr(args, name) != default:
             command += f" --{name} {getattr(args, name)}"
 
-    without: list[tuple[float, float]] = []
-    with_plugin: list[tuple[float, float]] = []
+    without: list[Run] = []
+    with_plugin: list[Run] = []
     with tempfile.TemporaryDirectory() as tmp:
         bench = Bench(Path(tmp), args.sessions, args.calls)
         bench.populate()
