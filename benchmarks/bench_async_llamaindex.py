@@ -1,0 +1,318 @@
+"""``ce.llamaindex.install(engine)`` on one event loop: 20 concurrent sessions, 5 ``achat`` calls
+each, a model that answers after ``await asyncio.sleep(0.05)``.
+
+Every session already holds a 50-message conversation (``history.py``, seed 20240601) in the
+engine's SQLite store; each call sends that conversation plus the turns of this run and one new
+question, as a chat app does. Runs alternate without and with the plugin (one untimed warm-up of
+each first); each run with the plugin uses sessions of its own, so every run starts from the
+same stored state. Measured per run: the wall time of ``asyncio.gather`` over the sessions, and
+the event loop's max lateness, seen by a heartbeat task that sleeps 5 ms at a time (how much
+later than asked it wakes up: how long the loop was kept from running it). Not a test: numbers
+depend on the machine; run it with the latest LlamaIndex virtualenv's python.
+
+    python benchmarks/bench_async_llamaindex.py [--sessions 20] [--calls 5] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
+if _CACHE.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
+
+import history  # noqa: E402
+from _report import cpu_model, package_version  # noqa: E402
+from llama_index.core.base.llms.types import (  # noqa: E402
+    ChatMessage,
+    ChatResponse,
+    CompletionResponse,
+    LLMMetadata,
+    MessageRole,
+)
+from llama_index.core.bridge.pydantic import PrivateAttr  # noqa: E402
+from llama_index.core.instrumentation.dispatcher import instrument_tags  # noqa: E402
+from llama_index.core.llms import LLM  # noqa: E402
+from llama_index.core.llms.callbacks import llm_chat_callback  # noqa: E402
+
+import ce.llamaindex  # noqa: E402
+from ce.core.config import BudgetConfig, RuntimeConfig  # noqa: E402
+from ce.core.engine import ContextEngine  # noqa: E402
+from ce.core.stores import SQLiteStore  # noqa: E402
+
+MESSAGES = 50
+BUDGET = 8_000
+REPLY_TOKENS = 1_024
+LATENCY = 0.05  # the model's answer time (the workload, awaited)
+HEARTBEAT = 0.005
+PACKAGES = ("ce-core", "ce-llamaindex", "llama-index-core", "tiktoken", "pydantic")
+USAGE = {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101}
+
+
+class SleepyLLM(LLM):
+    """Answers "ok" with usage (in ``raw["usage"]`` and ``additional_kwargs``, where
+    LlamaIndex's OpenAI LLM puts it): ``achat`` after ``await asyncio.sleep(0.05)``, ``chat``
+    at once (it only fills the store beforehand). Decorated with ``llm_chat_callback`` like
+    LlamaIndex's own LLMs, so their spans and events fire. Keeps the last list it received."""
+
+    _received: list[ChatMessage] = PrivateAttr(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "SleepyLLM"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="sleepy", is_chat_model=True)
+
+    @property
+    def received(self) -> list[ChatMessage]:
+        return self._received
+
+    def _reply(self, messages: Sequence[ChatMessage]) -> ChatResponse:
+        self._received = list(messages)
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content="ok"),
+            raw={"usage": dict(USAGE)},
+            additional_kwargs=dict(USAGE),
+        )
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._reply(messages)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        await asyncio.sleep(LATENCY)
+        return self._reply(messages)
+
+    # completion and streaming: not part of the benchmark
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        raise NotImplementedError
+
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        raise NotImplementedError
+
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+class CountingSync:
+    """Stands in for ``engine.sync`` during the timed runs: counts the blocking engine calls
+    (there should be none on the async path) and lets them through."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.calls.append(name)
+        return getattr(self.inner, name)
+
+
+class Bench:
+    def __init__(self, directory: Path, sessions: int, calls: int, runs: int) -> None:
+        self.sessions, self.calls, self.runs = sessions, calls, runs
+        self.config = RuntimeConfig(
+            model_hint="gpt-4o",
+            budget=BudgetConfig(
+                max_input_tokens=BUDGET + REPLY_TOKENS, reserved_reply_tokens=REPLY_TOKENS
+            ),
+        )
+        self.engine = ContextEngine(
+            store=SQLiteStore(str(directory / "sessions.db")), config=self.config
+        )
+        self.llm = SleepyLLM()
+        self.history = history.to_llamaindex(history.generate(MESSAGES, evidences=0))
+        self.questions = [q for q, _ in history.next_turns(calls)]
+        self.used = 0  # plugin runs so far: each takes the next block of sessions
+
+    def names(self, run: int) -> list[str]:
+        return [f"async-{run}-{i}" for i in range(self.sessions)]
+
+    def populate(self) -> None:
+        """Every session of every plugin run (and of the warm-up) gets the 50 messages and one
+        reply through the plugin, untimed."""
+        ce.llamaindex.install(self.engine)
+        try:
+            for run in range(self.runs + 1):
+                for session_id in self.names(run):
+                    with instrument_tags({"ce_session_id": session_id}):
+                        self.llm.chat(list(self.history))
+            self.engine.sync.flush()
+        finally:
+            ce.llamaindex.uninstall()
+
+    async def _session(self, session_id: str) -> None:
+        conversation = list(self.history)
+        for question in self.questions:
+            conversation.append(ChatMessage(role=MessageRole.USER, content=question))
+            with instrument_tags({"ce_session_id": session_id}):
+                reply = await self.llm.achat(list(conversation))
+            conversation.append(reply.message)
+
+    async def _run(self, sessions: list[str]) -> tuple[float, float]:
+        stop = asyncio.Event()
+        lateness = [0.0]
+
+        async def heartbeat() -> None:
+            while not stop.is_set():
+                asked = time.perf_counter()
+                await asyncio.sleep(HEARTBEAT)
+                lateness[0] = max(lateness[0], time.perf_counter() - asked - HEARTBEAT)
+
+        beat = asyncio.create_task(heartbeat())
+        await asyncio.sleep(HEARTBEAT)  # the heartbeat is running
+        start = time.perf_counter()
+        await asyncio.gather(*(self._session(s) for s in sessions))
+        wall = time.perf_counter() - start
+        stop.set()
+        await beat
+        return wall, lateness[0]
+
+    def run(
+        self, installed: bool, counting: CountingSync | None = None
+    ) -> tuple[float, float, float]:
+        """One run on a fresh event loop: its wall time and max lateness, and (with the plugin)
+        the time the records still queued at its end took to flush afterwards (seconds).
+        ``counting`` stands in for ``engine.sync`` during the run."""
+        if not installed:
+            sessions = [f"without-{i}" for i in range(self.sessions)]
+            return (*asyncio.run(self._run(sessions)), 0.0)
+        sessions = self.names(self.used)
+        self.used += 1
+        engine = self.engine
+        real = engine.sync
+        ce.llamaindex.install(engine)
+        try:
+            if counting is not None:
+                counting.inner = real
+                engine.sync = counting  # type: ignore[assignment]
+            try:
+                wall, late = asyncio.run(self._run(sessions))
+            finally:
+                engine.sync = real
+            start = time.perf_counter()
+            engine.sync.flush()
+            flushed = time.perf_counter() - start
+        finally:
+            ce.llamaindex.uninstall()
+        return wall, late, flushed
+
+    def check(self, sessions: list[str]) -> None:
+        """After the runs: the model got the engine's input (its system message first, within
+        the budget, not the app's whole conversation) and every call was recorded."""
+        received = self.llm.received
+        assert received[0].role is MessageRole.SYSTEM, "the model got the app's messages"
+        assert len(received) < MESSAGES, "the engine's input is not budgeted"
+        for session_id in sessions:
+            doc = self.engine.sync.get_session(session_id).session
+            assert len(doc.model_usage) == 1 + self.calls, (session_id, len(doc.model_usage))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+def report(
+    command: str,
+    bench: Bench,
+    without: list[tuple[float, float, float]],
+    with_plugin: list[tuple[float, float, float]],
+    blocking: list[str],
+) -> str:
+    versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    walls = [statistics.median(r[0] for r in rows) for rows in (without, with_plugin)]
+    lates = [statistics.median(r[1] for r in rows) for rows in (without, with_plugin)]
+    worst = [max(r[1] for r in rows) for rows in (without, with_plugin)]
+    flush = statistics.median(r[2] for r in with_plugin)
+    calls = bench.sessions * bench.calls
+    lines = [
+        "## LlamaIndex plugin: concurrent async sessions on one event loop",
+        "",
+        f"Command: `{command}`  ",
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
+        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
+        f"load average {load:.2f} at the end  ",
+        f"Versions: {versions}",
+        "",
+        f"{bench.sessions} sessions × {bench.calls} `achat` calls ({calls} calls) under "
+        f"`asyncio.gather` on one loop; the model answers after `await asyncio.sleep("
+        f"{LATENCY})`; {MESSAGES}-message history already stored per session (SQLite file, "
+        f"`gpt-4o` tokenizer, {BUDGET:,}-token budget); {bench.runs} runs each, alternating, "
+        "median. Lateness: how much later than asked a 5 ms heartbeat task woke up (max per "
+        "run). Blocking engine calls (`engine.sync`) during the runs with the plugin: "
+        f"{len(blocking)}{' (' + ', '.join(sorted(set(blocking))) + ')' if blocking else ''}.",
+        "",
+        "| | without | with plugin | ratio / difference |",
+        "| --- | ---: | ---: | ---: |",
+        f"| wall time, median (ms) | {_ms(walls[0])} | {_ms(walls[1])} "
+        f"| **{walls[1] / walls[0]:.2f}×** |",
+        f"| max loop lateness, median of runs (ms) | {_ms(lates[0])} | {_ms(lates[1])} "
+        f"| **+{_ms(lates[1] - lates[0])}** |",
+        f"| max loop lateness, worst run (ms) | {_ms(worst[0])} | {_ms(worst[1])} "
+        f"| +{_ms(worst[1] - worst[0])} |",
+        "",
+        f"Target (issue 11): wall ≤ 1.15× without; lateness ≤ without + 5 ms. The records "
+        f"still queued when a run ends (each session's last call) were flushed after it, "
+        f"untimed: {_ms(flush)} ms median.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=5, help="achat calls per session")
+    parser.add_argument("--runs", type=int, default=5, help="timed runs per variant")
+    args = parser.parse_args()
+    command = "python benchmarks/bench_async_llamaindex.py"
+    for name, default in (("sessions", 20), ("calls", 5), ("runs", 5)):
+        if getattr(args, name) != default:
+            command += f" --{name} {getattr(args, name)}"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = Bench(Path(tmp), args.sessions, args.calls, args.runs)
+        bench.populate()
+        bench.run(False)  # warm-up
+        bench.run(True)
+        counting = CountingSync(bench.engine.sync)
+        without: list[tuple[float, float, float]] = []
+        with_plugin: list[tuple[float, float, float]] = []
+        for _ in range(args.runs):
+            without.append(bench.run(False))
+            with_plugin.append(bench.run(True, counting))
+        bench.check(bench.names(args.runs))
+        bench.engine.sync.close()
+    print(report(command, bench, without, with_plugin, counting.calls))
+
+
+if __name__ == "__main__":
+    main()
