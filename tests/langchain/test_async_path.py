@@ -7,6 +7,7 @@ gathered on one loop each see only their own canary."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -45,6 +46,7 @@ class AsyncFake(BaseChatModel):
 
     script: Any
     seen: list[list[BaseMessage]] = []
+    streamed: int = 0
 
     def model_post_init(self, context: Any) -> None:
         self.seen = []
@@ -75,9 +77,18 @@ class AsyncFake(BaseChatModel):
     async def _astream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
+        self.streamed += 1
         message = await self._reply(messages)
+        calls = [
+            {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i}
+            for i, c in enumerate(message.tool_calls)
+        ]
         yield ChatGenerationChunk(
-            message=AIMessageChunk(content=message.content, usage_metadata=USAGE)  # type: ignore[arg-type]
+            message=AIMessageChunk(
+                content=message.content,
+                usage_metadata=USAGE,  # type: ignore[arg-type]
+                tool_call_chunks=calls,  # type: ignore[arg-type]
+            )
         )
 
 
@@ -169,8 +180,9 @@ async def get_weather(city: str) -> str:
     return f"sunny in {city}"
 
 
+@pytest.mark.parametrize("path", ["ainvoke", "astream"])
 async def test_an_async_agent_tool_loop_awaits_the_engine(
-    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+    path: str, engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script = [
         AIMessage(
@@ -189,10 +201,19 @@ async def test_an_async_agent_tool_loop_awaits_the_engine(
     config: Any = {"configurable": {"thread_id": "agent-async"}}
     question = f"Weather in Paris? Tell {CANARY}."
 
+    async def ask(text: str) -> None:
+        if path == "ainvoke":
+            await agent.ainvoke({"messages": [("user", text)]}, config)
+        else:  # the graph streams the model's tokens: the model node streams through _astream
+            async for _ in agent.astream(
+                {"messages": [("user", text)]}, config, stream_mode="messages"
+            ):
+                pass
+
     async def run() -> None:
-        await agent.ainvoke({"messages": [("user", question)]}, config)
+        await ask(question)
         # the next question gets the stored conversation, redacted reply included
-        await agent.ainvoke({"messages": [("user", "And tomorrow?")]}, config)
+        await ask("And tomorrow?")
 
     script.append(AIMessage(content="Sunny again.", usage_metadata=USAGE))  # type: ignore[arg-type]
     blocked = await _no_blocking(engine, monkeypatch, run)
@@ -200,6 +221,7 @@ async def test_an_async_agent_tool_loop_awaits_the_engine(
     assert failures(plugin)["integration_failed"] == 0
 
     first, second, third = model.seen
+    assert model.streamed == (3 if path == "astream" else 0)
     assert all("NOTEBOOK-MARK" in str(seen[0].content) for seen in model.seen)
     assert [m.type for m in second] == ["system", "human", "ai", "tool"]
     assert str(second[-1].content) == "sunny in Paris"

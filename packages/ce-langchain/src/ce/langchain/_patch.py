@@ -60,6 +60,7 @@ __all__ = ["make_ainvoke", "make_astream", "make_convert_input"]
 # call it is making (set only while that call runs, one step at a time for a stream).
 _handed_out: ContextVar[tuple[BaseMessage, ...]] = ContextVar("ce_langchain_handed_out", default=())
 _prepared: ContextVar[PromptValue | None] = ContextVar("ce_langchain_prepared", default=None)
+_END = object()  # the end of a stream
 
 # The BaseChatModel methods that convert their input through ``_convert_input`` right after
 # ``config = ensure_config(config)`` and pop ``config["run_id"]`` for the call's run later.
@@ -264,6 +265,3 @@ def make_astream(
         return astream
 
     return factory
-
-
-_END = object()
