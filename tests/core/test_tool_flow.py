@@ -5,13 +5,20 @@ with neither a result message nor linked result evidence stays out, reported una
 
 from __future__ import annotations
 
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ce.core import (
+    BudgetConfig,
     EvidenceLinks,
     EvidenceSource,
     EvidenceType,
     Message,
     ModelInvocation,
     Role,
+    RuntimeConfig,
     SourceKind,
     ToolCall,
     ToolCallRequest,
@@ -71,3 +78,38 @@ async def test_a_recorded_tool_run_renders_as_the_call_and_its_fenced_result() -
     assert f'id="{evidence.evidence_id}"' in tool["content"]
     decisions = {d.block_id: d for d in result.report.prune_decisions}
     assert any(d.action == "kept" for d in decisions.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=120), min_size=2, max_size=8),
+    budget=st.integers(min_value=350, max_value=1400),
+)
+def test_the_pruned_window_starts_at_a_turn_boundary(sizes: list[int], budget: int) -> None:
+    """Whatever the budget drops, the kept history never begins with an assistant answer
+    whose user question was dropped."""
+    import asyncio
+
+    config = RuntimeConfig(
+        model_hint="gpt-4o",
+        budget=BudgetConfig(max_input_tokens=budget, reserved_reply_tokens=100),
+    )
+    engine = deterministic_engine(config)
+
+    async def run() -> list[dict[str, Any]]:
+        await engine.set_system_instruction("s", "Be brief.")
+        for turn, size in enumerate(sizes):
+            await engine.prepare_turn("s", f"question {turn} " + "word " * size)
+            await engine.commit_assistant_message(
+                "s",
+                Message(
+                    role=Role.ASSISTANT, content=f"answer {turn} " + "tok " * size, invocation=INV
+                ),
+            )
+        result = await engine.prepare_turn("s", "last question")
+        return to_openai_messages(result.assembled_input.parts)
+
+    sent = asyncio.run(run())
+    history = [m for m in sent if m["role"] != "system"]
+    assert history[0]["role"] == "user", [m["content"][:20] for m in history]
+    assert history[-1]["content"] == "last question"

@@ -263,6 +263,10 @@ class SessionIndex:
 
     # -- queries --------------------------------------------------------------------------
 
+    def opens_turn(self, index: int) -> bool:
+        """Whether ``groups[index]`` is a user message (a turn starts there)."""
+        return self._group_data[index].head.role is Role.USER
+
     def group_tokens(self, start: int, stop: int) -> int:
         """Live tokens of ``groups[start:stop]``."""
         return self._cum[stop] - self._cum[start]

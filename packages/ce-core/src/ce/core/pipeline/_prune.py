@@ -13,7 +13,9 @@ Rules, in order:
    high, the next ``3 * recent_high`` medium, older ones low.
 3. A block that does not fit at Live is degraded to Summary, then Gist, before it is dropped.
    A block past its priority's TTL is dropped.
-4. Conversation stays a contiguous recent window: once a conversation block is dropped, every
+4. Conversation stays a contiguous recent window that starts at a turn (a user message: the
+   answers before the oldest kept question are given back): once a conversation block is
+   dropped, every
    older one is dropped with it, in ONE decision whose ``block_count`` says how many blocks it
    covers (likewise messages covered by the rolling summary, and the older evidence of a tier
    once the budget, or the evidence share of it, is exhausted or 8 blocks in a row did not
@@ -230,6 +232,7 @@ class GreedyPriorityPruner:
                     conversation_open = False
                 cursor -= 1
             self._evidence(run, tier)
+        cursor = self._start_at_a_turn(run, cursor)
         if cursor >= request.hidden:
             first, last = index.groups[request.hidden], index.groups[cursor]
             run.result.decisions.append(
@@ -257,6 +260,42 @@ class GreedyPriorityPruner:
             )
         run.result.used_tokens = budget.max_tokens - run.remaining
         return run.result
+
+    def _start_at_a_turn(self, run: _Run, cursor: int) -> int:
+        """When the budget cut the history (``cursor``: the newest conversation block not
+        decided yet), the kept window must not open with answers whose question was dropped:
+        give back the kept blocks before its first user message, in one decision. Returns
+        ``cursor``."""
+        request, index = run.request, run.request.index
+        kept = {c.block_id for c, _ in run.result.kept}
+        first = cursor + 1
+        while first < request.tail_start and index.groups[first].block_id not in kept:
+            first += 1  # blocks that did not fit (each has its own decision)
+        if first <= request.hidden:
+            return cursor  # nothing was cut (or only the summary's range precedes)
+        stop = first
+        while stop < request.tail_start and not index.opens_turn(stop):
+            stop += 1
+        if stop == first:
+            return cursor
+        dropped = {index.groups[i].block_id for i in range(first, stop)}
+        tokens = 0
+        for decision in [d for d in run.result.decisions if d.block_id in dropped]:
+            tokens += decision.token_estimate
+            run.result.decisions.remove(decision)
+        run.result.kept = [(c, r) for c, r in run.result.kept if c.block_id not in dropped]
+        run.remaining += tokens
+        first_id, last_id = index.groups[first].block_id, index.groups[stop - 1].block_id
+        run.result.decisions.append(
+            _decision(
+                f"{first_id}..{last_id}" if stop - first > 1 else first_id,
+                "dropped",
+                "turn boundary: the user message it answers was dropped",
+                tokens,
+                count=stop - first,
+            )
+        )
+        return cursor
 
     def _keep_must(self, run: _Run, must: Sequence[Candidate]) -> None:
         chosen = [c.live for c in must]
