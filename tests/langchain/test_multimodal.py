@@ -204,3 +204,19 @@ def test_the_plugins_reading_of_a_message_is_the_engines() -> None:
         for m in to_openai_messages(from_openai_messages(messages))
     ]
     assert [_key(m) for m in messages] == engine_reading
+
+
+async def test_blocks_the_engine_cannot_read_do_not_reach_the_model(engine: ContextEngine) -> None:
+    # a block that is neither text nor media (reasoning, provider-specific) holds text the
+    # redactor never saw: the model gets the message without it (ids and images kept)
+    ce.langchain.install(engine, session_id="blocks")
+    hidden = {"type": "reasoning", "reasoning": f"mail {CANARY}"}
+    messages: list[BaseMessage] = [
+        HumanMessage(content=[{"type": "text", "text": "Look."}, IMAGE, hidden], id="u-1")
+    ]
+    model = replies("ok")
+    await model.ainvoke(messages)
+    (sent,) = model.seen
+    assert CANARY not in str([m.content for m in sent])
+    assert sent[-1].id == "u-1"
+    assert sent[-1].content == [{"type": "text", "text": "Look."}, IMAGE]

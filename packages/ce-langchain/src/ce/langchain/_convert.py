@@ -28,6 +28,23 @@ __all__ = [
 ]
 
 _TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
+# Content blocks handed to the model as the app wrote them (the engine reads only text): images,
+# files, audio, in OpenAI, OpenAI Responses, Anthropic and LangChain standard formats. Other
+# blocks (reasoning, provider-specific ones) carry text the engine and its redactor never saw:
+# a message with one is not handed over as it is, and a rewritten copy leaves them out.
+_MEDIA_TYPES = frozenset(
+    {
+        "image_url",
+        "image",
+        "input_image",
+        "input_audio",
+        "audio",
+        "file",
+        "input_file",
+        "video",
+        "document",
+    }
+)
 
 
 def to_openai(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
@@ -179,21 +196,36 @@ def _rewritten(
     return pairs
 
 
+def _is_text(block: Any) -> bool:
+    return isinstance(block, str) or (isinstance(block, dict) and block.get("type") in _TEXT_TYPES)
+
+
+def _is_media(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") in _MEDIA_TYPES
+
+
+def _as_written(message: BaseMessage) -> bool:
+    """Whether ``message`` can reach the model as the app wrote it: its content is text and
+    media only (see :data:`_MEDIA_TYPES`)."""
+    content = message.content
+    return isinstance(content, str) or all(_is_text(b) or _is_media(b) for b in content)
+
+
 def _with_text(message: BaseMessage, text: str) -> BaseMessage:
     """A copy of ``message`` with ``text`` as its text: a string content is replaced; in a
     list content the first text block takes ``text`` (its other keys kept), the other text
-    blocks go, every other block (images, files, audio) stays where it was."""
+    blocks go, media blocks (images, files, audio) stay where they were, any other block
+    goes."""
     content = message.content
     if isinstance(content, str):
         return message.model_copy(update={"content": text})
     blocks: list[Any] = []
     placed = False
     for block in content:
-        is_text = isinstance(block, str) or (
-            isinstance(block, dict) and block.get("type") in _TEXT_TYPES
-        )
-        if not is_text:
+        if _is_media(block):
             blocks.append(block)
+        elif not _is_text(block):
+            continue
         elif not placed:
             placed = True
             blocks.append({**block, "text": text} if isinstance(block, dict) else text)
@@ -211,12 +243,18 @@ def reconcile(
     given the app's own messages ``app`` and their OpenAI dicts ``pending`` (one each, in
     order): the app's own object for every message the engine kept as it was (ids,
     ``additional_kwargs``, image / file / audio parts and all), a copy of the app's message
-    with the engine's text for a system, user or tool message whose text alone the engine
-    rewrote, and new messages for what the engine added (its summary, history the app did not
-    pass, an assistant turn it changed)."""
+    with the engine's text (and its media parts) for a system, user or tool message whose text
+    alone the engine rewrote, and new messages for what the engine added (its summary, history
+    the app did not pass, an assistant turn it changed). A message with content blocks the
+    engine cannot read but text and media (reasoning, provider-specific blocks) is never
+    handed over as it is."""
     if len(pending) != len(app):
         return from_openai(sent)
     app_keys, sent_keys = [_key(m) for m in pending], [_key(m) for m in sent]
+    for j, message in enumerate(app):
+        if not _as_written(message):  # never unchanged: rewritten (a copy) or built new
+            role, _, call_id, name, calls = app_keys[j]
+            app_keys[j] = (role, object(), call_id, name, calls)
     match = _unchanged(app_keys, sent_keys)
     rewritten = _rewritten(app_keys, sent_keys, match)
     out: list[BaseMessage | None] = []
