@@ -24,7 +24,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,19 @@ class SleepyLLM(LLM):
         raise NotImplementedError
 
 
+@dataclass
+class Run:
+    """One run, in seconds: wall time of the gather, the loop's max lateness, CPU time of the
+    loop's thread and of the whole process (all threads) during the gather, and the time the
+    records still queued at the end took to flush afterwards (with the plugin)."""
+
+    wall: float
+    late: float
+    loop_cpu: float
+    cpu: float
+    flushed: float = 0.0
+
+
 class CountingSync:
     """Stands in for ``engine.sync`` during the timed runs: counts the blocking engine calls
     (there should be none on the async path) and lets them through."""
@@ -176,7 +190,7 @@ class Bench:
                 reply = await self.llm.achat(list(conversation))
             conversation.append(reply.message)
 
-    async def _run(self, sessions: list[str]) -> tuple[float, float]:
+    async def _run(self, sessions: list[str]) -> Run:
         stop = asyncio.Event()
         lateness = [0.0]
 
@@ -188,22 +202,20 @@ class Bench:
 
         beat = asyncio.create_task(heartbeat())
         await asyncio.sleep(HEARTBEAT)  # the heartbeat is running
-        start = time.perf_counter()
+        start, loop_cpu, cpu = time.perf_counter(), time.thread_time(), time.process_time()
         await asyncio.gather(*(self._session(s) for s in sessions))
         wall = time.perf_counter() - start
+        loop_cpu, cpu = time.thread_time() - loop_cpu, time.process_time() - cpu
         stop.set()
         await beat
-        return wall, lateness[0]
+        return Run(wall, lateness[0], loop_cpu, cpu)
 
-    def run(
-        self, installed: bool, counting: CountingSync | None = None
-    ) -> tuple[float, float, float]:
-        """One run on a fresh event loop: its wall time and max lateness, and (with the plugin)
-        the time the records still queued at its end took to flush afterwards (seconds).
-        ``counting`` stands in for ``engine.sync`` during the run."""
+    def run(self, installed: bool, counting: CountingSync | None = None) -> Run:
+        """One run on a fresh event loop (with the plugin, the records still queued at its end
+        are flushed afterwards, timed apart). ``counting`` stands in for ``engine.sync`` during
+        the run."""
         if not installed:
-            sessions = [f"without-{i}" for i in range(self.sessions)]
-            return (*asyncio.run(self._run(sessions)), 0.0)
+            return asyncio.run(self._run([f"without-{i}" for i in range(self.sessions)]))
         sessions = self.names(self.used)
         self.used += 1
         engine = self.engine
@@ -214,15 +226,15 @@ class Bench:
                 counting.inner = real
                 engine.sync = counting  # type: ignore[assignment]
             try:
-                wall, late = asyncio.run(self._run(sessions))
+                run = asyncio.run(self._run(sessions))
             finally:
                 engine.sync = real
             start = time.perf_counter()
             engine.sync.flush()
-            flushed = time.perf_counter() - start
+            run.flushed = time.perf_counter() - start
         finally:
             ce.llamaindex.uninstall()
-        return wall, late, flushed
+        return run
 
     def check(self, sessions: list[str]) -> None:
         """After the runs: the model got the engine's input (its system message first, within
@@ -235,24 +247,28 @@ class Bench:
             assert len(doc.model_usage) == 1 + self.calls, (session_id, len(doc.model_usage))
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f}"
+def _ms(seconds: float, digits: int = 1) -> str:
+    return f"{seconds * 1000:.{digits}f}"
 
 
 def report(
-    command: str,
-    bench: Bench,
-    without: list[tuple[float, float, float]],
-    with_plugin: list[tuple[float, float, float]],
-    blocking: list[str],
+    command: str, bench: Bench, without: list[Run], with_plugin: list[Run], blocking: list[str]
 ) -> str:
     versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    walls = [statistics.median(r[0] for r in rows) for rows in (without, with_plugin)]
-    lates = [statistics.median(r[1] for r in rows) for rows in (without, with_plugin)]
-    worst = [max(r[1] for r in rows) for rows in (without, with_plugin)]
-    flush = statistics.median(r[2] for r in with_plugin)
     calls = bench.sessions * bench.calls
+
+    def medians(value: Callable[[Run], float]) -> tuple[float, float]:
+        return (
+            statistics.median(value(r) for r in without),
+            statistics.median(value(r) for r in with_plugin),
+        )
+
+    wall, late = medians(lambda r: r.wall), medians(lambda r: r.late)
+    worst = (max(r.late for r in without), max(r.late for r in with_plugin))
+    loop_cpu, cpu = medians(lambda r: r.loop_cpu / calls), medians(lambda r: r.cpu / calls)
+    flush = statistics.median(r.flushed for r in with_plugin)
+    blocked = ", ".join(sorted(set(blocking)))
     lines = [
         "## LlamaIndex plugin: concurrent async sessions on one event loop",
         "",
@@ -268,20 +284,25 @@ def report(
         f"{LATENCY})`; {MESSAGES}-message history already stored per session (SQLite file, "
         f"`gpt-4o` tokenizer, {BUDGET:,}-token budget); {bench.runs} runs each, alternating, "
         "median. Lateness: how much later than asked a 5 ms heartbeat task woke up (max per "
-        "run). Blocking engine calls (`engine.sync`) during the runs with the plugin: "
-        f"{len(blocking)}{' (' + ', '.join(sorted(set(blocking))) + ')' if blocking else ''}.",
+        "run). CPU: `time.thread_time()` of the loop's thread and `time.process_time()` (all "
+        "threads) over the gather, per call. Blocking engine calls (`engine.sync`) during the "
+        f"runs with the plugin: {len(blocking)}{f' ({blocked})' if blocking else ''}.",
         "",
         "| | without | with plugin | ratio / difference |",
         "| --- | ---: | ---: | ---: |",
-        f"| wall time, median (ms) | {_ms(walls[0])} | {_ms(walls[1])} "
-        f"| **{walls[1] / walls[0]:.2f}×** |",
-        f"| max loop lateness, median of runs (ms) | {_ms(lates[0])} | {_ms(lates[1])} "
-        f"| **+{_ms(lates[1] - lates[0])}** |",
+        f"| wall time, median (ms) | {_ms(wall[0])} | {_ms(wall[1])} "
+        f"| **{wall[1] / wall[0]:.2f}×** |",
+        f"| max loop lateness, median of runs (ms) | {_ms(late[0])} | {_ms(late[1])} "
+        f"| **+{_ms(late[1] - late[0])}** |",
         f"| max loop lateness, worst run (ms) | {_ms(worst[0])} | {_ms(worst[1])} "
         f"| +{_ms(worst[1] - worst[0])} |",
+        f"| CPU on the loop's thread per call (ms) | {_ms(loop_cpu[0], 2)} "
+        f"| {_ms(loop_cpu[1], 2)} | +{_ms(loop_cpu[1] - loop_cpu[0], 2)} |",
+        f"| CPU, all threads, per call (ms) | {_ms(cpu[0], 2)} | {_ms(cpu[1], 2)} "
+        f"| +{_ms(cpu[1] - cpu[0], 2)} |",
         "",
-        f"Target (issue 11): wall ≤ 1.15× without; lateness ≤ without + 5 ms. The records "
-        f"still queued when a run ends (each session's last call) were flushed after it, "
+        "Target (issue 11): wall ≤ 1.15× without; lateness ≤ without + 5 ms. The records "
+        "still queued when a run ends (each session's last call) were flushed after it, "
         f"untimed: {_ms(flush)} ms median.",
     ]
     return "\n".join(lines) + "\n"
@@ -304,8 +325,8 @@ def main() -> None:
         bench.run(False)  # warm-up
         bench.run(True)
         counting = CountingSync(bench.engine.sync)
-        without: list[tuple[float, float, float]] = []
-        with_plugin: list[tuple[float, float, float]] = []
+        without: list[Run] = []
+        with_plugin: list[Run] = []
         for _ in range(args.runs):
             without.append(bench.run(False))
             with_plugin.append(bench.run(True, counting))
