@@ -144,6 +144,18 @@ class _Run:
         return ttl if now - candidate.at > timedelta(seconds=ttl) else None
 
     def keep(self, candidate: Candidate, rendering: Rendering, reason: str, extra: int = 0) -> None:
+        if candidate.kind == "conversation" and not rendering.parts:
+            # an assistant message of nothing but tool calls that have no result: nothing of
+            # it reaches the model, and the report says so
+            self.result.decisions.append(
+                _decision(
+                    candidate.block_id,
+                    "dropped",
+                    "unanswered tool call: no result message or result evidence",
+                    0,
+                )
+            )
+            return
         cost = rendering.tokens + extra
         self.remaining -= cost
         self.result.kept.append((candidate, rendering))
