@@ -140,21 +140,27 @@ def _build(sent: Mapping[str, Any]) -> ChatMessage:
 
 def _key(message: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes two OpenAI message dicts the same message: role, content, tool ids, name
-    and calls (no JSON encoding of the whole dict: this runs for every message of every call)."""
-    calls = tuple(
-        (
-            _plain(call.get("id")),
-            _plain(_function(call).get("name")),
-            _plain(_function(call).get("arguments")),
-        )
-        for call in message.get("tool_calls") or ()
-    )
+    and calls (no JSON encoding of the whole dict: this runs for every message of every call,
+    so plain strings take the short way)."""
+    content = message.get("content")
+    if not (content is None or isinstance(content, str)):
+        content = _plain(content)
+    calls = message.get("tool_calls")
     return (
         message.get("role"),
-        _plain(message.get("content")),
+        content,
         _plain(message.get("tool_call_id")),
         _plain(message.get("name")),
-        calls,
+        tuple(_call_key(call) for call in calls) if calls else (),
+    )
+
+
+def _call_key(call: Mapping[str, Any]) -> tuple[str | None, ...]:
+    function = _function(call)
+    return (
+        _plain(call.get("id")),
+        _plain(function.get("name")),
+        _plain(function.get("arguments")),
     )
 
 
