@@ -1058,3 +1058,26 @@ def test_deferred_records_are_written_when_the_process_exits(tmp_path: Any) -> N
     doc = asyncio.run(SQLiteStore(str(path)).get_session("s"))
     assert doc is not None
     assert [e.content for e in doc.evidences.values()] == ["kept at exit"]
+
+
+def test_openai_to_messages_converts_each_message_once() -> None:
+    history = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "q1"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "k1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+    ]
+    first = openai_to_messages(history)
+    again = openai_to_messages([*history, {"role": "tool", "tool_call_id": "k1", "content": "r"}])
+    assert all(a is b for a, b in zip(first, again, strict=False))  # converted once
+    assert again[-1].role is Role.TOOL and again[-1].name == "f"  # named after its call
+    assert again == openai_to_messages(
+        [dict(m) for m in [*history, {"role": "tool", "tool_call_id": "k1", "content": "r"}]]
+    )
+    with pytest.raises(ValueError, match=r"messages\[3\]"):
+        openai_to_messages([*history, {"role": "robot", "content": "x"}])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,12 +37,67 @@ def message_from_part(part: MessagePart, author: Author | None = None) -> Messag
     )
 
 
+_CACHE_MAX = 8192
+# Converted messages by what identifies them: a framework passes its whole history again on
+# every call, so each message is converted (and validated) once. Strings cache their hash.
+_converted: dict[tuple[Any, ...], Message] = {}
+_converted_lock = threading.Lock()
+
+
+def _cache_key(message: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        return None  # a list of parts: not worth keying
+    calls = message.get("tool_calls")
+    call_key: tuple[Any, ...] = ()
+    if calls:
+        try:
+            call_key = tuple(
+                (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls
+            )
+            hash(call_key)
+        except (KeyError, TypeError):
+            return None
+    name, call_id = message.get("name"), message.get("tool_call_id")
+    if not isinstance(name, (str, type(None))) or not isinstance(call_id, (str, type(None))):
+        return None
+    return (message.get("role"), content, name, call_id, call_key)
+
+
 def openai_to_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
     """Pending messages for ``engine.prepare_call`` from OpenAI chat message dicts: system
     (and developer), user, assistant with ``tool_calls``, tool with ``tool_call_id``;
     content as a string, null or a list of text parts. Malformed input raises
-    :class:`ValueError` (see :func:`ce.core.formats.from_openai_messages`)."""
-    return [message_from_part(part) for part in from_openai_messages(messages)]
+    :class:`ValueError` (see :func:`ce.core.formats.from_openai_messages`).
+
+    A message met before (same role, content, name and tool ids) is converted once: the
+    same :class:`Message` object comes back, so treat the result as read-only."""
+    keys = [_cache_key(m) for m in messages]
+    out: list[Message | None] = [_converted.get(k) if k is not None else None for k in keys]
+    missing = [i for i, m in enumerate(out) if m is None]
+    if len(missing) == len(out):
+        out = [message_from_part(p) for p in from_openai_messages(messages)]
+    elif missing:
+        try:
+            parts = from_openai_messages([messages[i] for i in missing])
+        except ValueError:
+            from_openai_messages(messages)  # raise with the message's real position
+            raise
+        names = {c.tool_call_id: c.name for m in out if m is not None for c in m.tool_calls or ()}
+        for i, part in zip(missing, parts, strict=True):
+            if part.role is Role.TOOL and part.name is None and part.tool_call_id in names:
+                part = part.model_copy(update={"name": names[part.tool_call_id]})
+            out[i] = message_from_part(part)
+    if missing:
+        with _converted_lock:
+            if len(_converted) > _CACHE_MAX:
+                _converted.clear()
+            for i in missing:
+                key = keys[i]
+                message = out[i]
+                if key is not None and message is not None:
+                    _converted[key] = message
+    return [m for m in out if m is not None]
 
 
 def message_from_openai(message: Mapping[str, Any], author: Author | None = None) -> Message:
