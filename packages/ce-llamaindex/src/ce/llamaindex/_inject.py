@@ -1,9 +1,11 @@
 """Engine -> LlamaIndex: the messages an LLM chat call receives instead of its own.
 
 The one-line ``install()`` rewrites the ``messages`` of every outermost LLM chat span
-(``chat`` / ``achat`` / ``stream_chat`` / ``astream_chat``) from the root dispatcher's span
-handler: span handlers run before the method body with the very list object the method
-receives, and no other LlamaIndex hook can change an LLM's input for every call. The list is
+(``chat`` / ``achat`` / ``stream_chat`` / ``astream_chat``): span handlers run before the
+method body with the very list object the method receives, and no other LlamaIndex hook can
+change an LLM's input for every call. A sync call is rewritten by the root dispatcher's span
+handler (:func:`inject_sync`, the blocking engine inline); an async one by the async seam inside
+its span (:func:`inject_async`, awaited on the caller's loop; see ``_seam``). The list is
 rewritten in place and put back as it was when the call is over (see ``_handlers``), so a list
 the application passed in itself is unchanged afterwards. ``wrap(llm)`` is the explicit seam:
 it hands the wrapped LLM a new list and never touches the caller's.
