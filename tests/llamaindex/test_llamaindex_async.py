@@ -38,6 +38,7 @@ from ce.core.schema import Role
 from ce.core.stores import SQLiteStore
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
 from ce.core.tokens import TiktokenEstimator
+from ce.llamaindex import ContextEngineMemory
 
 SYSTEM = "You answer from the knowledge base."
 CANARY = "zed.canary@example.com"
@@ -316,3 +317,21 @@ def test_the_last_calls_record_survives_its_event_loop_ending(tmp_path: Path) ->
         "the last answer"
     ]
     assert len(doc.session.model_usage) == 1
+
+
+async def test_an_async_chat_engine_on_the_engines_memory_never_blocks(
+    engine: ContextEngine,
+) -> None:
+    llm = ScriptedLLM(script=lambda messages: ("the answer", []), seen=[])
+    ce.llamaindex.install(engine)
+    memory = ContextEngineMemory.from_defaults(engine, session_id="s-memory")
+    chat = SimpleChatEngine.from_defaults(llm=llm, memory=memory, system_prompt=SYSTEM)
+    with no_blocking(engine) as blocking:
+        assert str(await chat.achat(f"first, mail {CANARY}")) == "the answer"
+        streamed = await chat.astream_chat("second")
+        assert "".join([t async for t in streamed.async_response_gen()]) == "the answer"
+        await engine.flush()
+        history = [m.content for m in await memory.aget_all()]
+    assert blocking.used == []
+    assert history == [f"first, mail {REDACTED}", "the answer", "second", "the answer"]
+    assert CANARY not in str(llm.seen[-1])

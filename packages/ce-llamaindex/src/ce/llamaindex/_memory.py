@@ -16,7 +16,7 @@ from ce.core.integration import (
     openai_to_messages,
     resolve_scope,
 )
-from ce.core.schema import MessagePart, Role
+from ce.core.schema import MessagePart, Role, SessionDocument
 from ce.llamaindex._convert import from_openai, to_openai
 from ce.llamaindex._plugin import LlamaIndexPlugin
 
@@ -115,7 +115,13 @@ class ContextEngineMemory(BaseMemory):
         """Every message the session holds (system instructions excepted); what was put
         since the last ``get`` is not recorded yet."""
         engine, session_id = self._engine_and_session()
-        doc = engine.sync.get_session(session_id)
+        return self._all(engine.sync.get_session(session_id))
+
+    async def aget_all(self) -> list[ChatMessage]:
+        engine, session_id = self._engine_and_session()
+        return self._all(await engine.get_session(session_id))
+
+    def _all(self, doc: SessionDocument) -> list[ChatMessage]:
         parts = [
             MessagePart(
                 role=m.role,
