@@ -1081,3 +1081,35 @@ def test_openai_to_messages_converts_each_message_once() -> None:
     )
     with pytest.raises(ValueError, match=r"messages\[3\]"):
         openai_to_messages([*history, {"role": "robot", "content": "x"}])
+
+
+def test_a_deferred_record_cancelled_midway_runs_again_once(engine: ContextEngine) -> None:
+    """An event loop that shuts down while its flush task is inside a write (asyncio.run
+    cancels it) puts the write back; it runs later, and records are idempotent."""
+    plugin = RecordingPlugin().install(engine)
+    calls: list[int] = []
+    reply = message_from_openai({"role": "assistant", "content": "the answer"}).model_copy(
+        update={"invocation": ModelInvocation(provider="p", model="m")}
+    )
+    model_call = ModelCall(call_id="run-1", provider="p", model="m")
+
+    async def work() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # the loop shuts down meanwhile
+        await Recorder(engine, "s-c").record_model_call(model_call, reply)
+
+    async def app() -> None:
+        engine.defer("s-c", work)
+        asyncio.get_running_loop().create_task(engine.flush("s-c"))
+        await asyncio.sleep(0)  # the flush task starts and waits inside the write
+
+    asyncio.run(app())
+    assert len(calls) == 1
+    # the same record written twice (a retry) is stored once
+    engine.defer("s-c", work)
+    doc = engine.sync.get_session("s-c")
+    assert len(calls) == 3
+    assert [m.content for m in doc.session.messages] == ["the answer"]
+    assert len(doc.session.model_usage) == 1
+    plugin.uninstall()

@@ -3,6 +3,7 @@ session is next used."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import weakref
@@ -50,19 +51,36 @@ class DeferredWrites:
         with self._lock:
             return list(self._queues)
 
-    def take(self, session_id: str) -> list[Work]:
+    def _pop(self, session_id: str) -> Work | None:
         with self._lock:
-            return list(self._queues.pop(session_id, ()))
+            queue = self._queues.get(session_id)
+            if not queue:
+                self._queues.pop(session_id, None)
+                return None
+            work = queue.popleft()
+            if not queue:
+                del self._queues[session_id]
+            return work
+
+    def _push_back(self, session_id: str, work: Work) -> None:
+        with self._lock:
+            self._queues.setdefault(session_id, deque()).appendleft(work)
 
     async def run(self, session_id: str) -> None:
-        """Run the session's queued writes in order (each one fails alone: logged)."""
+        """Run the session's queued writes in order, one at a time (each one fails alone:
+        logged). A run cancelled in the middle of a write (its event loop shutting down)
+        puts that write back at the head of the queue, to run again later: the engine's
+        record writes are idempotent."""
         if _draining.get() or session_id not in self._queues:
             return
         token = _draining.set(True)
         try:
-            for work in self.take(session_id):
+            while (work := self._pop(session_id)) is not None:
                 try:
                     await work()
+                except asyncio.CancelledError:
+                    self._push_back(session_id, work)
+                    raise
                 except Exception:
                     logger.exception("a deferred record of session %r failed", session_id)
         finally:

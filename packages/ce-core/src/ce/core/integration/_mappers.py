@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -276,6 +277,9 @@ class Recorder:
         write (:meth:`ContextEngine.record_model_call`); returns the usage."""
         draft = llm_output_evidence(call)
         usage = model_usage_from_call(call)
+        if reply is not None and reply.message_id is None:
+            # named after the call, so writing it again (a retried record) stores it once
+            reply = reply.model_copy(update={"message_id": reply_id(call.call_id)})
         await self.engine.record_model_call(
             self.session_id,
             usage,
@@ -286,6 +290,14 @@ class Recorder:
 
 
 _flushes: set[asyncio.Task[None]] = set()  # flush tasks in flight (the loop keeps weak refs)
+
+
+_REPLY_NAMESPACE = uuid.UUID("5d3c8a52-4a0e-4f57-9a43-2f1b6de2a8c1")
+
+
+def reply_id(call_id: str) -> str:
+    """The message id of the reply of model call ``call_id`` (a UUID derived from it)."""
+    return str(uuid.uuid5(_REPLY_NAMESPACE, call_id))
 
 
 def record_sync(
