@@ -19,7 +19,7 @@ import inspect
 import time
 from collections.abc import AsyncGenerator, Generator, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.bridge.pydantic import PrivateAttr
@@ -167,7 +167,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             if step is not None:
                 call_id, name, args = step
             else:
-                name, args = _tool_input(instance, arguments)
+                name, args = _tool_input(cast(BaseTool, instance), arguments)  # is_tool
                 call_id = tracker.asked_call_id(outer.session_id, name, args) or id_
             info.scope = resolve_scope(
                 plugin, run_id=info.root, explicit=info.named, parent=outer, parent_call_id=call_id

@@ -73,7 +73,9 @@ class ContextEngineMemory(BaseMemory):
         return self.session_id or self._generated
 
     def _engine_and_session(self) -> tuple[ContextEngine, str]:
-        from llama_index.core.instrumentation.dispatcher import active_instrument_tags
+        from llama_index.core.instrumentation.dispatcher import (  # type: ignore[attr-defined]
+            active_instrument_tags,
+        )
         from llama_index.core.instrumentation.span import active_span_id
 
         from ce.llamaindex._scopes import explicit_session
