@@ -245,8 +245,10 @@ def _image_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("path", ["chat", "achat"])
 async def test_image_blocks_reach_the_model_unchanged(path: str, engine: ContextEngine) -> None:
     """An earlier message with an image (unchanged: the app's very object is sent) and a new
-    question with an image whose text the engine redacts: both images reach the wire."""
-    with ScriptedOpenAIServer([ScriptedResponse(text="A cat.")]) as server:
+    question with an image whose text the engine redacts: both images reach the wire, on the
+    next call too (the redacted one is then history the engine stored redacted)."""
+    replies = [ScriptedResponse(text="A cat."), ScriptedResponse(text="You are welcome.")]
+    with ScriptedOpenAIServer(replies) as server:
         llm = _openai(server)
         ce.llamaindex.install(engine, session_id="s-image")
         mine = [
@@ -255,19 +257,23 @@ async def test_image_blocks_reach_the_model_unchanged(path: str, engine: Context
             ChatMessage(role="assistant", content="Nice picture."),
             _image_message(f"And this one? Mail me at {CANARY}."),
         ]
-        if path == "chat":
-            llm.chat(mine)
-        else:
-            await llm.achat(mine)
-        (request,) = server.requests
-    messages = request["messages"]
-    users = [m for m in messages if m["role"] == "user"]
-    assert len(users) == 2
-    for message in users:
-        (part,) = _image_parts(message)
-        assert part["image_url"]["url"] == IMAGE
-    assert "Here is my first picture." in json.dumps(users[0])
-    assert REDACTED in json.dumps(users[1]) and CANARY not in json.dumps(request)
+
+        async def ask() -> ChatResponse:
+            return llm.chat(mine) if path == "chat" else await llm.achat(mine)
+
+        first = await ask()
+        mine += [first.message, ChatMessage(role="user", content="Thanks!")]
+        await ask()
+        requests = server.requests
+    assert len(requests) == 2
+    for request in requests:
+        users = [m for m in request["messages"] if m["role"] == "user"]
+        for message in users[:2]:
+            (part,) = _image_parts(message)
+            assert part["image_url"]["url"] == IMAGE
+        assert "Here is my first picture." in json.dumps(users[0])
+        assert REDACTED in json.dumps(users[1]) and CANARY not in json.dumps(request)
+    assert json.dumps(requests[1]["messages"][-1]["content"]) == '"Thanks!"'
 
 
 async def test_the_seams_come_off_exactly_and_cover_classes_made_later(

@@ -9,7 +9,7 @@ the OpenAI SDK's objects, the older form). A tool result names its call in
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
@@ -191,13 +191,14 @@ def from_openai(
     sent: Sequence[Mapping[str, Any]],
     originals: Sequence[ChatMessage],
     original_dicts: Sequence[Mapping[str, Any]],
+    redact: Callable[[str], str] | None = None,
 ) -> list[ChatMessage]:
     """The LlamaIndex messages for what the engine assembled. A message the engine left as
     it was is the app's very object (its images, provider fields and tool-call form kept);
-    one whose text the engine changed (a redacted call, a fenced tool result, the newest user
-    message redacted) is a copy of the app's message with the new text, its other blocks
-    (images, audio) kept; the rest (the engine's system message, history from earlier runs)
-    are new messages."""
+    one whose text the engine changed (a redacted call, a fenced tool result, a message whose
+    text is the app's passed through ``redact``, the newest user message) is a copy of the
+    app's message with the new text, its other blocks (images, audio) kept; the rest (the
+    engine's system message, history from earlier runs) are new messages."""
     same: dict[tuple[Any, ...], list[int]] = {}
     slots: dict[tuple[str, ...], list[int]] = {}
     for index, original in enumerate(original_dicts):
@@ -210,6 +211,20 @@ def from_openai(
     # user message sent stands for the app's last one
     newest = _last_user(original_dicts)
     newest_sent = _last_user(sent)
+    redacted: dict[tuple[Any, ...], list[int]] | None = None
+
+    def redacted_keys() -> dict[tuple[Any, ...], list[int]]:
+        """The keys of the app's messages as the engine stores them (text redacted), built
+        once and only when a message matched nothing else."""
+        nonlocal redacted
+        if redacted is None:
+            redacted = {}
+            for index, original in enumerate(original_dicts):
+                content = original.get("content")
+                if redact is not None and index not in used and isinstance(content, str):
+                    key = _key({**original, "content": redact(content)})
+                    redacted.setdefault(key, []).append(index)
+        return redacted
 
     def take(candidates: list[int] | None) -> int | None:
         for index in candidates or ():
@@ -226,6 +241,8 @@ def from_openai(
             continue
         slot = _slot(message)
         changed = take(slots.get(slot)) if slot is not None else None
+        if changed is None and redact is not None and message.get("role") != "system":
+            changed = take(redacted_keys().get(_key(message)))
         if changed is None and position == newest_sent and newest is not None:
             changed = take([newest])
         if changed is not None:
