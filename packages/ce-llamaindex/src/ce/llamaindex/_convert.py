@@ -142,8 +142,8 @@ def _key(message: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes two OpenAI message dicts the same message: role, content, tool ids, name
     and calls (no JSON encoding of the whole dict: this runs for every message of every call,
     so plain strings take the short way)."""
-    content = message.get("content")
-    if not (content is None or isinstance(content, str)):
+    content = message.get("content") or ""  # None and "" alike: no text
+    if not isinstance(content, str):
         content = _plain(content)
     calls = message.get("tool_calls")
     return (
@@ -214,14 +214,20 @@ def from_openai(
     redacted: dict[tuple[Any, ...], list[int]] | None = None
 
     def redacted_keys() -> dict[tuple[Any, ...], list[int]]:
-        """The keys of the app's messages as the engine stores them (text redacted), built
-        once and only when a message matched nothing else."""
+        """The keys, text redacted as the engine stores it, of the app's messages that carry
+        more than text (images, audio: what a rebuilt message would lose); built once, when
+        a message matched nothing else (redaction is not free: text-only messages skip it)."""
         nonlocal redacted
         if redacted is None:
             redacted = {}
             for index, original in enumerate(original_dicts):
                 content = original.get("content")
-                if redact is not None and index not in used and isinstance(content, str):
+                if (
+                    redact is not None
+                    and index not in used
+                    and isinstance(content, str)
+                    and _has_media(originals[index])
+                ):
                     key = _key({**original, "content": redact(content)})
                     redacted.setdefault(key, []).append(index)
         return redacted
@@ -250,6 +256,12 @@ def from_openai(
             continue
         result.append(_build(message))
     return result
+
+
+def _has_media(message: ChatMessage) -> bool:
+    """Whether ``message`` has blocks other than text and tool calls."""
+    plain = (TextBlock,) if ToolCallBlock is None else (TextBlock, ToolCallBlock)
+    return any(not isinstance(block, plain) for block in message.blocks)
 
 
 def _last_user(messages: Sequence[Mapping[str, Any]]) -> int | None:
