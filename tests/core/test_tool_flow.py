@@ -113,3 +113,29 @@ def test_the_pruned_window_starts_at_a_turn_boundary(sizes: list[int], budget: i
     history = [m for m in sent if m["role"] != "system"]
     assert history[0]["role"] == "user", [m["content"][:20] for m in history]
     assert history[-1]["content"] == "last question"
+
+
+async def test_within_its_turn_a_recorded_run_waits_for_the_frameworks_tool_message() -> None:
+    """An integration records a tool run (result evidence) before the framework's tool
+    message arrives: within that turn the call is not rendered from the evidence (the
+    framework would get back a result text it never produced); its message renders it."""
+    engine = deterministic_engine()
+    await engine.prepare_turn("s", "Weather in Oslo?")
+    await engine.commit_assistant_message(
+        "s",
+        Message(role=Role.ASSISTANT, content="", tool_calls=[_call("c1", "Oslo")], invocation=INV),
+    )
+    await engine.ingest_evidence(
+        "s",
+        "Oslo: sunny, 18C",
+        EvidenceSource(kind=SourceKind.TOOL, name="weather"),
+        EvidenceType.TOOL_RESULT,
+        links=EvidenceLinks(tool_call_id="c1"),
+    )
+    during = await engine.prepare_call("s", [])
+    assert [p.role for p in during.assembled_input.parts] == [Role.USER]
+    tool = Message(role=Role.TOOL, content="Oslo: sunny", tool_call_id="c1", name="weather")
+    after = await engine.prepare_call("s", [tool])
+    sent = to_openai_messages(after.assembled_input.parts)
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[-1]["content"] == "Oslo: sunny"  # the framework's own result text

@@ -12,7 +12,8 @@ proportional to that record, never to the history. Rules:
 * a tool result whose call produced ``rag_doc`` evidence renders as those evidences, fenced
   with their ids and sources, instead of the tool's raw text; a tool call whose run was
   recorded without a tool message (``record_tool_call`` with a ``tool_result`` evidence linked
-  by ``tool_call_id``) renders with that evidence, fenced, as its result;
+  by ``tool_call_id``) renders with that evidence, fenced, as its result once a later user
+  message closed its turn;
 * every other evidence is one ``evidence`` block, except ``llm_output`` (the model's own words
   are in the history already), evidence linked to a tool call (its tool result shows it) and
   the unredacted originals that ``dual_store`` keeps for audits;
@@ -134,10 +135,11 @@ def _at(value: str | None) -> datetime | None:
 class _Group:
     """The messages of one conversation block: its head and the results of its tool calls."""
 
-    __slots__ = ("head", "results")
+    __slots__ = ("head", "index", "results")
 
-    def __init__(self, head: Message) -> None:
+    def __init__(self, head: Message, index: int) -> None:
         self.head = head
+        self.index = index
         self.results: dict[str, Message] = {}
 
 
@@ -158,6 +160,7 @@ class SessionIndex:
         self._tool_records: dict[str, ToolCall] = {}
         self._rag_by_call: dict[str, list[Evidence]] = {}
         self._result_by_call: dict[str, list[Evidence]] = {}
+        self._evidence_answered: set[int] = set()  # groups of the current turn waiting
         self.evidence_tiers: dict[Priority, list[Candidate]] = {
             p: [] for p in (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
         }
@@ -187,7 +190,7 @@ class SessionIndex:
             return
         index = len(self.groups)
         group_id = f"msg:{message.message_id or position}"
-        data = _Group(message)
+        data = _Group(message, index)
         candidate = Candidate(
             group_id,
             BlockType.CONVERSATION,
@@ -201,9 +204,13 @@ class SessionIndex:
         self._group_data.append(data)
         for call in message.tool_calls or ():
             self._call_group.setdefault(call.tool_call_id, index)
+        self._cum.append(self._cum[-1] + candidate.live.tokens)
         if message.role is Role.USER:
             self.last_user_group = index
-        self._cum.append(self._cum[-1] + candidate.live.tokens)
+            # calls answered by recorded result evidence only render once their turn is over
+            for waiting in sorted(self._evidence_answered):
+                self._refresh(waiting)
+            self._evidence_answered.clear()
 
     def add_tool_record(self, record: ToolCall) -> None:
         self.record_count += 1
@@ -301,8 +308,18 @@ class SessionIndex:
 
     def _answered(self, data: _Group, call_id: str) -> bool:
         """Whether a tool call has its result: a tool message, or (a run recorded with
-        ``record_tool_call`` and no tool message) a ``tool_result`` evidence linked to it."""
-        return call_id in data.results or call_id in self._result_by_call
+        ``record_tool_call`` and no tool message) a ``tool_result`` evidence linked to it,
+        once a later user message closed the call's turn. Within the turn the framework's
+        tool message is still to come (an integration records the run first): rendering the
+        evidence meanwhile would hand the framework a result text it never produced."""
+        if call_id in data.results:
+            return True
+        if call_id not in self._result_by_call:
+            return False
+        if self.last_user_group is None or data.index >= self.last_user_group:
+            self._evidence_answered.add(data.index)
+            return False
+        return True
 
     def _tool_text(self, call_id: str, result: Message | None, level: LevelOfDetail) -> str:
         evidences = self._rag_by_call.get(call_id)
