@@ -528,6 +528,23 @@ def test_ledger_warns_when_someone_else_replaced_the_wrap(
     assert "replaced by someone else" in caplog.text
 
 
+def test_ledger_wraps_classmethods_without_a_false_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Owner:
+        @classmethod
+        def make(cls) -> str:
+            return "original"
+
+    original = Owner.__dict__["make"]
+    ledger = PatchLedger()
+    ledger.wrap(Owner, "make", lambda before: classmethod(lambda cls: "wrapped"))
+    assert Owner.make() == "wrapped"
+    ledger.undo()
+    assert Owner.__dict__["make"] is original and Owner.make() == "original"
+    assert "replaced by someone else" not in caplog.text
+
+
 # == Plugin ===================================================================================
 
 

@@ -68,7 +68,15 @@ class PatchLedger:
             self._wrapped[key] = owner
 
             def undo() -> None:
-                if getattr(owner, attr, _MISSING) is not replacement:
+                # what the owner holds itself: getattr would bind a method or a descriptor
+                # (a classmethod, a span wrapper) and never be the replacement
+                own_now = getattr(owner, "__dict__", None)
+                current = (
+                    own_now.get(attr, _MISSING)
+                    if own_now is not None
+                    else getattr(owner, attr, _MISSING)
+                )
+                if current is not replacement:
                     logger.warning(
                         "%s was replaced by someone else after it was wrapped; restoring the "
                         "original anyway",
