@@ -39,16 +39,14 @@ if _CACHE.is_dir():
 
 import history  # noqa: E402
 from _report import cpu_model, package_version, write_section  # noqa: E402
+from bench_llamaindex import InstantLLM  # noqa: E402
 from llama_index.core.base.llms.types import (  # noqa: E402
     ChatMessage,
     ChatResponse,
-    CompletionResponse,
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import PrivateAttr  # noqa: E402
 from llama_index.core.instrumentation.dispatcher import instrument_tags  # noqa: E402
-from llama_index.core.llms import LLM  # noqa: E402
 from llama_index.core.llms.callbacks import llm_chat_callback  # noqa: E402
 
 import ce.llamaindex  # noqa: E402
@@ -62,16 +60,12 @@ REPLY_TOKENS = 1_024
 LATENCY = 0.05  # the model's answer time (the workload, awaited)
 HEARTBEAT = 0.005
 PACKAGES = ("ce-core", "ce-llamaindex", "llama-index-core", "tiktoken", "pydantic")
-USAGE = {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101}
 
 
-class SleepyLLM(LLM):
-    """Answers "ok" with usage (in ``raw["usage"]`` and ``additional_kwargs``, where
-    LlamaIndex's OpenAI LLM puts it): ``achat`` after ``await asyncio.sleep(0.05)``, ``chat``
-    at once (it only fills the store beforehand). Decorated with ``llm_chat_callback`` like
-    LlamaIndex's own LLMs, so their spans and events fire. Keeps the last list it received."""
-
-    _received: list[ChatMessage] = PrivateAttr(default_factory=list)
+class SleepyLLM(InstantLLM):
+    """:class:`InstantLLM` (``"ok"`` with usage, spans and events like LlamaIndex's own
+    LLMs) whose ``achat`` answers after ``await asyncio.sleep(0.05)``; ``chat`` answers at
+    once (it only fills the store beforehand)."""
 
     @classmethod
     def class_name(cls) -> str:
@@ -81,47 +75,10 @@ class SleepyLLM(LLM):
     def metadata(self) -> LLMMetadata:
         return LLMMetadata(model_name="sleepy", is_chat_model=True)
 
-    @property
-    def received(self) -> list[ChatMessage]:
-        return self._received
-
-    def _reply(self, messages: Sequence[ChatMessage]) -> ChatResponse:
-        self._received = list(messages)
-        return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content="ok"),
-            raw={"usage": dict(USAGE)},
-            additional_kwargs=dict(USAGE),
-        )
-
-    @llm_chat_callback()
-    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._reply(messages)
-
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         await asyncio.sleep(LATENCY)
         return self._reply(messages)
-
-    # completion and streaming: not part of the benchmark
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        raise NotImplementedError
-
-    async def acomplete(
-        self, prompt: str, formatted: bool = False, **kwargs: Any
-    ) -> CompletionResponse:
-        raise NotImplementedError
-
-    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> Any:
-        raise NotImplementedError
-
-    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> Any:
-        raise NotImplementedError
-
-    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
-        raise NotImplementedError
-
-    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> Any:
-        raise NotImplementedError
 
 
 @dataclass
