@@ -188,6 +188,11 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python", "benchmarks/bench_llamaindex.py", "--write", "docs/benchmarks.md", env=_env()
     )
+    for concurrent in (
+        "benchmarks/bench_async_langchain.py",
+        "benchmarks/bench_async_llamaindex.py",
+    ):
+        session.run("python", concurrent, "--write", "docs/benchmarks.md", env=_env())
     session.run(
         "python", "benchmarks/bench_catchup.py", "--write", "docs/benchmarks.md", env=_env()
     )

@@ -34,7 +34,7 @@ if _CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
 
 import history  # noqa: E402
-from _report import cpu_model, package_version  # noqa: E402
+from _report import cpu_model, package_version, write_section  # noqa: E402
 from langchain_core.language_models import BaseChatModel  # noqa: E402
 from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
@@ -196,11 +196,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="timed runs per variant")
     parser.add_argument("--sessions", type=int, default=20, help="concurrent sessions")
     parser.add_argument("--calls", type=int, default=5, help="ainvoke calls per session")
+    parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
     args = parser.parse_args()
     command = "python benchmarks/bench_async_langchain.py"
     for name, default in (("runs", 5), ("sessions", 20), ("calls", 5)):
         if getattr(args, name) != default:
             command += f" --{name} {getattr(args, name)}"
+    if args.write:
+        command += f" --write {args.write}"
 
     without: list[Run] = []
     with_plugin: list[Run] = []
@@ -213,7 +216,10 @@ def main() -> None:
                 if index:  # the first run of each warms up
                     sink.append(result)
         bench.engine.sync.close()
-    print(report(args, without, with_plugin, command))
+    section = report(args, without, with_plugin, command)
+    print(section)
+    if args.write:
+        write_section(args.write, "langchain-async", section)
 
 
 if __name__ == "__main__":
