@@ -179,9 +179,10 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
                 f"{held} messages at the end. Blocks of {BLOCK} calls alternate without and with",
                 "the plugin (install / uninstall between blocks, untimed; the first block of",
                 f"each is a warm-up); {bench.calls} timed calls each; `time.perf_counter()`",
-                "around the call; p95 interpolated. `ainvoke` runs on an event loop; the plugin",
-                "calls the engine through `engine.sync` there, blocking the loop for that time",
-                "(see the limits in docs/integrations/langchain.md).",
+                "around the call; p95 interpolated. `invoke` runs the engine inline on the",
+                "calling thread (`engine.sync`); `ainvoke` runs on an event loop and awaits the",
+                "engine there, whose store I/O goes to a worker thread (see",
+                "docs/integrations/langchain.md for the seams).",
             ]
         ),
         "",

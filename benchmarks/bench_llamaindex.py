@@ -312,9 +312,10 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
                 f"{BLOCK} calls alternate without and with the plugin (install / uninstall",
                 "between blocks, untimed; the first block of each is a warm-up);",
                 f"{bench.calls} timed calls each; `time.perf_counter()` around the call; p95",
-                "interpolated. `achat` runs on an event loop; the plugin calls the engine",
-                "through `engine.sync` there (from the span handler, which LlamaIndex calls",
-                "synchronously), blocking the loop for that time.",
+                "interpolated. `chat` runs the engine inline on the calling thread",
+                "(`engine.sync`, from the span handler); `achat` runs on an event loop and",
+                "awaits the engine there (the plugin's async seam), whose store I/O goes to a",
+                "worker thread.",
             ]
         ),
         "",
