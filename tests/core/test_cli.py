@@ -358,9 +358,9 @@ def test_store_defaults_to_the_environment_then_the_engine_default(
 
     monkeypatch.delenv("CE_STORE_URL")
     monkeypatch.chdir(tmp_path)
-    code, out, _ = _run(capsys, "sessions")
-    assert (code, out.strip()) == (0, "no sessions")
-    assert (tmp_path / ".ce" / "sessions.db").is_file()
+    code, _, err = _run(capsys, "sessions")  # the engine's default store, not there yet
+    assert code == 2 and "no store at '.ce/sessions.db'" in err
+    assert not (tmp_path / ".ce").exists()  # reading created nothing
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -619,3 +619,14 @@ def test_replay_with_the_engine(store_url: str, capsys: pytest.CaptureFixture[st
     assert (code, err) == (0, "")
     assert "turn-2 @ 4,000 tokens (stored):" in out
     assert "turn-2 @ 1,500 tokens:" in out
+
+
+def test_reading_a_store_that_does_not_exist_never_creates_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    typo = tmp_path / "typo.db"
+    for command in (["sessions"], ["show", "s1"], ["report", "s1"], ["export", "s1"]):
+        assert main(["--store", f"sqlite:///{typo}", *command]) == 2
+        assert "no store at" in capsys.readouterr().err
+    assert main(["--store", f"file://{tmp_path / 'nodir'}", "sessions"]) == 2
+    assert not typo.exists() and not (tmp_path / "nodir").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
@@ -16,7 +17,13 @@ from ce.core.errors import (
     SessionNotFoundError,
     StoreError,
 )
-from ce.core.stores import DEFAULT_STORE_URL, STORE_URL_ENV, default_store_url, open_store
+from ce.core.stores import (
+    DEFAULT_STORE_URL,
+    STORE_URL_ENV,
+    default_store_url,
+    local_store_path,
+    open_store,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -93,7 +100,12 @@ async def _run(args: argparse.Namespace) -> None:
         return
     if args.command in _RICH_COMMANDS:
         require_rich()
-    store = open_store(args.store or default_store_url())
+    url = args.store or default_store_url()
+    path = local_store_path(url)
+    if args.command != "import" and path is not None and not os.path.exists(path):
+        # reading never creates a store (a typo in the URL must not leave an empty one)
+        raise CliError(f"no store at {path!r} ({url})")
+    store = open_store(url)
     try:
         if args.command == "export":
             await _transfer.export(store, args.session, args.output)

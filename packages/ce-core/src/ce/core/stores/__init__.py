@@ -56,6 +56,7 @@ __all__ = [
     "default_store_url",
     "filter_blocks",
     "filter_evidences",
+    "local_store_path",
     "open_store",
 ]
 
@@ -70,6 +71,16 @@ DEFAULT_STORE_URL = "sqlite:///.ce/sessions.db"
 def default_store_url() -> str:
     """``$CE_STORE_URL`` when it is set and not empty, else :data:`DEFAULT_STORE_URL`."""
     return os.environ.get(STORE_URL_ENV) or DEFAULT_STORE_URL
+
+
+def local_store_path(url: str) -> str | None:
+    """The file (SQLite) or directory (FileStore) a store URL names on this machine, or
+    ``None`` for a store that is not a local path (memory, PostgreSQL) or a malformed URL."""
+    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+        return unquote(url[len("sqlite:///") :])
+    if url.startswith("file://") and len(url) > len("file://"):
+        return unquote(url[len("file://") :])
+    return None
 
 
 def _memory(rest: str) -> Store:
