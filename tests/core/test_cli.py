@@ -602,11 +602,22 @@ def test_replay_diffs_the_inputs_of_the_two_configs(
     assert "+### " not in out
     assert "turn-1 @ 1,500 tokens, model x: 26 tokens of 1,500, 2 message(s) · dropped 1" in out
 
-    # a budget the config cannot take is a clear error, before the engine runs
+    # a reply reserve the budget cannot take is a clear error, before the engine runs
     calls.clear()
-    code, out, err = _run(capsys, "--store", store_url, "replay", "s1", "turn-1", "--budget", "9")
+    code, out, err = _run(
+        capsys, "--store", store_url, "replay", "s1", "turn-1", "--budget", "9", "--reserve", "20"
+    )
     assert (code, out, calls) == (2, "", [])
+    assert "--budget 9 --reserve 20" in err
     assert "reserved_reply_tokens must be smaller than max_input_tokens" in err
+    # a budget under the stored reserve: the reserve becomes a quarter of it
+    code, out, err = _run(capsys, "--store", store_url, "replay", "s1", "turn-1", "--budget", "800")
+    assert (code, err) == (0, "")
+    assert calls[-1][2].budget.reserved_reply_tokens == 200
+    code, out, err = _run(
+        capsys, "--store", store_url, "replay", "s1", "turn-1", "--budget", "800", "--reserve", "0"
+    )
+    assert (code, err) == (0, "") and calls[-1][2].budget.reserved_reply_tokens == 0
 
 
 def test_replay_with_the_engine(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -619,6 +630,12 @@ def test_replay_with_the_engine(store_url: str, capsys: pytest.CaptureFixture[st
     assert (code, err) == (0, "")
     assert "turn-2 @ 4,000 tokens (stored):" in out
     assert "turn-2 @ 1,500 tokens:" in out
+    # any budget above the reserve works (it used to fail for every budget <= 1024) ...
+    code, out, err = _run(capsys, "--store", store_url, "replay", "s1", "turn-2", "--budget", "600")
+    assert (code, err) == (0, "") and "turn-2 @ 600 tokens:" in out
+    # ... and one that cannot hold the must blocks says so
+    code, out, err = _run(capsys, "--store", store_url, "replay", "s1", "turn-2", "--budget", "12")
+    assert code == 2 and "cannot hold the blocks a call must keep" in err
 
 
 def test_reading_a_store_that_does_not_exist_never_creates_it(

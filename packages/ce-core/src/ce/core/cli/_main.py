@@ -32,6 +32,16 @@ _USAGE_ERRORS = (CliError, SchemaValidationError, MigrationError, SessionNotFoun
 _RICH_COMMANDS = frozenset({"sessions", "show", "report", "replay"})
 
 
+def _non_negative(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value!r}")
+    return number
+
+
 def _positive(value: str) -> int:
     try:
         number = int(value)
@@ -80,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--budget", type=_positive, required=True, metavar="N", help="max input tokens"
     )
     replay.add_argument("--model", metavar="HINT", help="another model hint")
+    replay.add_argument(
+        "--reserve",
+        type=_non_negative,
+        metavar="N",
+        help="reply tokens to reserve (default: the turn's, or a quarter of --budget)",
+    )
 
     export = commands.add_parser("export", parents=[common], help="a session as JSON")
     export.add_argument("session")
@@ -125,7 +141,7 @@ async def _run(args: argparse.Namespace) -> None:
                 await _inspect.report(store, console, args.session, args.turn)
             else:
                 await _replay.replay(
-                    store, console, args.session, args.turn, args.budget, args.model
+                    store, console, args.session, args.turn, args.budget, args.model, args.reserve
                 )
     finally:
         await store.close()

@@ -13,6 +13,7 @@ from rich.text import Text
 from ce.core.cli._common import CliError, turn_or_fail
 from ce.core.cli._inspect import action_totals
 from ce.core.config import RuntimeConfig
+from ce.core.errors import BudgetExceededError
 from ce.core.schema import MessagePart, PrepareResult
 from ce.core.stores import Store
 
@@ -28,23 +29,29 @@ def _errors(exc: ValidationError) -> str:
 
 
 def replay_configs(
-    stored: dict[str, Any], budget: int, model_hint: str | None
+    stored: dict[str, Any], budget: int, model_hint: str | None, reserve: int | None = None
 ) -> tuple[RuntimeConfig, RuntimeConfig]:
     """The turn's stored config and the same config with ``budget.max_input_tokens`` set to
     ``budget`` (and ``model_hint`` when given), both validated; :class:`CliError` if either is
-    invalid."""
+    invalid. The reply reserve is ``reserve`` when given; else the stored one, or a quarter of
+    ``budget`` when the stored one would leave the input no room."""
     try:
         before = RuntimeConfig.model_validate(stored)
     except ValidationError as exc:
         raise CliError(f"the turn's stored config is not valid here: {_errors(exc)}") from None
     data = before.model_dump()  # validated again below: the budget validators must run
     data["budget"]["max_input_tokens"] = budget
+    if reserve is not None:
+        data["budget"]["reserved_reply_tokens"] = reserve
+    elif data["budget"]["reserved_reply_tokens"] >= budget:
+        data["budget"]["reserved_reply_tokens"] = budget // 4
     if model_hint is not None:
         data["model_hint"] = model_hint
     try:
         after = RuntimeConfig.model_validate(data)
     except ValidationError as exc:
-        raise CliError(f"--budget {budget}: {_errors(exc)}") from None
+        given = f"--budget {budget}" + (f" --reserve {reserve}" if reserve is not None else "")
+        raise CliError(f"{given}: {_errors(exc)}") from None
     return before, after
 
 
@@ -107,11 +114,12 @@ async def replay(
     turn_id: str,
     budget: int,
     model_hint: str | None,
+    reserve: int | None = None,
 ) -> None:
     """Reassemble turn ``turn_id`` under its stored config and under the changed one, and
     show the difference."""
     record = await turn_or_fail(store, session_id, turn_id)
-    before_config, after_config = replay_configs(record.config, budget, model_hint)
+    before_config, after_config = replay_configs(record.config, budget, model_hint, reserve)
     try:
         # The engine lands after this module: until then mypy sees no ContextEngine.
         from ce.core.engine import (
@@ -121,7 +129,16 @@ async def replay(
         raise CliError(f"replay needs ce.core.engine, which cannot be imported: {exc}") from None
     engine = ContextEngine(store=store)
     before = await engine.replay_turn(session_id, turn_id, before_config)
-    after = await engine.replay_turn(session_id, turn_id, after_config)
+    try:
+        after = await engine.replay_turn(session_id, turn_id, after_config)
+    except BudgetExceededError as exc:
+        left = after_config.budget.context_tokens
+        raise CliError(
+            f"--budget {budget} leaves {left:,} input tokens (after the "
+            f"{after_config.budget.reserved_reply_tokens:,}-token reply reserve), which cannot "
+            f"hold the blocks a call must keep (instruction, newest user message, in-flight "
+            f"tool chain): {exc}"
+        ) from None
     old_budget = before_config.budget.max_input_tokens
     labels = (f"{turn_id} @ {old_budget:,} tokens (stored)", f"{turn_id} @ {budget:,} tokens")
     if after_config.model_hint != before_config.model_hint:
