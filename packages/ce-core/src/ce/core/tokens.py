@@ -524,8 +524,13 @@ def _load_encoding(name: str, timeout: float) -> tuple[Encoding | None, str | No
         return None, f"loading tiktoken encoding {name} took longer than {timeout:g}s"
     result = outcome[0]
     if isinstance(result, BaseException):
+        # the first line of the cause only: a network error's text runs to hundreds of chars
+        cause = (str(result).strip().splitlines() or [""])[0]
+        if len(cause) > 100:
+            cause = cause[:99] + "…"
         return None, (
-            f"cannot load tiktoken encoding {name} ({type(result).__name__}: {result}); "
-            "set TIKTOKEN_CACHE_DIR to a directory holding its file"
+            f"cannot load tiktoken encoding {name} ({type(result).__name__}: {cause}); "
+            "character-based estimates are used; set TIKTOKEN_CACHE_DIR to a directory "
+            "holding its file for exact counts"
         )
     return result, None
