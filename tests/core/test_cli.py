@@ -335,7 +335,7 @@ def test_unknown_sessions_and_turns_exit_2_with_one_line(
 ) -> None:
     code, out, err = _run(capsys, "--store", store_url, *argv)
     assert (code, out) == (2, "")
-    assert err == f"ce: error: {message}\n"
+    assert err.startswith(f"ce: error: {message}") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("url", ["postgres://nowhere/db", "sqlite://relative.db", "redis://"])
@@ -647,3 +647,20 @@ def test_reading_a_store_that_does_not_exist_never_creates_it(
         assert "no store at" in capsys.readouterr().err
     assert main(["--store", f"file://{tmp_path / 'nodir'}", "sessions"]) == 2
     assert not typo.exists() and not (tmp_path / "nodir").exists()
+
+
+def test_turns_are_listed_and_named_by_index_or_prefix(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(capsys, "--store", store_url, "turns", "s1")
+    assert (code, err) == (0, "")
+    assert _row(out, "1")[:3] == ["1", "turn-1", "turn"]
+    assert _row(out, "2")[:3] == ["2", "turn-2", "call"]
+    # report and replay take the index (1 the oldest, -1 the newest) or a unique prefix
+    for name, expected in (("1", "turn-1"), ("-1", "turn-2"), ("turn-2", "turn-2")):
+        code, out, err = _run(capsys, "--store", store_url, "report", "s1", name)
+        assert (code, err) == (0, "") and f"turn {expected} " in out
+    code, _, err = _run(capsys, "--store", store_url, "report", "s1", "turn-")
+    assert code == 2 and "ambiguous" in err
+    code, _, err = _run(capsys, "--store", store_url, "report", "s1", "7")
+    assert code == 2 and "2 turn(s)" in err

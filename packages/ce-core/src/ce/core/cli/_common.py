@@ -39,8 +39,10 @@ async def session_or_fail(store: Store, session_id: str) -> SessionDocument:
 
 
 async def turn_or_fail(store: Store, session_id: str, turn_id: str | None) -> TurnRecord:
-    """The turn record ``turn_id`` of the session (the newest when None); :class:`CliError`
-    when the session or the turn is not stored."""
+    """The turn record ``turn_id`` of the session: its id, its index as ``ce turns`` numbers
+    them (``1`` the oldest, ``-1`` the newest), or a prefix of one id (the newest turn when
+    None); :class:`CliError` when the session or the turn is not stored, or a prefix names
+    several turns."""
     if turn_id is None:
         newest = await store.list_turns(session_id, limit=1)
         if newest:
@@ -48,10 +50,31 @@ async def turn_or_fail(store: Store, session_id: str, turn_id: str | None) -> Tu
         await session_or_fail(store, session_id)
         raise CliError(f"session {session_id!r} has no turn records")
     turn = await store.get_turn(session_id, turn_id)
-    if turn is None:
+    if turn is not None:
+        return turn
+    turns = await store.list_turns(session_id)
+    if not turns:
         await session_or_fail(store, session_id)
-        raise CliError(f"session {session_id!r} has no turn {turn_id!r}")
-    return turn
+    try:
+        index = int(turn_id)
+    except ValueError:
+        matches = [t for t in turns if t.turn_id.startswith(turn_id)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise CliError(
+                f"turn {turn_id!r} of session {session_id!r} is ambiguous: "
+                + ", ".join(t.turn_id for t in matches[:5])
+            ) from None
+    else:
+        if 1 <= index <= len(turns):
+            return turns[index - 1]
+        if -len(turns) <= index <= -1:
+            return turns[index]
+    raise CliError(
+        f"session {session_id!r} has no turn {turn_id!r} ({len(turns)} turn(s): "
+        "name one by its index, its id or a prefix of it; see ce turns)"
+    )
 
 
 def first_line(text: str, width: int = 80) -> str:

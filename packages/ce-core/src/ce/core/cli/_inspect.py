@@ -242,6 +242,35 @@ def _section(console: Console, title: str, lines: list[str]) -> None:
             console.print(Text(f"  - {line}"))
 
 
+async def turns(store: Store, console: Console, session_id: str) -> None:
+    """The session's turns, oldest first, with the index ``ce report`` and ``ce replay``
+    accept, time, kind, tokens and what the pruner did."""
+    records = await store.list_turns(session_id)
+    if not records:
+        await session_or_fail(store, session_id)
+        console.print(Text(f"session {session_id} has no turn records"))
+        return
+    table = Table(title=f"turns of {session_id}", title_justify="left")
+    for column in ("#", "turn", "kind", "at", "tokens", "kept", "degraded", "dropped"):
+        right = column in ("#", "tokens", "kept", "degraded", "dropped")
+        table.add_column(column, justify="right" if right else "left")
+    for index, record in enumerate(records, 1):
+        rep = record.report
+        counts = {
+            action: sum(d.block_count for d in rep.prune_decisions if d.action == action)
+            for action in ("kept", "degraded", "dropped")
+        }
+        table.add_row(
+            str(index),
+            record.turn_id[:8],
+            record.kind,
+            _time(record.at),
+            f"{rep.token_used:,}/{rep.token_budget:,}",
+            *(str(counts[a]) for a in ("kept", "degraded", "dropped")),
+        )
+    console.print(table)
+
+
 async def report(store: Store, console: Console, session_id: str, turn_id: str | None) -> None:
     """The report of the turn ``turn_id`` (the newest when None)."""
     record = await turn_or_fail(store, session_id, turn_id)

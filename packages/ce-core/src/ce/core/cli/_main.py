@@ -29,7 +29,7 @@ __all__ = ["build_parser", "main"]
 
 # The errors that mean "the caller asked for something absent or invalid": exit code 2.
 _USAGE_ERRORS = (CliError, SchemaValidationError, MigrationError, SessionNotFoundError, StoreError)
-_RICH_COMMANDS = frozenset({"sessions", "show", "report", "replay"})
+_RICH_COMMANDS = frozenset({"sessions", "show", "turns", "report", "replay"})
 
 
 def _non_negative(value: str) -> int:
@@ -75,9 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", parents=[common], help="a session's timeline")
     show.add_argument("session")
 
+    turns = commands.add_parser("turns", parents=[common], help="a session's turns")
+    turns.add_argument("session")
+
+    turn_help = "the turn: its index in ce turns (-1 the newest), its id or an id prefix"
     report = commands.add_parser("report", parents=[common], help="a turn's report")
     report.add_argument("session")
-    report.add_argument("turn", nargs="?", help="the turn id (default: the newest turn)")
+    report.add_argument("turn", nargs="?", help=turn_help + " (default: the newest turn)")
 
     replay = commands.add_parser(
         "replay",
@@ -85,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="reassemble a turn under another budget and diff the inputs",
     )
     replay.add_argument("session")
-    replay.add_argument("turn")
+    replay.add_argument("turn", help=turn_help)
     replay.add_argument(
         "--budget", type=_positive, required=True, metavar="N", help="max input tokens"
     )
@@ -137,6 +141,8 @@ async def _run(args: argparse.Namespace) -> None:
                 await _inspect.sessions(store, console, args.user)
             elif args.command == "show":
                 await _inspect.show(store, console, args.session)
+            elif args.command == "turns":
+                await _inspect.turns(store, console, args.session)
             elif args.command == "report":
                 await _inspect.report(store, console, args.session, args.turn)
             else:

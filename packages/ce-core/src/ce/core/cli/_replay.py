@@ -119,6 +119,7 @@ async def replay(
     """Reassemble turn ``turn_id`` under its stored config and under the changed one, and
     show the difference."""
     record = await turn_or_fail(store, session_id, turn_id)
+    turn_id = record.turn_id  # it may have been named by index or prefix
     before_config, after_config = replay_configs(record.config, budget, model_hint, reserve)
     try:
         # The engine lands after this module: until then mypy sees no ContextEngine.
