@@ -294,9 +294,9 @@ def test_report_shows_the_newest_turn_by_default(
 
     code, out, _ = _run(capsys, "--store", store_url, "report", "s1", "turn-1")
     assert code == 0 and "turn turn-1 (turn)" in out and "used 1,482" in out
-    # block, action, level, reason, tokens, blocks (only for a range)
-    assert _row(out, "instruction") == ["instruction", "kept", "-", "must keep", "12", ""]
-    assert _row(out, "msg:m0..msg:m3") == [
+    # block, action, level, reason, tokens, blocks (only for a range), what it is
+    assert _row(out, "instruction") == ["instruction", "kept", "-", "must keep", "12", "", ""]
+    assert _row(out, "msg:m0..msg:m3")[:6] == [
         "msg:m0..msg:m3",
         "dropped",
         "-",
@@ -664,3 +664,10 @@ def test_turns_are_listed_and_named_by_index_or_prefix(
     assert code == 2 and "ambiguous" in err
     code, _, err = _run(capsys, "--store", store_url, "report", "s1", "7")
     assert code == 2 and "2 turn(s)" in err
+
+
+def test_report_says_what_each_block_is(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "--store", store_url, "report", "s1", "turn-1")
+    assert (code, err) == (0, "")
+    label = _row(out, "msg:m0..msg:m3")[6]
+    assert label.startswith("system: You are terse.")

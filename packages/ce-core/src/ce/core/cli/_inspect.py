@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 from rich.console import Console
@@ -21,7 +22,7 @@ from ce.core.schema import (
 )
 from ce.core.stores import Store
 
-__all__ = ["action_totals", "report", "sessions", "show"]
+__all__ = ["action_totals", "block_labels", "report", "sessions", "show", "turns"]
 
 _ACTION_STYLES = {"kept": "green", "dropped": "red", "degraded": "yellow"}
 _EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
@@ -200,7 +201,43 @@ async def show(store: Store, console: Console, session_id: str) -> None:
     console.print(Text(f"turn records: {len(turns)}{newest}"))
 
 
-def _decision_table(decisions: list[PruneDecision]) -> Table:
+def _message_label(message: Message) -> str:
+    who = message.role.value + (f" {message.author.id}" if message.author else "")
+    if message.role is Role.ASSISTANT and message.tool_calls and not message.content.strip():
+        return f"{who} → " + ", ".join(f"{c.name}()" for c in message.tool_calls)
+    return f"{who}: {first_line(message.content, 48)}"
+
+
+def block_labels(doc: SessionDocument | None) -> Callable[[str], str]:
+    """What a report's block id stands for, readable: role (and author) with the first words
+    of a message (``msg:<id>``; a range names its ends), type and source of an evidence."""
+    if doc is None:
+        return lambda block_id: ""
+    messages = {m.message_id: m for m in doc.session.messages if m.message_id}
+
+    def one(block_id: str) -> str:
+        kind, _, ident = block_id.partition(":")
+        if kind == "msg" and ident in messages:
+            return _message_label(messages[ident])
+        if kind in ("ev", "evidence") and ident in doc.evidences:
+            evidence = doc.evidences[ident]
+            source = evidence.source.name or evidence.source.kind.value
+            return f"{evidence.type.value} {source}: {first_line(evidence.content, 40)}"
+        return ""
+
+    def label(block_id: str) -> str:
+        if ".." in block_id:
+            first, _, last = block_id.partition("..")
+            ends = [one(first), one(last)]
+            return " … ".join(e for e in ends if e)
+        return one(block_id)
+
+    return label
+
+
+def _decision_table(
+    decisions: list[PruneDecision], label: Callable[[str], str] = lambda block_id: ""
+) -> Table:
     table = Table(title=f"{len(decisions)} prune decision(s)", title_justify="left")
     table.add_column("block", overflow="fold")
     table.add_column("action")
@@ -208,6 +245,7 @@ def _decision_table(decisions: list[PruneDecision]) -> Table:
     table.add_column("reason", overflow="fold")
     table.add_column("tokens", justify="right")
     table.add_column("blocks", justify="right")
+    table.add_column("what", overflow="fold")
     for decision in decisions:
         table.add_row(
             Text(decision.block_id),
@@ -216,6 +254,7 @@ def _decision_table(decisions: list[PruneDecision]) -> Table:
             Text(decision.reason),
             _number(decision.token_estimate),
             Text(str(decision.block_count) if decision.block_count > 1 else ""),
+            Text(label(decision.block_id)),
         )
     return table
 
@@ -287,7 +326,8 @@ async def report(store: Store, console: Console, session_id: str, turn_id: str |
             + (" + summary" if record.summary is not None else "")
         ),
     )
-    console.print(_decision_table(rep.prune_decisions))
+    doc = await store.get_session(session_id)
+    console.print(_decision_table(rep.prune_decisions, block_labels(doc)))
     totals = action_totals(rep.prune_decisions)
     if totals:
         console.print(totals)
