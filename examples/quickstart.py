@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from langchain.agents import create_agent
@@ -132,8 +134,22 @@ async def main() -> None:
         f"{len(doc.session.tool_state.tool_calls)} tool calls, {len(doc.evidences)} evidences, "
         f"{len(doc.session.model_usage)} model calls, {len(seen)} reports"
     )
-    print(f"see them again from the store: ce report {SESSION_ID} [TURN]   (default: the last)")
+    print(
+        f"see them again from the store: {_ce()} report {SESSION_ID} [TURN]   (default: the last)"
+    )
     await engine.close()
+
+
+def _ce() -> str:
+    """The ``ce`` command installed beside the Python running this demo, as a path the user
+    can type from here (the nox session's virtualenv is not on their PATH)."""
+    script = Path(sys.executable).parent / "ce"
+    if not script.exists():
+        return "ce"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 if __name__ == "__main__":
