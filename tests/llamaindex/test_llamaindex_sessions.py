@@ -29,12 +29,19 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.chat_engine import CondensePlusContextChatEngine, SimpleChatEngine
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.instrumentation.dispatcher import instrument_tags
-from llama_index.core.llms import ChatMessage
+from llama_index.core.llms import (
+    ChatMessage,
+    CompletionResponse,
+    CompletionResponseGen,
+    CustomLLM,
+    LLMMetadata,
+)
+from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.memory import ChatMemoryBuffer, Memory
 from llama_index.core.storage.chat_store import SimpleChatStore
 from llama_index.core.tools import FunctionTool, QueryEngineTool
 from llama_index.llms.openai import OpenAI
-from llamaindex_fakes import ChatCompletingLLM
+from llamaindex_fakes import ChatCompletingLLM, ScriptedLLM
 
 import ce.llamaindex
 from ce.core.engine import ContextEngine
@@ -269,7 +276,8 @@ async def test_condense_plus_context_condense_call_stays_out_of_the_chat(
     """``CondensePlusContextChatEngine`` condenses with ``llm.complete``: a provider that
     serves it through its own ``chat`` (Anthropic-style) opens a chat span inside the
     completion span, which is a nested scope; llama-index-llms-openai's ``OpenAI`` serves it
-    without a chat span (the plugin does not see it). Either way the chat session holds the
+    without a chat span (the completion seam redacts its prompt; nothing records it). Either
+    way the condense prompt reaches the model redacted, the chat session holds the
     conversation only, and the answer call carries it, streamed too (sync and async: the
     stream is read after the chat engine's span closed)."""
     llm: Any
@@ -317,7 +325,7 @@ async def test_condense_plus_context_condense_call_stays_out_of_the_chat(
         assert "complete" in child  # the completion span's id
         (prompt,) = await _contents(engine, child, Role.USER)
         assert "Standalone question" in prompt and "erin@" not in prompt
-        assert "erin@" not in _text(condense[0]) and REDACTED in _text(condense[0])
+    assert "erin@" not in _text(condense[0]) and REDACTED in _text(condense[0])
     assert len(condense) == 1 and len(answers) == 2
     second = answers[1]["messages"]  # the answer call carries the conversation
     assert [m["content"] for m in second if m["role"] != "system"] == [
@@ -326,6 +334,161 @@ async def test_condense_plus_context_condense_call_stays_out_of_the_chat(
         f"And for {REDACTED}?",
     ]
     assert "Standalone question" not in _text(answers[1])
+
+
+COMPLETION_CANARY = "grace.canary@example.com"
+COMPLETION_METHODS = ("complete", "acomplete", "stream_complete", "astream_complete")
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_completions_reach_openai_redacted_under_the_global_install(
+    path: str, engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    """``CondensePlusContextChatEngine`` on llama-index-llms-openai's ``OpenAI`` with the
+    global ``install()`` only: the condense prompt quotes the whole conversation (an e-mail
+    address included) and ``OpenAI`` serves the completion without a chat span; the
+    completion seam passes it through the configured redactor. So does every completion the
+    app makes itself (``complete`` / ``acomplete``, streamed too): no request body holds the
+    address."""
+    server = server_box["server"] = ScriptedOpenAIServer(_cpc_response).start()
+    llm = _openai(server)
+    chat = CondensePlusContextChatEngine.from_defaults(
+        retriever=_docs_index().as_retriever(similarity_top_k=1),
+        llm=llm,
+        memory=ChatMemoryBuffer.from_defaults(chat_store_key="grace"),
+        system_prompt="CHAT-SYS",
+    )
+    ce.llamaindex.install(engine)
+    first = f"Hello, I am {COMPLETION_CANARY}. What about Paris?"
+    prompt = f"Standalone question: what about Oslo for {COMPLETION_CANARY}?"
+
+    def run_sync() -> list[str]:
+        answers = [str(chat.chat(first)), str(chat.chat("And Oslo?"))]
+        answers.append(llm.complete(prompt).text)
+        answers.append("".join(r.delta or "" for r in llm.stream_complete(prompt)))
+        return answers
+
+    async def run_async() -> list[str]:
+        answers = [str(await chat.achat(first)), str(await chat.achat("And Oslo?"))]
+        answers.append((await llm.acomplete(prompt)).text)
+        answers.append("".join([r.delta or "" async for r in await llm.astream_complete(prompt)]))
+        return answers
+
+    answers = await asyncio.to_thread(run_sync) if path == "sync" else await run_async()
+    assert answers == ["answer 1", "answer 2"] + ["standalone: what about Oslo?"] * 2
+    requests = server.requests
+    assert len(requests) == 5 and all(COMPLETION_CANARY not in _text(r) for r in requests)
+    condense = [r for r in requests if "Standalone question" in _text(r)]
+    assert len(condense) == 3  # the chat engine's condense step, complete, stream_complete
+    assert all(REDACTED in _text(r) for r in condense)
+    assert "Hello, I am" in _text(condense[0])  # the condense prompt quotes the conversation
+    assert condense[2]["stream"] is True
+    assert await _contents(engine, "grace", Role.USER) == [
+        f"Hello, I am {REDACTED}. What about Paris?",
+        "And Oslo?",
+    ]
+
+
+async def test_the_completion_seams_come_off_exactly_and_cover_classes_made_later(
+    engine: ContextEngine,
+) -> None:
+    """Every LLM class's own completion methods are replaced at install (a class defined
+    later too) and put back as the very objects on uninstall; a completion of ``wrap()``'s
+    LLM is handled by the wrapper (the wrapped LLM's seam leaves its prompt alone)."""
+    originals = {m: vars(OpenAI)[m] for m in COMPLETION_METHODS}
+    fake = {m: vars(ChatCompletingLLM)[m] for m in ("complete", "acomplete")}
+    plugin = ce.llamaindex.install(engine, session_id="s-complete")
+    assert all(vars(OpenAI)[m] is not o for m, o in originals.items())
+    assert all(vars(ChatCompletingLLM)[m] is not o for m, o in fake.items())
+
+    class Later(ScriptedLLM):  # echoes the prompt it received
+        pass
+
+    llm = Later(script=lambda messages: ("ok", []), seen=[])
+    assert all(getattr(vars(ScriptedLLM)[m], "ce_prompt_seam", False) for m in COMPLETION_METHODS)
+    later = llm.complete(f"for {COMPLETION_CANARY}").text
+    assert later == f"for {REDACTED}"
+    assert (await llm.acomplete(f"a {COMPLETION_CANARY}")).text == f"a {REDACTED}"
+    streamed = [r.delta async for r in await llm.astream_complete(prompt=COMPLETION_CANARY)]
+    assert streamed == [REDACTED]
+    assert [r.delta for r in llm.stream_complete(COMPLETION_CANARY)] == [REDACTED]
+
+    wrapped = ce.llamaindex.wrap(llm)
+    assert (await wrapped.acomplete(f"w {COMPLETION_CANARY}")).text == f"w {REDACTED}"
+    plugin.uninstall()
+    assert all(vars(OpenAI)[m] is o for m, o in originals.items())
+    assert all(vars(ChatCompletingLLM)[m] is o for m, o in fake.items())
+    assert not any(
+        getattr(vars(ScriptedLLM)[m], "ce_prompt_seam", False) for m in COMPLETION_METHODS
+    )
+    assert llm.complete(COMPLETION_CANARY).text == COMPLETION_CANARY
+
+
+class _EchoCompletions(CustomLLM):
+    """A completion-only LLM echoing its prompt; ``CustomLLM``'s ``acomplete`` /
+    ``astream_complete`` call its ``complete`` / ``stream_complete`` (nested completions)."""
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="echo")
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return CompletionResponse(text=prompt)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        yield CompletionResponse(text=prompt, delta=prompt)
+
+
+async def test_a_completion_is_redacted_once_and_fails_open_on_a_broken_redactor(
+    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The prompt goes through the redactor once (a nested completion, ``CustomLLM``'s
+    ``acomplete`` calling ``complete``, keeps it as it got it); a redactor
+    that raises lets the prompt through as it was (reported as ``redaction_failed``) or, with
+    ``fail_closed``, raises into the call (the model is not called)."""
+    from ce.llamaindex import _handlers
+
+    redacted: list[str] = []
+    redact = _handlers.redacted_prompt
+
+    def counting(plugin: Any, prompt: str) -> str:
+        redacted.append(prompt)
+        return redact(plugin, prompt)
+
+    monkeypatch.setattr(_handlers, "redacted_prompt", counting)
+    llm = _EchoCompletions()
+    plugin = ce.llamaindex.install(engine, session_id="s-once")
+    assert (await llm.acomplete(f"a {COMPLETION_CANARY}")).text == f"a {REDACTED}"
+    streamed = [r.delta async for r in await llm.astream_complete(f"s {COMPLETION_CANARY}")]
+    assert streamed == [f"s {REDACTED}"]
+    # the app's prompt once per call (a stream read after its span closed may see the
+    # redacted prompt again: no longer nested, and redacting it changes nothing)
+    assert redacted[0] == f"a {COMPLETION_CANARY}" and redacted[1] == f"s {COMPLETION_CANARY}"
+    assert [p for p in redacted if COMPLETION_CANARY in p] == redacted[:2]
+    seen = len(redacted)  # wrap()'s completions go through the engine: no second redaction
+    wrapped = ce.llamaindex.wrap(llm)
+    assert (await wrapped.acomplete(f"w {COMPLETION_CANARY}")).text == f"w {REDACTED}"
+    assert wrapped.complete(f"v {COMPLETION_CANARY}").text == f"v {REDACTED}"
+    assert len(redacted) == seen
+
+    def broken(plugin: Any, prompt: str) -> str:
+        raise RuntimeError("redactor down")
+
+    monkeypatch.setattr(_handlers, "redacted_prompt", broken)
+    failed = plugin.failures["redaction_failed"]
+    assert llm.complete(COMPLETION_CANARY).text == COMPLETION_CANARY
+    assert (await llm.acomplete(COMPLETION_CANARY)).text == COMPLETION_CANARY
+    assert plugin.failures["redaction_failed"] == failed + 2
+    plugin.uninstall()
+    ce.llamaindex.install(engine, session_id="s-once", fail_closed=True)
+    with pytest.raises(RuntimeError, match="redactor down"):
+        llm.complete(COMPLETION_CANARY)
+    with pytest.raises(RuntimeError, match="redactor down"):
+        await llm.acomplete(COMPLETION_CANARY)
 
 
 def _is_condense(messages: list[ChatMessage]) -> bool:

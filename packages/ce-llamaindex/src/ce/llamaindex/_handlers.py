@@ -7,7 +7,9 @@ the agent's ``call_tool`` step (or from tools the app calls itself). A sync chat
 (``chat`` / ``stream_chat``) is rewritten right there, by the blocking engine inline; an async
 one (``achat`` / ``astream_chat``) is left to the async seam (``_seam``), which awaits the
 engine inside the span, on the caller's event loop, before the provider reads the list (the
-dispatcher calls span handlers synchronously: a handler can only block). The event handler
+dispatcher calls span handlers synchronously: a handler can only block). A completion's prompt
+(a string no handler can rewrite) is passed through the configured redactor by the completion
+seam (:meth:`SpanTracker.redact_prompt_sync` / :meth:`SpanTracker.redact_prompt`). The event handler
 records LLM calls (usage, the reply, streaming included) and retrieval hits. The dispatcher
 swallows handler errors, so both handlers fail open by construction; engine failures are also
 logged and reported as ``Degraded`` events by the integration kit's guards.
@@ -16,10 +18,11 @@ logged and reported as ``Degraded`` events by the integration kit's guards.
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import AsyncGenerator, Generator, Mapping
 from contextvars import ContextVar
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.bridge.pydantic import PrivateAttr
@@ -37,17 +40,29 @@ from llama_index.core.instrumentation.span import BaseSpan, active_span_id
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.tools.types import BaseTool
 
-from ce.core.integration import ToolRun, is_suppressed, resolve_scope
-from ce.llamaindex._inject import inject_async, inject_sync
+from ce.core.integration import (
+    REDACTION_FAILED,
+    ToolRun,
+    emit_failure,
+    emit_failure_sync,
+    is_suppressed,
+    resolve_scope,
+)
+from ce.llamaindex._inject import inject_async, inject_sync, redacted_prompt
 from ce.llamaindex._record import LlmCall, Tracker, call_args
 from ce.llamaindex._scopes import CHAT_METHODS, SpanInfo, is_tool, method_of, span_scope
 from ce.llamaindex._seam import ASYNC_CHAT_METHODS, seamed
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin
 
 __all__ = [
     "EventRecorder",
     "SpanTracker",
     "failure",
 ]
+
+logger = logging.getLogger("ce.llamaindex")
 
 _PARAMS = ("temperature", "max_tokens", "top_p", "seed")
 
@@ -178,6 +193,8 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             info = span_scope(plugin, id_, parent_span_id, parent, tags, arguments, instance)
             if is_tool(instance, method):
                 info.tool_pending = False  # the tool object of the call_tool step above
+        if isinstance(instance, BaseLLM) and getattr(instance, "ce_injects", False):
+            info.prompt_handled = True  # wrap(): its completions go through the engine
         if isinstance(instance, BaseLLM) and method in CHAT_METHODS:
             info.call = self._enter_llm(id_, method, info, parent, instance, arguments)
         with tracker.lock:
@@ -255,6 +272,59 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             if tracker.calls.get(span_id) is not call:
                 return  # uninstalled meanwhile: nobody would put the caller's list back
         _put(call, messages, sent)
+
+    def _prompt_target(self) -> tuple[Plugin, str | None] | None:
+        """The plugin and the session (``None``: a span the handler did not record) of the
+        completion the seam runs in, when its prompt is to be redacted: not suppressed, not
+        inside a completion already handled (marked handled from now on)."""
+        tracker = self._tracker
+        if tracker is None or not tracker.plugin.installed or is_suppressed():
+            return None
+        info = tracker.span(active_span_id.get())
+        if info is None:
+            return tracker.plugin, None
+        with tracker.lock:
+            if info.prompt_handled:
+                return None
+            info.prompt_handled = True
+        return tracker.plugin, info.session_id
+
+    def redact_prompt_sync(self, llm: BaseLLM, prompt: str) -> str:
+        """The completion seam's work (``_seam``), inside the completion's span: the prompt
+        the provider receives, through the configured redactor. When the redactor raises, the
+        failure is reported and the prompt goes as it is; with ``fail_closed`` it is raised."""
+        target = self._prompt_target()
+        if target is None:
+            return prompt
+        plugin, session_id = target
+        try:
+            return redacted_prompt(plugin, prompt)
+        except Exception as exc:
+            if plugin.fail_closed:
+                raise
+            if session_id is None:
+                logger.warning("redacting a completion prompt failed", exc_info=exc)
+            else:
+                emit_failure_sync(plugin, session_id, "redaction", exc, REDACTION_FAILED)
+            return prompt
+
+    async def redact_prompt(self, llm: BaseLLM, prompt: str) -> str:
+        """The coroutine twin of :meth:`redact_prompt_sync` (the failure is reported without
+        blocking the loop)."""
+        target = self._prompt_target()
+        if target is None:
+            return prompt
+        plugin, session_id = target
+        try:
+            return redacted_prompt(plugin, prompt)
+        except Exception as exc:
+            if plugin.fail_closed:
+                raise
+            if session_id is None:
+                logger.warning("redacting a completion prompt failed", exc_info=exc)
+            else:
+                await emit_failure(plugin, session_id, "redaction", exc, REDACTION_FAILED)
+            return prompt
 
     def _close(self, id_: str, result: Any, err: BaseException | None) -> None:
         tracker = self.tracker

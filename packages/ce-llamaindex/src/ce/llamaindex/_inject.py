@@ -39,7 +39,14 @@ if TYPE_CHECKING:
 
     from ce.core.integration import Plugin
 
-__all__ = ["inject_async", "inject_sync", "redacted_natively"]
+__all__ = ["inject_async", "inject_sync", "redacted_natively", "redacted_prompt"]
+
+
+def redacted_prompt(plugin: Plugin, prompt: str) -> str:
+    """A completion's ``prompt`` passed through the configured redactor (as it is when
+    redaction is off). Raises what redaction raised."""
+    redactor = plugin.engine.redactor_for(plugin.config)
+    return prompt if redactor is None else redactor.redact_text(prompt).redacted_text
 
 
 def redacted_natively(plugin: Plugin, messages: Sequence[ChatMessage]) -> list[ChatMessage] | None:

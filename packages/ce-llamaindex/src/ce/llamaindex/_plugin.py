@@ -31,8 +31,10 @@ class LlamaIndexPlugin(Plugin):
     AgentWorkflow and ReActAgent tool loops, chat engines, and direct LLM calls).
 
     It adds one span handler and one event handler to LlamaIndex's root dispatcher and, to
-    await the engine on async calls, wraps every LLM class's ``achat`` / ``astream_chat`` (and
-    those of LLM classes created later); :meth:`uninstall` removes exactly those. With
+    await the engine on async calls, wraps every LLM class's ``achat`` / ``astream_chat``, and
+    to redact the prompt of completions (``complete``, ``acomplete``, ``stream_complete``,
+    ``astream_complete``: a chat engine's condense step), their completion methods (those of
+    LLM classes created later too); :meth:`uninstall` removes exactly those. With
     ``mode="augment"`` the model receives the app's own messages plus the engine's context (see
     :func:`ce.core.integration.augment_openai`). Option of :meth:`install`: ``inject=False``
     records only (inject with :func:`wrap` instead). Calls inside
@@ -65,8 +67,11 @@ class LlamaIndexPlugin(Plugin):
         if inject:
             from ce.llamaindex._seam import Seams
 
-            # async chat calls await the engine inside their span (see _seam: why there)
-            Seams(self.ledger, spans.inject_deferred).install()
+            # async chat calls await the engine inside their span (see _seam: why there);
+            # completions get their prompt redacted inside theirs
+            Seams(
+                self.ledger, spans.inject_deferred, spans.redact_prompt_sync, spans.redact_prompt
+            ).install()
         if self.fail_closed and inject:
             self._raise_from_span_enter()
 

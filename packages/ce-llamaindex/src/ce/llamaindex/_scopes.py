@@ -112,6 +112,9 @@ class SpanInfo:
     prompt_call: bool = False
     streams: bool = False
     workflow_run: bool = False
+    prompt_handled: bool = False
+    """Inside a completion whose prompt already went through the redactor (the completion
+    seam) or the engine (``wrap()``'s LLM): a completion nested in it keeps its prompt."""
 
     @property
     def session_id(self) -> str:
@@ -242,6 +245,7 @@ def span_scope(
             in_chat_engine=parent.in_chat_engine,
             answer=parent.answer,
             prompt_call=parent.prompt_call,
+            prompt_handled=parent.prompt_handled,
         )
         component = _component(id_, method, instance, arguments, parent)
         # a name the span's context lost (a workflow step's own instrument_tags) is kept

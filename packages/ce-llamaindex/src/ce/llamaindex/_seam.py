@@ -17,6 +17,15 @@ dispatches and the provider reads. Classes created after install are seamed as t
 (``BaseLLM.__init_subclass__``, recorded in the ledger too). Every async chat path ends in one
 of these two methods: ``achat_with_tools`` / ``astream_chat_with_tools`` (FunctionAgent,
 AgentWorkflow), ReActAgent, chat engines, ``apredict`` / ``astream`` of chat models.
+
+The completion seam, the same way: a completion (``complete``, ``acomplete``,
+``stream_complete``, ``astream_complete``) gets a string prompt, which no span handler can
+rewrite, and a provider may serve it without any chat span (llama-index-llms-openai's
+``OpenAI``: ``CondensePlusContextChatEngine``'s condense prompt, which quotes the conversation).
+So each LLM class's own completion methods become the same span around a function (sync or
+coroutine, as the original) that passes the ``prompt`` argument through ``prompt(llm, text)``
+(``aprompt`` in the async ones: the configured redactor) and runs the original inner function
+with it and the other arguments as they were.
 """
 
 from __future__ import annotations
@@ -34,18 +43,23 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 if TYPE_CHECKING:
     from ce.core.integration import PatchLedger
 
-__all__ = ["ASYNC_CHAT_METHODS", "Seams", "seamed"]
+__all__ = ["ASYNC_CHAT_METHODS", "COMPLETION_METHODS", "Seams", "seamed"]
 
 logger = logging.getLogger("ce.llamaindex")
 
 ASYNC_CHAT_METHODS = frozenset({"achat", "astream_chat"})
 """The methods every async chat call of an LLM ends in."""
+COMPLETION_METHODS = frozenset({"complete", "acomplete", "stream_complete", "astream_complete"})
+"""The methods every completion of an LLM ends in (its prompt is passed through the seam)."""
 
 _MARK = "ce_async_seam"
+_PROMPT_MARK = "ce_prompt_seam"
 _MISSING = object()
 _SPAN_MARK = "__dispatcher_span_decorated__"  # llama_index_instrumentation's attribute
 
 Before = Callable[[BaseLLM], Awaitable[None]]
+Prompt = Callable[[BaseLLM, str], str]
+APrompt = Callable[[BaseLLM, str], Awaitable[str]]
 
 
 def seamed(instance: Any, method: str) -> bool:
@@ -69,27 +83,71 @@ def _subclasses(cls: type) -> Iterator[type]:
             yield sub
 
 
+def _spanned(cls: type, inner: Callable[..., Any], seam: Any, mark: str) -> Any:
+    """``seam`` standing for ``inner`` (the function the dispatcher's span wrapped), in a span
+    of the class's module dispatcher, as ``DispatcherSpanMixin`` decorates it."""
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):  # the span id's name
+        setattr(seam, name, getattr(inner, name, None))
+    seam.__wrapped__ = inner  # the signature the span binds
+    setattr(seam, mark, True)
+    return get_dispatcher(cls.__module__).span(seam)
+
+
 def _seam(cls: type, inner: Callable[..., Any], before: Before) -> Any:
-    """``inner`` (the function the dispatcher's span wrapped) behind ``await before(llm)``,
-    in a span of the class's module dispatcher, as ``DispatcherSpanMixin`` decorates it."""
+    """``inner`` behind ``await before(llm)``."""
 
     async def seam(self: BaseLLM, *args: Any, **kwargs: Any) -> Any:
         await before(self)
         return await inner(self, *args, **kwargs)
 
-    for name in ("__module__", "__name__", "__qualname__", "__doc__"):  # the span id's name
-        setattr(seam, name, getattr(inner, name, None))
-    seam.__wrapped__ = inner  # type: ignore[attr-defined]  # the signature the span binds
-    setattr(seam, _MARK, True)
-    return get_dispatcher(cls.__module__).span(seam)
+    return _spanned(cls, inner, seam, _MARK)
+
+
+def _prompt_seam(cls: type, inner: Callable[..., Any], prompt: Prompt, aprompt: APrompt) -> Any:
+    """``inner`` (a completion method) given its ``prompt`` argument (the first positional
+    one, else the keyword, as LlamaIndex's completion callback reads it) through ``prompt``
+    (``aprompt`` when ``inner`` is a coroutine function)."""
+    if inspect.iscoroutinefunction(inner):
+
+        async def aseam(self: BaseLLM, *args: Any, **kwargs: Any) -> Any:
+            if args and isinstance(args[0], str):
+                args = (await aprompt(self, args[0]), *args[1:])
+            elif isinstance(kwargs.get("prompt"), str):
+                kwargs["prompt"] = await aprompt(self, kwargs["prompt"])
+            return await inner(self, *args, **kwargs)
+
+        return _spanned(cls, inner, aseam, _PROMPT_MARK)
+
+    def seam(self: BaseLLM, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], str):
+            args = (prompt(self, args[0]), *args[1:])
+        elif isinstance(kwargs.get("prompt"), str):
+            kwargs["prompt"] = prompt(self, kwargs["prompt"])
+        return inner(self, *args, **kwargs)
+
+    return _spanned(cls, inner, seam, _PROMPT_MARK)
+
+
+def _span_inner(current: Any) -> Callable[..., Any] | None:
+    """The function a span LlamaIndex opens wraps (``None``: ``current`` is not such a span,
+    e.g. a plain function, which the span handler never sees)."""
+    inner = getattr(current, "__wrapped__", None)
+    if type(current) is FunctionType or not getattr(current, _SPAN_MARK, False):
+        return None
+    return inner if callable(inner) else None
 
 
 class Seams:
-    """The async seams of one install: every LLM class present, and those created later."""
+    """The async chat seams and the completion seams of one install: every LLM class
+    present, and those created later."""
 
-    def __init__(self, ledger: PatchLedger, before: Before) -> None:
+    def __init__(
+        self, ledger: PatchLedger, before: Before, prompt: Prompt, aprompt: APrompt
+    ) -> None:
         self._ledger = ledger
         self._before = before
+        self._prompt = prompt
+        self._aprompt = aprompt
         self._lock = threading.Lock()
 
     def install(self) -> None:
@@ -112,25 +170,29 @@ class Seams:
             self.add(cls)
 
     def add(self, cls: type) -> None:
-        """Seam the async chat methods ``cls`` defines itself (a class that injects itself,
-        :func:`ce.llamaindex.wrap`'s, is left alone). Never raises: a class that cannot be
-        seamed keeps the span handler's inline injection."""
+        """Seam the async chat methods and the completion methods ``cls`` defines itself (a
+        class that injects itself, :func:`ce.llamaindex.wrap`'s, is left alone). Never
+        raises: a chat method that cannot be seamed keeps the span handler's inline
+        injection, a completion method its prompt as it is (logged)."""
         if getattr(cls, "ce_injects", False):
             return
         with self._lock:
-            for method in sorted(ASYNC_CHAT_METHODS):
+            for method in sorted(ASYNC_CHAT_METHODS | COMPLETION_METHODS):
                 current = vars(cls).get(method)
-                if current is None or getattr(current, _MARK, False):
+                mark = _MARK if method in ASYNC_CHAT_METHODS else _PROMPT_MARK
+                if current is None or getattr(current, mark, False):
                     continue
-                inner = getattr(current, "__wrapped__", None)
-                if not (
-                    type(current) is not FunctionType  # the span's wrapper, not a plain function
-                    and getattr(current, _SPAN_MARK, False)
-                    and inspect.iscoroutinefunction(inner)
-                ):
+                inner = _span_inner(current)
+                if inner is None:
                     continue  # not a span LlamaIndex opens: the span handler never sees it
                 try:
-                    self._replace(cls, method, _seam(cls, inner, self._before))
+                    if method in COMPLETION_METHODS:
+                        new = _prompt_seam(cls, inner, self._prompt, self._aprompt)
+                    elif inspect.iscoroutinefunction(inner):
+                        new = _seam(cls, inner, self._before)
+                    else:
+                        continue
+                    self._replace(cls, method, new)
                 except Exception:  # an odd class (read-only attributes, a metaclass veto)
                     logger.warning("cannot seam %s.%s", cls.__qualname__, method, exc_info=True)
 
