@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+from typing import Any
+
 from ce.core.schema import Evidence, LevelOfDetail
 
 __all__ = [
@@ -29,13 +33,78 @@ EVIDENCE_PREAMBLE = (
 )
 
 
+# JSON reduced at each cheaper level: items kept per array, characters per string, depth.
+_JSON_ITEMS = {LevelOfDetail.SUMMARY: 5, LevelOfDetail.GIST: 2}
+_JSON_CHARS = {LevelOfDetail.SUMMARY: 200, LevelOfDetail.GIST: 60}
+_JSON_DEPTH = {LevelOfDetail.SUMMARY: 6, LevelOfDetail.GIST: 3}
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n\s*\n")
+
+
 def shorten(text: str, level: LevelOfDetail) -> str:
-    """``text`` at ``level``: whole at Live; at Summary and Gist its head, with a note saying
-    how much was left out (whole when it is short enough)."""
+    """``text`` at ``level`` when it has no rendering of its own: whole at Live, and whole at
+    Summary and Gist when it is short enough. Otherwise a JSON object or array (a tool
+    result) is reduced structurally: every key kept, scalar values kept, long strings cut and
+    long arrays elided, each with a count of what was left out; and prose keeps its leading
+    sentences, with the number of sentences left out."""
     if level is LevelOfDetail.LIVE or len(text) <= _SHORT[level]:
         return text
-    keep = _KEEP[level]
-    return f"{text[:keep]} …[{len(text) - keep} more characters omitted]"
+    outline = _json_outline(text, level)
+    if outline is not None and len(outline) < len(text):
+        return outline
+    return _leading_sentences(text, _KEEP[level])
+
+
+def _json_outline(text: str, level: LevelOfDetail) -> str | None:
+    stripped = text.strip()
+    if not stripped or stripped[0] not in "{[":
+        return None
+    try:
+        value = json.loads(stripped)
+    except ValueError:
+        return None
+    if not isinstance(value, (dict, list)):
+        return None
+    return json.dumps(_reduce(value, level, 0), ensure_ascii=False, separators=(", ", ": "))
+
+
+def _reduce(value: Any, level: LevelOfDetail, depth: int) -> Any:
+    if isinstance(value, str):
+        limit = _JSON_CHARS[level]
+        return value if len(value) <= limit else f"{value[:limit]}…(+{len(value) - limit} chars)"
+    if isinstance(value, dict):
+        if depth >= _JSON_DEPTH[level]:
+            return f"{{…{len(value)} keys}}"
+        return {key: _reduce(item, level, depth + 1) for key, item in value.items()}
+    if isinstance(value, list):
+        if depth >= _JSON_DEPTH[level]:
+            return f"[…{len(value)} items]"
+        keep = _JSON_ITEMS[level]
+        items = [_reduce(item, level, depth + 1) for item in value[:keep]]
+        if len(value) > keep:
+            items.append(f"…(+{len(value) - keep} more items)")
+        return items
+    return value
+
+
+def _leading_sentences(text: str, keep: int) -> str:
+    """The leading sentences of ``text`` that fit in ``keep`` characters (the first one cut
+    at a word when it alone is longer), and how many sentences were left out."""
+    sentences = [s for s in _SENTENCE_END.split(text.strip()) if s]
+    lead: list[str] = []
+    used = 0
+    for sentence in sentences:
+        if lead and used + len(sentence) + 1 > keep:
+            break
+        lead.append(sentence)
+        used += len(sentence) + 1
+    head = " ".join(lead)
+    if len(head) > keep:
+        cut = head.rfind(" ", 0, keep)
+        head = head[: cut if cut > keep // 2 else keep] + "…"
+    left = len(sentences) - len(lead)
+    if left:
+        return f"{head} …[{left} more sentence{'s' if left > 1 else ''} omitted]"
+    return f"{head} …[{len(text) - len(head)} more characters omitted]"
 
 
 def _attr(value: str) -> str:

@@ -1,0 +1,80 @@
+"""Summary and Gist of a text that has none of its own: a JSON tool result keeps its
+structure (every key, scalar values; long strings and arrays elided with counts), prose keeps
+its leading sentences."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ce.core.pipeline._levels import shorten
+from ce.core.schema import LevelOfDetail
+
+SUMMARY, GIST = LevelOfDetail.SUMMARY, LevelOfDetail.GIST
+
+ORDER = {
+    "order_id": "A-1001",
+    "status": "processing",
+    "total": 129.5,
+    "paid": True,
+    "items": [{"sku": f"s{i}", "name": "a long product name " * 4, "qty": i} for i in range(12)],
+    "note": "y" * 500,
+}
+
+
+def test_a_json_tool_result_keeps_its_keys_and_scalars_at_every_level() -> None:
+    text = json.dumps(ORDER)
+    for level in (SUMMARY, GIST):
+        reduced = shorten(text, level)
+        assert len(reduced) < len(text)
+        outline = json.loads(reduced)  # still JSON
+        assert set(outline) == set(ORDER)
+        assert outline["order_id"] == "A-1001" and outline["status"] == "processing"
+        assert outline["total"] == 129.5 and outline["paid"] is True
+        assert outline["items"][-1].endswith("more items)")
+        assert "…(+" in outline["note"]
+    gist = json.loads(shorten(text, GIST))
+    assert len(gist["items"]) == 3 and gist["items"][-1] == "…(+10 more items)"
+    assert len(shorten(text, GIST)) < len(shorten(text, SUMMARY))
+
+
+def test_prose_keeps_its_leading_sentences() -> None:
+    text = "The order A-1001 is processing. It ships tomorrow from Oslo. " + (
+        "Unrelated detail follows here. " * 40
+    )
+    gist = shorten(text, GIST)
+    assert gist.startswith("The order A-1001 is processing. It ships tomorrow from Oslo.")
+    assert gist.endswith("more sentences omitted]")
+    assert len(gist) < 260
+    one_long_sentence = "word " * 400
+    cut = shorten(one_long_sentence, GIST)
+    assert cut.endswith("more characters omitted]") and len(cut) < 240
+
+
+def test_short_text_and_live_are_whole() -> None:
+    assert shorten("short", GIST) == "short"
+    long = "x. " * 1000
+    assert shorten(long, LevelOfDetail.LIVE) == long
+    assert shorten("{not json at all " + "z" * 400, GIST).endswith("omitted]")
+
+
+@settings(max_examples=100)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=300),
+        lambda children: (
+            st.lists(children, max_size=12)
+            | st.dictionaries(st.text(min_size=1, max_size=8), children, max_size=6)
+        ),
+        max_leaves=60,
+    )
+)
+def test_any_json_outline_is_json_and_not_longer(value: object) -> None:
+    text = json.dumps(value)
+    for level in (SUMMARY, GIST):
+        reduced = shorten(text, level)
+        assert len(reduced) <= len(text)
+        if reduced != text and reduced.lstrip()[:1] in "{[":
+            json.loads(reduced)
