@@ -28,7 +28,12 @@ from ce.core.errors import (
     VersionConflictError,
 )
 from ce.core.events import Event, EventBus, InMemoryEventBus
-from ce.core.formats import from_openai_messages, to_anthropic_messages, to_openai_messages
+from ce.core.formats import (
+    from_openai_messages,
+    to_anthropic_messages,
+    to_gemini_request,
+    to_openai_messages,
+)
 from ce.core.pipeline import LlmAdapter, LlmRequest, LlmResponse
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
@@ -128,5 +133,6 @@ __all__ = [
     "from_openai_messages",
     "open_store",
     "to_anthropic_messages",
+    "to_gemini_request",
     "to_openai_messages",
 ]

@@ -20,8 +20,10 @@ from ce.core.state import parse_tool_arguments
 __all__ = [
     "ANTHROPIC_PLACEHOLDER_TEXT",
     "AnthropicRequest",
+    "GeminiRequest",
     "from_openai_messages",
     "to_anthropic_messages",
+    "to_gemini_request",
     "to_openai_messages",
 ]
 
@@ -245,3 +247,61 @@ def to_anthropic_messages(parts: Sequence[MessagePart]) -> AnthropicRequest:
         placeholder = {"type": "text", "text": ANTHROPIC_PLACEHOLDER_TEXT}
         messages.insert(0, {"role": "user", "content": [placeholder]})
     return AnthropicRequest(system="\n\n".join(system), messages=messages)
+
+
+@dataclass(frozen=True)
+class GeminiRequest:
+    """The ``system_instruction`` text and ``contents`` of a Gemini ``generateContent``
+    request (``system_instruction`` goes in as ``{"parts": [{"text": ...}]}`` when not
+    empty)."""
+
+    system_instruction: str
+    contents: list[dict[str, Any]]
+
+
+def _gemini_parts(part: MessagePart, names: dict[str, str]) -> list[dict[str, Any]]:
+    if part.role is Role.TOOL:
+        name = part.name or names.get(part.tool_call_id or "", "") or "tool"
+        response: dict[str, Any] = {"content": part.content}
+        if part.is_error:
+            response = {"error": part.content}
+        return [{"functionResponse": {"name": name, "response": response}}]
+    out: list[dict[str, Any]] = []
+    if part.content.strip():
+        out.append({"text": part.content})
+    for call in part.tool_calls or ():
+        names[call.tool_call_id] = call.name
+        out.append({"functionCall": {"name": call.name, "args": _anthropic_input(call)}})
+    return out
+
+
+def to_gemini_request(parts: Sequence[MessagePart]) -> GeminiRequest:
+    """The Gemini request for ``parts``: system parts joined into ``system_instruction``;
+    the rest as strictly alternating ``user`` / ``model`` contents (consecutive parts of one
+    role merged), assistant tool calls as ``functionCall`` parts (arguments parsed as for
+    Anthropic) and tool results as ``functionResponse`` parts (named after their call; an
+    error result as ``{"error": ...}``) of the ``user`` content right after the call, before
+    any user text. Blank texts are left out; a placeholder user text
+    (:data:`ANTHROPIC_PLACEHOLDER_TEXT`) opens the contents when the model would speak first."""
+    system: list[str] = []
+    contents: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    for part in parts:
+        if part.role is Role.SYSTEM:
+            if part.content.strip():
+                system.append(part.content)
+            continue
+        role = "model" if part.role is Role.ASSISTANT else "user"
+        pieces = _gemini_parts(part, names)
+        if not pieces:
+            continue
+        if contents and contents[-1]["role"] == role:
+            contents[-1]["parts"].extend(pieces)
+        else:
+            contents.append({"role": role, "parts": pieces})
+    for content in contents:
+        if content["role"] == "user":
+            content["parts"].sort(key=lambda piece: "functionResponse" not in piece)
+    if contents and contents[0]["role"] == "model":
+        contents.insert(0, {"role": "user", "parts": [{"text": ANTHROPIC_PLACEHOLDER_TEXT}]})
+    return GeminiRequest(system_instruction="\n\n".join(system), contents=contents)
