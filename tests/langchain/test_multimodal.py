@@ -172,7 +172,8 @@ def test_the_plugins_reading_of_a_message_is_the_engines() -> None:
     # reconcile compares messages by what the engine reads of them, without building the
     # engine's parts: that reading must stay the engine's own
     from ce.core.formats import from_openai_messages, to_openai_messages
-    from ce.langchain._convert import _key, to_openai
+    from ce.core.integration import openai_key as _key
+    from ce.langchain._convert import to_openai
 
     messages: list[Any] = [
         {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},

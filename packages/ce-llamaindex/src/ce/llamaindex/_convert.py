@@ -9,12 +9,12 @@ the OpenAI SDK's objects, the older form). A tool result names its call in
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
 
-from ce.core.integration import message_from_openai
+from ce.core.integration import message_from_openai, reconcile_openai
 from ce.core.schema import Message, ModelInvocation
 
 __all__ = [
@@ -138,142 +138,29 @@ def _build(sent: Mapping[str, Any]) -> ChatMessage:
     return ChatMessage(role=MessageRole(role if role != "developer" else "system"), content=text)
 
 
-def _key(message: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What makes two OpenAI message dicts the same message: role, content, tool ids, name
-    and calls (no JSON encoding of the whole dict: this runs for every message of every call,
-    so plain strings take the short way)."""
-    content = message.get("content") or ""  # None and "" alike: no text
-    if not isinstance(content, str):
-        content = _plain(content)
-    calls = message.get("tool_calls")
-    return (
-        message.get("role"),
-        content,
-        _plain(message.get("tool_call_id")),
-        _plain(message.get("name")),
-        tuple(_call_key(call) for call in calls) if calls else (),
-    )
-
-
-def _call_key(call: Mapping[str, Any]) -> tuple[str | None, ...]:
-    function = _function(call)
-    return (
-        _plain(call.get("id")),
-        _plain(function.get("name")),
-        _plain(function.get("arguments")),
-    )
-
-
-def _plain(value: Any) -> str | None:
-    """A string or None as it is; anything else (content parts, parsed arguments) as JSON."""
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def _function(call: Mapping[str, Any]) -> Mapping[str, Any]:
-    function = call.get("function")
-    return function if isinstance(function, Mapping) else {}
-
-
-def _slot(message: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """What identifies ``message`` apart from its text: a tool result's call id, the call ids
-    of an assistant message making calls (``None`` for other messages)."""
-    if message.get("role") == "tool" and message.get("tool_call_id"):
-        return ("tool", str(message["tool_call_id"]))
-    calls = message.get("tool_calls")
-    if message.get("role") == "assistant" and calls:
-        return ("assistant", *(str(c.get("id")) for c in calls))
-    return None
-
-
 def from_openai(
     sent: Sequence[Mapping[str, Any]],
     originals: Sequence[ChatMessage],
     original_dicts: Sequence[Mapping[str, Any]],
-    redact: Callable[[str], str] | None = None,
 ) -> list[ChatMessage]:
-    """The LlamaIndex messages for what the engine assembled. A message the engine left as
-    it was is the app's very object (its images, provider fields and tool-call form kept);
-    one whose text the engine changed (a redacted call, a fenced tool result, a message whose
-    text is the app's passed through ``redact``, the newest user message) is a copy of the
-    app's message with the new text, its other blocks (images, audio) kept; the rest (the
-    engine's system message, history from earlier runs) are new messages."""
-    same: dict[tuple[Any, ...], list[int]] = {}
-    slots: dict[tuple[str, ...], list[int]] = {}
-    for index, original in enumerate(original_dicts):
-        same.setdefault(_key(original), []).append(index)
-        original_slot = _slot(original)
-        if original_slot is not None:
-            slots.setdefault(original_slot, []).append(index)
-    used: set[int] = set()
-    # the newest user message is always in the engine's input (it may be redacted): the last
-    # user message sent stands for the app's last one
-    newest = _last_user(original_dicts)
-    newest_sent = _last_user(sent)
-    redacted: dict[tuple[Any, ...], list[int]] | None = None
-
-    def redacted_keys() -> dict[tuple[Any, ...], list[int]]:
-        """The keys, text redacted as the engine stores it, of the app's messages that carry
-        more than text (images, audio: what a rebuilt message would lose); built once, when
-        a message matched nothing else (redaction is not free: text-only messages skip it)."""
-        nonlocal redacted
-        if redacted is None:
-            redacted = {}
-            for index, original in enumerate(original_dicts):
-                content = original.get("content")
-                if (
-                    redact is not None
-                    and index not in used
-                    and isinstance(content, str)
-                    and _has_media(originals[index])
-                ):
-                    key = _key({**original, "content": redact(content)})
-                    redacted.setdefault(key, []).append(index)
-        return redacted
-
-    def take(candidates: list[int] | None) -> int | None:
-        for index in candidates or ():
-            if index not in used:
-                used.add(index)
-                return index
-        return None
-
+    """The LlamaIndex messages for what the engine assembled, through the kit's reconciler
+    (:func:`ce.core.integration.reconcile_openai`): a message the engine left as it was is
+    the app's very object (its images, provider fields and tool-call form kept); a system,
+    user or tool message whose text alone the engine changed (redaction, a fenced tool
+    result) is a copy of the app's message with the new text, its other blocks (images,
+    audio) kept; the rest (the engine's system message, history from earlier runs, an
+    assistant message whose calls the engine changed) are new messages."""
+    if len(originals) != len(original_dicts):
+        return [_build(message) for message in sent]
     result: list[ChatMessage] = []
-    for position, message in enumerate(sent):
-        kept = take(same.get(_key(message)))
-        if kept is not None:
-            result.append(originals[kept])
-            continue
-        slot = _slot(message)
-        changed = take(slots.get(slot)) if slot is not None else None
-        if changed is None and redact is not None and message.get("role") != "system":
-            changed = take(redacted_keys().get(_key(message)))
-        if changed is None and position == newest_sent and newest is not None:
-            changed = take([newest])
-        if changed is not None:
-            result.append(_with_text(originals[changed], _content(message)))
-            continue
-        result.append(_build(message))
+    for message, origin in zip(sent, reconcile_openai(original_dicts, sent), strict=True):
+        if origin.source is None:
+            result.append(_build(message))
+        elif origin.text is None:
+            result.append(originals[origin.source])
+        else:
+            result.append(_with_text(originals[origin.source], origin.text))
     return result
-
-
-def _has_media(message: ChatMessage) -> bool:
-    """Whether ``message`` has blocks other than text and tool calls."""
-    plain = (TextBlock,) if ToolCallBlock is None else (TextBlock, ToolCallBlock)
-    return any(not isinstance(block, plain) for block in message.blocks)
-
-
-def _last_user(messages: Sequence[Mapping[str, Any]]) -> int | None:
-    for index in range(len(messages) - 1, -1, -1):
-        if messages[index].get("role") == "user":
-            return index
-    return None
-
-
-def _content(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    return content if isinstance(content, str) else ""
 
 
 def tool_schemas(tools: Any) -> list[dict[str, Any]] | None:

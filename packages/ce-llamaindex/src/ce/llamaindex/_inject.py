@@ -20,7 +20,7 @@ redaction is off or failed too. With ``plugin.fail_closed`` every error is raise
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.types import TextBlock
@@ -67,15 +67,6 @@ def redacted_natively(plugin: Plugin, messages: Sequence[ChatMessage]) -> list[C
     return out
 
 
-def _redactor(plugin: Plugin) -> Callable[[str], str] | None:
-    """The configured redaction of a text (what the engine stores), to recognise the app's
-    messages in the engine's input (``None`` when redaction is off)."""
-    redactor = plugin.engine.redactor_for(plugin.config)
-    if redactor is None:
-        return None
-    return lambda text: redactor.redact_text(text).redacted_text
-
-
 def _fallback_sync(
     plugin: Plugin, session_id: str, messages: Sequence[ChatMessage], what: str, exc: Exception
 ) -> list[ChatMessage] | None:
@@ -118,7 +109,7 @@ def inject_sync(
     if sent is None:
         return None
     try:
-        return from_openai(sent, messages, pending, _redactor(plugin))
+        return from_openai(sent, messages, pending)
     except Exception as exc:
         return _fallback_sync(plugin, session_id, messages, "convert messages", exc)
 
@@ -136,6 +127,6 @@ async def inject_async(
     if sent is None:
         return None
     try:
-        return from_openai(sent, messages, pending, _redactor(plugin))
+        return from_openai(sent, messages, pending)
     except Exception as exc:
         return await _fallback(plugin, session_id, messages, "convert messages", exc)

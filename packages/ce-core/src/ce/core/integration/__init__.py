@@ -51,6 +51,7 @@ from ce.core.integration._plugin import (
     PluginVersionError,
     requirement_conflicts,
 )
+from ce.core.integration._reconcile import Reconciled, openai_key, reconcile_openai
 from ce.core.integration._sessions import (
     RUN_SESSION_PREFIX,
     SESSION_KEY,
@@ -74,6 +75,7 @@ __all__ = [
     "PatchLedger",
     "Plugin",
     "PluginVersionError",
+    "Reconciled",
     "Recorder",
     "RetrievalHit",
     "Scope",
@@ -93,9 +95,11 @@ __all__ = [
     "message_from_openai",
     "message_from_part",
     "model_usage_from_call",
+    "openai_key",
     "openai_to_messages",
     "prepare_openai",
     "prepare_openai_sync",
+    "reconcile_openai",
     "record_sync",
     "redact_openai",
     "requirement_conflicts",

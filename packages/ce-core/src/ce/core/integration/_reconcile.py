@@ -1,0 +1,155 @@
+"""The engine's input back onto the app's own messages: one mechanism for every plugin.
+
+The engine speaks OpenAI-style dicts of text (``ce.core.formats`` reads only the text parts of
+a message). A plugin that rebuilt its framework's messages from the assembled dicts would lose
+what the engine never saw: image, file and audio parts, message ids, provider fields. So a
+plugin converts the app's messages to dicts once (``pending``, one per app message), hands them
+to the engine, and asks :func:`reconcile_openai` which app message each assembled one is:
+
+- the app's message unchanged (the plugin sends the app's very object);
+- the app's system, user or tool message whose text alone the engine rewrote (redaction, a
+  fenced tool result, the system prompt with the engine's context): the plugin sends a copy of
+  the app's message with that text, its media kept;
+- anything else (the engine's summary, history the app did not pass, and every assistant
+  message whose tool calls the engine changed, e.g. redacted arguments): the plugin builds a
+  new message from the assembled dict, so nothing the engine removed comes back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Reconciled", "openai_key", "reconcile_openai"]
+
+_TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
+
+Key = tuple[Hashable, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    """Where one message of the engine's input comes from: ``source`` is the index of the
+    app message it stands for (``None``: build it from the assembled dict); ``text`` is
+    ``None`` when that app message goes unchanged, else the text its copy takes."""
+
+    source: int | None
+    text: str | None = None
+
+
+def _text(content: Any) -> str:
+    """A content's text as the engine reads it: a string, or the text parts of a list joined
+    with newlines; anything else counts as no text."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(
+        part if isinstance(part, str) else str(part.get("text", ""))
+        for part in content
+        if isinstance(part, str) or (isinstance(part, Mapping) and part.get("type") in _TEXT_TYPES)
+    )
+
+
+def _arguments(function: Mapping[str, Any]) -> str:
+    raw = function.get("arguments")
+    if raw is not None and not isinstance(raw, str):
+        raw = json.dumps(raw, ensure_ascii=False, separators=(",", ":"))
+    return raw if raw and raw.strip() else "{}"
+
+
+def openai_key(message: Mapping[str, Any]) -> Key:
+    """What the engine sees of an OpenAI message: role, text, tool call id, the name of a
+    user or assistant message, tool calls. Two messages with equal keys are one message to
+    the engine (the reading of ``ce.core.formats.from_openai_messages``, without building
+    its parts)."""
+    role = message.get("role")
+    role = "system" if role == "developer" else role
+    name = message.get("name") if role in ("user", "assistant") else None
+    calls = tuple(
+        (call.get("id"), function.get("name"), _arguments(function))
+        for call in message.get("tool_calls") or ()
+        if isinstance(call, Mapping) and isinstance(function := call.get("function"), Mapping)
+    )
+    call_id = message.get("tool_call_id") if role == "tool" else None
+    return (role, _text(message.get("content")), call_id, name, calls)
+
+
+def _unchanged(app_keys: Sequence[Key], sent_keys: Sequence[Key]) -> list[int | None]:
+    """For each sent message, the index of the app message it is unchanged from, or None:
+    matched from the end, keeping the order (the newest messages are the app's pending ones;
+    older ones may come from the store)."""
+    index: dict[Key, list[int]] = {}
+    for j, key in enumerate(app_keys):
+        index.setdefault(key, []).append(j)
+    match: list[int | None] = [None] * len(sent_keys)
+    bound = len(app_keys)
+    for i in range(len(sent_keys) - 1, -1, -1):
+        candidates = index.get(sent_keys[i])
+        while candidates and candidates[-1] >= bound:
+            candidates.pop()
+        if candidates:
+            bound = candidates.pop()
+            match[i] = bound
+    return match
+
+
+def _rewritten(
+    app_keys: Sequence[Key], sent_keys: Sequence[Key], match: Sequence[int | None]
+) -> dict[int, int]:
+    """Sent messages whose text alone the engine rewrote, to the app message each stands
+    for: between the same unchanged neighbours, a tool result with the same tool call id, and
+    the system and user messages in order when both sides have as many of them there (after
+    the last unchanged message, the newest user message at least: the app's pending
+    question). Assistant messages are never paired (their tool calls go as the engine sent
+    them)."""
+    pairs: dict[int, int] = {}
+    anchors = [(i, j) for i, j in enumerate(match) if j is not None]
+    low_i = low_j = -1
+    for high_i, high_j in [*anchors, (len(sent_keys), len(app_keys))]:
+        sent_gap = range(low_i + 1, high_i)
+        app_gap = range(low_j + 1, high_j)
+        if sent_gap and app_gap:
+            for role in ("system", "user"):
+                sent_role = [i for i in sent_gap if sent_keys[i][0] == role]
+                app_role = [j for j in app_gap if app_keys[j][0] == role]
+                if sent_role and len(sent_role) == len(app_role):
+                    pairs.update(zip(sent_role, app_role, strict=True))
+                elif sent_role and app_role and role == "user" and high_i == len(sent_keys):
+                    pairs[sent_role[-1]] = app_role[-1]
+            results = {app_keys[j][2]: j for j in app_gap if app_keys[j][0] == "tool"}
+            for i in sent_gap:
+                if sent_keys[i][0] == "tool" and sent_keys[i][2] in results:
+                    pairs[i] = results.pop(sent_keys[i][2])
+        low_i, low_j = high_i, high_j
+    return pairs
+
+
+def reconcile_openai(
+    pending: Sequence[Mapping[str, Any]],
+    sent: Sequence[Mapping[str, Any]],
+    opaque: Collection[int] = (),
+) -> list[Reconciled]:
+    """For each message of the engine's input ``sent``, which of the app's messages (their
+    OpenAI dicts ``pending``, in the app's order) it stands for (see the module docstring).
+    ``opaque`` names app messages that must never go unchanged (they carry content the
+    engine and its redactor could not read): they are rewritten copies or built anew."""
+    app_keys = [openai_key(m) for m in pending]
+    for hidden in opaque:
+        role, _, call_id, name, calls = app_keys[hidden]
+        app_keys[hidden] = (role, object(), call_id, name, calls)
+    sent_keys = [openai_key(m) for m in sent]
+    match = _unchanged(app_keys, sent_keys)
+    rewritten = _rewritten(app_keys, sent_keys, match)
+    out: list[Reconciled] = []
+    for i, j in enumerate(match):
+        if j is not None:
+            out.append(Reconciled(j))
+        elif i in rewritten:
+            text = sent_keys[i][1]
+            out.append(Reconciled(rewritten[i], text if isinstance(text, str) else ""))
+        else:
+            out.append(Reconciled(None))
+    return out

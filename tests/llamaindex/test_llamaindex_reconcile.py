@@ -1,0 +1,34 @@
+"""The engine's input mapped back onto the app's LlamaIndex messages: what the engine
+redacted in a tool call's arguments stays redacted (the app's own call block never returns)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+from ce.llamaindex._convert import ToolCallBlock, from_openai, to_openai
+
+
+@pytest.mark.skipif(ToolCallBlock is None, reason="no ToolCallBlock in this llama-index-core")
+def test_redacted_tool_call_arguments_reach_the_model_redacted() -> None:
+    assert ToolCallBlock is not None
+    call = ToolCallBlock(tool_call_id="c1", tool_name="mail", tool_kwargs={"to": "bob@example.com"})
+    app = [
+        ChatMessage(role=MessageRole.USER, content="hi"),
+        ChatMessage(role=MessageRole.ASSISTANT, blocks=[call]),
+    ]
+    pending = to_openai(app)
+    redacted = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "mail", "arguments": json.dumps({"to": "[REDACTED:email]"})},
+    }
+    sent = [dict(pending[0]), {**pending[1], "tool_calls": [redacted]}]
+    first, second = from_openai(sent, app, pending)
+    assert first is app[0]  # unchanged: the app's own object
+    assert second is not app[1]
+    assert "bob@example.com" not in str(second.blocks)
+    (block,) = [b for b in second.blocks if isinstance(b, ToolCallBlock)]
+    assert block.tool_kwargs == {"to": "[REDACTED:email]"}
