@@ -22,10 +22,9 @@ from langchain_core.messages import BaseMessage, SystemMessage
 from langchain_core.runnables.config import var_child_runnable_config
 
 from ce.core.integration import (
-    REDACTION_FAILED,
     Scope,
-    emit_failure,
-    emit_failure_sync,
+    fail_open,
+    fail_open_sync,
     is_suppressed,
     prepare_openai,
     prepare_openai_sync,
@@ -160,31 +159,7 @@ def _redact_messages(plugin: LangChainPlugin, messages: list[BaseMessage]) -> li
     return out
 
 
-def _fallback_sync(
-    plugin: LangChainPlugin, session_id: str, messages: list[BaseMessage], exc: Exception
-) -> list[BaseMessage]:
-    """The app's own messages, redacted, after a failure of the plugin's own conversion."""
-    if plugin.fail_closed:
-        raise exc
-    emit_failure_sync(plugin, session_id, "langchain message conversion", exc)
-    try:
-        return _redact_messages(plugin, messages)
-    except Exception as error:
-        emit_failure_sync(plugin, session_id, "redaction", error, REDACTION_FAILED)
-        return messages
-
-
-async def _fallback_async(
-    plugin: LangChainPlugin, session_id: str, messages: list[BaseMessage], exc: Exception
-) -> list[BaseMessage]:
-    if plugin.fail_closed:
-        raise exc
-    await emit_failure(plugin, session_id, "langchain message conversion", exc)
-    try:
-        return _redact_messages(plugin, messages)
-    except Exception as error:
-        await emit_failure(plugin, session_id, "redaction", error, REDACTION_FAILED)
-        return messages
+_CONVERSION = "langchain message conversion"
 
 
 def inject_sync(
@@ -201,14 +176,20 @@ def inject_sync(
         pending = to_openai(messages)
         schemas = tool_schemas(tools)
     except Exception as exc:
-        return _fallback_sync(plugin, session_id, messages, exc)
+        redacted = fail_open_sync(
+            plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
+        )
+        return messages if redacted is None else redacted
     sent = prepare_openai_sync(plugin, session_id, pending, schemas)
     if sent is None:
         return messages
     try:
         return reconcile(messages, pending, sent)
     except Exception as exc:
-        return _fallback_sync(plugin, session_id, messages, exc)
+        redacted = fail_open_sync(
+            plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
+        )
+        return messages if redacted is None else redacted
 
 
 async def inject_async(
@@ -222,14 +203,20 @@ async def inject_async(
         pending = to_openai(messages)
         schemas = tool_schemas(tools)
     except Exception as exc:
-        return await _fallback_async(plugin, session_id, messages, exc)
+        redacted = await fail_open(
+            plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
+        )
+        return messages if redacted is None else redacted
     sent = await prepare_openai(plugin, session_id, pending, schemas)
     if sent is None:
         return messages
     try:
         return reconcile(messages, pending, sent)
     except Exception as exc:
-        return await _fallback_async(plugin, session_id, messages, exc)
+        redacted = await fail_open(
+            plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
+        )
+        return messages if redacted is None else redacted
 
 
 def _split_system(messages: list[BaseMessage]) -> tuple[SystemMessage | None, list[BaseMessage]]:

@@ -41,11 +41,10 @@ from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
 from llama_index.core.tools.types import BaseTool
 
 from ce.core.integration import (
-    REDACTION_FAILED,
     ToolRun,
-    emit_failure,
-    emit_failure_sync,
     is_suppressed,
+    redacted_or_reported,
+    redacted_or_reported_sync,
     resolve_scope,
 )
 from ce.llamaindex._inject import inject_async, inject_sync, redacted_prompt
@@ -291,22 +290,17 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
 
     def redact_prompt_sync(self, llm: BaseLLM, prompt: str) -> str:
         """The completion seam's work (``_seam``), inside the completion's span: the prompt
-        the provider receives, through the configured redactor. When the redactor raises, the
-        failure is reported and the prompt goes as it is; with ``fail_closed`` it is raised."""
+        the provider receives, through the configured redactor (a failure of the redactor is
+        reported and the prompt goes as it is, see
+        :func:`ce.core.integration.redacted_or_reported_sync`)."""
         target = self._prompt_target()
         if target is None:
             return prompt
         plugin, session_id = target
-        try:
-            return redacted_prompt(plugin, prompt)
-        except Exception as exc:
-            if plugin.fail_closed:
-                raise
-            if session_id is None:
-                logger.warning("redacting a completion prompt failed", exc_info=exc)
-            else:
-                emit_failure_sync(plugin, session_id, "redaction", exc, REDACTION_FAILED)
-            return prompt
+        redacted = redacted_or_reported_sync(
+            plugin, session_id or "", lambda: redacted_prompt(plugin, prompt)
+        )
+        return prompt if redacted is None else redacted
 
     async def redact_prompt(self, llm: BaseLLM, prompt: str) -> str:
         """The coroutine twin of :meth:`redact_prompt_sync` (the failure is reported without
@@ -315,16 +309,10 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         if target is None:
             return prompt
         plugin, session_id = target
-        try:
-            return redacted_prompt(plugin, prompt)
-        except Exception as exc:
-            if plugin.fail_closed:
-                raise
-            if session_id is None:
-                logger.warning("redacting a completion prompt failed", exc_info=exc)
-            else:
-                await emit_failure(plugin, session_id, "redaction", exc, REDACTION_FAILED)
-            return prompt
+        redacted = await redacted_or_reported(
+            plugin, session_id or "", lambda: redacted_prompt(plugin, prompt)
+        )
+        return prompt if redacted is None else redacted
 
     def _close(self, id_: str, result: Any, err: BaseException | None) -> None:
         tracker = self.tracker

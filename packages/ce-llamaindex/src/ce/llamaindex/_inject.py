@@ -26,9 +26,8 @@ from typing import TYPE_CHECKING, Any
 from llama_index.core.base.llms.types import TextBlock
 
 from ce.core.integration import (
-    REDACTION_FAILED,
-    emit_failure,
-    emit_failure_sync,
+    fail_open,
+    fail_open_sync,
     prepare_openai,
     prepare_openai_sync,
 )
@@ -67,32 +66,6 @@ def redacted_natively(plugin: Plugin, messages: Sequence[ChatMessage]) -> list[C
     return out
 
 
-def _fallback_sync(
-    plugin: Plugin, session_id: str, messages: Sequence[ChatMessage], what: str, exc: Exception
-) -> list[ChatMessage] | None:
-    if plugin.fail_closed:
-        raise exc
-    emit_failure_sync(plugin, session_id, what, exc)
-    try:
-        return redacted_natively(plugin, messages)
-    except Exception as failed:
-        emit_failure_sync(plugin, session_id, "redaction", failed, REDACTION_FAILED)
-        return None
-
-
-async def _fallback(
-    plugin: Plugin, session_id: str, messages: Sequence[ChatMessage], what: str, exc: Exception
-) -> list[ChatMessage] | None:
-    if plugin.fail_closed:
-        raise exc
-    await emit_failure(plugin, session_id, what, exc)
-    try:
-        return redacted_natively(plugin, messages)
-    except Exception as failed:
-        await emit_failure(plugin, session_id, "redaction", failed, REDACTION_FAILED)
-        return None
-
-
 def inject_sync(
     plugin: Plugin, session_id: str, messages: Sequence[ChatMessage], tools: Any = None
 ) -> list[ChatMessage] | None:
@@ -104,14 +77,18 @@ def inject_sync(
         pending = to_openai(messages)
         schemas = tool_schemas(tools)
     except Exception as exc:
-        return _fallback_sync(plugin, session_id, messages, "convert messages", exc)
+        return fail_open_sync(
+            plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
+        )
     sent = prepare_openai_sync(plugin, session_id, pending, schemas)
     if sent is None:
         return None
     try:
         return from_openai(sent, messages, pending)
     except Exception as exc:
-        return _fallback_sync(plugin, session_id, messages, "convert messages", exc)
+        return fail_open_sync(
+            plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
+        )
 
 
 async def inject_async(
@@ -122,11 +99,15 @@ async def inject_async(
         pending = to_openai(messages)
         schemas = tool_schemas(tools)
     except Exception as exc:
-        return await _fallback(plugin, session_id, messages, "convert messages", exc)
+        return await fail_open(
+            plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
+        )
     sent = await prepare_openai(plugin, session_id, pending, schemas)
     if sent is None:
         return None
     try:
         return from_openai(sent, messages, pending)
     except Exception as exc:
-        return await _fallback(plugin, session_id, messages, "convert messages", exc)
+        return await fail_open(
+            plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
+        )

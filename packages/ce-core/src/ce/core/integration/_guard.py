@@ -21,6 +21,19 @@ __all__ = [
     "guarded_sync",
 ]
 
+__all__ = [
+    "INTEGRATION_FAILED",
+    "REDACTION_FAILED",
+    "emit_failure",
+    "emit_failure_sync",
+    "fail_open",
+    "fail_open_sync",
+    "guarded",
+    "guarded_sync",
+    "redacted_or_reported",
+    "redacted_or_reported_sync",
+]
+
 logger = logging.getLogger("ce.core.integration")
 
 INTEGRATION_FAILED = "integration_failed"
@@ -128,3 +141,54 @@ def emit_failure_sync(
             engine.sync.run(engine.events.emit(event))
         except Exception:
             logger.exception("emitting the Degraded event failed")
+
+
+def redacted_or_reported_sync(
+    plugin: Plugin, session_id: str, redact: Callable[[], _T]
+) -> _T | None:
+    """After the engine (or a hook's own step) failed: the framework's own input through
+    ``redact()``. ``None`` when redaction failed too: the input goes as it is, and that is
+    counted in ``plugin.failures["redaction_failed"]`` and reported as a WARNING and a
+    ``Degraded`` event (:data:`REDACTION_FAILED`); with ``plugin.fail_closed`` it is raised."""
+    try:
+        return redact()
+    except Exception as exc:
+        if plugin.fail_closed:
+            raise
+        emit_failure_sync(plugin, session_id, "redaction", exc, REDACTION_FAILED)
+        return None
+
+
+async def redacted_or_reported(
+    plugin: Plugin, session_id: str, redact: Callable[[], _T]
+) -> _T | None:
+    """The coroutine twin of :func:`redacted_or_reported_sync`."""
+    try:
+        return redact()
+    except Exception as exc:
+        if plugin.fail_closed:
+            raise
+        await emit_failure(plugin, session_id, "redaction", exc, REDACTION_FAILED)
+        return None
+
+
+def fail_open_sync(
+    plugin: Plugin, session_id: str, what: str, exc: Exception, redact: Callable[[], _T]
+) -> _T | None:
+    """A hook's own step failed with ``exc`` (converting the framework's messages): raised
+    with ``plugin.fail_closed``, else reported like :func:`guarded_sync` does and the
+    framework's input returned through ``redact()`` (see :func:`redacted_or_reported_sync`)."""
+    if plugin.fail_closed:
+        raise exc
+    emit_failure_sync(plugin, session_id, what, exc)
+    return redacted_or_reported_sync(plugin, session_id, redact)
+
+
+async def fail_open(
+    plugin: Plugin, session_id: str, what: str, exc: Exception, redact: Callable[[], _T]
+) -> _T | None:
+    """The coroutine twin of :func:`fail_open_sync`."""
+    if plugin.fail_closed:
+        raise exc
+    await emit_failure(plugin, session_id, what, exc)
+    return await redacted_or_reported(plugin, session_id, redact)

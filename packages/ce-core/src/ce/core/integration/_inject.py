@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, Any
 from ce.core.formats import from_openai_messages
 from ce.core.integration._convert import assembled_to_openai, openai_to_messages
 from ce.core.integration._guard import (
-    REDACTION_FAILED,
-    emit_failure,
-    emit_failure_sync,
     guarded,
     guarded_sync,
+    redacted_or_reported,
+    redacted_or_reported_sync,
 )
 
 if TYPE_CHECKING:
@@ -171,13 +170,9 @@ def prepare_openai_sync(
     sent = guarded_sync(plugin, prepare, session_id=session_id, what="prepare_call")
     if sent is not None:
         return sent
-    try:
-        return _fallback(plugin, engine, messages)
-    except Exception as exc:
-        if plugin.fail_closed:
-            raise
-        emit_failure_sync(plugin, session_id, "redaction", exc, REDACTION_FAILED)
-        return None
+    return redacted_or_reported_sync(
+        plugin, session_id, lambda: _fallback(plugin, engine, messages)
+    )
 
 
 async def prepare_openai(
@@ -198,10 +193,6 @@ async def prepare_openai(
     sent = await guarded(plugin, prepare, session_id=session_id, what="prepare_call")
     if sent is not None:
         return sent
-    try:
-        return _fallback(plugin, engine, messages)
-    except Exception as exc:
-        if plugin.fail_closed:
-            raise
-        await emit_failure(plugin, session_id, "redaction", exc, REDACTION_FAILED)
-        return None
+    return await redacted_or_reported(
+        plugin, session_id, lambda: _fallback(plugin, engine, messages)
+    )
