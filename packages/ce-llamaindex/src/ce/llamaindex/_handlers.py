@@ -18,7 +18,6 @@ logged and reported as ``Degraded`` events by the integration kit's guards.
 from __future__ import annotations
 
 import inspect
-import logging
 import time
 from collections.abc import AsyncGenerator, Generator, Mapping
 from contextvars import ContextVar
@@ -61,7 +60,6 @@ __all__ = [
     "failure",
 ]
 
-logger = logging.getLogger("ce.llamaindex")
 
 _PARAMS = ("temperature", "max_tokens", "top_p", "seed")
 
