@@ -44,9 +44,6 @@ class DeferredWrites:
         with self._lock:
             self._queues.setdefault(session_id, deque()).append(work)
 
-    def has(self, session_id: str) -> bool:
-        return session_id in self._queues
-
     def sessions(self) -> list[str]:
         with self._lock:
             return list(self._queues)
