@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from ce.core._drive import inline, settle
 from ce.core.config import RuntimeConfig
-from ce.core.engine._deferred import DeferredWrites
+from ce.core.engine._deferred import DeferredWrites, draining, note_pending
 from ce.core.engine._session import SessionEntry, SessionLocks
 from ce.core.engine._writes import HistoryWriter, WriteLog
 from ce.core.errors import VersionConflictError
@@ -62,6 +62,7 @@ class EngineCore(HistoryWriter):
     _max_cached: int
     _locks: SessionLocks
     _deferred: DeferredWrites
+    _carried: dict[str, list[TurnRecord]]  # turn records waiting for their session's next commit
 
     def _cfg(self, runtime_config: RuntimeConfig | None) -> RuntimeConfig:
         return runtime_config or self.config
@@ -177,17 +178,23 @@ class EngineCore(HistoryWriter):
         self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None
     ) -> PutResult:
         changes: SessionChanges = entry.state.take_changes()
+        carried = self._carried.pop(entry.session_id, None)
+        if carried:
+            changes.turns.extend(carried)
         if turn is not None:
             changes.turns.append(turn)
-        result = await self.store.commit(entry.session_id, changes, expected_version=entry.version)
+        try:
+            result = await self.store.commit(
+                entry.session_id, changes, expected_version=entry.version
+            )
+        except BaseException:
+            if carried:  # not stored: the session's next commit takes them (or a flush)
+                self._carried.setdefault(entry.session_id, [])[:0] = carried
+            raise
         entry.version = result.version
         if result.epoch is not None:
             entry.epoch = result.epoch
-        for reason, detail in call.degradations[call.degradations_emitted :]:
-            await self._emit(
-                "Degraded", entry.session_id, call.turn_id, reason=reason, detail=detail
-            )
-        call.degradations_emitted = len(call.degradations)
+        await self._emit_degradations(entry.session_id, call)
         for message in call.new_messages:
             await self._emit(
                 "MessageAppended",
@@ -198,6 +205,40 @@ class EngineCore(HistoryWriter):
             )
         await self._emit("Persisted", entry.session_id, call.turn_id, version=result.version)
         return result
+
+    async def _persist_or_carry(
+        self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None
+    ) -> int:
+        """Commit what the call wrote, with its turn record; the session's version after.
+
+        A call that wrote nothing of the session itself (only its turn record and the run
+        moving on, e.g. a model call whose input was all stored) commits nothing now: its
+        turn record rides with the session's next commit (the recording of the model's
+        reply, typically), or is written by :meth:`_drain` before any read of the session's
+        turns, on ``flush()``, ``close()`` and at exit. One commit per model call, not two."""
+        if entry.state.has_pending_records():
+            return (await self._persist(entry, call, turn)).version
+        entry.state.forget_run_change()
+        if turn is not None:
+            self._carried.setdefault(entry.session_id, []).append(turn)
+            note_pending(self)  # type: ignore[arg-type]
+        await self._emit_degradations(entry.session_id, call)
+        return entry.version
+
+    async def _drain(self, session_id: str) -> None:
+        """Run the session's deferred records and commit its carried turn records."""
+        await self._deferred.run(session_id)
+        if session_id in self._carried and not draining():
+
+            async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
+                return await self._persist(entry, call)
+
+            await self._write(session_id, op)
+
+    async def _emit_degradations(self, session_id: str, call: WriteLog) -> None:
+        for reason, detail in call.degradations[call.degradations_emitted :]:
+            await self._emit("Degraded", session_id, call.turn_id, reason=reason, detail=detail)
+        call.degradations_emitted = len(call.degradations)
 
     def _write_reply(
         self, entry: SessionEntry, reply: Message | ModelOutput, cfg: RuntimeConfig, call: WriteLog

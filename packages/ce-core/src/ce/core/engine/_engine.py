@@ -126,6 +126,7 @@ class ContextEngine(Preparer):
         self._max_cached = max_cached_sessions
         self._locks = SessionLocks()
         self._deferred = DeferredWrites()
+        self._carried: dict[str, list[TurnRecord]] = {}
         from ce.core.engine._sync import SyncEngine
 
         self.sync = SyncEngine(self)
@@ -144,7 +145,7 @@ class ContextEngine(Preparer):
             _current_session.reset(token)
 
     async def get_session(self, session_id: str) -> SessionDocument:
-        await self._deferred.run(session_id)
+        await self._drain(session_id)
         doc = await self.store.get_session(session_id)
         if doc is None:
             raise SessionNotFoundError(session_id)
@@ -157,12 +158,12 @@ class ContextEngine(Preparer):
         return await self.store.list_sessions(user_id)
 
     async def list_turns(self, session_id: str, limit: int | None = None) -> list[TurnRecord]:
-        await self._deferred.run(session_id)
+        await self._drain(session_id)
         return await self.store.list_turns(session_id, limit)
 
     async def get_report(self, session_id: str, turn_id: str | None = None) -> Report:
         """The report of ``turn_id`` (default: the newest turn of the session)."""
-        await self._deferred.run(session_id)
+        await self._drain(session_id)
         if turn_id is None:
             turns = await self.store.list_turns(session_id, 1)
             if not turns:
@@ -196,9 +197,14 @@ class ContextEngine(Preparer):
         note_pending(self)
 
     async def flush(self, session_id: str | None = None) -> None:
-        """Run the deferred records of ``session_id`` (default: of every session) now."""
-        for sid in [session_id] if session_id is not None else self._deferred.sessions():
-            await self._deferred.run(sid)
+        """Run the deferred records of ``session_id`` (default: of every session) now, and
+        commit the turn records still waiting for their session's next commit."""
+        if session_id is not None:
+            sessions = [session_id]
+        else:
+            sessions = list(dict.fromkeys([*self._deferred.sessions(), *list(self._carried)]))
+        for sid in sessions:
+            await self._drain(sid)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -490,7 +496,7 @@ class ContextEngine(Preparer):
         """Reassemble a past turn from what is stored (the history it saw, its summary and
         tool schemas) under ``runtime_config`` (default: the turn's own config). Writes
         nothing; the same stored turn and config give the same result."""
-        await self._deferred.run(session_id)
+        await self._drain(session_id)
         record = await self.store.get_turn(session_id, turn_id)
         if record is None:
             raise TurnNotFoundError(session_id, turn_id)

@@ -78,10 +78,10 @@ class Preparer(EngineCore):
                 tool_schemas=list(tool_schemas or []),
                 report=report,
             )
-        result = await self._persist(entry, call, turn)
+        version = await self._persist_or_carry(entry, call, turn)
         await self._emit_turn_events(entry.session_id, call, selection)
         return PrepareResult(
-            assembled_input=selection.assembled, report=report, session_version=result.version
+            assembled_input=selection.assembled, report=report, session_version=version
         )
 
     def _report(self, call: WriteLog, selection: Selection) -> Report:

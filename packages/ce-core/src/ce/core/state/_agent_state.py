@@ -624,6 +624,16 @@ class AgentState(RecordWriters):
         if changes.meta is not None:
             doc.meta = changes.meta
 
+    def has_pending_records(self) -> bool:
+        """Whether anything but the run state was written since the changes were last taken
+        (a change set without it would only move the run on)."""
+        return self._changes.has_records()
+
+    def forget_run_change(self) -> None:
+        """Leave the run state's last change out of the next change set (the state keeps
+        it; a later transition marks it changed again)."""
+        self._changes.run = False
+
     def take_changes(self) -> SessionChanges:
         """Everything written since the previous call, as one change set for
         :meth:`Store.commit <ce.core.stores.base.Store.commit>`; then the buffer is cleared.

@@ -30,14 +30,18 @@ class ChangeBuffer:
 
     def is_empty(self) -> bool:
         """True when nothing was written since the changes were last taken."""
-        return not (
+        return not (self.run or self.has_records())
+
+    def has_records(self) -> bool:
+        """True when records or the summary (anything but the run state) were written since
+        the changes were last taken."""
+        return bool(
             self.messages
             or self.tool_calls
             or self.model_usage
             or self.evidences
             or self.block_ids
             or self.task_ids
-            or self.run
             or self.summary
         )
 
