@@ -369,6 +369,52 @@ async def test_sqlite_appends_insert_rows_and_never_rewrite(tmp_path: Path) -> N
     assert (user_version, journal_mode) == (sqlite_module.USER_VERSION, "wal")
 
 
+async def test_sqlite_commit_on_a_loop_runs_inline_unless_it_would_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an event loop a commit that need not wait runs on the loop's thread (no hop to a
+    worker thread); while another process holds the write lock it goes to a worker thread,
+    the loop goes on meanwhile, and it lands once the lock is released, exactly once."""
+    db = tmp_path / "ce.db"
+    store = SQLiteStore(db)
+    loop_thread = threading.get_ident()
+    hops: list[int] = []
+    to_thread = asyncio.to_thread
+
+    async def counting_to_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(1)
+        return await to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+    committed_on: list[int] = []
+    original = sqlite_module._commit
+
+    def recording_commit(*args: Any, **kwargs: Any) -> Any:
+        committed_on.append(threading.get_ident())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sqlite_module, "_commit", recording_commit)
+    await store.append_messages("s1", [_message("m1")])
+    assert committed_on == [loop_thread] and hops == []
+
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+    task = asyncio.ensure_future(store.append_messages("s1", [_message("m2")]))
+    ticks = 0
+    while len(committed_on) < 3 and ticks < 10_000:  # inline try, then the worker's
+        await asyncio.sleep(0)
+        ticks += 1
+    assert not task.done() and hops == [1]  # the loop went on while the commit waits
+    other.execute("ROLLBACK")
+    other.close()
+    await task
+    assert committed_on[1] == loop_thread and committed_on[2] != loop_thread
+    doc = await store.get_session("s1")
+    assert doc is not None
+    assert [m.message_id for m in doc.session.messages] == ["m1", "m2"]
+    await store.close()
+
+
 async def test_sqlite_turns_are_rows_of_their_own(tmp_path: Path) -> None:
     db = tmp_path / "ce.db"
     store = SQLiteStore(db)

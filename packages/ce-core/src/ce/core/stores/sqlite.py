@@ -31,7 +31,7 @@ from typing import Concatenate, Literal, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
-from ce.core._drive import run_blocking
+from ce.core._drive import inline, run_blocking
 from ce.core.errors import StoreError
 from ce.core.primitives import Clock, IdGenerator
 from ce.core.schema import (
@@ -161,6 +161,7 @@ class SQLiteStore(BaseStore):
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', not {synchronous!r}")
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._busy_ms = int(busy_timeout * 1000)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
@@ -185,6 +186,36 @@ class SQLiteStore(BaseStore):
     ) -> _T:
         return await run_blocking(functools.partial(self._locked, fn, *args, **kwargs))
 
+    async def _run_quick(
+        self,
+        fn: Callable[Concatenate[sqlite3.Connection, _P], _T],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        """Like :meth:`_run` for short work (a commit, a catch-up read): on an event loop it
+        runs right here when it need not wait (the connection is free and, for a write, no
+        other process holds the write lock), which costs less than a hop to a worker thread;
+        work that would wait goes to a worker thread (rolled back first, so it runs once)."""
+        if inline() or not self._lock.acquire(blocking=False):
+            return await self._run(fn, *args, **kwargs)
+        try:
+            conn = self._conn
+            if conn is None:
+                raise StoreError(f"{self.path}: store is closed")
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                return fn(conn, *args, **kwargs)
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise StoreError(f"{self.path}: {exc}") from exc
+            except (sqlite3.Error, StoreError) as exc:
+                raise StoreError(f"{self.path}: {exc}") from exc
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+        finally:
+            self._lock.release()
+        return await self._run(fn, *args, **kwargs)
+
     def _locked(
         self,
         fn: Callable[Concatenate[sqlite3.Connection, _P], _T],
@@ -204,7 +235,7 @@ class SQLiteStore(BaseStore):
     async def _commit(
         self, session_id: str, changes: SessionChanges, expected_version: int | None
     ) -> PutResult:
-        version, epoch = await self._run(_commit, session_id, changes, expected_version)
+        version, epoch = await self._run_quick(_commit, session_id, changes, expected_version)
         return PutResult(success=True, version=version, epoch=epoch)
 
     async def _put_session(
@@ -227,13 +258,15 @@ class SQLiteStore(BaseStore):
         return await self._run(_load, session_id)
 
     async def get_version(self, session_id: str) -> int:
-        return await self._run(_version, session_id)
+        return await self._run_quick(_version, session_id)
 
     async def read_since(
         self, session_id: str, version: int = 0, epoch: str = ""
     ) -> SessionUpdate | None:
         """What changed after ``version`` of ``epoch``: only the rows written since, found
         through the version indexes, in one read snapshot."""
+        if version:  # a catch-up reads what is new: short
+            return await self._run_quick(_read_since, session_id, version, epoch)
         return await self._run(_read_since, session_id, version, epoch)
 
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
@@ -271,6 +304,14 @@ class SQLiteStore(BaseStore):
                     self._conn = None
 
         await run_blocking(close)
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` says the database was locked by another connection."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
