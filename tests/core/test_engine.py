@@ -117,6 +117,36 @@ async def test_prepare_call_in_a_tool_loop_keeps_the_chain_and_records_only_new(
     assert doc.session.run.status.value == "model_running"
 
 
+async def test_a_call_with_nothing_new_commits_once_with_the_reply() -> None:
+    """A model call whose input is all stored (a tool loop's next call after the tool run was
+    recorded) writes no commit of its own: its turn record goes with the reply's commit; one
+    the session never follows is written by ``flush`` (and by any read of the turns)."""
+    store = MemoryStore()
+    engine = make_engine(store)
+    history = [Message(role=Role.USER, content="Weather in Paris?")]
+    first = await engine.prepare_call("s1", history)
+    reply = assistant("", call("c1", args='{"city": "Paris"}'))
+    await engine.commit_assistant_message("s1", reply)
+    history += [reply, tool("c1", "18C")]
+    await engine.prepare_call("s1", history)  # the tool message is new: committed with it
+    version = await store.get_version("s1")
+    idle = await engine.prepare_call("s1", history)  # nothing new
+    assert await store.get_version("s1") == version == idle.session_version
+    assert [t.turn_id for t in await store.list_turns("s1")][-1] != idle.report.turn_id
+    await engine.commit_assistant_message("s1", assistant("18C in Paris."))
+    assert await store.get_version("s1") == version + 1  # the reply and the carried turn
+    turns = await store.list_turns("s1")
+    assert turns[-1].turn_id == idle.report.turn_id
+    assert turns[0].turn_id == first.report.turn_id
+    last = await engine.prepare_call("s1", [*history, assistant("18C in Paris.")])
+    assert await store.get_version("s1") == version + 1
+    await engine.flush()
+    assert [t.turn_id for t in await store.list_turns("s1")][-1] == last.report.turn_id
+    assert await store.get_version("s1") == version + 2
+    await engine.flush()  # nothing left to write
+    assert await store.get_version("s1") == version + 2
+
+
 async def test_repeated_identical_user_text_is_new_each_time_it_is_added() -> None:
     engine = make_engine()
     history = [Message(role=Role.USER, content="yes")]
