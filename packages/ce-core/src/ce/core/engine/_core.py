@@ -177,7 +177,8 @@ class EngineCore(HistoryWriter):
     async def _persist(
         self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None
     ) -> PutResult:
-        changes: SessionChanges = entry.state.take_changes()
+        # the store validates the records again into its own: no copies here
+        changes: SessionChanges = entry.state.take_changes(copies=False)
         carried = self._carried.pop(entry.session_id, None)
         if carried:
             changes.turns.extend(carried)

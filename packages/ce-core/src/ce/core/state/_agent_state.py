@@ -634,15 +634,17 @@ class AgentState(RecordWriters):
         it; a later transition marks it changed again)."""
         self._changes.run = False
 
-    def take_changes(self) -> SessionChanges:
+    def take_changes(self, *, copies: bool = True) -> SessionChanges:
         """Everything written since the previous call, as one change set for
         :meth:`Store.commit <ce.core.stores.base.Store.commit>`; then the buffer is cleared.
 
         Appended messages, tool calls and usage records come in write order; the notebook
         block and tasks appear once each, in their latest version; ``run`` and ``summary``
-        are set only when they changed. The records are copies.
+        are set only when they changed. The records are copies; with ``copies=False`` they
+        are the state's own (for a caller that hands them straight to ``Store.commit``,
+        which validates them again into records of its own, and never changes them).
         """
-        return self._changes.take(self._doc)
+        return self._changes.take(self._doc, copies=copies)
 
 
 def _replace_by_id(stored: list[_R], new: Sequence[_R], key: Callable[[_R], str]) -> None:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TypeVar
+
+from pydantic import BaseModel
+
 from ce.core.schema import Evidence, Message, ModelUsage, SessionDocument, ToolCall
 from ce.core.stores.base import SessionChanges
 
 __all__ = ["ChangeBuffer"]
+
+_R = TypeVar("_R", bound=BaseModel)
 
 
 class ChangeBuffer:
@@ -45,22 +52,28 @@ class ChangeBuffer:
             or self.summary
         )
 
-    def take(self, doc: SessionDocument) -> SessionChanges:
-        """Deep copies of everything buffered, as one change set; then the buffer is empty."""
+    def take(self, doc: SessionDocument, *, copies: bool = True) -> SessionChanges:
+        """Everything buffered, as one change set (deep copies unless ``copies`` is False:
+        then the records are the document's own); then the buffer is empty."""
         session = doc.session
-        blocks = {b.block_id: b for b in doc.context_blocks}
-        tasks = {t.task_id: t for t in session.task_state.todo_list.tasks}
+        blocks = {b.block_id: b for b in doc.context_blocks} if self.block_ids else {}
+        tasks = {t.task_id: t for t in session.task_state.todo_list.tasks} if self.task_ids else {}
+
+        def each(records: Iterable[_R]) -> list[_R]:
+            return [r.model_copy(deep=True) for r in records] if copies else list(records)
+
+        def one(record: _R | None) -> _R | None:
+            return record.model_copy(deep=True) if copies and record is not None else record
+
         changes = SessionChanges(
-            messages=[m.model_copy(deep=True) for m in self.messages],
-            tool_calls=[t.model_copy(deep=True) for t in self.tool_calls],
-            model_usage=[u.model_copy(deep=True) for u in self.model_usage],
-            evidences=[e.model_copy(deep=True) for e in self.evidences],
-            context_blocks=[blocks[i].model_copy(deep=True) for i in self.block_ids],
-            tasks=[tasks[i].model_copy(deep=True) for i in self.task_ids],
-            summary=session.summary.model_copy(deep=True)
-            if self.summary and session.summary
-            else None,
-            run=session.run.model_copy(deep=True) if self.run else None,
+            messages=each(self.messages),
+            tool_calls=each(self.tool_calls),
+            model_usage=each(self.model_usage),
+            evidences=each(self.evidences),
+            context_blocks=each(blocks[i] for i in self.block_ids),
+            tasks=each(tasks[i] for i in self.task_ids),
+            summary=one(session.summary) if self.summary else None,
+            run=one(session.run) if self.run else None,
         )
         self._reset()
         return changes

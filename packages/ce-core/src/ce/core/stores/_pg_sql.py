@@ -32,6 +32,7 @@ from ce.core.stores._rows import (
     changes_from_rows,
     check_schema_version,
     document_from_rows,
+    head_updates,
     record_json,
     record_rows,
 )
@@ -257,12 +258,7 @@ def commit(
             write_records(conn, s, table, session_id, version, rows)
             for table, rows in record_rows(changes).items()
         )
-        given = zip(HEAD_COLUMNS, (changes.summary, changes.run, changes.meta), strict=True)
-        updates: dict[str, str | None] = {
-            column: record_json(value)
-            for column, value in given
-            if value is not None and record_json(value) != stored[column]
-        }
+        updates = head_updates(changes, stored)
         if "meta" in updates:
             updates["user_id"] = user_id_of(changes.meta)
         if not changed and not updates:

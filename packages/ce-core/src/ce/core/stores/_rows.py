@@ -23,7 +23,7 @@ from ce.core.schema import (
     Task,
     ToolCall,
 )
-from ce.core.stores.base import SessionChanges
+from ce.core.stores.base import CheckedChanges, SessionChanges
 
 __all__ = [
     "DEFAULT_RUN",
@@ -34,6 +34,7 @@ __all__ = [
     "changes_from_rows",
     "check_schema_version",
     "document_from_rows",
+    "head_updates",
     "record_json",
     "record_rows",
 ]
@@ -69,6 +70,18 @@ def record_json(model: BaseModel) -> str:
     return model.model_dump_json(exclude_none=True)
 
 
+def head_updates(changes: SessionChanges, stored: dict[str, str | None]) -> dict[str, str | None]:
+    """The session row's JSON columns (``HEAD_COLUMNS``) that ``changes`` set to a value
+    other than the ``stored`` one, with their new JSON."""
+    body = changes.body_of if isinstance(changes, CheckedChanges) else record_json
+    given = zip(HEAD_COLUMNS, (changes.summary, changes.run, changes.meta), strict=True)
+    updates: dict[str, str | None] = {}
+    for column, value in given:
+        if value is not None and (text := body(value)) != stored[column]:
+            updates[column] = text
+    return updates
+
+
 def _message_id(message: Message) -> str:
     # BaseStore.commit and put_session give every message an id before it reaches a store.
     assert message.message_id is not None
@@ -78,21 +91,22 @@ def _message_id(message: Message) -> str:
 def record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
     """``(record_id, body)`` rows per record table; appended tables keep the first row of an
     id, upserted ones the last (at the position of the first)."""
+    body = changes.body_of if isinstance(changes, CheckedChanges) else record_json
     rows = {
-        "messages": [(_message_id(m), record_json(m)) for m in changes.messages],
-        "tool_calls": [(c.tool_call_id, record_json(c)) for c in changes.tool_calls],
-        "model_usage": [(u.model_usage_id, record_json(u)) for u in changes.model_usage],
-        "evidences": [(e.evidence_id, record_json(e)) for e in changes.evidences],
-        "context_blocks": [(b.block_id, record_json(b)) for b in changes.context_blocks],
-        "tasks": [(t.task_id, record_json(t)) for t in changes.tasks],
-        "turns": [(t.turn_id, record_json(t)) for t in changes.turns],
+        "messages": [(_message_id(m), body(m)) for m in changes.messages],
+        "tool_calls": [(c.tool_call_id, body(c)) for c in changes.tool_calls],
+        "model_usage": [(u.model_usage_id, body(u)) for u in changes.model_usage],
+        "evidences": [(e.evidence_id, body(e)) for e in changes.evidences],
+        "context_blocks": [(b.block_id, body(b)) for b in changes.context_blocks],
+        "tasks": [(t.task_id, body(t)) for t in changes.tasks],
+        "turns": [(t.turn_id, body(t)) for t in changes.turns],
     }
     unique: dict[str, list[tuple[str, str]]] = {}
     for table, table_rows in rows.items():
         by_id: dict[str, str] = {}
-        for record_id, body in table_rows:
+        for record_id, text in table_rows:
             if table in UPSERTED or record_id not in by_id:
-                by_id[record_id] = body
+                by_id[record_id] = text
         unique[table] = list(by_id.items())
     return unique
 

@@ -256,32 +256,54 @@ def _join(prefix: str, path: str) -> str:
     return f"{prefix}.{path}" if prefix and path else prefix or path
 
 
-def _revalidated(model: type[_M], record: object, path: str) -> _M:
-    """``record`` validated again from its JSON form, as a new instance of ``model``."""
+def _revalidated(
+    model: type[_M], record: object, path: str, bodies: dict[int, str] | None = None
+) -> _M:
+    """``record`` validated again from its stored JSON form (``exclude_none``), as a new
+    instance of ``model``; that JSON goes into ``bodies`` under the new instance's id."""
     if not isinstance(record, model):
         raise SchemaValidationError(
             [(path, f"expected {model.__name__}, got {type(record).__name__}")]
         )
     try:
-        return model.model_validate_json(record.model_dump_json(warnings=False))
+        body = record.model_dump_json(exclude_none=True, warnings=False)
+        checked = model.model_validate_json(body)
     except PydanticSerializationError as exc:
         raise SchemaValidationError([(path, f"not JSON-serializable: {exc}")]) from None
     except ValidationError as exc:
         raise SchemaValidationError(
             [(_join(path, ".".join(map(str, err["loc"]))), err["msg"]) for err in exc.errors()]
         ) from None
+    if bodies is not None:
+        bodies[id(checked)] = body
+    return checked
 
 
-def _revalidated_changes(changes: SessionChanges) -> SessionChanges:
+@dataclass
+class CheckedChanges(SessionChanges):
+    """A change set validated by :meth:`BaseStore.commit`: records of the store's own, with
+    the JSON each was validated from (``body_of``), so a store need not serialize it again."""
+
+    bodies: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def body_of(self, record: BaseModel) -> str:
+        """The stored JSON form of one of this change set's records."""
+        body = self.bodies.get(id(record))
+        return body if body is not None else record.model_dump_json(exclude_none=True)
+
+
+def _revalidated_changes(changes: SessionChanges) -> CheckedChanges:
+    bodies: dict[int, str] = {}
+
     def each(items: list[Any], model: type[_M], key: str) -> list[_M]:
         if not isinstance(items, list):
             raise SchemaValidationError([(key, "must be a list")])
-        return [_revalidated(model, item, f"{key}.{i}") for i, item in enumerate(items)]
+        return [_revalidated(model, item, f"{key}.{i}", bodies) for i, item in enumerate(items)]
 
     def one(value: object, model: type[_M], key: str) -> _M | None:
-        return None if value is None else _revalidated(model, value, key)
+        return None if value is None else _revalidated(model, value, key, bodies)
 
-    return SessionChanges(
+    return CheckedChanges(
         messages=each(changes.messages, Message, "messages"),
         tool_calls=each(changes.tool_calls, ToolCall, "tool_calls"),
         model_usage=each(changes.model_usage, ModelUsage, "model_usage"),
@@ -292,6 +314,7 @@ def _revalidated_changes(changes: SessionChanges) -> SessionChanges:
         summary=one(changes.summary, Summary, "summary"),
         run=one(changes.run, RunState, "run"),
         meta=one(changes.meta, Meta, "meta"),
+        bodies=bodies,
     )
 
 

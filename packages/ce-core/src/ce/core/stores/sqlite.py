@@ -52,6 +52,7 @@ from ce.core.stores._rows import (
     changes_from_rows,
     check_schema_version,
     document_from_rows,
+    head_updates,
     record_json,
     record_rows,
 )
@@ -435,12 +436,7 @@ def _commit(
             if row
             else {"summary": None, "run_state": DEFAULT_RUN, "meta": None}
         )
-        given = zip(HEAD_COLUMNS, (changes.summary, changes.run, changes.meta), strict=True)
-        updates: dict[str, str | None] = {
-            column: record_json(value)
-            for column, value in given
-            if value is not None and record_json(value) != stored[column]
-        }
+        updates = head_updates(changes, stored)
         if "meta" in updates:
             updates["user_id"] = user_id_of(changes.meta)
         epoch: str | None = row[4] if row else None
