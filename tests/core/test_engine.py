@@ -147,6 +147,81 @@ async def test_a_call_with_nothing_new_commits_once_with_the_reply() -> None:
     assert await store.get_version("s1") == version + 2
 
 
+async def test_a_continued_history_is_matched_from_where_the_last_call_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A framework passes its whole history (the same message objects) on every call: the
+    engine matches only what follows the previous call's messages, and records exactly what
+    a full match records (a repeated question is new, a changed history is matched whole)."""
+    import ce.core.engine._writes as writes
+
+    keyed: list[str] = []
+    original = writes.message_key
+
+    def counting_key(message: Message, *args: Any) -> Any:
+        keyed.append(message.content)
+        return original(message, *args)
+
+    monkeypatch.setattr(writes, "message_key", counting_key)
+    engine = make_engine()
+    history = [
+        Message(role=Role.SYSTEM, content="Be brief."),
+        *[Message(role=Role.USER, content=f"q{i}") for i in range(1)],
+    ]
+    for i in range(1, 6):
+        await engine.prepare_call("s1", history)
+        answer = assistant(f"a{i}")
+        await engine.commit_assistant_message("s1", answer)
+        keyed.clear()
+        history = [*history, answer, Message(role=Role.USER, content=f"q{i}")]
+        await engine.prepare_call("s1", history)
+        # from the previous call's last message on (it may be asked again): 3 of 2i+2 keyed
+        assert keyed == [f"q{i - 1}", f"a{i}", f"q{i}"]
+        history = history[:]
+    keyed.clear()
+    await engine.prepare_call("s1", list(history))  # the same objects: still a continuation
+    assert keyed == ["q5"]
+    # the same question again after an answer is a new question (the "asked" rule holds)
+    await engine.commit_assistant_message("s1", assistant("a6"))
+    await engine.prepare_call("s1", history)
+    # a history that is not the previous one continued is matched whole
+    keyed.clear()
+    rebuilt = [m.model_copy() for m in history]
+    await engine.prepare_call("s1", rebuilt)
+    assert len(keyed) == len(rebuilt) - 1
+    doc = await engine.get_session("s1")
+    assert [m.content for m in doc.session.messages] == [
+        "Be brief.",
+        "q0",
+        *[text for i in range(1, 6) for text in (f"a{i}", f"q{i}")],
+        "a6",
+        "q5",
+    ]
+
+
+async def test_a_session_stores_its_config_snapshot_once_and_turns_name_it() -> None:
+    """Turn records name their config by a digest; the snapshot itself is stored with the
+    session's first turn under that config, and replay finds it from any later turn."""
+    from ce.core.stores import turn_config
+
+    store = MemoryStore()
+    engine = make_engine(store)
+    other = RuntimeConfig(model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=6000))
+    results = []
+    for i, cfg in enumerate([None, None, other, None, other]):
+        results.append(await engine.prepare_turn("s1", f"question {i}", runtime_config=cfg))
+        await engine.commit_assistant_message("s1", assistant(f"answer {i}"))
+    turns = await store.list_turns("s1")
+    assert [bool(t.config) for t in turns] == [True, False, True, False, False]
+    assert turns[0].config_id == turns[1].config_id == turns[3].config_id != turns[2].config_id
+    assert turns[2].config_id == turns[4].config_id
+    assert await turn_config(store, "s1", turns[4]) == turns[2].config
+    assert RuntimeConfig.model_validate(await turn_config(store, "s1", turns[3])) == engine.config
+    replayed = await engine.replay_turn("s1", turns[4].turn_id)
+    assert replayed.assembled_input == results[4].assembled_input
+    assert replayed.report.token_budget == results[4].report.token_budget
+
+
 async def test_repeated_identical_user_text_is_new_each_time_it_is_added() -> None:
     engine = make_engine()
     history = [Message(role=Role.USER, content="yes")]

@@ -5,6 +5,7 @@ thread that serves the engine's blocking calls raises a clear error instead of h
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -191,3 +192,62 @@ def test_blocking_calls_from_many_threads_at_once(tmp_path: Any) -> None:
         if m.role is Role.USER
     ]
     assert sorted(texts) == sorted(f"w{n} t{t}" for n in range(8) for t in range(10))
+
+
+async def test_async_calls_take_turns_and_give_the_loop_back_between_phases(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an event loop, one engine call at a time does its CPU work (the loop's turn), and
+    it lets the loop run other work between its phases: many sessions at once never pile
+    their work into one stretch the loop cannot interrupt. A session's own work still
+    waits for the store (SQLite here) outside the turn."""
+    from ce.core.engine import _prepare, _writes
+    from ce.core.stores import SQLiteStore
+
+    engine = ContextEngine(SQLiteStore(tmp_path / "ce.db"), config=RuntimeConfig())
+    inside = 0  # calls between matching what is new and the end of their selection
+    most = 0
+    ticks: list[int] = []
+    tick = 0
+    record, select = _writes.HistoryWriter._record_pending, _prepare.select_and_assemble
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        ticks.append(tick)
+        record(self, *args, **kwargs)
+
+    async def selecting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal inside
+        try:
+            return await select(*args, **kwargs)
+        finally:
+            inside -= 1
+
+    monkeypatch.setattr(_prepare, "select_and_assemble", selecting)
+    monkeypatch.setattr(_writes.HistoryWriter, "_record_pending", recording)
+    done = False
+
+    async def ticker() -> None:
+        nonlocal tick
+        while not done:
+            tick += 1
+            await asyncio.sleep(0)
+
+    async def session(n: int) -> None:
+        history = [Message(role=Role.SYSTEM, content="Be brief.")]
+        for i in range(3):
+            history.append(Message(role=Role.USER, content=f"question {i} of {n}"))
+            await engine.prepare_call(f"s{n}", history)
+            history.append(Message(role=Role.ASSISTANT, content=f"answer {i}", invocation=INV))
+
+    runner = asyncio.ensure_future(ticker())
+    await asyncio.gather(*(session(n) for n in range(8)))
+    done = True
+    await runner
+    assert most == 1  # never two calls in their CPU work at once
+    assert len(ticks) == 24
+    # the loop's other work ran between consecutive calls' phases: the ticker advanced
+    assert all(later > earlier for earlier, later in itertools.pairwise(ticks))
+    await engine.close()

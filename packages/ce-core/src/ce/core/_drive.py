@@ -7,6 +7,15 @@ coroutine runs to completion on the calling thread in one go: store calls run in
 session lock is waited for by blocking, and the few awaits that really need an event loop (the
 summarizer's model call, an async event handler) run on a short-lived loop of their own. No
 private loop thread, no hand-off per call.
+
+On an event loop the engine's calls take turns: one call at a time does its work (the CPU part
+of it: matching what is new, selecting, assembling) while holding its loop's *turn*
+(:func:`engine_turn`), and it gives the loop back between phases (:func:`checkpoint`). A call
+waiting for the turn is not runnable, so the loop's other work (a heartbeat, the app's own
+tasks, a model's streamed chunks) waits for at most one phase of one call, not for one phase
+of every session in flight. A call gives the turn up while it waits for anything else (a
+worker thread, another session's lock, a model call of the engine's own), so holding it never
+blocks another call for longer than its own CPU work.
 """
 
 from __future__ import annotations
@@ -14,10 +23,21 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-__all__ = ["blocked_threads", "drive", "inline", "run_blocking", "settle"]
+__all__ = [
+    "blocked_threads",
+    "checkpoint",
+    "drive",
+    "engine_turn",
+    "inline",
+    "run_blocking",
+    "settle",
+    "turn_released",
+]
 
 _T = TypeVar("_T")
 
@@ -27,6 +47,76 @@ _inline: contextvars.ContextVar[bool] = contextvars.ContextVar("ce_drive_inline"
 _waiting_threads: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar(
     "ce_drive_waiting_threads", default=frozenset()
 )
+
+
+# Each event loop's turn (see the module docstring), and the holding of the current flow.
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+_turns_guard = threading.Lock()
+
+
+class _Holding:
+    """A flow's hold on its loop's turn; ``held`` is False while it gave the turn up."""
+
+    __slots__ = ("held", "turn")
+
+    def __init__(self, turn: asyncio.Lock) -> None:
+        self.turn = turn
+        self.held = False
+
+
+_holding: contextvars.ContextVar[_Holding | None] = contextvars.ContextVar(
+    "ce_drive_turn", default=None
+)
+
+
+@asynccontextmanager
+async def engine_turn() -> AsyncIterator[None]:
+    """Hold the running loop's turn for the body (see the module docstring); a flow that
+    holds it already, and a call driven inline, go straight in."""
+    if _inline.get() or _holding.get() is not None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    with _turns_guard:
+        turn = _turns.get(loop)
+        if turn is None:
+            turn = _turns[loop] = asyncio.Lock()
+    holding = _Holding(turn)
+    await turn.acquire()
+    holding.held = True
+    token = _holding.set(holding)
+    try:
+        yield
+    finally:
+        _holding.reset(token)
+        if holding.held:
+            holding.held = False
+            turn.release()
+
+
+@asynccontextmanager
+async def turn_released() -> AsyncIterator[None]:
+    """Give the loop's turn up for the body (a wait for something else), if this flow holds
+    it; take it again after (a flow cancelled while taking it again holds it no more)."""
+    holding = _holding.get()
+    if holding is None or not holding.held:
+        yield
+        return
+    holding.held = False
+    holding.turn.release()
+    try:
+        yield
+    finally:
+        await holding.turn.acquire()
+        holding.held = True
+
+
+async def checkpoint() -> None:
+    """Let the loop run what else is ready (on a loop; nothing when driven inline)."""
+    if not _inline.get():
+        await asyncio.sleep(0)
 
 
 def blocked_threads(current: int | None = None) -> frozenset[int]:
@@ -46,7 +136,8 @@ async def run_blocking(fn: Callable[[], _T]) -> _T:
     driven inline, else in a worker thread so the caller's event loop goes on."""
     if _inline.get():
         return fn()
-    return await asyncio.to_thread(fn)
+    async with turn_released():
+        return await asyncio.to_thread(fn)
 
 
 async def _awaited(awaitable: Awaitable[_T]) -> _T:
@@ -81,7 +172,8 @@ async def settle(awaitable: Awaitable[_T]) -> _T:
     driven inline."""
     if _inline.get():
         return _on_own_loop(awaitable)
-    return await awaitable
+    async with turn_released():
+        return await awaitable
 
 
 def drive(coro: Coroutine[Any, Any, _T]) -> _T:

@@ -13,9 +13,9 @@ from rich.text import Text
 from ce.core.cli._common import CliError, turn_or_fail
 from ce.core.cli._inspect import action_totals
 from ce.core.config import RuntimeConfig
-from ce.core.errors import BudgetExceededError
+from ce.core.errors import BudgetExceededError, StoreError
 from ce.core.schema import MessagePart, PrepareResult
-from ce.core.stores import Store
+from ce.core.stores import Store, turn_config
 
 __all__ = ["render_parts", "replay", "replay_configs", "show_replay"]
 
@@ -120,7 +120,11 @@ async def replay(
     show the difference."""
     record = await turn_or_fail(store, session_id, turn_id)
     turn_id = record.turn_id  # it may have been named by index or prefix
-    before_config, after_config = replay_configs(record.config, budget, model_hint, reserve)
+    try:
+        stored = await turn_config(store, session_id, record)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+    before_config, after_config = replay_configs(stored, budget, model_hint, reserve)
     try:
         # The engine lands after this module: until then mypy sees no ContextEngine.
         from ce.core.engine import (

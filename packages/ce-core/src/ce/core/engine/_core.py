@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from ce.core._drive import inline, settle
+from ce.core._drive import engine_turn, inline, settle, turn_released
 from ce.core.config import RuntimeConfig
 from ce.core.engine._deferred import DeferredWrites, draining, note_pending
 from ce.core.engine._session import SessionEntry, SessionLocks
@@ -152,7 +152,8 @@ class EngineCore(HistoryWriter):
         while True:
             entry = await self._entry(session_id)
             try:
-                return await op(entry)
+                async with engine_turn():  # the loop's turn for the CPU part (see _drive)
+                    return await op(entry)
             except VersionConflictError as exc:
                 # the cached state holds the refused writes: read the session afresh
                 self._entries.pop(session_id, None)
@@ -185,9 +186,10 @@ class EngineCore(HistoryWriter):
         if turn is not None:
             changes.turns.append(turn)
         try:
-            result = await self.store.commit(
-                entry.session_id, changes, expected_version=entry.version
-            )
+            async with turn_released():  # a store may wait on I/O: not in the loop's turn
+                result = await self.store.commit(
+                    entry.session_id, changes, expected_version=entry.version
+                )
         except BaseException:
             if carried:  # not stored: the session's next commit takes them (or a flush)
                 self._carried.setdefault(entry.session_id, [])[:0] = carried
@@ -227,8 +229,10 @@ class EngineCore(HistoryWriter):
         return entry.version
 
     async def _drain(self, session_id: str) -> None:
-        """Run the session's deferred records and commit its carried turn records."""
+        """Run the session's deferred records (and wait for those another flow is running)
+        and commit its carried turn records: a read after it sees every write made so far."""
         await self._deferred.run(session_id)
+        await self._locks.settle(session_id)
         if session_id in self._carried and not draining():
 
             async def op(entry: SessionEntry, call: WriteLog) -> PutResult:

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
+from ce.core._drive import checkpoint
 from ce.core.config import RedactionConfig, RuntimeConfig
 from ce.core.engine._deferred import DeferredWrites, flush_at_exit, note_pending
 from ce.core.engine._prepare import Preparer
@@ -54,7 +55,7 @@ from ce.core.schema import (
     TurnRecord,
 )
 from ce.core.state import AgentState, ModelOutput
-from ce.core.stores import Store, default_store_url, open_store
+from ce.core.stores import Store, default_store_url, open_store, turn_config
 from ce.core.tokens import TiktokenEstimator, TokenEstimator
 
 __all__ = ["ContextEngine", "current_session_id"]
@@ -127,6 +128,7 @@ class ContextEngine(Preparer):
         self._locks = SessionLocks()
         self._deferred = DeferredWrites()
         self._carried: dict[str, list[TurnRecord]] = {}
+        self._snapshots: dict[int, tuple[RuntimeConfig, str, dict[str, Any]]] = {}
         from ce.core.engine._sync import SyncEngine
 
         self.sync = SyncEngine(self)
@@ -297,6 +299,7 @@ class ContextEngine(Preparer):
 
         async def op(entry: SessionEntry, call: WriteLog) -> PrepareResult:
             self._record_pending(entry, pending_messages, cfg, call)
+            await checkpoint()
             return await self._prepare(entry, cfg, call, "call", tool_schemas)
 
         return await self._write(session_id, op)
@@ -501,7 +504,9 @@ class ContextEngine(Preparer):
         if record is None:
             raise TurnNotFoundError(session_id, turn_id)
         doc = await self.get_session(session_id)
-        cfg = runtime_config or RuntimeConfig.model_validate(record.config)
+        cfg = runtime_config or RuntimeConfig.model_validate(
+            await turn_config(self.store, session_id, record)
+        )
         session = doc.session.model_copy(
             update={
                 "messages": doc.session.messages[: record.message_count],

@@ -3,9 +3,11 @@ the turn record, and the events of a prepared call."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
-from ce.core._drive import settle
+from ce.core._drive import checkpoint, settle
 from ce.core.config import RuntimeConfig
 from ce.core.engine._core import EngineCore
 from ce.core.engine._session import SessionEntry
@@ -35,6 +37,8 @@ __all__ = ["Preparer"]
 class Preparer(EngineCore):
     """The prepare phase shared by ``prepare_turn`` and ``prepare_call``."""
 
+    _snapshots: dict[int, tuple[RuntimeConfig, str, dict[str, Any]]]
+
     async def _prepare(
         self,
         entry: SessionEntry,
@@ -59,6 +63,7 @@ class Preparer(EngineCore):
                 detail=str(exc),
             )
             raise
+        await checkpoint()
         call.errors.extend(index.drain_errors())
         call.degradations.extend(selection.degradations)
         call.degradations.extend(self._tokenizer_notes)
@@ -67,6 +72,9 @@ class Preparer(EngineCore):
         self._transition(entry.state, RunStatus.MODEL_RUNNING)
         turn = None
         if cfg.observability.include_reports_in_store:
+            config_id, snapshot = self._snapshot(cfg)
+            first = config_id not in entry.config_ids  # the snapshot goes once per session
+            entry.config_ids.add(config_id)
             turn = TurnRecord(
                 turn_id=call.turn_id,
                 kind="turn" if kind == "turn" else "call",
@@ -74,7 +82,8 @@ class Preparer(EngineCore):
                 message_count=len(entry.doc.session.messages),
                 evidence_count=len(entry.doc.evidences),
                 summary=entry.doc.session.summary,
-                config=_config_snapshot(cfg),
+                config=snapshot if first else {},
+                config_id=config_id,
                 tool_schemas=list(tool_schemas or []),
                 report=report,
             )
@@ -83,6 +92,19 @@ class Preparer(EngineCore):
         return PrepareResult(
             assembled_input=selection.assembled, report=report, session_version=version
         )
+
+    def _snapshot(self, cfg: RuntimeConfig) -> tuple[str, dict[str, Any]]:
+        """The config as stored with a turn and its id (a digest), computed once per config
+        object."""
+        held = self._snapshots.get(id(cfg))
+        if held is None or held[0] is not cfg:
+            snapshot = _config_snapshot(cfg)
+            text = json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
+            digest = hashlib.sha256(text.encode()).hexdigest()[:24]
+            if len(self._snapshots) >= 256:
+                self._snapshots.clear()
+            held = self._snapshots[id(cfg)] = (cfg, digest, snapshot)
+        return held[1], held[2]
 
     def _report(self, call: WriteLog, selection: Selection) -> Report:
         return Report(

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from itertools import islice
 from typing import Any
 
-from ce.core._drive import blocked_threads, inline
+from ce.core._drive import blocked_threads, inline, turn_released
 from ce.core.pipeline import SessionIndex
 from ce.core.schema import Evidence, Message, Role, SessionDocument
 from ce.core.state import AgentState
@@ -75,6 +75,11 @@ class SessionEntry:
         self.id_variants: set[tuple[str, tuple[Any, ...]]] = set()
         self.call_aliases: dict[str, str] = {}
         self.chunks: dict[int, str] = {}
+        # the previous call's pending messages but the last, the counts of their keys and
+        # the config they were read under: a framework passes its history again on every
+        # call, so the next call matches only what follows them (see _record_pending)
+        self.pending_memo: tuple[list[Message], dict[tuple[Any, ...], int], object] | None = None
+        self.config_ids: set[str] = set()  # config snapshots this entry stored a turn with
         doc = state.live_view()
         for message in doc.session.messages:
             self._count_key(message)
@@ -274,7 +279,8 @@ class SessionLocks:
             return
         assert waiter.future is not None
         try:
-            await waiter.future
+            async with turn_released():  # never wait for a session in the loop's turn
+                await waiter.future
         except asyncio.CancelledError:
             with self._guard:
                 granted = waiter.granted
@@ -295,6 +301,15 @@ class SessionLocks:
             waiter.granted = True
             self._holders[session_id] = waiter.holder
         waiter.wake()
+
+    async def settle(self, session_id: str) -> None:
+        """Wait until the calls that hold or wait for the session now are done; at once
+        when that wait could never end (this flow holds the session itself)."""
+        try:
+            await self._acquire(session_id)
+        except RuntimeError:
+            return
+        self._release(session_id)
 
     @asynccontextmanager
     async def hold(self, session_id: str) -> AsyncIterator[None]:

@@ -50,6 +50,26 @@ class WriteLog:
         self.errors: list[tuple[str, str]] = []
 
 
+def _unchanged_prefix(
+    entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
+) -> tuple[int, dict[tuple[Any, ...], int]]:
+    """How many leading ``pending`` messages are the very objects the session's previous call
+    passed before its last one (under the same config), with the counts of their keys: they
+    were matched then and stay matched (a session only gains messages), so only what follows
+    them is matched again. ``(0, {})`` when the history is not that one continued."""
+    memo = entry.pending_memo
+    if memo is None:
+        return 0, {}
+    before, seen, config = memo
+    count = len(before)
+    if config is not cfg or count == 0 or len(pending) <= count:
+        return 0, {}
+    for mine, theirs in zip(pending[:count], before, strict=True):
+        if mine is not theirs:
+            return 0, {}
+    return count, dict(seen)
+
+
 class HistoryWriter:
     """The engine's write side: every text goes through the configured redactor before the
     AgentState (and so the store) sees it."""
@@ -308,15 +328,21 @@ class HistoryWriter:
         current one, even if the session held it before, so agents that take turns in one
         session, each with its own system prompt, each get their own."""
         known_ids = entry.message_ids
-        seen: dict[tuple[Any, ...], int] = {}
-        instruction = next((m for m in reversed(pending) if m.role is Role.SYSTEM), None)
+        last = len(pending) - 1
+        start, seen = _unchanged_prefix(entry, pending, cfg)
+        system = next((i for i in range(last, -1, -1) if pending[i].role is Role.SYSTEM), None)
+        if system is not None and system < start:
+            self._write_instruction(entry, pending[system], cfg, call)
         # The message the model is asked to answer now: when the session's history does not
         # already end with it, it is new even if the same text was asked before (a framework
         # that passes only the new question, e.g. a fresh memory on a named session).
         asked = pending[-1] if pending and pending[-1].role is Role.USER else None
-        for message in pending:
+        for position in range(start, len(pending)):
+            message = pending[position]
+            if position == last:
+                entry.pending_memo = (list(pending[:last]), dict(seen), cfg)
             if message.role is Role.SYSTEM:
-                if message is instruction:
+                if position == system:
                     self._write_instruction(entry, message, cfg, call)
                 continue
             if message.message_id and message.message_id in known_ids:

@@ -116,7 +116,12 @@ class PrepareResult(_Model):
 class TurnRecord(_Model):
     """What a store keeps about one ``prepare_turn`` / ``prepare_call`` beside the document:
     enough to replay it (the history length it saw, the summary, the config and the tool
-    schemas) and the report it produced. Never holds message content."""
+    schemas) and the report it produced. Never holds message content.
+
+    ``config_id`` names the config snapshot (a digest of it); the snapshot itself is in
+    ``config`` of the first turn record of the session that used it (an engine writes it once
+    per session and config), and empty in the others: read it with
+    :func:`ce.core.stores.turn_config`."""
 
     turn_id: str
     kind: Literal["turn", "call"]
@@ -125,5 +130,6 @@ class TurnRecord(_Model):
     evidence_count: int
     summary: Summary | None = None
     config: dict[str, Any] = Field(default_factory=dict)
+    config_id: str | None = None
     tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
     report: Report

@@ -33,6 +33,7 @@ from ce.core.stores.base import (
     Store,
     filter_blocks,
     filter_evidences,
+    turn_config,
 )
 from ce.core.stores.file import FileStore
 from ce.core.stores.memory import MemoryStore
@@ -58,6 +59,7 @@ __all__ = [
     "filter_evidences",
     "local_store_path",
     "open_store",
+    "turn_config",
 ]
 
 STORE_URL_ENV = "CE_STORE_URL"

@@ -46,7 +46,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from ce.core.errors import SchemaValidationError, VersionConflictError
+from ce.core.errors import SchemaValidationError, StoreError, VersionConflictError
 from ce.core.primitives import Clock, IdGenerator, SystemClock, UuidV4Generator, parse_iso
 from ce.core.schema import (
     SCHEMA_VERSION,
@@ -81,6 +81,7 @@ __all__ = [
     "filter_blocks",
     "filter_evidences",
     "new_epoch",
+    "turn_config",
     "whole_update",
 ]
 
@@ -694,3 +695,17 @@ def filter_blocks(blocks: list[ContextBlock], flt: BlockFilter | None) -> list[C
         if flt.limit is not None and len(out) >= flt.limit:
             break
     return out
+
+
+async def turn_config(store: Store, session_id: str, record: TurnRecord) -> dict[str, Any]:
+    """The config snapshot ``record`` was prepared under: its own ``config``, or that of the
+    session's turn record holding the snapshot its ``config_id`` names. Raises
+    :class:`~ce.core.errors.StoreError` when no stored turn holds it."""
+    if record.config or record.config_id is None:
+        return record.config
+    for turn in await store.list_turns(session_id):
+        if turn.config_id == record.config_id and turn.config:
+            return turn.config
+    raise StoreError(
+        f"session {session_id!r}: no turn record holds config snapshot {record.config_id!r}"
+    )
