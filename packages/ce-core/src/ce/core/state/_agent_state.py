@@ -37,7 +37,7 @@ from ce.core.schema import (
     load_document,
 )
 from ce.core.state._changes import ChangeBuffer
-from ce.core.state._checks import latest_system_instruction, normalize_content, validate_meta
+from ce.core.state._checks import normalize_content, validate_meta
 from ce.core.state._record_writers import RecordWriters
 from ce.core.state._records import ModelOutput, ToolResult
 from ce.core.state._runs import check_transition
@@ -134,12 +134,15 @@ class AgentState(RecordWriters):
         self._answered = set()
         self._used_ids = {u.model_usage_id for u in doc.session.model_usage}
         self._recorded_calls = {c.tool_call_id: c for c in doc.session.tool_state.tool_calls}
+        self._instruction: Message | None = None  # the newest system message
         for message in doc.session.messages:
             self._index(message)
 
     def _index(self, message: Message) -> None:
         if message.message_id:
             self._used_ids.add(message.message_id)
+        if message.role is Role.SYSTEM:
+            self._instruction = message
         for call in message.tool_calls or ():
             self._declared.setdefault(call.tool_call_id, call)
         if message.role is Role.TOOL and message.tool_call_id in self._declared:
@@ -194,7 +197,7 @@ class AgentState(RecordWriters):
     @property
     def system_instruction(self) -> str | None:
         """The latest system instruction, or None when none was set."""
-        message = latest_system_instruction(self._doc.session.messages)
+        message = self._instruction
         return message.content if message else None
 
     @property
@@ -400,7 +403,7 @@ class AgentState(RecordWriters):
         """
         if not text.strip():
             raise InvariantViolationError("a system instruction must not be blank")
-        current = latest_system_instruction(self._doc.session.messages)
+        current = self._instruction
         if current is not None and current.content == text:
             return current.model_copy(deep=True)
         message = Message(role=Role.SYSTEM, content=text, message_id=self._fresh_id())

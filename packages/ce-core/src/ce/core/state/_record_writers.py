@@ -53,9 +53,10 @@ class RecordWriters:
         """Append one model call's usage; a ``model_usage_id`` already recorded is skipped."""
         if not usage.model_usage_id:
             raise InvariantViolationError("a model usage needs a non-empty model_usage_id")
-        for stored in reversed(self._doc.session.model_usage):
-            if stored.model_usage_id == usage.model_usage_id:
-                return stored.model_copy(deep=True)
+        if usage.model_usage_id in self._used_ids:  # a retried record (rare): find it
+            for stored in reversed(self._doc.session.model_usage):
+                if stored.model_usage_id == usage.model_usage_id:
+                    return stored.model_copy(deep=True)
         copied = usage.model_copy(deep=True)
         self._doc.session.model_usage.append(copied)
         self._used_ids.add(copied.model_usage_id)
