@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,22 +53,22 @@ class WriteLog:
 
 def _unchanged_prefix(
     entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
-) -> tuple[int, dict[tuple[Any, ...], int]]:
+) -> tuple[int, dict[tuple[Any, ...], int], int | None]:
     """How many leading ``pending`` messages are the very objects the session's previous call
-    passed before its last one (under the same config), with the counts of their keys: they
-    were matched then and stay matched (a session only gains messages), so only what follows
-    them is matched again. ``(0, {})`` when the history is not that one continued."""
+    passed before its last one (under the same config), with the counts of their keys and
+    the position of their last system message: they were matched then and stay matched (a
+    session only gains messages), so only what follows them is matched again. ``(0, {},
+    None)`` when the history is not that one continued."""
     memo = entry.pending_memo
     if memo is None:
-        return 0, {}
-    before, seen, config = memo
+        return 0, {}, None
+    before, seen, system, config = memo
     count = len(before)
     if config is not cfg or count == 0 or len(pending) <= count:
-        return 0, {}
-    for mine, theirs in zip(pending[:count], before, strict=True):
-        if mine is not theirs:
-            return 0, {}
-    return count, dict(seen)
+        return 0, {}, None
+    if not all(map(operator.is_, pending[:count], before)):
+        return 0, {}, None
+    return count, dict(seen), system
 
 
 class HistoryWriter:
@@ -329,8 +330,11 @@ class HistoryWriter:
         session, each with its own system prompt, each get their own."""
         known_ids = entry.message_ids
         last = len(pending) - 1
-        start, seen = _unchanged_prefix(entry, pending, cfg)
-        system = next((i for i in range(last, -1, -1) if pending[i].role is Role.SYSTEM), None)
+        start, seen, system = _unchanged_prefix(entry, pending, cfg)
+        prefix_system = system
+        system = next(
+            (i for i in range(last, start - 1, -1) if pending[i].role is Role.SYSTEM), system
+        )
         if system is not None and system < start:
             self._write_instruction(entry, pending[system], cfg, call)
         # The message the model is asked to answer now: when the session's history does not
@@ -340,7 +344,9 @@ class HistoryWriter:
         for position in range(start, len(pending)):
             message = pending[position]
             if position == last:
-                entry.pending_memo = (list(pending[:last]), dict(seen), cfg)
+                entry.pending_memo = (list(pending[:last]), dict(seen), prefix_system, cfg)
+            if message.role is Role.SYSTEM and position < last:
+                prefix_system = position
             if message.role is Role.SYSTEM:
                 if position == system:
                     self._write_instruction(entry, message, cfg, call)

@@ -19,9 +19,10 @@ Rules, in order:
    older one is dropped with it, in ONE decision whose ``block_count`` says how many blocks it
    covers (likewise messages covered by the rolling summary, and the older evidence of a tier
    once the budget, or the evidence share of it, is exhausted or 8 blocks in a row did not
-   fit). So a turn costs work
-   proportional to what is kept, not to the history, and the report still accounts for every
-   candidate.
+   fit). The kept window is reported the same way: neighbouring messages kept (or degraded)
+   for the same reason at the same level share one range decision, and the conversation's
+   decisions come oldest first. So a turn costs work proportional to what is kept, not to the
+   history, its report is a few decisions, and it still accounts for every candidate.
 
 Everything is deterministic: same candidates, budget and rules give the same result.
 """
@@ -108,7 +109,7 @@ class PruneResult:
 
 def _decision(
     block_id: str,
-    action: Literal["kept", "dropped", "degraded"],
+    action: _Action,
     reason: str,
     tokens: int,
     *,
@@ -126,6 +127,51 @@ def _decision(
     )
 
 
+_Action = Literal["kept", "dropped", "degraded"]
+
+
+def _walk_ranges(
+    walk: dict[int, tuple[_Action, str, int, LevelOfDetail | None]], index: SessionIndex
+) -> list[tuple[int, PruneDecision]]:
+    """The history walk's outcomes as decisions: neighbouring groups with the same action,
+    reason and level share one range decision (``first..last``, ``block_count``), so the
+    report of a long kept window is a few decisions, not one per message."""
+    out: list[tuple[int, PruneDecision]] = []
+    run_start: int | None = None
+    previous: int | None = None
+    tokens = 0
+
+    def close(end: int) -> None:
+        assert run_start is not None
+        action, reason, _, level = walk[run_start]
+        first, last = index.groups[run_start].block_id, index.groups[end].block_id
+        block_id = first if end == run_start else f"{first}..{last}"
+        count = end - run_start + 1
+        out.append(
+            (run_start, _decision(block_id, action, reason, tokens, count=count, level=level))
+        )
+
+    for position in sorted(walk):
+        outcome = walk[position]
+        if (
+            run_start is not None
+            and previous is not None
+            and position == previous + 1
+            and outcome[0] == walk[run_start][0]
+            and outcome[1] == walk[run_start][1]
+            and outcome[3] == walk[run_start][3]
+        ):
+            tokens += outcome[2]
+        else:
+            if run_start is not None and previous is not None:
+                close(previous)
+            run_start, tokens = position, outcome[2]
+        previous = position
+    if run_start is not None and previous is not None:
+        close(previous)
+    return out
+
+
 class _Run:
     """The state of one pruning pass."""
 
@@ -136,6 +182,24 @@ class _Run:
         self.remaining = budget.max_tokens - request.fixed_tokens
         self.evidence_room = 0
         self.budget = budget
+        # the history walk's outcome per group index (decided in one pass, reported as ranges)
+        self.at: int | None = None
+        self.walk: dict[int, tuple[_Action, str, int, LevelOfDetail | None]] = {}
+
+    def decide(
+        self,
+        candidate: Candidate,
+        action: _Action,
+        reason: str,
+        tokens: int,
+        level: LevelOfDetail | None = None,
+    ) -> None:
+        if self.at is not None:
+            self.walk[self.at] = (action, reason, tokens, level)
+        else:
+            self.result.decisions.append(
+                _decision(candidate.block_id, action, reason, tokens, level=level)
+            )
 
     def expired(self, candidate: Candidate, priority: Priority) -> int | None:
         ttl = (self.rules.ttl_seconds or {}).get(priority)
@@ -148,24 +212,18 @@ class _Run:
         if candidate.kind == "conversation" and not rendering.parts:
             # an assistant message of nothing but tool calls that have no result: nothing of
             # it reaches the model, and the report says so
-            self.result.decisions.append(
-                _decision(
-                    candidate.block_id,
-                    "dropped",
-                    "unanswered tool call: no result message or result evidence",
-                    0,
-                )
+            self.decide(
+                candidate,
+                "dropped",
+                "unanswered tool call: no result message or result evidence",
+                0,
             )
             return
         cost = rendering.tokens + extra
         self.remaining -= cost
         self.result.kept.append((candidate, rendering))
-        action: Literal["kept", "degraded"] = (
-            "kept" if rendering.level is LevelOfDetail.LIVE else "degraded"
-        )
-        self.result.decisions.append(
-            _decision(candidate.block_id, action, reason, cost, level=rendering.level)
-        )
+        action: _Action = "kept" if rendering.level is LevelOfDetail.LIVE else "degraded"
+        self.decide(candidate, action, reason, cost, rendering.level)
 
     def try_fit(
         self, candidate: Candidate, priority: Priority, extra: int = 0, room: int | None = None
@@ -176,13 +234,11 @@ class _Run:
         ttl = self.expired(candidate, priority)
         live = candidate.live
         if ttl is not None:
-            self.result.decisions.append(
-                _decision(
-                    candidate.block_id,
-                    "dropped",
-                    f"expired: older than the {ttl} s TTL of priority {priority.value}",
-                    live.tokens,
-                )
+            self.decide(
+                candidate,
+                "dropped",
+                f"expired: older than the {ttl} s TTL of priority {priority.value}",
+                live.tokens,
             )
             return False
         if live.tokens + extra <= left:
@@ -198,13 +254,11 @@ class _Run:
                     extra,
                 )
                 return True
-        self.result.decisions.append(
-            _decision(
-                candidate.block_id,
-                "dropped",
-                f"does not fit at any level (priority {priority.value}): {left} tokens left",
-                live.tokens,
-            )
+        self.decide(
+            candidate,
+            "dropped",
+            f"does not fit at any level (priority {priority.value}): {left} tokens left",
+            live.tokens,
         )
         return False
 
@@ -241,48 +295,62 @@ class GreedyPriorityPruner:
                 rank = request.tail_start - 1 - cursor
                 if run.conversation_tier(rank) is not tier:
                     break
+                run.at = cursor
                 if not run.try_fit(index.groups[cursor], tier):
                     conversation_open = False
+                run.at = None
                 cursor -= 1
             self._evidence(run, tier)
-        cursor = self._start_at_a_turn(run, cursor)
+        history: list[tuple[int, PruneDecision]] = []  # (first group, decision)
+        cursor = self._start_at_a_turn(run, cursor, history)
         if cursor >= request.hidden:
             first, last = index.groups[request.hidden], index.groups[cursor]
-            run.result.decisions.append(
-                _decision(
-                    f"{first.block_id}..{last.block_id}"
-                    if cursor > request.hidden
-                    else first.block_id,
-                    "dropped",
-                    "older than a conversation block that was dropped: the kept history "
-                    "stays a contiguous recent window",
-                    index.group_tokens(request.hidden, cursor + 1),
-                    count=cursor + 1 - request.hidden,
+            history.append(
+                (
+                    request.hidden,
+                    _decision(
+                        f"{first.block_id}..{last.block_id}"
+                        if cursor > request.hidden
+                        else first.block_id,
+                        "dropped",
+                        "older than a conversation block that was dropped: the kept history "
+                        "stays a contiguous recent window",
+                        index.group_tokens(request.hidden, cursor + 1),
+                        count=cursor + 1 - request.hidden,
+                    ),
                 )
             )
         if request.hidden:
             first, last = index.groups[0], index.groups[request.hidden - 1]
-            run.result.decisions.append(
-                _decision(
-                    f"{first.block_id}..{last.block_id}",
-                    "dropped",
-                    "covered by the rolling summary",
-                    index.group_tokens(0, request.hidden),
-                    count=request.hidden,
+            history.append(
+                (
+                    0,
+                    _decision(
+                        f"{first.block_id}..{last.block_id}",
+                        "dropped",
+                        "covered by the rolling summary",
+                        index.group_tokens(0, request.hidden),
+                        count=request.hidden,
+                    ),
                 )
             )
+        history.extend(_walk_ranges(run.walk, index))
+        history.sort(key=lambda item: item[0])
+        run.result.decisions.extend(decision for _, decision in history)
         run.result.used_tokens = budget.max_tokens - run.remaining
         return run.result
 
-    def _start_at_a_turn(self, run: _Run, cursor: int) -> int:
+    def _start_at_a_turn(
+        self, run: _Run, cursor: int, history: list[tuple[int, PruneDecision]]
+    ) -> int:
         """When the budget cut the history (``cursor``: the newest conversation block not
         decided yet), the kept window must not open with answers whose question was dropped:
-        give back the kept blocks before its first user message, in one decision. Returns
-        ``cursor``."""
+        give back the kept blocks before its first user message, in one decision (added to
+        ``history``). Returns ``cursor``."""
         request, index = run.request, run.request.index
-        kept = {c.block_id for c, _ in run.result.kept}
+        walk = run.walk
         first = cursor + 1
-        while first < request.tail_start and index.groups[first].block_id not in kept:
+        while first < request.tail_start and walk.get(first, ("dropped",))[0] == "dropped":
             first += 1  # blocks that did not fit (each has its own decision)
         if first <= request.hidden:
             return cursor  # nothing was cut (or only the summary's range precedes)
@@ -291,20 +359,21 @@ class GreedyPriorityPruner:
             stop += 1
         if stop == first:
             return cursor
+        tokens = sum(walk.pop(i)[2] for i in range(first, stop) if i in walk)
         dropped = {index.groups[i].block_id for i in range(first, stop)}
-        given_back = [d for d in run.result.decisions if d.block_id in dropped]
-        tokens = sum(d.token_estimate for d in given_back)
-        run.result.decisions = [d for d in run.result.decisions if d.block_id not in dropped]
         run.result.kept = [(c, r) for c, r in run.result.kept if c.block_id not in dropped]
         run.remaining += tokens
         first_id, last_id = index.groups[first].block_id, index.groups[stop - 1].block_id
-        run.result.decisions.append(
-            _decision(
-                f"{first_id}..{last_id}" if stop - first > 1 else first_id,
-                "dropped",
-                "turn boundary: the user message it answers was dropped",
-                tokens,
-                count=stop - first,
+        history.append(
+            (
+                first,
+                _decision(
+                    f"{first_id}..{last_id}" if stop - first > 1 else first_id,
+                    "dropped",
+                    "turn boundary: the user message it answers was dropped",
+                    tokens,
+                    count=stop - first,
+                ),
             )
         )
         return cursor
