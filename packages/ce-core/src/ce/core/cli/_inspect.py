@@ -239,6 +239,7 @@ def _decision_table(
     decisions: list[PruneDecision], label: Callable[[str], str] = lambda block_id: ""
 ) -> Table:
     table = Table(title=f"{len(decisions)} prune decision(s)", title_justify="left")
+    # a message range is two ids: the preview of what it is stays short so the block fits
     table.add_column("block", overflow="fold")
     table.add_column("action")
     table.add_column("level")
@@ -254,9 +255,18 @@ def _decision_table(
             Text(decision.reason),
             _number(decision.token_estimate),
             Text(str(decision.block_count) if decision.block_count > 1 else ""),
-            Text(label(decision.block_id)),
+            Text(_preview(label(decision.block_id))),
         )
     return table
+
+
+_PREVIEW = 48
+
+
+def _preview(text: str) -> str:
+    """A label short enough that a decision (a message range is two ids long) keeps to one
+    line of a wide terminal."""
+    return text if len(text) <= _PREVIEW else text[: _PREVIEW - 1] + "…"
 
 
 def action_totals(decisions: list[PruneDecision]) -> Text:

@@ -313,8 +313,7 @@ class GreedyPriorityPruner:
                         if cursor > request.hidden
                         else first.block_id,
                         "dropped",
-                        "older than a conversation block that was dropped: the kept history "
-                        "stays a contiguous recent window",
+                        "older than a dropped block: the kept history stays contiguous",
                         index.group_tokens(request.hidden, cursor + 1),
                         count=cursor + 1 - request.hidden,
                     ),
