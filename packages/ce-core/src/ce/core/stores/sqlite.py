@@ -23,9 +23,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Concatenate, Literal, ParamSpec, TypeVar
 
@@ -42,16 +40,13 @@ from ce.core.schema import (
     SessionDocument,
     TurnRecord,
 )
+from ce.core.stores import _sqlite_sql as sql
 from ce.core.stores._docops import user_id_of
 from ce.core.stores._rows import (
     DEFAULT_RUN,
-    DOCUMENT_TABLES,
     HEAD_COLUMNS,
     RECORD_TABLES,
     UPSERTED,
-    changes_from_rows,
-    check_schema_version,
-    document_from_rows,
     head_updates,
     record_json,
     record_rows,
@@ -71,65 +66,13 @@ from ce.core.stores.base import (
 
 __all__ = ["USER_VERSION", "SQLiteStore"]
 
-USER_VERSION = 3
+USER_VERSION = sql.USER_VERSION
 """The layout version this module writes into ``PRAGMA user_version``."""
+
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 _M = TypeVar("_M", bound=BaseModel)
-
-
-def _record_table(table: str) -> str:
-    id_column = RECORD_TABLES[table]
-    return f"""CREATE TABLE {table} (
-        session_id TEXT NOT NULL,
-        seq INTEGER NOT NULL,
-        {id_column} TEXT NOT NULL,
-        version INTEGER NOT NULL,
-        body TEXT NOT NULL,
-        PRIMARY KEY (session_id, seq),
-        UNIQUE (session_id, {id_column})
-    )"""
-
-
-def _version_index(table: str) -> str:
-    return f"CREATE INDEX {table}_by_version ON {table} (session_id, version)"
-
-
-_DDL = [
-    """CREATE TABLE sessions (
-        session_id TEXT PRIMARY KEY,
-        version INTEGER NOT NULL,
-        schema_version TEXT NOT NULL,
-        user_id TEXT,
-        summary TEXT,
-        run_state TEXT NOT NULL,
-        meta TEXT,
-        epoch TEXT NOT NULL DEFAULT ''
-    )""",
-    "CREATE INDEX sessions_by_user ON sessions (user_id)",
-    *map(_record_table, RECORD_TABLES),
-    *map(_version_index, DOCUMENT_TABLES),
-    """CREATE TABLE audit (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
-        at TEXT NOT NULL,
-        action TEXT NOT NULL,
-        session_id TEXT NOT NULL,
-        target TEXT NOT NULL
-    )""",
-    "CREATE INDEX audit_by_session ON audit (session_id)",
-]
-"""The statements that create the current layout in an empty file."""
-
-_MIGRATIONS: dict[int, list[str]] = {
-    1: [_record_table("turns")],
-    # sessions stored before epochs existed keep the empty epoch
-    2: [
-        "ALTER TABLE sessions ADD COLUMN epoch TEXT NOT NULL DEFAULT ''",
-        *map(_version_index, DOCUMENT_TABLES),
-    ],
-}
-"""Layout version -> the statements that upgrade it to the next version."""
 
 
 class SQLiteStore(BaseStore):
@@ -171,7 +114,7 @@ class SQLiteStore(BaseStore):
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open SQLite store: {exc}") from exc
         try:
-            _prepare(conn, synchronous, busy_timeout)
+            sql.prepare(conn, synchronous, busy_timeout)
         except (sqlite3.Error, StoreError) as exc:
             conn.close()
             raise StoreError(f"{self.path}: cannot open SQLite store: {exc}") from exc
@@ -207,7 +150,7 @@ class SQLiteStore(BaseStore):
             try:
                 return fn(conn, *args, **kwargs)
             except sqlite3.OperationalError as exc:
-                if not _busy(exc):
+                if not sql.busy(exc):
                     raise StoreError(f"{self.path}: {exc}") from exc
             except (sqlite3.Error, StoreError) as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
@@ -256,10 +199,10 @@ class SQLiteStore(BaseStore):
     # -- reads ------------------------------------------------------------------------------
 
     async def get_session(self, session_id: str) -> SessionDocument | None:
-        return await self._run(_load, session_id)
+        return await self._run(sql.load, session_id)
 
     async def get_version(self, session_id: str) -> int:
-        return await self._run_quick(_version, session_id)
+        return await self._run_quick(sql.version, session_id)
 
     async def read_since(
         self, session_id: str, version: int = 0, epoch: str = ""
@@ -267,35 +210,35 @@ class SQLiteStore(BaseStore):
         """What changed after ``version`` of ``epoch``: only the rows written since, found
         through the version indexes, in one read snapshot."""
         if version:  # a catch-up reads what is new: short
-            return await self._run_quick(_read_since, session_id, version, epoch)
-        return await self._run(_read_since, session_id, version, epoch)
+            return await self._run_quick(sql.read_since, session_id, version, epoch)
+        return await self._run(sql.read_since, session_id, version, epoch)
 
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
-        return await self._run(_evidence, session_id, evidence_id)
+        return await self._run(sql.evidence, session_id, evidence_id)
 
     async def list_evidences(
         self, session_id: str, filter: EvidenceFilter | None = None
     ) -> list[Evidence]:
-        evidences = await self._run(_records, "evidences", Evidence, session_id)
+        evidences = await self._run(sql.records, "evidences", Evidence, session_id)
         return filter_evidences(evidences, filter)
 
     async def list_context_blocks(
         self, session_id: str, filter: BlockFilter | None = None
     ) -> list[ContextBlock]:
-        blocks = await self._run(_records, "context_blocks", ContextBlock, session_id)
+        blocks = await self._run(sql.records, "context_blocks", ContextBlock, session_id)
         return filter_blocks(blocks, filter)
 
     async def _list_turns(self, session_id: str, limit: int | None) -> list[TurnRecord]:
-        return await self._run(_turns, session_id, limit)
+        return await self._run(sql.turns, session_id, limit)
 
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord | None:
-        return await self._run(_turn, session_id, turn_id)
+        return await self._run(sql.turn, session_id, turn_id)
 
     async def list_sessions(self, user_id: str | None = None) -> list[str]:
-        return await self._run(_session_ids, user_id)
+        return await self._run(sql.session_ids, user_id)
 
     async def audit_log(self, session_id: str | None = None) -> list[AuditRecord]:
-        return await self._run(_audit, session_id)
+        return await self._run(sql.audit, session_id)
 
     async def close(self) -> None:
         def close() -> None:
@@ -305,77 +248,6 @@ class SQLiteStore(BaseStore):
                     self._conn = None
 
         await run_blocking(close)
-
-
-def _busy(exc: sqlite3.OperationalError) -> bool:
-    """Whether ``exc`` says the database was locked by another connection."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
-    return "locked" in str(exc) or "busy" in str(exc)
-
-
-def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
-    """Switch to WAL, retrying while another process holds the lock.
-
-    SQLite does not call the busy handler for a journal-mode change, so several workers
-    opening a new database at once get "database is locked" at once; retry with a bounded
-    backoff for up to ``busy_timeout`` seconds instead.
-    """
-    deadline = time.monotonic() + busy_timeout
-    delay = 0.002
-    while True:
-        try:
-            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            return str(mode)
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
-
-
-@contextmanager
-def _transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
-    """Run the body in one transaction: committed when the body ends normally, rolled back
-    when it raises. A body that ends the transaction itself (``ROLLBACK`` when it wrote
-    nothing) is left as it is."""
-    conn.execute(begin)
-    try:
-        yield
-        if conn.in_transaction:
-            conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-def _prepare(conn: sqlite3.Connection, synchronous: str, busy_timeout: float) -> None:
-    """Set the connection's pragmas and create, upgrade or check the layout."""
-    mode = _enable_wal(conn, busy_timeout)
-    if mode.lower() != "wal":
-        raise StoreError(f"cannot enable WAL (journal_mode is {mode})")
-    conn.execute(f"PRAGMA synchronous = {synchronous}")
-    conn.execute("PRAGMA secure_delete = ON")
-    with _transaction(conn):
-        (user_version,) = conn.execute("PRAGMA user_version").fetchone()
-        if user_version > USER_VERSION:
-            raise StoreError(
-                f"layout version {user_version} is newer than this ce-core's {USER_VERSION}"
-            )
-        if user_version == 0:
-            statements = _DDL
-        else:
-            statements = [
-                statement
-                for version in range(user_version, USER_VERSION)
-                for statement in _MIGRATIONS[version]
-            ]
-        for statement in statements:
-            conn.execute(statement)
-        if user_version != USER_VERSION:
-            conn.execute(f"PRAGMA user_version = {USER_VERSION}")
 
 
 def _write_records(
@@ -419,7 +291,7 @@ def _commit(
     expected_version: int | None,
 ) -> tuple[int, str | None]:
     """Apply ``changes``; the version and epoch after the commit."""
-    with _transaction(conn):
+    with sql.transaction(conn):
         row = conn.execute(
             "SELECT version, summary, run_state, meta, epoch FROM sessions WHERE session_id = ?",
             (session_id,),
@@ -482,8 +354,8 @@ def _put(
     """Replace the stored session with ``doc``; the version and the new epoch."""
     session = doc.session
     epoch = new_epoch()
-    with _transaction(conn):
-        current = _version(conn, session_id)
+    with sql.transaction(conn):
+        current = sql.version(conn, session_id)
         BaseStore._check_version(session_id, expected_version, current)
         version = current + 1
         _delete_rows(conn, session_id)
@@ -531,8 +403,8 @@ def _scrub(conn: sqlite3.Connection) -> None:
 
 
 def _delete_session(conn: sqlite3.Connection, record: AuditRecord) -> bool:
-    with _transaction(conn):
-        if not _version(conn, record.session_id):
+    with sql.transaction(conn):
+        if not sql.version(conn, record.session_id):
             conn.execute("ROLLBACK")
             return False
         _delete_rows(conn, record.session_id)
@@ -542,7 +414,7 @@ def _delete_session(conn: sqlite3.Connection, record: AuditRecord) -> bool:
 
 
 def _delete_evidence(conn: sqlite3.Connection, record: AuditRecord) -> bool:
-    with _transaction(conn):
+    with sql.transaction(conn):
         deleted = conn.execute(
             "DELETE FROM evidences WHERE session_id = ? AND evidence_id = ?",
             (record.session_id, record.target),
@@ -557,112 +429,3 @@ def _delete_evidence(conn: sqlite3.Connection, record: AuditRecord) -> bool:
         _insert_audit(conn, record)
     _scrub(conn)
     return True
-
-
-def _rows(
-    conn: sqlite3.Connection, session_id: str, since: int = 0
-) -> dict[str, list[tuple[str, str]]]:
-    """The ``(record_id, body)`` rows of the document tables written after ``since``."""
-    return {
-        table: conn.execute(
-            f"SELECT {RECORD_TABLES[table]}, body FROM {table}"
-            " WHERE session_id = ? AND version > ? ORDER BY seq",
-            (session_id, since),
-        ).fetchall()
-        for table in DOCUMENT_TABLES
-    }
-
-
-def _load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
-    with _transaction(conn, "BEGIN"):  # one read snapshot across the tables
-        head = conn.execute(
-            "SELECT schema_version, summary, run_state, meta FROM sessions WHERE session_id = ?",
-            (session_id,),
-        ).fetchone()
-        if head is None:
-            return None
-        rows = _rows(conn, session_id)
-    return document_from_rows(session_id, head, rows)
-
-
-def _read_since(
-    conn: sqlite3.Connection, session_id: str, version: int, epoch: str
-) -> SessionUpdate | None:
-    with _transaction(conn, "BEGIN"):  # one read snapshot across the tables
-        head = conn.execute(
-            "SELECT version, epoch, schema_version, summary, run_state, meta FROM sessions"
-            " WHERE session_id = ?",
-            (session_id,),
-        ).fetchone()
-        if head is None:
-            return None
-        stored, stored_epoch, schema_version, summary, run_state, meta = head
-        check_schema_version(session_id, schema_version)
-        same_history = stored_epoch == epoch and 0 < version <= stored
-        if same_history and version == stored:
-            return SessionUpdate(stored, stored_epoch, complete=False, changes=SessionChanges())
-        rows = _rows(conn, session_id, version if same_history else 0)
-    changes = changes_from_rows(session_id, (summary, run_state, meta), rows)
-    return SessionUpdate(stored, stored_epoch, complete=not same_history, changes=changes)
-
-
-def _version(conn: sqlite3.Connection, session_id: str) -> int:
-    row = conn.execute(
-        "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
-    ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def _bodies(conn: sqlite3.Connection, table: str, session_id: str) -> list[str]:
-    rows = conn.execute(
-        f"SELECT body FROM {table} WHERE session_id = ? ORDER BY seq", (session_id,)
-    ).fetchall()
-    return [body for (body,) in rows]
-
-
-def _records(conn: sqlite3.Connection, table: str, model: type[_M], session_id: str) -> list[_M]:
-    return [model.model_validate_json(body) for body in _bodies(conn, table, session_id)]
-
-
-def _turns(conn: sqlite3.Connection, session_id: str, limit: int | None) -> list[TurnRecord]:
-    # the newest ``limit`` rows (LIMIT -1 is no limit), then back in stored order
-    rows = conn.execute(
-        "SELECT body FROM (SELECT seq, body FROM turns WHERE session_id = ?"
-        " ORDER BY seq DESC LIMIT ?) ORDER BY seq",
-        (session_id, -1 if limit is None else limit),
-    ).fetchall()
-    return [TurnRecord.model_validate_json(body) for (body,) in rows]
-
-
-def _turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> TurnRecord | None:
-    row = conn.execute(
-        "SELECT body FROM turns WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)
-    ).fetchone()
-    return None if row is None else TurnRecord.model_validate_json(row[0])
-
-
-def _evidence(conn: sqlite3.Connection, session_id: str, evidence_id: str) -> Evidence | None:
-    row = conn.execute(
-        "SELECT body FROM evidences WHERE session_id = ? AND evidence_id = ?",
-        (session_id, evidence_id),
-    ).fetchone()
-    return None if row is None else Evidence.model_validate_json(row[0])
-
-
-def _session_ids(conn: sqlite3.Connection, user_id: str | None) -> list[str]:
-    if user_id is None:
-        rows = conn.execute("SELECT session_id FROM sessions ORDER BY session_id").fetchall()
-    else:
-        rows = conn.execute(
-            "SELECT session_id FROM sessions WHERE user_id = ? ORDER BY session_id", (user_id,)
-        ).fetchall()
-    return [session_id for (session_id,) in rows]
-
-
-def _audit(conn: sqlite3.Connection, session_id: str | None) -> list[AuditRecord]:
-    sql = "SELECT at, action, session_id, target FROM audit"
-    if session_id is None:
-        rows = conn.execute(sql + " ORDER BY seq").fetchall()
-    else:
-        rows = conn.execute(sql + " WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
-    return [AuditRecord(at=a, action=b, session_id=c, target=d) for a, b, c, d in rows]

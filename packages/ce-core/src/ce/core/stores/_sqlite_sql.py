@@ -1,0 +1,279 @@
+"""The SQLite layout of :class:`~ce.core.stores.sqlite.SQLiteStore` (its tables, their
+upgrades) and its reads; the writes are beside the store class."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from ce.core.errors import StoreError
+from ce.core.schema import Evidence, SessionDocument, TurnRecord
+from ce.core.stores._rows import (
+    DOCUMENT_TABLES,
+    RECORD_TABLES,
+    changes_from_rows,
+    check_schema_version,
+    document_from_rows,
+)
+from ce.core.stores.base import AuditRecord, SessionChanges, SessionUpdate
+
+__all__ = [
+    "USER_VERSION",
+    "audit",
+    "busy",
+    "evidence",
+    "load",
+    "prepare",
+    "read_since",
+    "records",
+    "session_ids",
+    "transaction",
+    "turn",
+    "turns",
+    "version",
+]
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+USER_VERSION = 3
+"""The layout version this module writes into ``PRAGMA user_version``."""
+
+
+def _record_table(table: str) -> str:
+    id_column = RECORD_TABLES[table]
+    return f"""CREATE TABLE {table} (
+        session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        {id_column} TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (session_id, seq),
+        UNIQUE (session_id, {id_column})
+    )"""
+
+
+def _version_index(table: str) -> str:
+    return f"CREATE INDEX {table}_by_version ON {table} (session_id, version)"
+
+
+_DDL = [
+    """CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        version INTEGER NOT NULL,
+        schema_version TEXT NOT NULL,
+        user_id TEXT,
+        summary TEXT,
+        run_state TEXT NOT NULL,
+        meta TEXT,
+        epoch TEXT NOT NULL DEFAULT ''
+    )""",
+    "CREATE INDEX sessions_by_user ON sessions (user_id)",
+    *map(_record_table, RECORD_TABLES),
+    *map(_version_index, DOCUMENT_TABLES),
+    """CREATE TABLE audit (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        at TEXT NOT NULL,
+        action TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        target TEXT NOT NULL
+    )""",
+    "CREATE INDEX audit_by_session ON audit (session_id)",
+]
+"""The statements that create the current layout in an empty file."""
+
+
+_MIGRATIONS: dict[int, list[str]] = {
+    1: [_record_table("turns")],
+    # sessions stored before epochs existed keep the empty epoch
+    2: [
+        "ALTER TABLE sessions ADD COLUMN epoch TEXT NOT NULL DEFAULT ''",
+        *map(_version_index, DOCUMENT_TABLES),
+    ],
+}
+"""Layout version -> the statements that upgrade it to the next version."""
+
+
+def busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` says the database was locked by another connection."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> str:
+    """Switch to WAL, retrying while another process holds the lock.
+
+    SQLite does not call the busy handler for a journal-mode change, so several workers
+    opening a new database at once get "database is locked" at once; retry with a bounded
+    backoff for up to ``busy_timeout`` seconds instead.
+    """
+    deadline = time.monotonic() + busy_timeout
+    delay = 0.002
+    while True:
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            return str(mode)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
+    """Run the body in one transaction: committed when the body ends normally, rolled back
+    when it raises. A body that ends the transaction itself (``ROLLBACK`` when it wrote
+    nothing) is left as it is."""
+    conn.execute(begin)
+    try:
+        yield
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def prepare(conn: sqlite3.Connection, synchronous: str, busy_timeout: float) -> None:
+    """Set the connection's pragmas and create, upgrade or check the layout."""
+    mode = _enable_wal(conn, busy_timeout)
+    if mode.lower() != "wal":
+        raise StoreError(f"cannot enable WAL (journal_mode is {mode})")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA secure_delete = ON")
+    with transaction(conn):
+        (user_version,) = conn.execute("PRAGMA user_version").fetchone()
+        if user_version > USER_VERSION:
+            raise StoreError(
+                f"layout version {user_version} is newer than this ce-core's {USER_VERSION}"
+            )
+        if user_version == 0:
+            statements = _DDL
+        else:
+            statements = [
+                statement
+                for version in range(user_version, USER_VERSION)
+                for statement in _MIGRATIONS[version]
+            ]
+        for statement in statements:
+            conn.execute(statement)
+        if user_version != USER_VERSION:
+            conn.execute(f"PRAGMA user_version = {USER_VERSION}")
+
+
+def _rows(
+    conn: sqlite3.Connection, session_id: str, since: int = 0
+) -> dict[str, list[tuple[str, str]]]:
+    """The ``(record_id, body)`` rows of the document tables written after ``since``."""
+    return {
+        table: conn.execute(
+            f"SELECT {RECORD_TABLES[table]}, body FROM {table}"
+            " WHERE session_id = ? AND version > ? ORDER BY seq",
+            (session_id, since),
+        ).fetchall()
+        for table in DOCUMENT_TABLES
+    }
+
+
+def load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
+    with transaction(conn, "BEGIN"):  # one read snapshot across the tables
+        head = conn.execute(
+            "SELECT schema_version, summary, run_state, meta FROM sessions WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        if head is None:
+            return None
+        rows = _rows(conn, session_id)
+    return document_from_rows(session_id, head, rows)
+
+
+def read_since(
+    conn: sqlite3.Connection, session_id: str, version: int, epoch: str
+) -> SessionUpdate | None:
+    with transaction(conn, "BEGIN"):  # one read snapshot across the tables
+        head = conn.execute(
+            "SELECT version, epoch, schema_version, summary, run_state, meta FROM sessions"
+            " WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        if head is None:
+            return None
+        stored, stored_epoch, schema_version, summary, run_state, meta = head
+        check_schema_version(session_id, schema_version)
+        same_history = stored_epoch == epoch and 0 < version <= stored
+        if same_history and version == stored:
+            return SessionUpdate(stored, stored_epoch, complete=False, changes=SessionChanges())
+        rows = _rows(conn, session_id, version if same_history else 0)
+    changes = changes_from_rows(session_id, (summary, run_state, meta), rows)
+    return SessionUpdate(stored, stored_epoch, complete=not same_history, changes=changes)
+
+
+def version(conn: sqlite3.Connection, session_id: str) -> int:
+    row = conn.execute(
+        "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _bodies(conn: sqlite3.Connection, table: str, session_id: str) -> list[str]:
+    rows = conn.execute(
+        f"SELECT body FROM {table} WHERE session_id = ? ORDER BY seq", (session_id,)
+    ).fetchall()
+    return [body for (body,) in rows]
+
+
+def records(conn: sqlite3.Connection, table: str, model: type[_M], session_id: str) -> list[_M]:
+    return [model.model_validate_json(body) for body in _bodies(conn, table, session_id)]
+
+
+def turns(conn: sqlite3.Connection, session_id: str, limit: int | None) -> list[TurnRecord]:
+    # the newest ``limit`` rows (LIMIT -1 is no limit), then back in stored order
+    rows = conn.execute(
+        "SELECT body FROM (SELECT seq, body FROM turns WHERE session_id = ?"
+        " ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+        (session_id, -1 if limit is None else limit),
+    ).fetchall()
+    return [TurnRecord.model_validate_json(body) for (body,) in rows]
+
+
+def turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> TurnRecord | None:
+    row = conn.execute(
+        "SELECT body FROM turns WHERE session_id = ? AND turn_id = ?", (session_id, turn_id)
+    ).fetchone()
+    return None if row is None else TurnRecord.model_validate_json(row[0])
+
+
+def evidence(conn: sqlite3.Connection, session_id: str, evidence_id: str) -> Evidence | None:
+    row = conn.execute(
+        "SELECT body FROM evidences WHERE session_id = ? AND evidence_id = ?",
+        (session_id, evidence_id),
+    ).fetchone()
+    return None if row is None else Evidence.model_validate_json(row[0])
+
+
+def session_ids(conn: sqlite3.Connection, user_id: str | None) -> list[str]:
+    if user_id is None:
+        rows = conn.execute("SELECT session_id FROM sessions ORDER BY session_id").fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT session_id FROM sessions WHERE user_id = ? ORDER BY session_id", (user_id,)
+        ).fetchall()
+    return [session_id for (session_id,) in rows]
+
+
+def audit(conn: sqlite3.Connection, session_id: str | None) -> list[AuditRecord]:
+    sql = "SELECT at, action, session_id, target FROM audit"
+    if session_id is None:
+        rows = conn.execute(sql + " ORDER BY seq").fetchall()
+    else:
+        rows = conn.execute(sql + " WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+    return [AuditRecord(at=a, action=b, session_id=c, target=d) for a, b, c, d in rows]
