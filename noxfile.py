@@ -24,6 +24,7 @@ nox.options.sessions = [
     "tests-core",
     "tests-langchain",
     "tests-llamaindex",
+    "tests-autogen",
     "tests-mixed",
 ]
 
@@ -114,6 +115,24 @@ def tests_llamaindex(session: nox.Session, llamaindex: str) -> None:
         *LLAMAINDEX_VERSIONS[llamaindex],
     )
     session.run("pytest", "tests/llamaindex", *session.posargs, env=_env())
+
+
+AUTOGEN = "packages/ce-autogen"
+AUTOGEN_VERSIONS = {
+    "lowest": ["autogen-agentchat==0.7.0", "autogen-core==0.7.0", "autogen-ext[openai]==0.7.0"],
+    "latest": ["autogen-agentchat>=0.7,<0.8", "autogen-ext[openai]>=0.7,<0.8"],
+}
+
+
+@nox.session(name="tests-autogen")
+@nox.parametrize("autogen", list(AUTOGEN_VERSIONS))
+def tests_autogen(session: nox.Session, autogen: str) -> None:
+    """ce-autogen against the real AutoGen (AssistantAgent, teams,
+    OpenAIChatCompletionClient on the scripted server), in its own virtualenv."""
+    session.install(
+        *TEST_DEPS, "-e", f"{CORE}[tiktoken]", "-e", AUTOGEN, *AUTOGEN_VERSIONS[autogen]
+    )
+    session.run("pytest", "tests/autogen", *session.posargs, env=_env())
 
 
 @nox.session(name="tests-mixed")
