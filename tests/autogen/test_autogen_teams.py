@@ -1,0 +1,237 @@
+"""Teams on the real AutoGen: a team's agents share the team run's session, each call starts
+with its own agent's system message, a peer's reply reaches an agent as a user message named
+after the peer (never as the agent's own assistant turn) and is stored once with the peer as
+author; a SelectorGroupChat's speaker-selection prompts are recorded, never rewritten; a model
+call nested in a tool call (an AgentTool) goes to a child scope."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.messages import BaseChatMessage
+from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
+from autogen_agentchat.tools import AgentTool
+from autogen_apps import client, wire
+
+import ce.autogen
+from ce.core.engine import ContextEngine
+from ce.core.formats import from_openai_messages
+from ce.core.schema import AuthorKind, ModelUsageStage, Role
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing.assertions import assert_tool_pairs_intact
+
+MARK = "NOTEBOOK-MARK-TEAM"
+SYSTEMS = {"alice": "You are Alice, the researcher.", "bob": "You are Bob, the critic."}
+TASK = "Plan a trip to Oslo."
+
+
+def weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def _speaker(body: dict[str, Any]) -> str:
+    first = body["messages"][0]["content"]
+    return next(name for name, system in SYSTEMS.items() if system in first)
+
+
+def _turn(body: dict[str, Any]) -> int:
+    """How many replies the speaking agent has given in this request (its own turns)."""
+    return sum(1 for m in body["messages"] if m["role"] == "assistant" and m.get("content"))
+
+
+def _script(body: dict[str, Any]) -> ScriptedResponse:
+    if "role play game" in body["messages"][0]["content"]:  # the selector's prompt
+        asked = body["messages"][0]["content"]
+        return ScriptedResponse(text="bob" if "alice-says" in asked else "alice")
+    speaker = _speaker(body)
+    last = body["messages"][-1]
+    if speaker == "alice" and last["role"] != "tool" and _turn(body) == 0:
+        return ScriptedResponse(tool_calls=[("call_a1", "weather", json.dumps({"city": "Oslo"}))])
+    return ScriptedResponse(text=f"{speaker}-says-{len(body['messages'])}")
+
+
+def _agents(server: ScriptedOpenAIServer) -> list[AssistantAgent]:
+    return [
+        AssistantAgent(
+            "alice",
+            model_client=client(server),
+            tools=[weather],
+            system_message=SYSTEMS["alice"],
+            reflect_on_tool_use=True,
+        ),
+        AssistantAgent("bob", model_client=client(server), system_message=SYSTEMS["bob"]),
+    ]
+
+
+async def test_round_robin_agents_share_the_session_each_with_its_own_view(
+    engine: ContextEngine,
+) -> None:
+    with ScriptedOpenAIServer(_script) as server:
+        team = RoundRobinGroupChat(_agents(server), termination_condition=MaxMessageTermination(4))
+        ce.autogen.install(engine)
+        await engine.update_notebook("s-team", MARK)
+        with engine.session("s-team"):
+            result = await team.run(task=TASK)
+        requests = server.requests
+    chat = [m for m in result.messages if isinstance(m, BaseChatMessage)]
+    replies = [m.content for m in chat if m.source in SYSTEMS]
+    assert [m.source for m in chat] == ["user", "alice", "bob", "alice"]
+    assert len(requests) == 4  # alice: tool call + reflection; bob; alice
+    for request in requests:
+        speaker = _speaker(request)
+        messages = request["messages"]
+        assert messages[0]["role"] == "system"
+        assert messages[0]["content"].startswith(SYSTEMS[speaker])
+        assert MARK in messages[0]["content"]
+        other = next(name for name in SYSTEMS if name != speaker)
+        assert SYSTEMS[other] not in wire(request)
+        assert [m["content"] for m in messages if m["role"] == "user"][0] == TASK
+        assert_tool_pairs_intact(from_openai_messages(messages))
+        for message in messages[1:]:
+            text = message.get("content") or ""
+            if message["role"] == "assistant":
+                assert text == "" or text.startswith(f"{speaker}-says"), (speaker, message)
+            if message["role"] == "user" and text.startswith(f"{other}-says"):
+                assert message.get("name") == other
+    bob = requests[2]["messages"]
+    assert [(m["role"], m.get("name")) for m in bob[1:]] == [
+        ("user", "user"),
+        ("user", "alice"),
+    ]  # alice's tool call is hers: AutoGen never shows it to bob, nor does the engine
+    alice_again = requests[3]["messages"]
+    assert ("user", "bob", replies[1]) in [
+        (m["role"], m.get("name"), m.get("content")) for m in alice_again
+    ]
+    assert ("assistant", replies[0]) in [(m["role"], m.get("content")) for m in alice_again]
+
+    doc = await engine.get_session("s-team")
+    stored = doc.session.messages
+    assert [m.content for m in stored if m.role is Role.USER] == [TASK]
+    for reply, author in zip(replies, ["alice", "bob", "alice"], strict=True):
+        (copy,) = [m for m in stored if m.content == reply]
+        assert copy.role is Role.ASSISTANT
+        assert copy.author is not None
+        assert (copy.author.kind, copy.author.id) == (AuthorKind.AGENT, author)
+    (run,) = doc.session.tool_state.tool_calls
+    assert (run.tool_call_id, run.tool, run.status.value) == ("call_a1", "weather", "success")
+    assert len(doc.session.model_usage) == len(requests)
+
+
+async def test_selector_prompts_are_recorded_and_never_rewritten(engine: ContextEngine) -> None:
+    async def run(install: bool) -> tuple[list[dict[str, Any]], Any]:
+        with ScriptedOpenAIServer(_script) as server:
+            team = SelectorGroupChat(
+                _agents(server),
+                model_client=client(server),
+                termination_condition=MaxMessageTermination(3),
+            )
+            if install:
+                ce.autogen.install(engine)
+                await engine.update_notebook("s-sel", MARK)
+            with engine.session("s-sel"):
+                result = await team.run(task=TASK)
+            return server.requests, result
+
+    plain, _ = await run(install=False)
+    requests, result = await run(install=True)
+    selections = [r for r in requests if "role play game" in r["messages"][0]["content"]]
+    own = [r for r in plain if "role play game" in r["messages"][0]["content"]]
+    # with two agents and no repeated speaker only the first turn needs the model
+    assert len(selections) == len(own) == 1
+    # the selector prompt quotes the conversation, ids and all: compare its shape, not ids
+    for sent, untouched in zip(selections, own, strict=True):
+        assert MARK not in wire(sent)
+        assert len(sent["messages"]) == len(untouched["messages"]) == 1
+        assert sent["messages"][0]["content"] == untouched["messages"][0]["content"]
+    agents = [r for r in requests if r not in selections]
+    assert agents and all(MARK in r["messages"][0]["content"] for r in agents)
+    chat = [m for m in result.messages if isinstance(m, BaseChatMessage)]
+    assert [m.source for m in chat] == ["user", "alice", "bob"]
+    doc = await engine.get_session("s-sel")
+    routes = [u for u in doc.session.model_usage if u.stage is ModelUsageStage.ROUTE]
+    assert len(routes) == len(selections)
+    assert all((u.prompt_tokens, u.completion_tokens) == (10, 5) for u in routes)
+    assert not [m for m in doc.session.messages if m.content in ("alice", "bob")]
+
+
+async def test_swarm_handoff_keeps_each_agents_own_system_message_first(
+    engine: ContextEngine,
+) -> None:
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        speaker = _speaker(body)
+        if speaker == "alice" and body["messages"][-1]["role"] != "tool":
+            return ScriptedResponse(tool_calls=[("call_h", "transfer_to_bob", "{}")])
+        return ScriptedResponse(text=f"{speaker}-done")
+
+    with ScriptedOpenAIServer(script) as server:
+        alice = AssistantAgent(
+            "alice", model_client=client(server), system_message=SYSTEMS["alice"], handoffs=["bob"]
+        )
+        bob = AssistantAgent("bob", model_client=client(server), system_message=SYSTEMS["bob"])
+        team = Swarm([alice, bob], termination_condition=MaxMessageTermination(3))
+        ce.autogen.install(engine)
+        with engine.session("s-swarm"):
+            result = await team.run(task=TASK)
+        requests = server.requests
+    assert result.messages[-1].content == "bob-done"
+    assert [_speaker(r) for r in requests] == ["alice", "bob"]
+    for request in requests:
+        assert request["messages"][0]["content"].startswith(SYSTEMS[_speaker(request)])
+        assert_tool_pairs_intact(from_openai_messages(request["messages"]))
+    doc = await engine.get_session("s-swarm")
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [TASK]
+    (handoff,) = doc.session.tool_state.tool_calls
+    assert handoff.tool_call_id == "call_h"
+
+
+async def test_a_sub_agent_in_a_tool_call_runs_in_a_child_scope(engine: ContextEngine) -> None:
+    inner_system = "You are the inner expert."
+    outer_system = "You are the outer planner."
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        first = body["messages"][0]["content"]
+        if inner_system in first:
+            return ScriptedResponse(text="inner-answer")
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="outer-answer")
+        args = json.dumps({"task": "inner question"})
+        return ScriptedResponse(tool_calls=[("call_sub", "expert", args)])
+
+    with ScriptedOpenAIServer(script) as server:
+        expert = AssistantAgent(
+            "expert",
+            model_client=client(server),
+            system_message=inner_system,
+            description="An expert.",
+        )
+        outer = AssistantAgent(
+            "planner",
+            model_client=client(server),
+            tools=[AgentTool(expert)],
+            system_message=outer_system,
+            reflect_on_tool_use=True,
+        )
+        ce.autogen.install(engine)
+        await engine.update_notebook("s-outer", MARK)
+        with engine.session("s-outer"):
+            result = await outer.run(task="outer question with a secret plan")
+        requests = server.requests
+    assert result.messages[-1].content == "outer-answer"
+    (inner,) = [r for r in requests if inner_system in r["messages"][0]["content"]]
+    assert "outer question" not in wire(inner) and MARK not in wire(inner)
+    assert outer_system not in wire(inner)
+    assert inner["messages"][-1]["content"] == "inner question"
+    last = requests[-1]["messages"]
+    assert last[0]["content"].startswith(outer_system)
+    assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"] == "call_sub"
+    outer_doc = await engine.get_session("s-outer")
+    assert "inner question" not in [m.content for m in outer_doc.session.messages]
+    child = await engine.get_session("s-outer/call_sub")
+    assert [m.content for m in child.session.messages if m.role is Role.USER] == ["inner question"]
+    assert [m.content for m in child.session.messages if m.role is Role.ASSISTANT] == [
+        "inner-answer"
+    ]
