@@ -18,10 +18,10 @@ from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.base import TaskResult
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat
+from autogen_apps import client, no_blocking, wire
 from autogen_core.memory import ListMemory, MemoryContent
 from autogen_core.model_context import UnboundedChatCompletionContext
 from autogen_core.models import AssistantMessage, UserMessage
-from autogen_apps import client, no_blocking, wire
 
 import ce.autogen
 from ce.core.config import BudgetConfig, RuntimeConfig
@@ -299,3 +299,40 @@ async def test_without_reflection_the_last_tool_results_are_recorded(
     (evidence_id,) = run.result_evidence_ids
     assert doc.evidences[evidence_id].content.startswith("Fact about cats")
     assert OUT_CANARY not in doc.evidences[evidence_id].content
+
+
+@pytest.mark.parametrize("failure", ["engine", "conversion"])
+async def test_fail_open_is_still_redacted(
+    failure: str, engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine (or the conversion of AutoGen's messages) fails: the agent's own messages
+    go through, redacted (user text, tool arguments, tool output), and the run completes."""
+    if failure == "engine":
+
+        async def broken_prepare(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("prepare_call failed on purpose")
+
+        monkeypatch.setattr(engine, "prepare_call", broken_prepare)
+    else:
+        import ce.autogen._inject as inject
+
+        def broken_convert(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("conversion failed on purpose")
+
+        monkeypatch.setattr(inject, "to_pending", broken_convert)
+    events: list[Any] = []
+    engine.events.on("Degraded", events.append)
+    with ScriptedOpenAIServer(_script) as server:
+        plugin = ce.autogen.install(engine)
+        with engine.session("s-open"):
+            answer = await _run(_agent(server), f"Cats for {CANARY}?", stream=False)
+        requests = server.requests
+    assert answer == "Here is what the knowledge base says."
+    assert len(requests) == 2
+    for request in requests:
+        assert request["messages"][0]["content"] == SYSTEM  # the agent's own, no engine context
+        for canary in (CANARY, ARG_CANARY, OUT_CANARY):
+            assert canary not in wire(request)
+    assert "[REDACTED:email]" in wire(requests[1])
+    assert plugin.failures["integration_failed"] >= 2
+    assert any("on purpose" in e.payload.get("detail", "") for e in events)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.base import TaskResult
+from autogen_apps import client
 from autogen_core.memory import ListMemory, MemoryContent
 from autogen_core.tools import FunctionTool
-from autogen_apps import client
 
 from ce.autogen import AutoGenPlugin
 from ce.autogen._patch import patched_targets

@@ -56,6 +56,11 @@ def _agent(server: ScriptedOpenAIServer, name: str = "helper", **kwargs: Any) ->
     )
 
 
+def _same(targets: list[tuple[Any, str]], before: list[Any]) -> list[bool]:
+    """Whether each patched class attribute is the very object it was."""
+    return [vars(owner)[attr] is old for (owner, attr), old in zip(targets, before, strict=True)]
+
+
 def _bodies(server: ScriptedOpenAIServer) -> list[str]:
     return [json.dumps(r, sort_keys=True) for r in server.requests]
 
@@ -75,12 +80,10 @@ async def test_uninstall_restores_the_exact_originals_and_byte_identical_request
             await _agent(server).run(task="Weather in Oslo?")
         injected = _bodies(server)
     assert all(MARK in body for body in injected)
-    assert [vars(owner)[attr] is old for (owner, attr), old in zip(targets, before)] == [
-        False
-    ] * len(targets)
+    assert not any(_same(targets, before))
     plugin.uninstall()
     assert plugin.ledger.entries == ()
-    assert all(vars(owner)[attr] is old for (owner, attr), old in zip(targets, before))
+    assert all(_same(targets, before))
     with ScriptedOpenAIServer(_script) as server:
         with engine.session("s-inst"):
             await _agent(server).run(task="Weather in Oslo?")
@@ -101,7 +104,7 @@ def test_install_refuses_ag2_by_name(
         ce.autogen.install(engine)
     assert "autogen-agentchat" in str(info.value)
     assert not AutoGenPlugin().installed
-    assert all(vars(owner)[attr] is old for (owner, attr), old in zip(targets, before))
+    assert all(_same(targets, before))
 
 
 async def test_target_instruments_that_agent_only(engine: ContextEngine) -> None:

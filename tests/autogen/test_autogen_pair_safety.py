@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from autogen_agentchat.agents import AssistantAgent
+from autogen_apps import client
 from autogen_core.model_context import TokenLimitedChatCompletionContext
 from autogen_core.models import (
     AssistantMessage,
@@ -24,7 +25,6 @@ from autogen_core.models import (
     RequestUsage,
     UserMessage,
 )
-from autogen_apps import client
 
 import ce.autogen
 from ce.core.config import BudgetConfig, RuntimeConfig
@@ -39,7 +39,9 @@ BUDGETS = range(2_000, 12_001, 500)
 
 
 def _history_module() -> Any:
-    spec = importlib.util.spec_from_file_location("ce_bench_history", ROOT / "benchmarks/history.py")
+    spec = importlib.util.spec_from_file_location(
+        "ce_bench_history", ROOT / "benchmarks/history.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -89,7 +89,7 @@ async def test_round_robin_agents_share_the_session_each_with_its_own_view(
         assert MARK in messages[0]["content"]
         other = next(name for name in SYSTEMS if name != speaker)
         assert SYSTEMS[other] not in wire(request)
-        assert [m["content"] for m in messages if m["role"] == "user"][0] == TASK
+        assert next(m["content"] for m in messages if m["role"] == "user") == TASK
         assert_tool_pairs_intact(from_openai_messages(messages))
         for message in messages[1:]:
             text = message.get("content") or ""

@@ -17,6 +17,7 @@ evidence and reach the model once, in the engine's context.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,8 +41,8 @@ __all__ = [
     "Pending",
     "from_sent",
     "redacted_natively",
-    "reply_to_message",
     "reply_text",
+    "reply_to_message",
     "to_pending",
     "tool_schemas",
 ]
@@ -111,14 +112,12 @@ def to_pending(
                 system.append((index, message.content))
         elif isinstance(message, UserMessage):
             text = _text(message.content)
-            if message.source in peers and message.source != agent:
-                if not _has_media(message.content):
-                    pending.add(
-                        {"role": "assistant", "content": text},
-                        agent_author(message.source),
-                        index,
-                    )
-                    continue
+            peer = message.source in peers and message.source != agent
+            if peer and not _has_media(message.content):
+                pending.add(
+                    {"role": "assistant", "content": text}, agent_author(message.source), index
+                )
+                continue
             author = Author(kind=AuthorKind.USER, id=message.source or "user")
             if _has_media(message.content):
                 pending.opaque.add(len(pending.dicts))
@@ -158,7 +157,7 @@ def _with_text(original: LLMMessage, text: str) -> LLMMessage:
     """A copy of ``original`` with its text replaced (a user message's images kept)."""
     if isinstance(original, UserMessage) and isinstance(original.content, list):
         media = [p for p in original.content if not isinstance(p, str)]
-        content: list[str | Image] = [text, *media] if text else media
+        content: list[str | Image] = [text, *media] if text else list(media)
         return original.model_copy(update={"content": content})
     return original.model_copy(update={"content": text})
 
@@ -272,7 +271,7 @@ def redacted_natively(redactor: Any, messages: Sequence[LLMMessage]) -> list[LLM
             content = [r.model_copy(update={"content": red(r.content)}) for r in message.content]
             out.append(message.model_copy(update={"content": content}))
         elif isinstance(message, AssistantMessage) and isinstance(message.content, list):
-            calls = [c.model_copy(update={"arguments": red(c.arguments)}) for c in message.content]
+            calls = [dataclasses.replace(c, arguments=red(c.arguments)) for c in message.content]
             thought = red(message.thought) if message.thought else message.thought
             out.append(message.model_copy(update={"content": calls, "thought": thought}))
         elif isinstance(message.content, str):
@@ -310,17 +309,13 @@ def reply_text(result: CreateResult) -> str:
     return result.thought or ""
 
 
-def reply_to_message(
-    result: CreateResult, agent: str | None, provider: str, model: str
-) -> Message:
+def reply_to_message(result: CreateResult, agent: str | None, provider: str, model: str) -> Message:
     """The model's reply as the neutral assistant :class:`Message` the engine commits,
     written by ``agent``."""
     entry: dict[str, Any] = {"role": "assistant"}
     if isinstance(result.content, list):
         entry["content"] = result.thought or None
-        entry["tool_calls"] = [
-            _call_dict(c) for c in result.content if isinstance(c, FunctionCall)
-        ]
+        entry["tool_calls"] = [_call_dict(c) for c in result.content if isinstance(c, FunctionCall)]
     else:
         entry["content"] = result.content
     author = agent_author(agent) if agent else None

@@ -184,7 +184,7 @@ class _Delegating(ChatCompletionClient):
         await self._after(result, started, None, None)
         return result
 
-    async def create_stream(  # type: ignore[override]
+    async def create_stream(
         self, messages: Sequence[LLMMessage], **kwargs: Any
     ) -> AsyncGenerator[str | CreateResult, None]:
         if is_suppressed():

@@ -72,7 +72,9 @@ class Patches:
     def install(self, ledger: PatchLedger) -> None:
         for owner, attr in patched_targets():
             raw = vars(owner)[attr]
-            make: Callable[[Any], Any] = getattr(self, f"_make{attr}" if attr[0] == "_" else f"_make_{attr}")
+            make: Callable[[Any], Any] = getattr(
+                self, f"_make{attr}" if attr[0] == "_" else f"_make_{attr}"
+            )
             if isinstance(raw, classmethod):
                 new: Any = classmethod(make(raw.__func__))
             elif isinstance(raw, staticmethod):
@@ -183,7 +185,9 @@ class Patches:
                 outcome = await original(*args, **kwargs)
             result = outcome[1] if isinstance(outcome, tuple) and len(outcome) == 2 else outcome
             run = tool_run(str(call.id), str(call.name), arguments_of(call), result, started)
-            await write(plugin, frame.session_id, "record tool run", lambda r: r.record_tool_run(run))
+            await write(
+                plugin, frame.session_id, "record tool run", lambda r: r.record_tool_run(run)
+            )
             return outcome
 
         return _execute_tool_call

@@ -64,9 +64,7 @@ class AutoGenPlugin(Plugin):
     runs: Runs | None = None
     book: Book | None = None
 
-    def install(  # type: ignore[override]
-        self, engine: ContextEngine | None = None, **kwargs: Any
-    ) -> AutoGenPlugin:
+    def install(self, engine: ContextEngine | None = None, **kwargs: Any) -> AutoGenPlugin:
         """:meth:`ce.core.integration.Plugin.install`, refused with
         :class:`~ce.core.integration.PluginVersionError` when ``import autogen`` is AG2."""
         if not self.installed and ag2_installed():

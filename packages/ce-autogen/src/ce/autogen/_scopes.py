@@ -52,7 +52,7 @@ def current_tool() -> ToolFrame | None:
     return _tool.get()
 
 
-class in_tool:  # noqa: N801 - used as a context manager, like contextlib's
+class in_tool:
     """Within this block, runs started are nested in ``frame``'s tool call."""
 
     def __init__(self, frame: ToolFrame) -> None:
