@@ -18,6 +18,7 @@ evidence and reach the model once, in the engine's context.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,9 +49,16 @@ __all__ = [
 ]
 
 
+@functools.lru_cache(maxsize=4096)
 def agent_author(name: str) -> Author:
-    """The author of what agent ``name`` wrote."""
+    """The author of what agent ``name`` wrote (one shared, read-only object per name)."""
     return Author(kind=AuthorKind.AGENT, id=name)
+
+
+@functools.lru_cache(maxsize=4096)
+def user_author(name: str) -> Author:
+    """The author of what the user (or a user proxy) named ``name`` wrote."""
+    return Author(kind=AuthorKind.USER, id=name)
 
 
 def _text(content: Any) -> str:
@@ -118,7 +126,7 @@ def to_pending(
                     {"role": "assistant", "content": text}, agent_author(message.source), index
                 )
                 continue
-            author = Author(kind=AuthorKind.USER, id=message.source or "user")
+            author = user_author(message.source or "user")
             if _has_media(message.content):
                 pending.opaque.add(len(pending.dicts))
             pending.add({"role": "user", "content": text}, author, index)
@@ -193,12 +201,27 @@ def from_sent(
     origins = reconcile_openai(pending.dicts, sent, pending.opaque)
     out: list[LLMMessage] = []
     results: list[FunctionExecutionResult] = []
+    unchanged: list[int | None] = []  # per result: the pending dict it is unchanged from
     dropped: set[str] = set()
 
     def flush() -> None:
-        if results:
+        if not results:
+            return
+        # all the results of one app message, unchanged and in order: the app's own object
+        first = unchanged[0]
+        original = messages[pending.origins[first]] if first is not None else None
+        if (
+            first is not None
+            and isinstance(original, FunctionExecutionResultMessage)
+            and len(original.content) == len(results)
+            and pending.origins[first - 1] != pending.origins[first]  # its first result
+            and unchanged == list(range(first, first + len(results)))
+        ):
+            out.append(original)
+        else:
             out.append(FunctionExecutionResultMessage(content=list(results)))
-            results.clear()
+        results.clear()
+        unchanged.clear()
 
     for message, origin in zip(sent, origins, strict=True):
         role = message.get("role")
@@ -208,6 +231,7 @@ def from_sent(
             if call_id in dropped:
                 continue
             name = message.get("name") or pending.names.get(call_id, "")
+            unchanged.append(origin.source if origin.text is None else None)
             results.append(
                 FunctionExecutionResult(
                     content=text,

@@ -4,7 +4,10 @@ hit), speaker selections (usage and output only).
 
 Every write is awaited on the caller's loop (AutoGen is async only), fail-open like the kit's
 :func:`ce.core.integration.guarded`: a failed write is logged and reported as a ``Degraded``
-event, never raised into the agent's run (raised with ``fail_closed=True``).
+event, never raised into the agent's run (raised with ``fail_closed=True``). Not written behind
+(``engine.defer`` plus a flush task): a read right after a run (``engine.get_session``) does not
+wait for a deferred write another task is already running, so it could miss the run's last
+reply; and on AutoGen's single event loop the flush costs the same time a little later.
 """
 
 from __future__ import annotations
