@@ -6,6 +6,7 @@ call nested in a tool call (an AgentTool) goes to a child scope."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -235,3 +236,75 @@ async def test_a_sub_agent_in_a_tool_call_runs_in_a_child_scope(engine: ContextE
     assert [m.content for m in child.session.messages if m.role is Role.ASSISTANT] == [
         "inner-answer"
     ]
+
+
+async def test_a_sync_tool_body_keeps_the_session_and_nests_its_runs(
+    engine: ContextEngine,
+) -> None:
+    """AutoGen runs a sync tool's body in an executor thread, which does not get the caller's
+    context variables; inside an instrumented tool call the body runs in a copy of the
+    caller's context: ``engine.session`` is still the run's, and an agent the body runs (on a
+    loop of its own) is nested in the tool call."""
+    inner_system = "You are the sync helper."
+    seen: list[str | None] = []
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if inner_system in body["messages"][0]["content"]:
+            return ScriptedResponse(text="helper-answer")
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="outer-answer")
+        return ScriptedResponse(tool_calls=[("call_sync", "ask_helper", '{"question": "q1"}')])
+
+    with ScriptedOpenAIServer(script) as server:
+
+        def ask_helper(question: str) -> str:
+            """Ask the helper (a sync tool running an agent on a loop of its own)."""
+            from ce.core.engine import current_session_id
+
+            seen.append(current_session_id())
+            helper = AssistantAgent(
+                "helper", model_client=client(server), system_message=inner_system
+            )
+            result = asyncio.run(helper.run(task=f"helper {question}"))
+            return str(result.messages[-1].content)
+
+        outer = AssistantAgent(
+            "outer",
+            model_client=client(server),
+            tools=[ask_helper],
+            system_message="You are the outer agent.",
+            reflect_on_tool_use=True,
+        )
+        ce.autogen.install(engine)
+        with engine.session("s-sync-tool"):
+            result = await outer.run(task="outer words")
+        requests = server.requests
+    assert result.messages[-1].content == "outer-answer"
+    assert seen == ["s-sync-tool"]
+    (inner,) = [r for r in requests if inner_system in r["messages"][0]["content"]]
+    assert "outer words" not in wire(inner)
+    child = await engine.get_session("s-sync-tool/call_sync")
+    assert [m.content for m in child.session.messages if m.role is Role.USER] == ["helper q1"]
+    outer_doc = await engine.get_session("s-sync-tool")
+    assert "helper q1" not in [m.content for m in outer_doc.session.messages]
+
+
+async def test_augment_mode_keeps_autogens_list_and_adds_the_context(
+    engine: ContextEngine,
+) -> None:
+    with ScriptedOpenAIServer(_script) as server:
+        team = RoundRobinGroupChat(_agents(server), termination_condition=MaxMessageTermination(4))
+        ce.autogen.install(engine, mode="augment")
+        await engine.update_notebook("s-aug", MARK)
+        with engine.session("s-aug"):
+            await team.run(task=TASK)
+        requests = server.requests
+    assert len(requests) == 4
+    for request in requests:
+        messages = request["messages"]
+        speaker = _speaker(request)
+        assert messages[0]["content"] == SYSTEMS[speaker]  # AutoGen's own, unchanged
+        assert messages[1]["role"] == "system" and MARK in messages[1]["content"]
+        assert_tool_pairs_intact(from_openai_messages(messages))
+    bob = requests[2]["messages"]
+    assert [(m["role"], m.get("name")) for m in bob[2:]] == [("user", "user"), ("user", "alice")]

@@ -8,7 +8,11 @@ runs each tool call (AutoGen's call id, ``is_error``), its static
 class attributes, and ``on_messages_stream`` (a turn of a standalone agent starts a run) and
 ``BaseGroupChat.run_stream`` (a team's run), and ``SelectorGroupChatManager._select_speaker``
 (the speaker-selection prompt, recorded only), each by a function that does its part around
-the original. They are class-level, so agents and teams built before ``install()`` are
+the original; and ``FunctionTool.run``, whose sync tool bodies AutoGen runs in an executor
+thread that does not get the caller's context variables: inside an instrumented tool call the
+body runs in a copy of the caller's context, so the session (``engine.session``) and the tool
+call a run started in the body is nested in are kept. They are class-level, so agents and
+teams built before ``install()`` are
 covered, and the agents themselves are never changed (their client, state and config stay
 theirs). Every replacement is recorded in the plugin's ledger: ``uninstall()`` puts back the
 very objects the classes held.
@@ -16,6 +20,10 @@ very objects the classes held.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
+import inspect
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -24,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ce.autogen._convert import arguments_of
 from ce.autogen._inject import CallSite, EngineClient, RecordingClient
 from ce.autogen._record import hits_from_memory, tool_run, write
-from ce.autogen._scopes import Frame, ToolFrame, agents_of, in_tool
+from ce.autogen._scopes import Frame, ToolFrame, agents_of, current_tool, in_tool
 from ce.core.integration import is_suppressed
 
 if TYPE_CHECKING:
@@ -46,6 +54,7 @@ def patched_targets() -> list[tuple[Any, str]]:
     from autogen_agentchat.teams._group_chat._selector_group_chat import (
         SelectorGroupChatManager,
     )
+    from autogen_core.tools import FunctionTool
 
     return [
         (AssistantAgent, "_call_llm"),
@@ -55,6 +64,7 @@ def patched_targets() -> list[tuple[Any, str]]:
         (AssistantAgent, "on_messages_stream"),
         (BaseGroupChat, "run_stream"),
         (SelectorGroupChatManager, "_select_speaker"),
+        (FunctionTool, "run"),
     ]
 
 
@@ -220,6 +230,31 @@ class Patches:
             return events
 
         return _update_model_context_with_memory
+
+    def _make_run(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(tool: Any, args: Any, cancellation_token: Any) -> Any:
+            func = getattr(tool, "_func", None)
+            signature = getattr(tool, "_signature", None)
+            if (
+                current_tool() is None
+                or is_suppressed()
+                or func is None
+                or signature is None
+                or inspect.iscoroutinefunction(func)
+            ):
+                return await original(tool, args, cancellation_token)
+            # AutoGen's sync branch, with the body run in a copy of this context
+            kwargs = {n: getattr(args, n) for n in signature.parameters if hasattr(args, n)}
+            cancellable = bool(getattr(tool, "_has_cancellation_support", False))
+            if cancellable:
+                kwargs["cancellation_token"] = cancellation_token
+            body = functools.partial(contextvars.copy_context().run, func, **kwargs)
+            future = asyncio.get_running_loop().run_in_executor(None, body)
+            if not cancellable:
+                cancellation_token.link_future(future)
+            return await future
+
+        return run
 
     # -- speaker selection ------------------------------------------------------------------
 
