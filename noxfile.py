@@ -184,6 +184,8 @@ def bench(session: nox.Session) -> None:
         LANGCHAIN,
         "-e",
         LLAMAINDEX,
+        "-e",
+        AUTOGEN,
         "tiktoken>=0.14.0",
         "langchain-core>=1.7.2,<2",
         "llama-index-core>=0.14.25,<0.15",
@@ -206,6 +208,9 @@ def bench(session: nox.Session) -> None:
     )
     session.run(
         "python", "benchmarks/bench_llamaindex.py", "--write", "docs/benchmarks.md", env=_env()
+    )
+    session.run(
+        "python", "benchmarks/bench_autogen.py", "--write", "docs/benchmarks.md", env=_env()
     )
     for concurrent in (
         "benchmarks/bench_async_langchain.py",

@@ -115,6 +115,9 @@ def _usage_args(inner: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 class _Delegating(ChatCompletionClient):
     """A ``ChatCompletionClient`` that delegates everything to ``inner``."""
 
+    asks_usage = False
+    """Whether a streamed call asks an OpenAI client for the usage chunk."""
+
     def __init__(self, inner: ChatCompletionClient) -> None:
         self._inner = inner
 
@@ -192,7 +195,8 @@ class _Delegating(ChatCompletionClient):
                 yield chunk
             return
         sent = await self._before(messages, kwargs)
-        kwargs = _usage_args(self._inner, kwargs)
+        if self.asks_usage:
+            kwargs = _usage_args(self._inner, kwargs)
         started = time.perf_counter()
         first: float | None = None
         result: CreateResult | None = None
@@ -212,6 +216,8 @@ class _Delegating(ChatCompletionClient):
 class EngineClient(_Delegating):
     """``inner`` for one model call of an agent: the call sends the engine's input and its
     reply, usage and latency are recorded (see the module docstring)."""
+
+    asks_usage = True
 
     def __init__(self, inner: ChatCompletionClient, site: CallSite) -> None:
         super().__init__(inner)
@@ -256,8 +262,9 @@ class EngineClient(_Delegating):
 
 
 class RecordingClient(_Delegating):
-    """``inner`` for one speaker selection: the prompt goes as it is; the call's usage and
-    output are recorded in ``session_id`` (stage ``route``), no message is."""
+    """``inner`` for one speaker selection: the request goes as it is (a streamed one is not
+    asked for a usage chunk either); the call's usage (when the provider sends it) and output
+    are recorded in ``session_id`` (stage ``route``), no message is."""
 
     def __init__(self, inner: ChatCompletionClient, plugin: Plugin, session_id: str) -> None:
         super().__init__(inner)
