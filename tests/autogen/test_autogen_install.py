@@ -224,3 +224,29 @@ def test_the_plugin_imports_without_autogen() -> None:
     assert done.returncode == 0, done.stderr
     assert "['AutoGenPlugin', 'install', 'uninstall']" in done.stdout
     assert "autogen False" in done.stdout
+
+
+def test_the_client_seams_come_off_exactly(engine: ContextEngine) -> None:
+    """The ``create`` / ``create_stream`` of every model client class (for model calls a tool
+    body makes itself), classes defined after ``install()`` included, are the very objects
+    they were after ``uninstall()``."""
+    from autogen_core.models import ChatCompletionClient
+    from autogen_ext.models.openai import BaseOpenAIChatCompletionClient
+
+    owner = BaseOpenAIChatCompletionClient
+    before = (vars(owner)["create"], vars(owner)["create_stream"])
+    assert "__init_subclass__" not in vars(ChatCompletionClient)
+    ce.autogen.install(engine)
+    assert vars(owner)["create"] is not before[0]
+    assert vars(owner)["create_stream"] is not before[1]
+
+    async def create(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    later = type("LaterClient", (BaseOpenAIChatCompletionClient,), {"create": create})
+    assert vars(later)["create"] is not create  # seamed as it was created
+    ce.autogen.uninstall()
+    assert (vars(owner)["create"], vars(owner)["create_stream"]) == before
+    assert vars(owner)["create"] is before[0] and vars(owner)["create_stream"] is before[1]
+    assert vars(later)["create"] is create
+    assert "__init_subclass__" not in vars(ChatCompletionClient)

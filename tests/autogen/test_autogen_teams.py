@@ -308,3 +308,70 @@ async def test_augment_mode_keeps_autogens_list_and_adds_the_context(
         assert_tool_pairs_intact(from_openai_messages(messages))
     bob = requests[2]["messages"]
     assert [(m["role"], m.get("name")) for m in bob[2:]] == [("user", "user"), ("user", "alice")]
+
+
+async def test_an_llm_backed_tool_calls_the_model_in_a_child_scope(
+    engine: ContextEngine,
+) -> None:
+    """A tool body that calls a model client itself (not through an agent): the call gets the
+    engine's input for its own messages in ``<outer session>/<tool call id>`` (redacted) and
+    is recorded there, never in the outer conversation; the agent's own calls are injected
+    once."""
+    canary = "tool.canary@example.com"
+    tool_system = "Summarize the text in five words."
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if tool_system in body["messages"][0]["content"]:
+            return ScriptedResponse(text="a five word summary here", prompt_tokens=42)
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="outer-answer")
+        return ScriptedResponse(tool_calls=[("call_llm_tool", "summarize", '{"text": "long"}')])
+
+    with ScriptedOpenAIServer(script) as server:
+        summarizer = client(server)
+
+        async def summarize(text: str) -> str:
+            """Summarize a text with a model."""
+            from autogen_core.models import SystemMessage, UserMessage
+
+            result = await summarizer.create(
+                [
+                    SystemMessage(content=tool_system),
+                    UserMessage(content=f"{text} (reply to {canary})", source="tool"),
+                ]
+            )
+            return str(result.content)
+
+        outer = AssistantAgent(
+            "outer",
+            model_client=client(server),
+            tools=[summarize],
+            system_message="You are the outer agent.",
+            reflect_on_tool_use=True,
+        )
+        ce.autogen.install(engine)
+        await engine.update_notebook("s-llm-tool", MARK)
+        with engine.session("s-llm-tool"):
+            result = await outer.run(task="outer words")
+        # outside a tool call the client is left alone
+        from autogen_core.models import UserMessage
+
+        await summarizer.create([UserMessage(content=f"plain {canary}", source="user")])
+        requests = server.requests
+    assert result.messages[-1].content == "outer-answer"
+    assert len(requests) == 4
+    (tool_call,) = [r for r in requests if tool_system in r["messages"][0]["content"]]
+    assert canary not in wire(tool_call) and "[REDACTED:email]" in wire(tool_call)
+    assert "outer words" not in wire(tool_call) and MARK not in wire(tool_call)
+    assert all(wire(r).count(MARK) == 1 for r in requests[:3] if r is not tool_call)
+    assert canary in wire(requests[-1])  # the app's own call outside any tool: untouched
+    child = await engine.get_session("s-llm-tool/call_llm_tool")
+    assert [u.prompt_tokens for u in child.session.model_usage] == [42]
+    assert [m.content for m in child.session.messages if m.role is Role.ASSISTANT] == [
+        "a five word summary here"
+    ]
+    outer_doc = await engine.get_session("s-llm-tool")
+    assert len(outer_doc.session.model_usage) == 2
+    assert "a five word summary here" in [
+        m.content for m in outer_doc.session.messages if m.role is Role.TOOL
+    ]

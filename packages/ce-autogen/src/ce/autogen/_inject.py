@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage
 
+from ce.autogen._clients import bypassing
 from ce.autogen._convert import (
     AuthorLookup,
     from_sent,
@@ -112,11 +113,20 @@ def _usage_args(inner: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "extra_create_args": extra}
 
 
+async def _chain(head: list[Any], rest: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+    for item in head:
+        yield item
+    async for item in rest:
+        yield item
+
+
 class _Delegating(ChatCompletionClient):
     """A ``ChatCompletionClient`` that delegates everything to ``inner``."""
 
     asks_usage = False
     """Whether a streamed call asks an OpenAI client for the usage chunk."""
+    ce_delegating = True
+    """The client seams leave the plugin's own clients alone (see ``_clients``)."""
 
     def __init__(self, inner: ChatCompletionClient) -> None:
         self._inner = inner
@@ -180,7 +190,8 @@ class _Delegating(ChatCompletionClient):
         sent = await self._before(messages, kwargs)
         started = time.perf_counter()
         try:
-            result = await self._inner.create(sent, **kwargs)
+            with bypassing(self._inner):
+                result = await self._inner.create(sent, **kwargs)
         except Exception as exc:
             await self._after(None, started, None, exc)
             raise
@@ -201,12 +212,16 @@ class _Delegating(ChatCompletionClient):
         first: float | None = None
         result: CreateResult | None = None
         try:
-            async for chunk in self._inner.create_stream(sent, **kwargs):
-                if first is None:
-                    first = time.perf_counter()
+            stream = self._inner.create_stream(sent, **kwargs)
+            with bypassing(self._inner):  # the stream's first step is where it looks
+                head = [await stream.__anext__()]
+            first = time.perf_counter()
+            async for chunk in _chain(head, stream):
                 if isinstance(chunk, CreateResult):
                     result = chunk
                 yield chunk
+        except StopAsyncIteration:  # a stream with no chunk at all
+            pass
         except Exception as exc:
             await self._after(None, started, first, exc)
             raise

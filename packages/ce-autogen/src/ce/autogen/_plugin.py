@@ -84,6 +84,11 @@ class AutoGenPlugin(Plugin):
         runs = Runs(self, targets)
         book = Book()
         Patches(self, runs, book, inject).install(self.ledger)
+        if inject:
+            from ce.autogen._clients import ClientSeams
+
+            # model calls a tool body makes itself, outside any agent: nested in the tool call
+            ClientSeams(self, runs, book, self.ledger).install()
         self.runs, self.book = runs, book
         self.ledger.register(self._forget, "runs in flight")
 
