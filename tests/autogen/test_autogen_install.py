@@ -152,6 +152,10 @@ async def test_inject_false_records_only(engine: ContextEngine) -> None:
     doc = await engine.get_session("s-rec")
     (run,) = doc.session.tool_state.tool_calls
     assert run.tool_call_id == "call_w" and run.status.value == "success"
+    assert len(doc.session.model_usage) == len(bodies) == 2
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == ["Weather in Oslo?"]
+    assert doc.session.messages[-1].content == "It is sunny."
+    assert doc.session.messages[-1].author is not None
 
 
 async def test_dump_component_and_state_round_trip_with_the_plugin_installed(

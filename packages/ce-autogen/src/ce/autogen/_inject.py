@@ -53,12 +53,14 @@ __all__ = ["CallSite", "EngineClient", "RecordingClient", "prepare"]
 
 @dataclass(frozen=True)
 class CallSite:
-    """One agent's model call: the plugin, the run it belongs to, the agent."""
+    """One agent's model call: the plugin, the run it belongs to, the agent; ``inject``
+    false: the engine records the call's messages, the model gets the agent's own."""
 
     plugin: Plugin
     book: Book
     frame: Frame
     agent: str
+    inject: bool = True
 
     @property
     def session_id(self) -> str:
@@ -240,7 +242,7 @@ class EngineClient(_Delegating):
 
     async def _before(self, messages: Sequence[LLMMessage], kwargs: dict[str, Any]) -> Any:
         sent = await prepare(self._site, messages, kwargs.get("tools") or ())
-        return messages if sent is None else sent
+        return messages if sent is None or not self._site.inject else sent
 
     async def _after(
         self,

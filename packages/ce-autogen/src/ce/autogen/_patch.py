@@ -141,13 +141,14 @@ class Patches:
     def _site(self, kwargs: dict[str, Any]) -> CallSite | None:
         """The call site of an agent's model call, from the arguments AutoGen passes (None:
         leave the call alone)."""
-        if not self.inject or is_suppressed() or not self.plugin.installed:
+        if is_suppressed() or not self.plugin.installed:
             return None
         model_context = kwargs.get("model_context")
         frame = self.runs.for_context(model_context) if model_context is not None else None
         if frame is None:
             return None
-        return CallSite(self.plugin, self.book, frame, str(kwargs.get("agent_name") or ""))
+        agent = str(kwargs.get("agent_name") or "")
+        return CallSite(self.plugin, self.book, frame, agent, self.inject)
 
     def _wrap_client(self, kwargs: dict[str, Any]) -> None:
         site = self._site(kwargs)

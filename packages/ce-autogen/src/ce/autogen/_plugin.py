@@ -54,7 +54,9 @@ class AutoGenPlugin(Plugin):
     selections (usage and output only: their prompt is never rewritten).
 
     Options of :meth:`install`: ``target`` (an agent or a team, or a list of them) limits the
-    plugin to those (a team's agents included); ``inject=False`` records only. Calls inside
+    plugin to those (a team's agents included); ``inject=False`` records only (every call's
+    messages, usage and reply are recorded; the model gets the agent's own list, and model
+    calls of tool bodies are left alone). Calls inside
     :func:`ce.core.integration.suppressed` are neither rewritten nor recorded.
     """
 
