@@ -137,7 +137,6 @@ async def test_two_users_at_once_never_see_each_other(engine: ContextEngine) -> 
             with engine.session(f"u-{name}"):
                 for turn in range(2):
                     await agent.run(task=f"{name}word{turn} from {name}")
-                    await asyncio.sleep(0)
 
         with no_blocking(engine) as blocking:
             await asyncio.gather(user("alpha"), user("bravo"), user("charlie"))
