@@ -375,3 +375,49 @@ async def test_an_llm_backed_tool_calls_the_model_in_a_child_scope(
     assert "a five word summary here" in [
         m.content for m in outer_doc.session.messages if m.role is Role.TOOL
     ]
+
+
+async def test_a_peers_reply_the_budget_shortened_is_still_the_peers() -> None:
+    """A tight budget makes the engine render an older reply of a peer at a shorter level of
+    detail (its text is no longer the one AutoGen holds): it still reaches the other agent as
+    the peer's user message, never as that agent's own assistant turn."""
+    from ce.core.config import BudgetConfig, RuntimeConfig
+    from ce.core.testing import deterministic_engine
+
+    filler = "Background detail that matters little. " * 40
+    budget = BudgetConfig(max_input_tokens=700, reserved_reply_tokens=100)
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=budget))
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if _speaker(body) == "alice":
+            return ScriptedResponse(text=f"alice-says {filler}")
+        return ScriptedResponse(text="bob-says ok")
+
+    with ScriptedOpenAIServer(script) as server:
+        alice = AssistantAgent(
+            "alice", model_client=client(server), system_message=SYSTEMS["alice"]
+        )
+        bob = AssistantAgent("bob", model_client=client(server), system_message=SYSTEMS["bob"])
+        team = RoundRobinGroupChat([alice, bob], termination_condition=MaxMessageTermination(5))
+        ce.autogen.install(engine)
+        with engine.session("s-tight"):
+            await team.run(task=f"task {filler}")
+        requests = server.requests
+    await engine.close()
+    assert [_speaker(r) for r in requests] == ["alice", "bob", "alice", "bob"]
+    for request in requests:
+        speaker = _speaker(request)
+        other = "bob" if speaker == "alice" else "alice"
+        for message in request["messages"][1:]:
+            text = message.get("content") or ""
+            if text.startswith(f"{other}-says"):
+                assert (message["role"], message.get("name")) == ("user", other), message
+            if text.startswith(f"{speaker}-says"):
+                assert message["role"] == "assistant", message
+    shortened = [
+        m
+        for m in requests[3]["messages"]
+        if (m.get("content") or "").startswith("alice-says")
+        and m["content"] != f"alice-says {filler}"
+    ]
+    assert shortened  # the budget did shorten one of alice's replies

@@ -82,6 +82,8 @@ async def prepare(
     try:
         pending = to_pending(messages, site.agent, peers, site.book.memory_texts())
         schemas = tool_schemas(tools)
+        if peers:
+            _note_peers(site, pending)
     except Exception as exc:
         return await fail_open(plugin, session_id, "convert messages", exc, redact)
     sent = await prepare_openai(plugin, session_id, pending.dicts, schemas, pending.authors)
@@ -92,6 +94,31 @@ async def prepare(
         return from_sent(sent, messages, pending, site.agent, peers, lookup)
     except Exception as exc:
         return await fail_open(plugin, session_id, "convert messages", exc, redact)
+
+
+def _note_peers(site: CallSite, pending: Any) -> None:
+    """Note the author of each peer message the book does not know yet (one that was no
+    model reply of this process: a tool-call summary, a reply from another process), as
+    written and as the session stores it."""
+    book, session_id = site.book, site.session_id
+    redactor: Any = None
+    for entry, author in zip(pending.dicts, pending.authors, strict=True):
+        text = entry.get("content")
+        if (
+            entry.get("role") != "assistant"
+            or author is None
+            or author.id == site.agent
+            or not isinstance(text, str)
+            or not text
+            or book.knows(session_id, text)
+        ):
+            continue
+        if redactor is None:
+            redactor = site.plugin.engine.redactor_for(site.plugin.config) or False
+        texts = [text]
+        if redactor:
+            texts.append(redactor.redact_text(text).redacted_text)
+        book.note_reply(session_id, author.id, texts, ())
 
 
 def _usage_args(inner: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -183,6 +183,15 @@ def hits_from_memory(results: Sequence[Any]) -> list[RetrievalHit]:
     return hits
 
 
+def _levels(text: str) -> list[str]:
+    """``text`` and its shorter renderings (the engine's Summary and Gist of a message that
+    has no rendering of its own)."""
+    from ce.core.pipeline import shorten
+    from ce.core.schema import LevelOfDetail
+
+    return [text, shorten(text, LevelOfDetail.SUMMARY), shorten(text, LevelOfDetail.GIST)]
+
+
 class Book:
     """What the plugin remembers between calls: who wrote the assistant messages of each
     session (by text, redacted text and tool call id: the engine's input names no author)
@@ -209,15 +218,21 @@ class Book:
     def note_reply(
         self, session_id: str, agent: str, texts: Sequence[str], call_ids: Sequence[str]
     ) -> None:
-        """Agent ``agent`` wrote a reply with these texts (raw and as stored) and calls."""
+        """Agent ``agent`` wrote a reply with these texts (raw and as stored) and calls. The
+        texts are noted at every level of detail the engine may render them at (a reply the
+        budget degraded is still its author's)."""
+        forms = {form for text in texts if text for form in _levels(text)}
         with self._lock:
             by_text = self._session(self._texts, session_id)
-            for text in texts:
-                if text:
-                    by_text[text] = agent
+            for text in forms:
+                by_text[text] = agent
             by_call = self._session(self._calls, session_id)
             for call_id in call_ids:
                 by_call[call_id] = agent
+
+    def knows(self, session_id: str, text: str) -> bool:
+        """Whether the author of ``text`` in ``session_id`` is noted."""
+        return text in self._texts.get(session_id, {})
 
     def authors(self, session_id: str) -> tuple[dict[str, str], dict[str, str]]:
         """The texts and the tool call ids of ``session_id`` with their authors."""
