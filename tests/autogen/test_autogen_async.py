@@ -335,3 +335,38 @@ async def test_fail_open_is_still_redacted(
     assert "[REDACTED:email]" in wire(requests[1])
     assert plugin.failures["integration_failed"] >= 2
     assert any("on purpose" in e.payload.get("detail", "") for e in events)
+
+
+async def test_a_team_run_without_a_session_is_one_scope_and_install_names_one(
+    engine: ContextEngine,
+) -> None:
+    """A team's run names no session: all its agents record into one ``run:`` session; with
+    ``install(session_id=...)`` that session instead (``engine.session`` still wins)."""
+
+    def echo(body: dict[str, Any]) -> ScriptedResponse:
+        return ScriptedResponse(text=f"reply {len(body['messages'])}")
+
+    def team(server: ScriptedOpenAIServer) -> RoundRobinGroupChat:
+        agents = [
+            AssistantAgent(name, model_client=client(server), system_message=f"You are {name}.")
+            for name in ("alice", "bob")
+        ]
+        return RoundRobinGroupChat(agents, termination_condition=MaxMessageTermination(3))
+
+    with ScriptedOpenAIServer(echo) as server:
+        plugin = ce.autogen.install(engine)
+        await team(server).run(task="unnamed team task")
+        plugin.uninstall()
+        ce.autogen.install(engine, session_id="s-default")
+        await team(server).run(task="default team task")
+        with engine.session("s-named"):
+            await team(server).run(task="named team task")
+    runs = [s for s in await engine.list_sessions() if s.startswith("run:")]
+    assert len(runs) == 1
+    doc = await engine.get_session(runs[0])
+    authors = {m.author.id for m in doc.session.messages if m.author and m.role is Role.ASSISTANT}
+    assert authors == {"alice", "bob"}
+    for session_id, task in (("s-default", "default team task"), ("s-named", "named team task")):
+        doc = await engine.get_session(session_id)
+        assert [m.content for m in doc.session.messages if m.role is Role.USER] == [task]
+        assert len(doc.session.model_usage) == 2
