@@ -370,3 +370,35 @@ async def test_a_team_run_without_a_session_is_one_scope_and_install_names_one(
         doc = await engine.get_session(session_id)
         assert [m.content for m in doc.session.messages if m.role is Role.USER] == [task]
         assert len(doc.session.model_usage) == 2
+
+
+async def test_an_image_of_the_users_message_reaches_the_wire(engine: ContextEngine) -> None:
+    """The engine reads text only: a multimodal user message goes as a copy with the engine's
+    (redacted) text and the app's image kept."""
+    from autogen_agentchat.messages import MultiModalMessage
+    from autogen_core import Image
+    from PIL import Image as PILImage
+
+    image = Image(PILImage.new("RGB", (1, 1), (255, 0, 0)))
+    png = image.to_base64()
+
+    def echo(body: dict[str, Any]) -> ScriptedResponse:
+        return ScriptedResponse(text="a pixel")
+
+    with ScriptedOpenAIServer(echo) as server:
+        agent = AssistantAgent("viewer", model_client=client(server), system_message=SYSTEM)
+        ce.autogen.install(engine)
+        await engine.update_notebook("s-image", MARK)
+        task = MultiModalMessage(
+            content=[f"What is this? Reply to {CANARY}.", image], source="user"
+        )
+        with engine.session("s-image"):
+            await agent.run(task=task)
+        (request,) = server.requests
+    last = request["messages"][-1]
+    assert last["role"] == "user" and isinstance(last["content"], list)
+    kinds = [part["type"] for part in last["content"]]
+    assert kinds == ["text", "image_url"]
+    assert "[REDACTED:email]" in last["content"][0]["text"] and CANARY not in wire(request)
+    assert png[:40] in last["content"][1]["image_url"]["url"]
+    assert MARK in request["messages"][0]["content"]
