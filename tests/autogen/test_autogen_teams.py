@@ -27,6 +27,7 @@ from ce.core.testing.assertions import assert_tool_pairs_intact
 MARK = "NOTEBOOK-MARK-TEAM"
 SYSTEMS = {"alice": "You are Alice, the researcher.", "bob": "You are Bob, the critic."}
 TASK = "Plan a trip to Oslo."
+SELECTOR_CANARY = "sel.canary@example.com"
 
 
 def weather(city: str) -> str:
@@ -122,7 +123,9 @@ async def test_round_robin_agents_share_the_session_each_with_its_own_view(
     assert len(doc.session.model_usage) == len(requests)
 
 
-async def test_selector_prompts_are_recorded_and_never_rewritten(engine: ContextEngine) -> None:
+async def test_selector_prompts_are_recorded_and_never_rewritten_only_redacted(
+    engine: ContextEngine,
+) -> None:
     async def run(install: bool) -> tuple[list[dict[str, Any]], Any]:
         with ScriptedOpenAIServer(_script) as server:
             team = SelectorGroupChat(
@@ -134,7 +137,7 @@ async def test_selector_prompts_are_recorded_and_never_rewritten(engine: Context
                 ce.autogen.install(engine)
                 await engine.update_notebook("s-sel", MARK)
             with engine.session("s-sel"):
-                result = await team.run(task=TASK)
+                result = await team.run(task=f"{TASK} Mail {SELECTOR_CANARY}.")
             return server.requests, result
 
     plain, _ = await run(install=False)
@@ -143,11 +146,16 @@ async def test_selector_prompts_are_recorded_and_never_rewritten(engine: Context
     own = [r for r in plain if "role play game" in r["messages"][0]["content"]]
     # with two agents and no repeated speaker only the first turn needs the model
     assert len(selections) == len(own) == 1
-    # the selector prompt quotes the conversation, ids and all: compare its shape, not ids
+    # the selector's prompt goes as AutoGen wrote it (it is parsed for a name), only redacted
+    # (it quotes the conversation)
     for sent, untouched in zip(selections, own, strict=True):
         assert MARK not in wire(sent)
         assert len(sent["messages"]) == len(untouched["messages"]) == 1
-        assert sent["messages"][0]["content"] == untouched["messages"][0]["content"]
+        assert SELECTOR_CANARY in untouched["messages"][0]["content"]
+        assert sent["messages"][0]["content"] == untouched["messages"][0]["content"].replace(
+            SELECTOR_CANARY, "[REDACTED:email]"
+        )
+    assert not any(SELECTOR_CANARY in wire(r) for r in requests)
     agents = [r for r in requests if r not in selections]
     assert agents and all(MARK in r["messages"][0]["content"] for r in agents)
     chat = [m for m in result.messages if isinstance(m, BaseChatMessage)]

@@ -17,7 +17,7 @@ send with ``include_usage``) and its latency are recorded in the call's session.
 
 :class:`RecordingClient` is the same delegation without injection, for the speaker-selection
 prompt of a ``SelectorGroupChat``: its reply is parsed for an agent's name, so it is recorded
-(usage and output) and never rewritten.
+(usage and output) and never rewritten, only redacted (it quotes the conversation).
 """
 
 from __future__ import annotations
@@ -306,14 +306,28 @@ class EngineClient(_Delegating):
 
 
 class RecordingClient(_Delegating):
-    """``inner`` for one speaker selection: the request goes as it is (a streamed one is not
-    asked for a usage chunk either); the call's usage (when the provider sends it) and output
-    are recorded in ``session_id`` (stage ``route``), no message is."""
+    """``inner`` for one speaker selection: its prompt (which quotes the conversation) goes
+    as AutoGen wrote it, only passed through the configured redactor (the names it is parsed
+    for are kept; a streamed request is not asked for a usage chunk either); the call's usage
+    (when the provider sends it) and output are recorded in ``session_id`` (stage ``route``),
+    no message is."""
 
     def __init__(self, inner: ChatCompletionClient, plugin: Plugin, session_id: str) -> None:
         super().__init__(inner)
         self._plugin = plugin
         self._session_id = session_id
+
+    async def _before(self, messages: Sequence[LLMMessage], kwargs: dict[str, Any]) -> Any:
+        plugin = self._plugin
+
+        def redact() -> list[LLMMessage] | None:
+            return redacted_natively(plugin.engine.redactor_for(plugin.config), messages)
+
+        try:
+            redacted = redact()
+        except Exception as exc:  # redaction failed: reported, then as fail_open says
+            redacted = await fail_open(plugin, self._session_id, "redact", exc, redact)
+        return messages if redacted is None else redacted
 
     async def _after(
         self,
