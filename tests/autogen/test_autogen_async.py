@@ -402,3 +402,32 @@ async def test_an_image_of_the_users_message_reaches_the_wire(engine: ContextEng
     assert "[REDACTED:email]" in last["content"][0]["text"] and CANARY not in wire(request)
     assert png[:40] in last["content"][1]["image_url"]["url"]
     assert MARK in request["messages"][0]["content"]
+
+
+async def test_head_and_tail_context_placeholder_is_not_recorded(engine: ContextEngine) -> None:
+    """AutoGen's ``HeadAndTailChatCompletionContext`` replaces the middle of the history with a
+    "Skipped N messages." user message: the session holds those messages, so the placeholder is
+    neither stored nor sent, and the model gets the session's history instead."""
+    from autogen_core.model_context import HeadAndTailChatCompletionContext
+
+    def echo(body: dict[str, Any]) -> ScriptedResponse:
+        return ScriptedResponse(text=f"answer {len(body['messages'])}")
+
+    with ScriptedOpenAIServer(echo) as server:
+        agent = AssistantAgent(
+            "kb_agent",
+            model_client=client(server),
+            system_message=SYSTEM,
+            model_context=HeadAndTailChatCompletionContext(head_size=1, tail_size=1),
+        )
+        ce.autogen.install(engine)
+        with engine.session("s-head-tail"):
+            for turn in range(4):
+                await agent.run(task=f"question {turn}")
+        requests = server.requests
+    assert all("Skipped" not in wire(r) for r in requests)
+    assert "question 1" in wire(requests[-1])  # AutoGen's context cut it; the session has it
+    doc = await engine.get_session("s-head-tail")
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
+        f"question {turn}" for turn in range(4)
+    ]

@@ -9,6 +9,9 @@ author), and :func:`from_sent` turns the engine's input back into the calling ag
 peer's message is a user message named after the peer again, never the agent's own assistant
 turn, and a peer's tool calls (with their results) are left out, as AutoGen leaves them out.
 
+``HeadAndTailChatCompletionContext``'s "Skipped N messages." placeholder is left out: the
+session holds what it stands for.
+
 System messages: the agent's own system message (prepended by AutoGen outside the model
 context) is the call's instruction; other system messages of the model context are joined to
 it, except those a memory added (``_record`` notes them): the memory's hits are recorded as
@@ -20,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +51,10 @@ __all__ = [
     "to_pending",
     "tool_schemas",
 ]
+
+
+_SKIPPED = re.compile(r"Skipped \d+ messages\.")
+"""``HeadAndTailChatCompletionContext``'s placeholder for the messages it left out."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -120,6 +128,8 @@ def to_pending(
                 system.append((index, message.content))
         elif isinstance(message, UserMessage):
             text = _text(message.content)
+            if message.source == "System" and _SKIPPED.fullmatch(text):
+                continue  # HeadAndTail's placeholder for what it cut: the session has it
             peer = message.source in peers and message.source != agent
             if peer and not _has_media(message.content):
                 pending.add(
