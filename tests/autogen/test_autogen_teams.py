@@ -429,3 +429,32 @@ async def test_a_peers_reply_the_budget_shortened_is_still_the_peers() -> None:
         and m["content"] != f"alice-says {filler}"
     ]
     assert shortened  # the budget did shorten one of alice's replies
+
+
+async def test_a_user_proxys_messages_stay_the_users(engine: ContextEngine) -> None:
+    """A ``UserProxyAgent`` in a team speaks for the user: its message is stored as a user
+    message (author kind user), not as an agent's reply."""
+    from autogen_agentchat.agents import UserProxyAgent
+
+    def echo(body: dict[str, Any]) -> ScriptedResponse:
+        return ScriptedResponse(text="alice-says noted")
+
+    with ScriptedOpenAIServer(echo) as server:
+        alice = AssistantAgent(
+            "alice", model_client=client(server), system_message=SYSTEMS["alice"]
+        )
+        human = UserProxyAgent("human", input_func=lambda prompt: "the human's answer")
+        team = RoundRobinGroupChat([alice, human], termination_condition=MaxMessageTermination(4))
+        ce.autogen.install(engine)
+        with engine.session("s-proxy"):
+            await team.run(task=TASK)
+        requests = server.requests
+    assert len(requests) == 2
+    assert ("user", "human", "the human's answer") in [
+        (m["role"], m.get("name"), m.get("content")) for m in requests[1]["messages"]
+    ]
+    doc = await engine.get_session("s-proxy")
+    (answer,) = [m for m in doc.session.messages if m.content == "the human's answer"]
+    assert answer.role is Role.USER
+    assert answer.author is not None
+    assert (answer.author.kind, answer.author.id) == (AuthorKind.USER, "human")

@@ -122,7 +122,11 @@ class Patches:
             agents = list(agents_of(team))
             inside = any(runs.team_frame(a) is not None for a in agents)
             if not is_suppressed() and not inside:
-                names = frozenset(str(getattr(a, "name", "")) for a in agents)
+                # the agents whose replies are model output; a user proxy's messages are the
+                # user's, a code executor's are tool output: both stay user messages
+                names = frozenset(
+                    str(getattr(a, "name", "")) for a in agents if hasattr(a, "_model_client")
+                )
                 frame = Frame(runs.new_scope(), peers=names, team=True)
                 for agent in agents:
                     runs.bind_agent(agent, frame)

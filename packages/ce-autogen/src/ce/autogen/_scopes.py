@@ -69,8 +69,8 @@ class in_tool:
 
 @dataclass
 class Frame:
-    """One run in flight: its scope and the names of the agents of its team (empty for a
-    standalone agent)."""
+    """One run in flight: its scope and the names of the model-driven agents of its team
+    (empty for a standalone agent)."""
 
     scope: Scope
     peers: frozenset[str] = frozenset()
