@@ -24,6 +24,7 @@ nox.options.sessions = [
     "tests-core",
     "tests-langchain",
     "tests-llamaindex",
+    "tests-autogen",
     "tests-mixed",
 ]
 
@@ -116,6 +117,24 @@ def tests_llamaindex(session: nox.Session, llamaindex: str) -> None:
     session.run("pytest", "tests/llamaindex", *session.posargs, env=_env())
 
 
+AUTOGEN = "packages/ce-autogen"
+AUTOGEN_VERSIONS = {
+    "lowest": ["autogen-agentchat==0.7.0", "autogen-core==0.7.0", "autogen-ext[openai]==0.7.0"],
+    "latest": ["autogen-agentchat>=0.7,<0.8", "autogen-ext[openai]>=0.7,<0.8"],
+}
+
+
+@nox.session(name="tests-autogen")
+@nox.parametrize("autogen", list(AUTOGEN_VERSIONS))
+def tests_autogen(session: nox.Session, autogen: str) -> None:
+    """ce-autogen against the real AutoGen (AssistantAgent, teams,
+    OpenAIChatCompletionClient on the scripted server), in its own virtualenv."""
+    session.install(
+        *TEST_DEPS, "-e", f"{CORE}[tiktoken]", "-e", AUTOGEN, *AUTOGEN_VERSIONS[autogen]
+    )
+    session.run("pytest", "tests/autogen", *session.posargs, env=_env())
+
+
 @nox.session(name="tests-mixed")
 def tests_mixed(session: nox.Session) -> None:
     """One session shared by a LangChain agent and a LlamaIndex agent
@@ -165,6 +184,8 @@ def bench(session: nox.Session) -> None:
         LANGCHAIN,
         "-e",
         LLAMAINDEX,
+        "-e",
+        AUTOGEN,
         "tiktoken>=0.14.0",
         "langchain-core>=1.7.2,<2",
         "llama-index-core>=0.14.25,<0.15",
@@ -187,6 +208,9 @@ def bench(session: nox.Session) -> None:
     )
     session.run(
         "python", "benchmarks/bench_llamaindex.py", "--write", "docs/benchmarks.md", env=_env()
+    )
+    session.run(
+        "python", "benchmarks/bench_autogen.py", "--write", "docs/benchmarks.md", env=_env()
     )
     for concurrent in (
         "benchmarks/bench_async_langchain.py",

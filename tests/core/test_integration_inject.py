@@ -157,3 +157,37 @@ def test_augment_openai_without_a_system_prompt_or_context() -> None:
     with_prompt = [{"role": "system", "content": "be brief"}, *app]
     sent = augment_openai(with_prompt, prompt_only, 100, TenPerMessage())  # type: ignore[arg-type]
     assert sent == with_prompt
+
+
+async def test_prepare_openai_records_new_messages_with_their_authors(plugin: Plugin) -> None:
+    """``authors`` (one per message) is who wrote each message: a message the session does
+    not hold yet is stored with it (frameworks with several agents)."""
+    from ce.core.schema import Author, AuthorKind
+
+    alice = Author(kind=AuthorKind.AGENT, id="alice")
+    user = Author(kind=AuthorKind.USER, id="user")
+    messages = [*MESSAGES, {"role": "assistant", "content": "alice says hi"}]
+    sent = await prepare_openai(plugin, "s-authors", messages, None, [None, user, alice])
+    assert sent is not None
+    again = prepare_openai_sync(
+        plugin,
+        "s-authors",
+        [*messages, {"role": "user", "content": "and?"}],
+        None,
+        [None, user, alice, user],
+    )
+    assert again is not None
+    doc = await plugin.engine.get_session("s-authors")
+    stored = [
+        (m.role, m.content, m.author) for m in doc.session.messages if m.role is not Role.SYSTEM
+    ]
+    assert stored == [
+        (Role.USER, "hi, I am [REDACTED:email]", user),
+        (Role.ASSISTANT, "alice says hi", alice),
+        (Role.USER, "and?", user),
+    ]
+    # authors that do not match the messages: a plugin bug, served fail-open (redacted)
+    failed = plugin.failures["integration_failed"]
+    fallback = await prepare_openai(plugin, "s-authors", messages, None, [None, user])
+    assert fallback is not None and fallback[1]["content"] == "hi, I am [REDACTED:email]"
+    assert plugin.failures["integration_failed"] == failed + 1

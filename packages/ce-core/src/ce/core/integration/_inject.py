@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ce.core.engine import ContextEngine
     from ce.core.integration._plugin import Plugin
     from ce.core.redaction import RegexRedactor
-    from ce.core.schema import AssembledInput, PrepareResult
+    from ce.core.schema import AssembledInput, Author, Message, PrepareResult
     from ce.core.tokens import TokenEstimator
 
 __all__ = ["augment_openai", "prepare_openai", "prepare_openai_sync", "redact_openai"]
@@ -142,11 +142,27 @@ def _sent(
     )
 
 
+def _authored(
+    messages: Sequence[Mapping[str, Any]], authors: Sequence[Author | None] | None
+) -> list[Message]:
+    """The pending messages of ``messages``, each written by its ``authors`` entry."""
+    pending = openai_to_messages(messages)
+    if not authors:
+        return pending
+    if len(authors) != len(pending):
+        raise ValueError(f"{len(authors)} authors for {len(pending)} messages")
+    return [
+        m if a is None or m.author == a else m.model_copy(update={"author": a})
+        for m, a in zip(pending, authors, strict=True)
+    ]
+
+
 def prepare_openai_sync(
     plugin: Plugin,
     session_id: str,
     messages: Sequence[Mapping[str, Any]],
     tool_schemas: list[dict[str, Any]] | None = None,
+    authors: Sequence[Author | None] | None = None,
 ) -> list[dict[str, Any]] | None:
     """Before a model call, from blocking code (with or without a running event loop): hand
     the framework's pending OpenAI-style ``messages`` to ``plugin.engine.prepare_call`` in
@@ -159,11 +175,13 @@ def prepare_openai_sync(
     redactor (:func:`redact_openai`). ``None`` means "send your own messages as they are":
     redaction is off, or it failed too (counted in ``plugin.failures["redaction_failed"]``
     and reported as a ``Degraded`` event with reason ``redaction_failed``, at WARNING level).
-    With ``plugin.fail_closed`` the error is raised instead."""
+    With ``plugin.fail_closed`` the error is raised instead. ``authors``, one per message
+    (``None``: none), is who wrote each message, for frameworks with several agents: a
+    message the session does not hold yet is recorded with it."""
     engine = plugin.engine
 
     def prepare() -> list[dict[str, Any]]:
-        pending = openai_to_messages(messages)
+        pending = _authored(messages, authors)
         result = engine.sync.prepare_call(session_id, pending, plugin.config, tool_schemas)
         return _sent(plugin, engine, messages, result)
 
@@ -180,13 +198,14 @@ async def prepare_openai(
     session_id: str,
     messages: Sequence[Mapping[str, Any]],
     tool_schemas: list[dict[str, Any]] | None = None,
+    authors: Sequence[Author | None] | None = None,
 ) -> list[dict[str, Any]] | None:
     """The coroutine twin of :func:`prepare_openai_sync` (awaits the engine on the caller's
     loop; fail-open, redacted, the same way)."""
     engine = plugin.engine
 
     async def prepare() -> list[dict[str, Any]]:
-        pending = openai_to_messages(messages)
+        pending = _authored(messages, authors)
         result = await engine.prepare_call(session_id, pending, plugin.config, tool_schemas)
         return _sent(plugin, engine, messages, result)
 

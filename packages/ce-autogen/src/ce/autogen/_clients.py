@@ -1,0 +1,163 @@
+"""Model calls a tool body makes itself: an LLM-backed tool that calls a
+``ChatCompletionClient`` directly, outside any agent.
+
+Such a call is nested in the tool call it runs in: it gets the child scope
+``<outer session>/<tool call id>``, receives the engine's input for its own messages there
+(budgeted, redacted) and is recorded there, never in the outer conversation. AutoGen has no
+hook on a client, so the plugin replaces the ``create`` / ``create_stream`` of every
+``ChatCompletionClient`` class that defines them (and of classes defined later, through
+``ChatCompletionClient.__init_subclass__``), each recorded in the ledger. Outside a tool call
+of an instrumented run the replacement calls the original at once; an agent's own model call
+(already handed the engine's input by :class:`~ce.autogen._inject.EngineClient`) passes
+through as well: the engine client marks the client it calls (:func:`bypassing`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncGenerator, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from autogen_core.models import ChatCompletionClient
+
+from ce.autogen._scopes import Frame, current_tool
+from ce.core.integration import is_suppressed
+
+if TYPE_CHECKING:
+    from ce.autogen._record import Book
+    from ce.autogen._scopes import Runs
+    from ce.core.integration import PatchLedger, Plugin
+
+__all__ = ["ClientSeams", "bypassing"]
+
+logger = logging.getLogger("ce.autogen")
+
+_MISSING = object()
+_MARK = "ce_autogen_client_seam"
+_bypass: ContextVar[int | None] = ContextVar("ce_autogen_bypass", default=None)
+
+
+@contextmanager
+def bypassing(client: object) -> Iterator[None]:
+    """Within this block a call of ``client`` is the engine client's own: left alone."""
+    token = _bypass.set(id(client))
+    try:
+        yield
+    finally:
+        _bypass.reset(token)
+
+
+def _subclasses(cls: type) -> Iterator[type]:
+    seen: set[type] = set()
+    stack: list[type] = list(cls.__subclasses__())
+    while stack:
+        sub = stack.pop()
+        if sub not in seen:
+            seen.add(sub)
+            stack.extend(sub.__subclasses__())
+            yield sub
+
+
+class ClientSeams:
+    """The client seams of one install: every client class present, and those defined
+    later."""
+
+    def __init__(self, plugin: Plugin, runs: Runs, book: Book, ledger: PatchLedger) -> None:
+        self.plugin = plugin
+        self.runs = runs
+        self.book = book
+        self.ledger = ledger
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        own = vars(ChatCompletionClient).get("__init_subclass__")
+        seams = self
+
+        def init_subclass(cls: type, /, **kwargs: Any) -> None:
+            if isinstance(own, classmethod):
+                own.__func__(cls, **kwargs)
+            else:
+                super(ChatCompletionClient, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+            try:
+                seams.add(cls)
+            except Exception:  # a class is never kept from being created
+                logger.warning("cannot seam %s", cls.__qualname__, exc_info=True)
+
+        self._replace(ChatCompletionClient, "__init_subclass__", classmethod(init_subclass))
+        for cls in list(_subclasses(ChatCompletionClient)):
+            self.add(cls)
+
+    def add(self, cls: type) -> None:
+        """Seam the ``create`` / ``create_stream`` ``cls`` defines itself (the plugin's own
+        delegating clients are left alone)."""
+        if getattr(cls, "ce_delegating", False):
+            return
+        with self._lock:
+            for name, make in (("create", self._create), ("create_stream", self._stream)):
+                current = vars(cls).get(name)
+                if current is None or getattr(current, _MARK, False) or not callable(current):
+                    continue
+                new = make(current)
+                setattr(new, _MARK, True)
+                for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+                    setattr(new, attr, getattr(current, attr, None))
+                new.__wrapped__ = current  # type: ignore[attr-defined]
+                self._replace(cls, name, new)
+
+    def _frame(self, client: object) -> Frame | None:
+        """The child scope of a direct call of ``client`` (None: leave it alone)."""
+        if _bypass.get() == id(client) or current_tool() is None or is_suppressed():
+            return None
+        if not self.plugin.installed:
+            return None
+        return Frame(self.runs.new_scope())
+
+    def _engine_client(self, client: Any, frame: Frame) -> Any:
+        from ce.autogen._inject import CallSite, EngineClient
+
+        return EngineClient(client, CallSite(self.plugin, self.book, frame, ""))
+
+    def _create(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        seams = self
+
+        async def create(client: Any, *args: Any, **kwargs: Any) -> Any:
+            frame = seams._frame(client)
+            if frame is None or not args:
+                return await original(client, *args, **kwargs)
+            return await seams._engine_client(client, frame).create(*args, **kwargs)
+
+        return create
+
+    def _stream(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        seams = self
+
+        async def create_stream(
+            client: Any, *args: Any, **kwargs: Any
+        ) -> AsyncGenerator[Any, None]:
+            frame = seams._frame(client)
+            if frame is None or not args:
+                async for chunk in original(client, *args, **kwargs):
+                    yield chunk
+                return
+            async for chunk in seams._engine_client(client, frame).create_stream(*args, **kwargs):
+                yield chunk
+
+        return create_stream
+
+    def _replace(self, owner: type, attr: str, new: Any) -> None:
+        old = vars(owner).get(attr, _MISSING)
+        setattr(owner, attr, new)
+
+        def undo() -> None:
+            if vars(owner).get(attr, _MISSING) is not new:
+                logger.warning("%s.%s was replaced after the plugin wrapped it", owner, attr)
+            if old is _MISSING:
+                if attr in vars(owner):
+                    delattr(owner, attr)
+            else:
+                setattr(owner, attr, old)
+
+        self.ledger.register(undo, f"wrap {owner.__qualname__}.{attr}")

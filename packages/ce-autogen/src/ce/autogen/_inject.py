@@ -1,0 +1,345 @@
+"""Engine -> AutoGen: the messages a model call sends instead of its own.
+
+The seam is a delegating ``ChatCompletionClient`` (:class:`EngineClient`): it sees the final
+list of every model call an ``AssistantAgent`` makes (its system message, which AutoGen
+prepends outside the model context, the memory messages, the tools), on every call of the tool
+loop and of the reflection, streamed or not. The plugin hands it to AutoGen's own model-call
+code in place of the agent's client for that one call (see ``_patch``), so the agent keeps its
+own client: ``dump_component()``, ``save_state()`` and ``load_state()`` are unchanged.
+
+Before the call, :func:`prepare` awaits the engine on the caller's loop (no blocking bridge)
+through the kit (:func:`ce.core.integration.prepare_openai`): the agent's messages from its
+own view in, the engine's input back in AutoGen's types (``_convert``). Fail-open, never
+unredacted: when the engine fails the kit returns the agent's own messages redacted; when the
+conversion itself fails, the agent's messages go through the configured redactor here. After
+the call the reply, its usage (streaming: the final chunk's, which OpenAI clients are asked to
+send with ``include_usage``) and its latency are recorded in the call's session.
+
+:class:`RecordingClient` is the same delegation without injection, for the speaker-selection
+prompt of a ``SelectorGroupChat``: its reply is parsed for an agent's name, so it is recorded
+(usage and output) and never rewritten, only redacted (it quotes the conversation).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage
+
+from ce.autogen._clients import bypassing
+from ce.autogen._convert import (
+    AuthorLookup,
+    from_sent,
+    redacted_natively,
+    reply_text,
+    reply_to_message,
+    to_pending,
+    tool_schemas,
+)
+from ce.autogen._record import model_call, write
+from ce.core.integration import fail_open, is_suppressed, prepare_openai
+from ce.core.schema import ModelUsageStage
+
+if TYPE_CHECKING:
+    from ce.autogen._record import Book
+    from ce.autogen._scopes import Frame
+    from ce.core.integration import Plugin
+
+__all__ = ["CallSite", "EngineClient", "RecordingClient", "prepare"]
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """One agent's model call: the plugin, the run it belongs to, the agent; ``inject``
+    false: the engine records the call's messages, the model gets the agent's own."""
+
+    plugin: Plugin
+    book: Book
+    frame: Frame
+    agent: str
+    inject: bool = True
+
+    @property
+    def session_id(self) -> str:
+        return self.frame.session_id
+
+
+async def prepare(
+    site: CallSite, messages: Sequence[LLMMessage], tools: Sequence[Any]
+) -> list[LLMMessage] | None:
+    """The messages the model receives instead of ``messages``: the engine's input for the
+    call's session from the agent's view, or on failure the agent's own redacted (``None``:
+    send them as they are). Raises the error with ``plugin.fail_closed``."""
+    plugin, session_id = site.plugin, site.session_id
+    peers = site.frame.peers
+
+    def redact() -> list[LLMMessage] | None:
+        return redacted_natively(plugin.engine.redactor_for(plugin.config), messages)
+
+    try:
+        pending = to_pending(messages, site.agent, peers, site.book.memory_texts())
+        schemas = tool_schemas(tools)
+        if peers:
+            _note_peers(site, pending)
+    except Exception as exc:
+        return await fail_open(plugin, session_id, "convert messages", exc, redact)
+    sent = await prepare_openai(plugin, session_id, pending.dicts, schemas, pending.authors)
+    if sent is None:
+        return None
+    try:
+        lookup = AuthorLookup(*site.book.authors(session_id)) if peers else None
+        return from_sent(sent, messages, pending, site.agent, peers, lookup)
+    except Exception as exc:
+        return await fail_open(plugin, session_id, "convert messages", exc, redact)
+
+
+def _note_peers(site: CallSite, pending: Any) -> None:
+    """Note the author of each peer message the book does not know yet (one that was no
+    model reply of this process: a tool-call summary, a reply from another process), as
+    written and as the session stores it."""
+    book, session_id = site.book, site.session_id
+    redactor: Any = None
+    for entry, author in zip(pending.dicts, pending.authors, strict=True):
+        text = entry.get("content")
+        if (
+            entry.get("role") != "assistant"
+            or author is None
+            or author.id == site.agent
+            or not isinstance(text, str)
+            or not text
+            or book.knows(session_id, text)
+        ):
+            continue
+        if redactor is None:
+            redactor = site.plugin.engine.redactor_for(site.plugin.config) or False
+        texts = [text]
+        if redactor:
+            texts.append(redactor.redact_text(text).redacted_text)
+        book.note_reply(session_id, author.id, texts, ())
+
+
+def _usage_args(inner: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` of a streamed call of ``inner``, asking an OpenAI client for the usage
+    chunk (``stream_options.include_usage``) unless the app set stream options itself."""
+    try:
+        from autogen_ext.models.openai import (  # type: ignore[import-not-found,unused-ignore]
+            BaseOpenAIChatCompletionClient,
+        )
+    except ImportError:  # autogen-ext (or its openai extra) is not installed
+        return kwargs
+    if not isinstance(inner, BaseOpenAIChatCompletionClient):
+        return kwargs
+    extra = dict(kwargs.get("extra_create_args") or {})
+    own = getattr(inner, "_create_args", None)
+    if "stream_options" in extra or (isinstance(own, Mapping) and "stream_options" in own):
+        return kwargs
+    if kwargs.get("include_usage") is not None:
+        return kwargs
+    extra["stream_options"] = {"include_usage": True}
+    return {**kwargs, "extra_create_args": extra}
+
+
+async def _chain(head: list[Any], rest: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+    for item in head:
+        yield item
+    async for item in rest:
+        yield item
+
+
+class _Delegating(ChatCompletionClient):
+    """A ``ChatCompletionClient`` that delegates everything to ``inner``."""
+
+    asks_usage = False
+    """Whether a streamed call asks an OpenAI client for the usage chunk."""
+    ce_delegating = True
+    """The client seams leave the plugin's own clients alone (see ``_clients``)."""
+
+    def __init__(self, inner: ChatCompletionClient) -> None:
+        self._inner = inner
+
+    @property
+    def inner(self) -> ChatCompletionClient:
+        """The client the calls go to."""
+        return self._inner
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def actual_usage(self) -> Any:
+        return self._inner.actual_usage()
+
+    def total_usage(self) -> Any:
+        return self._inner.total_usage()
+
+    def count_tokens(self, messages: Sequence[LLMMessage], **kwargs: Any) -> int:
+        return self._inner.count_tokens(messages, **kwargs)
+
+    def remaining_tokens(self, messages: Sequence[LLMMessage], **kwargs: Any) -> int:
+        return self._inner.remaining_tokens(messages, **kwargs)
+
+    @property
+    def capabilities(self) -> Any:
+        return self._inner.capabilities  # deprecated in AutoGen, still abstract
+
+    @property
+    def model_info(self) -> Any:
+        return self._inner.model_info
+
+    def dump_component(self) -> Any:
+        """The wrapped client's component: the wrapper never shows in a dumped config."""
+        return self._inner.dump_component()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    # -- to override ------------------------------------------------------------------------
+
+    async def _before(self, messages: Sequence[LLMMessage], kwargs: dict[str, Any]) -> Any:
+        return messages
+
+    async def _after(
+        self,
+        result: CreateResult | None,
+        started: float,
+        first_token: float | None,
+        error: BaseException | None,
+    ) -> None:
+        return None
+
+    # -- the calls --------------------------------------------------------------------------
+
+    async def create(self, messages: Sequence[LLMMessage], **kwargs: Any) -> CreateResult:
+        if is_suppressed():
+            return await self._inner.create(messages, **kwargs)
+        sent = await self._before(messages, kwargs)
+        started = time.perf_counter()
+        try:
+            with bypassing(self._inner):
+                result = await self._inner.create(sent, **kwargs)
+        except Exception as exc:
+            await self._after(None, started, None, exc)
+            raise
+        await self._after(result, started, None, None)
+        return result
+
+    async def create_stream(
+        self, messages: Sequence[LLMMessage], **kwargs: Any
+    ) -> AsyncGenerator[str | CreateResult, None]:
+        if is_suppressed():
+            async for chunk in self._inner.create_stream(messages, **kwargs):
+                yield chunk
+            return
+        sent = await self._before(messages, kwargs)
+        if self.asks_usage:
+            kwargs = _usage_args(self._inner, kwargs)
+        started = time.perf_counter()
+        first: float | None = None
+        result: CreateResult | None = None
+        try:
+            stream = self._inner.create_stream(sent, **kwargs)
+            with bypassing(self._inner):  # the stream's first step is where it looks
+                head = [await stream.__anext__()]
+            first = time.perf_counter()
+            async for chunk in _chain(head, stream):
+                if isinstance(chunk, CreateResult):
+                    result = chunk
+                yield chunk
+        except StopAsyncIteration:  # a stream with no chunk at all
+            pass
+        except Exception as exc:
+            await self._after(None, started, first, exc)
+            raise
+        await self._after(result, started, first, None)
+
+
+class EngineClient(_Delegating):
+    """``inner`` for one model call of an agent: the call sends the engine's input and its
+    reply, usage and latency are recorded (see the module docstring)."""
+
+    asks_usage = True
+
+    def __init__(self, inner: ChatCompletionClient, site: CallSite) -> None:
+        super().__init__(inner)
+        self._site = site
+
+    async def _before(self, messages: Sequence[LLMMessage], kwargs: dict[str, Any]) -> Any:
+        sent = await prepare(self._site, messages, kwargs.get("tools") or ())
+        return messages if sent is None or not self._site.inject else sent
+
+    async def _after(
+        self,
+        result: CreateResult | None,
+        started: float,
+        first_token: float | None,
+        error: BaseException | None,
+    ) -> None:
+        site = self._site
+        text = reply_text(result) if result is not None else ""
+        call = model_call(self._inner, result, started, first_token, text, error=error)
+        reply = None
+        if result is not None:
+            reply = reply_to_message(result, site.agent, call.provider, call.model)
+            if site.frame.peers:
+                self._note(reply, text)
+        await write(
+            site.plugin,
+            site.session_id,
+            "record model call",
+            lambda r: r.record_model_call(call, reply),
+        )
+
+    def _note(self, reply: Any, text: str) -> None:
+        """Remember the reply's author for the other agents of the team (by its text as
+        written and as the session stores it, and by its tool call ids)."""
+        site = self._site
+        texts = [text]
+        redactor = site.plugin.engine.redactor_for(site.plugin.config)
+        if redactor is not None and text:
+            texts.append(redactor.redact_text(text).redacted_text)
+        calls = [c.tool_call_id for c in reply.tool_calls or ()]
+        site.book.note_reply(site.session_id, site.agent, texts, calls)
+
+
+class RecordingClient(_Delegating):
+    """``inner`` for one speaker selection: its prompt (which quotes the conversation) goes
+    as AutoGen wrote it, only passed through the configured redactor (the names it is parsed
+    for are kept; a streamed request is not asked for a usage chunk either); the call's usage
+    (when the provider sends it) and output are recorded in ``session_id`` (stage ``route``),
+    no message is."""
+
+    def __init__(self, inner: ChatCompletionClient, plugin: Plugin, session_id: str) -> None:
+        super().__init__(inner)
+        self._plugin = plugin
+        self._session_id = session_id
+
+    async def _before(self, messages: Sequence[LLMMessage], kwargs: dict[str, Any]) -> Any:
+        plugin = self._plugin
+
+        def redact() -> list[LLMMessage] | None:
+            return redacted_natively(plugin.engine.redactor_for(plugin.config), messages)
+
+        try:
+            redacted = redact()
+        except Exception as exc:  # redaction failed: reported, then as fail_open says
+            redacted = await fail_open(plugin, self._session_id, "redact", exc, redact)
+        return messages if redacted is None else redacted
+
+    async def _after(
+        self,
+        result: CreateResult | None,
+        started: float,
+        first_token: float | None,
+        error: BaseException | None,
+    ) -> None:
+        text = reply_text(result) if result is not None else ""
+        call = model_call(
+            self._inner, result, started, first_token, text, ModelUsageStage.ROUTE, error
+        )
+        await write(
+            self._plugin, self._session_id, "record model call", lambda r: r.record_model_call(call)
+        )

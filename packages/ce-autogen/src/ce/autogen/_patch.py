@@ -1,0 +1,307 @@
+"""Where the plugin hooks into AutoGen, and why there.
+
+AutoGen 0.7 has no hook API in front of a model call: ``AssistantAgent`` reads its client at
+the start of a turn and calls it from its class methods ``_call_llm`` (every call of the tool
+loop) and ``_reflect_on_tool_use_flow`` (the reflection); its static ``_execute_tool_call``
+runs each tool call (AutoGen's call id, ``is_error``), its static
+``_update_model_context_with_memory`` queries the memories. The plugin replaces these four
+class attributes, and ``on_messages_stream`` (a turn of a standalone agent starts a run) and
+``BaseGroupChat.run_stream`` (a team's run), and ``SelectorGroupChatManager._select_speaker``
+(the speaker-selection prompt, recorded only), each by a function that does its part around
+the original; and ``FunctionTool.run``, whose sync tool bodies AutoGen runs in an executor
+thread that does not get the caller's context variables: inside an instrumented tool call the
+body runs in a copy of the caller's context, so the session (``engine.session``) and the tool
+call a run started in the body is nested in are kept. They are class-level, so agents and
+teams built before ``install()`` are
+covered, and the agents themselves are never changed (their client, state and config stay
+theirs). Every replacement is recorded in the plugin's ledger: ``uninstall()`` puts back the
+very objects the classes held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any
+
+from ce.autogen._convert import arguments_of
+from ce.autogen._inject import CallSite, EngineClient, RecordingClient
+from ce.autogen._record import hits_from_memory, tool_run, write
+from ce.autogen._scopes import Frame, ToolFrame, agents_of, current_tool, in_tool
+from ce.core.integration import is_suppressed
+
+if TYPE_CHECKING:
+    from ce.autogen._record import Book
+    from ce.autogen._scopes import Runs
+    from ce.core.integration import PatchLedger, Plugin
+
+__all__ = ["Patches", "patched_targets"]
+
+logger = logging.getLogger("ce.autogen")
+
+_MISSING = object()
+
+
+def patched_targets() -> list[tuple[Any, str]]:
+    """The ``(class, attribute)`` pairs the plugin replaces while installed."""
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.teams import BaseGroupChat
+    from autogen_agentchat.teams._group_chat._selector_group_chat import (
+        SelectorGroupChatManager,
+    )
+    from autogen_core.tools import FunctionTool
+
+    return [
+        (AssistantAgent, "_call_llm"),
+        (AssistantAgent, "_reflect_on_tool_use_flow"),
+        (AssistantAgent, "_execute_tool_call"),
+        (AssistantAgent, "_update_model_context_with_memory"),
+        (AssistantAgent, "on_messages_stream"),
+        (BaseGroupChat, "run_stream"),
+        (SelectorGroupChatManager, "_select_speaker"),
+        (FunctionTool, "run"),
+    ]
+
+
+class Patches:
+    """The hooks of one install."""
+
+    def __init__(self, plugin: Plugin, runs: Runs, book: Book, inject: bool) -> None:
+        self.plugin = plugin
+        self.runs = runs
+        self.book = book
+        self.inject = inject
+
+    # -- install ----------------------------------------------------------------------------
+
+    def install(self, ledger: PatchLedger) -> None:
+        for owner, attr in patched_targets():
+            raw = vars(owner)[attr]
+            make: Callable[[Any], Any] = getattr(
+                self, f"_make{attr}" if attr[0] == "_" else f"_make_{attr}"
+            )
+            if isinstance(raw, classmethod):
+                new: Any = classmethod(make(raw.__func__))
+            elif isinstance(raw, staticmethod):
+                new = staticmethod(make(raw.__func__))
+            else:
+                new = make(raw)
+            _replace(ledger, owner, attr, new)
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def _make_on_messages_stream(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        runs = self.runs
+
+        async def on_messages_stream(
+            agent: Any, *args: Any, **kwargs: Any
+        ) -> AsyncGenerator[Any, None]:
+            frame: Frame | None = None
+            if not is_suppressed() and runs.team_frame(agent) is None:
+                frame = Frame(runs.new_scope())
+                runs.bind_agent(agent, frame)
+            try:
+                async for item in original(agent, *args, **kwargs):
+                    yield item
+            finally:
+                if frame is not None:
+                    runs.unbind(frame)
+
+        return on_messages_stream
+
+    def _make_run_stream(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        runs = self.runs
+
+        async def run_stream(team: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+            frame: Frame | None = None
+            agents = list(agents_of(team))
+            inside = any(runs.team_frame(a) is not None for a in agents)
+            if not is_suppressed() and not inside:
+                # the agents whose replies are model output; a user proxy's messages are the
+                # user's, a code executor's are tool output: both stay user messages
+                names = frozenset(
+                    str(getattr(a, "name", "")) for a in agents if hasattr(a, "_model_client")
+                )
+                frame = Frame(runs.new_scope(), peers=names, team=True)
+                for agent in agents:
+                    runs.bind_agent(agent, frame)
+                runs.bind_team(team, str(getattr(team, "_team_id", id(team))), frame)
+            try:
+                async for item in original(team, *args, **kwargs):
+                    yield item
+            finally:
+                if frame is not None:
+                    runs.unbind(frame)
+
+        return run_stream
+
+    # -- model calls ------------------------------------------------------------------------
+
+    def _site(self, kwargs: dict[str, Any]) -> CallSite | None:
+        """The call site of an agent's model call, from the arguments AutoGen passes (None:
+        leave the call alone)."""
+        if is_suppressed() or not self.plugin.installed:
+            return None
+        model_context = kwargs.get("model_context")
+        frame = self.runs.for_context(model_context) if model_context is not None else None
+        if frame is None:
+            return None
+        agent = str(kwargs.get("agent_name") or "")
+        return CallSite(self.plugin, self.book, frame, agent, self.inject)
+
+    def _wrap_client(self, kwargs: dict[str, Any]) -> None:
+        site = self._site(kwargs)
+        client = kwargs.get("model_client")
+        if site is not None and client is not None and not isinstance(client, EngineClient):
+            kwargs["model_client"] = EngineClient(client, site)
+
+    def _make_call_llm(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        wrap = self._wrap_client
+
+        async def _call_llm(cls: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+            wrap(kwargs)  # AutoGen passes every argument by keyword
+            async for item in original(cls, *args, **kwargs):
+                yield item
+
+        return _call_llm
+
+    def _make_reflect_on_tool_use_flow(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        wrap = self._wrap_client
+
+        async def _reflect_on_tool_use_flow(
+            cls: Any, *args: Any, **kwargs: Any
+        ) -> AsyncGenerator[Any, None]:
+            wrap(kwargs)
+            async for item in original(cls, *args, **kwargs):
+                yield item
+
+        return _reflect_on_tool_use_flow
+
+    # -- tools and memory -------------------------------------------------------------------
+
+    def _make_execute_tool_call(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        plugin, runs = self.plugin, self.runs
+
+        async def _execute_tool_call(*args: Any, **kwargs: Any) -> Any:
+            call = kwargs.get("tool_call")
+            workbench = kwargs.get("workbench")
+            frame = runs.for_workbench(workbench) if workbench is not None else None
+            if frame is None or call is None or is_suppressed() or not plugin.installed:
+                return await original(*args, **kwargs)
+            started = time.time()
+            # runs started inside the tool (an AgentTool, a tool body running an agent) are
+            # nested in this tool call
+            with in_tool(ToolFrame(frame.scope, str(call.id))):
+                outcome = await original(*args, **kwargs)
+            result = outcome[1] if isinstance(outcome, tuple) and len(outcome) == 2 else outcome
+            run = tool_run(str(call.id), str(call.name), arguments_of(call), result, started)
+            await write(
+                plugin, frame.session_id, "record tool run", lambda r: r.record_tool_run(run)
+            )
+            return outcome
+
+        return _execute_tool_call
+
+    def _make_update_model_context_with_memory(
+        self, original: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        plugin, runs, book = self.plugin, self.runs, self.book
+
+        async def _update_model_context_with_memory(*args: Any, **kwargs: Any) -> Any:
+            model_context = kwargs.get("model_context")
+            frame = runs.for_context(model_context) if model_context is not None else None
+            if frame is None or is_suppressed() or not plugin.installed:
+                return await original(*args, **kwargs)
+            held = getattr(model_context, "_messages", None)
+            before = len(held) if isinstance(held, list) else None
+            events = await original(*args, **kwargs)
+            if before is not None and isinstance(held, list):
+                from autogen_core.models import SystemMessage
+
+                for added in held[before:]:
+                    if isinstance(added, SystemMessage):
+                        book.note_memory(added.content)
+            results = [item for event in events or () for item in getattr(event, "content", ())]
+            hits = hits_from_memory(results)
+            if hits:
+                await write(
+                    plugin, frame.session_id, "record retrieval", lambda r: r.record_retrieval(hits)
+                )
+            return events
+
+        return _update_model_context_with_memory
+
+    def _make_run(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(tool: Any, args: Any, cancellation_token: Any) -> Any:
+            func = getattr(tool, "_func", None)
+            signature = getattr(tool, "_signature", None)
+            if (
+                current_tool() is None
+                or is_suppressed()
+                or func is None
+                or signature is None
+                or inspect.iscoroutinefunction(func)
+            ):
+                return await original(tool, args, cancellation_token)
+            # AutoGen's sync branch, with the body run in a copy of this context
+            kwargs = {n: getattr(args, n) for n in signature.parameters if hasattr(args, n)}
+            cancellable = bool(getattr(tool, "_has_cancellation_support", False))
+            if cancellable:
+                kwargs["cancellation_token"] = cancellation_token
+            body = functools.partial(contextvars.copy_context().run, func, **kwargs)
+            future = asyncio.get_running_loop().run_in_executor(None, body)
+            if not cancellable:
+                cancellation_token.link_future(future)
+            return await future
+
+        return run
+
+    # -- speaker selection ------------------------------------------------------------------
+
+    def _make_select_speaker(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        plugin, runs = self.plugin, self.runs
+
+        async def _select_speaker(manager: Any, *args: Any, **kwargs: Any) -> Any:
+            client = getattr(manager, "_model_client", None)
+            if client is None or is_suppressed() or not plugin.installed:
+                return await original(manager, *args, **kwargs)
+            try:
+                team_id = manager.id.key
+            except Exception:  # a manager outside an agent runtime
+                team_id = None
+            frame = runs.for_team(team_id) if team_id is not None else None
+            if frame is None:
+                return await original(manager, *args, **kwargs)
+            # the manager makes its selections one at a time: its client is swapped for the
+            # selection only
+            manager._model_client = RecordingClient(client, plugin, frame.session_id)
+            try:
+                return await original(manager, *args, **kwargs)
+            finally:
+                manager._model_client = client
+
+        return _select_speaker
+
+
+def _replace(ledger: PatchLedger, owner: type, attr: str, new: Any) -> None:
+    """Set ``owner.attr`` to ``new``, recorded in ``ledger``: undo puts back the very object
+    the class held. (Not ``PatchLedger.wrap``: a classmethod or staticmethod read through
+    ``getattr`` is not the object the class holds.)"""
+    old = vars(owner).get(attr, _MISSING)
+    setattr(owner, attr, new)
+
+    def undo() -> None:
+        if vars(owner).get(attr, _MISSING) is not new:
+            logger.warning("%s.%s was replaced after the plugin wrapped it", owner, attr)
+        if old is _MISSING:
+            if attr in vars(owner):
+                delattr(owner, attr)
+        else:
+            setattr(owner, attr, old)
+
+    ledger.register(undo, f"wrap {owner.__qualname__}.{attr}")

@@ -1,0 +1,252 @@
+"""AutoGen runs -> the engine: model calls (usage, the reply with its agent as author), tool
+runs (AutoGen's call id, status, duration), memory queries (one ``rag_doc`` evidence per
+hit), speaker selections (usage and output only).
+
+Every write is awaited on the caller's loop (AutoGen is async only), fail-open like the kit's
+:func:`ce.core.integration.guarded`: a failed write is logged and reported as a ``Degraded``
+event, never raised into the agent's run (raised with ``fail_closed=True``). Not written behind
+(``engine.defer`` plus a flush task): a read right after a run (``engine.get_session``) does not
+wait for a deferred write another task is already running, so it could miss the run's last
+reply; and on AutoGen's single event loop the flush costs the same time a little later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import (
+    ModelCall,
+    Recorder,
+    RetrievalHit,
+    ToolRun,
+    error_text,
+    guarded,
+)
+from ce.core.schema import ModelUsageStage
+
+if TYPE_CHECKING:
+    from autogen_core.models import CreateResult
+
+    from ce.core.integration import Plugin
+
+__all__ = ["Book", "hits_from_memory", "model_name", "provider_name", "write"]
+
+_URI_KEYS = ("source", "uri", "url", "file_path", "path")
+_SCORE_KEYS = ("score", "relevance", "similarity")
+_ID_KEYS = ("id", "doc_id", "document_id")
+_SMALL = 512
+_SESSIONS_KEPT = 1024
+_PER_SESSION = 4096
+_MEMORY_TEXTS = 4096
+
+
+async def write(
+    plugin: Plugin,
+    session_id: str,
+    what: str,
+    work: Callable[[Recorder], Coroutine[Any, Any, Any]],
+) -> None:
+    """Record with ``work`` on the plugin engine's session ``session_id``, awaited here,
+    fail-open (``what`` names it in the log and the ``Degraded`` event)."""
+    if not plugin.installed:
+        return
+    recorder = Recorder(plugin.engine, session_id)
+    await guarded(plugin, lambda: work(recorder), session_id=session_id, what=what)
+
+
+def provider_name(client: Any) -> str:
+    """The provider of an AutoGen model client, from its class (``openai``,
+    ``azure_openai``, ``anthropic``, ``ollama``, ...; the class name otherwise)."""
+    cls = type(client)
+    module, name = cls.__module__.lower(), cls.__name__.lower()
+    for key, provider in (
+        ("azure", "azure_openai"),
+        ("openai", "openai"),
+        ("anthropic", "anthropic"),
+        ("ollama", "ollama"),
+        ("gemini", "gemini"),
+        ("llama_cpp", "llama_cpp"),
+    ):
+        if key in name or key in module:
+            return provider
+    return cls.__name__
+
+
+def model_name(client: Any) -> str:
+    """The model an AutoGen model client calls (its create args' ``model``, else its model
+    family)."""
+    args = getattr(client, "_create_args", None)
+    if isinstance(args, Mapping) and isinstance(args.get("model"), str):
+        return str(args["model"])
+    for attr in ("model", "_model", "model_name"):
+        value = getattr(client, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    try:
+        return str(client.model_info.get("family") or "unknown")
+    except Exception:  # a client whose model_info is not a mapping
+        return "unknown"
+
+
+def model_call(
+    client: Any,
+    result: CreateResult | None,
+    started: float,
+    first_token: float | None,
+    text: str,
+    stage: ModelUsageStage = ModelUsageStage.OTHER,
+    error: BaseException | None = None,
+) -> ModelCall:
+    """The neutral record of one finished (or failed) model call of ``client``."""
+    usage = getattr(result, "usage", None)
+    ended = time.perf_counter()
+    return ModelCall(
+        call_id=uuid.uuid4().hex,
+        provider=provider_name(client),
+        model=model_name(client),
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        latency_ms=round((ended - started) * 1000),
+        first_token_latency_ms=(
+            round((first_token - started) * 1000) if first_token is not None else None
+        ),
+        output_text=text,
+        stage=stage,
+        error=error_text(error) if error is not None else None,
+    )
+
+
+def tool_run(
+    call_id: str,
+    name: str,
+    args: dict[str, Any] | str,
+    result: Any,
+    started: float,
+) -> ToolRun:
+    """The neutral record of one tool run of an agent, from AutoGen's
+    ``FunctionExecutionResult`` (its ``is_error`` makes the run an error)."""
+    content = str(getattr(result, "content", result))
+    failed = bool(getattr(result, "is_error", False))
+    return ToolRun(
+        tool_call_id=call_id,
+        name=name,
+        args=args,
+        result=None if failed else content,
+        error=content if failed else None,
+        started_at=started,
+        ended_at=time.time(),
+        provider_name="autogen",
+    )
+
+
+def _small(value: Any) -> bool:
+    if isinstance(value, str):
+        return len(value) <= _SMALL
+    return isinstance(value, (int, float, bool))
+
+
+def hits_from_memory(results: Sequence[Any]) -> list[RetrievalHit]:
+    """AutoGen ``MemoryContent`` results as neutral hits: the source uri from the metadata
+    (``source``, ``uri``, ``url``, ``file_path`` or ``path``), the score (``score``,
+    ``relevance`` or ``similarity``), the document id, and the small scalar metadata."""
+    hits: list[RetrievalHit] = []
+    for item in results:
+        content = getattr(item, "content", item)
+        if not isinstance(content, str):
+            content = str(content)
+        meta = dict(getattr(item, "metadata", None) or {})
+        uri = next((str(meta[k]) for k in _URI_KEYS if meta.get(k)), "")
+        score = next((meta[k] for k in _SCORE_KEYS if isinstance(meta.get(k), (int, float))), None)
+        doc_id = next((str(meta[k]) for k in _ID_KEYS if meta.get(k) is not None), None)
+        metadata = {
+            str(k): v
+            for k, v in meta.items()
+            if _small(v) and k not in _URI_KEYS and k not in _SCORE_KEYS
+        }
+        mime = getattr(item, "mime_type", None)
+        if mime is not None:
+            metadata["mime_type"] = str(getattr(mime, "value", mime))
+        hits.append(
+            RetrievalHit(
+                content=content,
+                uri=uri,
+                score=float(score) if score is not None else None,
+                doc_id=doc_id,
+                metadata=metadata,
+            )
+        )
+    return hits
+
+
+def _levels(text: str) -> list[str]:
+    """``text`` and its shorter renderings (the engine's Summary and Gist of a message that
+    has no rendering of its own)."""
+    from ce.core.pipeline import shorten
+    from ce.core.schema import LevelOfDetail
+
+    return [text, shorten(text, LevelOfDetail.SUMMARY), shorten(text, LevelOfDetail.GIST)]
+
+
+class Book:
+    """What the plugin remembers between calls: who wrote the assistant messages of each
+    session (by text, redacted text and tool call id: the engine's input names no author)
+    and the system messages memories added to model contexts. Bounded (oldest first out)."""
+
+    def __init__(self) -> None:
+        self._texts: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._calls: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._memory: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _session(self, table: OrderedDict[str, dict[str, str]], session_id: str) -> dict[str, str]:
+        entry = table.get(session_id)
+        if entry is None:
+            entry = table[session_id] = {}
+            while len(table) > _SESSIONS_KEPT:
+                table.popitem(last=False)
+        else:
+            table.move_to_end(session_id)
+        if len(entry) > _PER_SESSION:
+            entry.clear()
+        return entry
+
+    def note_reply(
+        self, session_id: str, agent: str, texts: Sequence[str], call_ids: Sequence[str]
+    ) -> None:
+        """Agent ``agent`` wrote a reply with these texts (raw and as stored) and calls. The
+        texts are noted at every level of detail the engine may render them at (a reply the
+        budget degraded is still its author's)."""
+        forms = {form for text in texts if text for form in _levels(text)}
+        with self._lock:
+            by_text = self._session(self._texts, session_id)
+            for text in forms:
+                by_text[text] = agent
+            by_call = self._session(self._calls, session_id)
+            for call_id in call_ids:
+                by_call[call_id] = agent
+
+    def knows(self, session_id: str, text: str) -> bool:
+        """Whether the author of ``text`` in ``session_id`` is noted."""
+        return text in self._texts.get(session_id, {})
+
+    def authors(self, session_id: str) -> tuple[dict[str, str], dict[str, str]]:
+        """The texts and the tool call ids of ``session_id`` with their authors."""
+        with self._lock:
+            return dict(self._texts.get(session_id, {})), dict(self._calls.get(session_id, {}))
+
+    def note_memory(self, text: str) -> None:
+        """A memory added this system message to a model context."""
+        with self._lock:
+            self._memory[text] = None
+            self._memory.move_to_end(text)
+            while len(self._memory) > _MEMORY_TEXTS:
+                self._memory.popitem(last=False)
+
+    def memory_texts(self) -> Collection[str]:
+        """The system messages memories added (a live view: membership tests only)."""
+        return self._memory.keys()

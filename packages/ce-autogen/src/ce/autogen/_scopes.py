@@ -1,0 +1,196 @@
+"""Which session an AutoGen model call, tool run or memory query belongs to: the kit's rule
+(:func:`ce.core.integration.resolve_scope`) applied to AutoGen's runs.
+
+AutoGen names no conversation (an agent's or a team's history lives in the object itself), so
+a top-level run's session is ``with engine.session(...)`` around it, else
+``install(session_id=...)``, else the run itself (``run:<id>``, one per ``run`` /
+``run_stream`` / ``on_messages`` of a standalone agent, one per ``run`` / ``run_stream`` of a
+team). A team's run is one scope: every agent of the team, nested teams included, records into
+it and is assembled from it (each with its own system message first, see ``_inject``).
+
+A run started inside a tool call of another run (an ``AgentTool`` / ``TeamTool``, a tool body
+that runs an agent) is nested: it gets the child scope ``<outer session>/<tool call id>`` and
+never receives or changes the outer conversation.
+
+AutoGen's hooks do not receive the agent (``_call_llm`` and ``_execute_tool_call`` are
+class / static methods), so a run's :class:`Frame` is found by the objects they do receive:
+the agent's model context and workbench list, and for a team's speaker selection the team
+id. A frame is bound when the run starts and unbound when it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+import weakref
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import Scope, resolve_scope
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin
+
+__all__ = ["Frame", "Runs", "ToolFrame", "current_tool", "in_tool"]
+
+
+@dataclass(frozen=True)
+class ToolFrame:
+    """A tool call in flight: the scope it was made in and the model's call id."""
+
+    scope: Scope
+    call_id: str
+
+
+_tool: ContextVar[ToolFrame | None] = ContextVar("ce_autogen_tool", default=None)
+
+
+def current_tool() -> ToolFrame | None:
+    """The tool call the current code runs inside, if any."""
+    return _tool.get()
+
+
+class in_tool:
+    """Within this block, runs started are nested in ``frame``'s tool call."""
+
+    def __init__(self, frame: ToolFrame) -> None:
+        self._frame = frame
+        self._token: Any = None
+
+    def __enter__(self) -> ToolFrame:
+        self._token = _tool.set(self._frame)
+        return self._frame
+
+    def __exit__(self, *exc: object) -> None:
+        _tool.reset(self._token)
+
+
+@dataclass
+class Frame:
+    """One run in flight: its scope and the names of the model-driven agents of its team
+    (empty for a standalone agent)."""
+
+    scope: Scope
+    peers: frozenset[str] = frozenset()
+    team: bool = False
+    team_id: str | None = None
+    objects: list[tuple[str, Any]] = field(default_factory=list)
+
+    @property
+    def session_id(self) -> str:
+        return self.scope.session_id
+
+
+def agents_of(team: Any) -> Iterator[Any]:
+    """The agents of a team, those of its nested teams included."""
+    for participant in getattr(team, "_participants", ()) or ():
+        if hasattr(participant, "_participants"):
+            yield from agents_of(participant)
+        else:
+            yield participant
+
+
+class Runs:
+    """The frames of the runs in flight, by the objects AutoGen's hooks receive."""
+
+    def __init__(self, plugin: Plugin, targets: Iterable[Any] = ()) -> None:
+        self.plugin = plugin
+        self._frames: dict[tuple[str, int], tuple[Any, Frame, bool]] = {}
+        self._teams: dict[str, tuple[Frame, bool]] = {}
+        self._lock = threading.Lock()
+        self._targets: weakref.WeakSet[Any] | None = None
+        targets = list(targets)
+        if targets:
+            self._targets = weakref.WeakSet()
+            for target in targets:
+                self._targets.add(target)
+                for agent in agents_of(target):
+                    self._targets.add(agent)
+
+    # -- targets ----------------------------------------------------------------------------
+
+    def targeted(self, obj: Any) -> bool:
+        """Whether the plugin acts on ``obj`` (an agent or a team)."""
+        return self._targets is None or obj in self._targets
+
+    # -- frames -----------------------------------------------------------------------------
+
+    def new_scope(self) -> Scope:
+        """The scope of a run starting now, in the current context."""
+        tool = current_tool()
+        run_id = uuid.uuid4().hex
+        if tool is None:
+            return resolve_scope(self.plugin, run_id=run_id)
+        return resolve_scope(
+            self.plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.call_id
+        )
+
+    def _keys(self, agent: Any) -> list[tuple[str, Any]]:
+        keys: list[tuple[str, Any]] = []
+        for kind, attr in (("context", "_model_context"), ("workbench", "_workbench")):
+            obj = getattr(agent, attr, None)
+            if obj is not None:
+                keys.append((kind, obj))
+        return keys
+
+    def bind_agent(self, agent: Any, frame: Frame) -> None:
+        """Make ``frame`` the run of ``agent``'s model calls, tool runs and memory queries
+        (acted on when the agent is targeted)."""
+        act = self.targeted(agent)
+        with self._lock:
+            for kind, obj in self._keys(agent):
+                self._frames[(kind, id(obj))] = (obj, frame, act)
+                frame.objects.append((kind, obj))
+
+    def bind_team(self, team: Any, team_id: str, frame: Frame) -> None:
+        """Make ``frame`` the run of the speaker selection of ``team`` (id ``team_id``)."""
+        act = self.targeted(team)
+        with self._lock:
+            self._teams[team_id] = (frame, act)
+            frame.team_id = team_id
+
+    def unbind(self, frame: Frame) -> None:
+        """Forget ``frame`` (the run ended), where it is still bound."""
+        with self._lock:
+            for kind, obj in frame.objects:
+                entry = self._frames.get((kind, id(obj)))
+                if entry is not None and entry[1] is frame:
+                    del self._frames[(kind, id(obj))]
+            frame.objects.clear()
+            team = self._teams.get(frame.team_id or "")
+            if team is not None and team[0] is frame:
+                del self._teams[frame.team_id or ""]
+
+    def _get(self, kind: str, obj: Any, acting: bool = True) -> Frame | None:
+        entry = self._frames.get((kind, id(obj)))
+        if entry is None or entry[0] is not obj or (acting and not entry[2]):
+            return None
+        return entry[1]
+
+    def for_context(self, model_context: Any) -> Frame | None:
+        """The run an agent's model context is in (None: none, or not acted on)."""
+        return self._get("context", model_context)
+
+    def for_workbench(self, workbench: Any) -> Frame | None:
+        """The run an agent's workbench list is in (None: none, or not acted on)."""
+        return self._get("workbench", workbench)
+
+    def for_team(self, team_id: Any) -> Frame | None:
+        """The run of team ``team_id`` (None: none, or not acted on)."""
+        entry = self._teams.get(str(team_id))
+        return entry[0] if entry is not None and entry[1] else None
+
+    def team_frame(self, agent: Any) -> Frame | None:
+        """The frame of the team run ``agent`` takes part in now, if any."""
+        model_context = getattr(agent, "_model_context", None)
+        if model_context is None:
+            return None
+        frame = self._get("context", model_context, acting=False)
+        return frame if frame is not None and frame.team else None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._frames.clear()
+            self._teams.clear()

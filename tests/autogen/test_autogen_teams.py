@@ -1,0 +1,460 @@
+"""Teams on the real AutoGen: a team's agents share the team run's session, each call starts
+with its own agent's system message, a peer's reply reaches an agent as a user message named
+after the peer (never as the agent's own assistant turn) and is stored once with the peer as
+author; a SelectorGroupChat's speaker-selection prompts are recorded, never rewritten; a model
+call nested in a tool call (an AgentTool) goes to a child scope."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.messages import BaseChatMessage
+from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
+from autogen_agentchat.tools import AgentTool
+from autogen_apps import client, wire
+
+import ce.autogen
+from ce.core.engine import ContextEngine
+from ce.core.formats import from_openai_messages
+from ce.core.schema import AuthorKind, ModelUsageStage, Role
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing.assertions import assert_tool_pairs_intact
+
+MARK = "NOTEBOOK-MARK-TEAM"
+SYSTEMS = {"alice": "You are Alice, the researcher.", "bob": "You are Bob, the critic."}
+TASK = "Plan a trip to Oslo."
+SELECTOR_CANARY = "sel.canary@example.com"
+
+
+def weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def _speaker(body: dict[str, Any]) -> str:
+    first = body["messages"][0]["content"]
+    return next(name for name, system in SYSTEMS.items() if system in first)
+
+
+def _turn(body: dict[str, Any]) -> int:
+    """How many replies the speaking agent has given in this request (its own turns)."""
+    return sum(1 for m in body["messages"] if m["role"] == "assistant" and m.get("content"))
+
+
+def _script(body: dict[str, Any]) -> ScriptedResponse:
+    if "role play game" in body["messages"][0]["content"]:  # the selector's prompt
+        asked = body["messages"][0]["content"]
+        return ScriptedResponse(text="bob" if "alice-says" in asked else "alice")
+    speaker = _speaker(body)
+    last = body["messages"][-1]
+    if speaker == "alice" and last["role"] != "tool" and _turn(body) == 0:
+        return ScriptedResponse(tool_calls=[("call_a1", "weather", json.dumps({"city": "Oslo"}))])
+    return ScriptedResponse(text=f"{speaker}-says-{len(body['messages'])}")
+
+
+def _agents(server: ScriptedOpenAIServer) -> list[AssistantAgent]:
+    return [
+        AssistantAgent(
+            "alice",
+            model_client=client(server),
+            tools=[weather],
+            system_message=SYSTEMS["alice"],
+            reflect_on_tool_use=True,
+        ),
+        AssistantAgent("bob", model_client=client(server), system_message=SYSTEMS["bob"]),
+    ]
+
+
+async def test_round_robin_agents_share_the_session_each_with_its_own_view(
+    engine: ContextEngine,
+) -> None:
+    with ScriptedOpenAIServer(_script) as server:
+        team = RoundRobinGroupChat(_agents(server), termination_condition=MaxMessageTermination(4))
+        ce.autogen.install(engine)
+        await engine.update_notebook("s-team", MARK)
+        with engine.session("s-team"):
+            result = await team.run(task=TASK)
+        requests = server.requests
+    chat = [m for m in result.messages if isinstance(m, BaseChatMessage)]
+    replies = [m.content for m in chat if m.source in SYSTEMS]
+    assert [m.source for m in chat] == ["user", "alice", "bob", "alice"]
+    assert len(requests) == 4  # alice: tool call + reflection; bob; alice
+    for request in requests:
+        speaker = _speaker(request)
+        messages = request["messages"]
+        assert messages[0]["role"] == "system"
+        assert messages[0]["content"].startswith(SYSTEMS[speaker])
+        assert MARK in messages[0]["content"]
+        other = next(name for name in SYSTEMS if name != speaker)
+        assert SYSTEMS[other] not in wire(request)
+        assert next(m["content"] for m in messages if m["role"] == "user") == TASK
+        assert_tool_pairs_intact(from_openai_messages(messages))
+        for message in messages[1:]:
+            text = message.get("content") or ""
+            if message["role"] == "assistant":
+                assert text == "" or text.startswith(f"{speaker}-says"), (speaker, message)
+            if message["role"] == "user" and text.startswith(f"{other}-says"):
+                assert message.get("name") == other
+    bob = requests[2]["messages"]
+    assert [(m["role"], m.get("name")) for m in bob[1:]] == [
+        ("user", "user"),
+        ("user", "alice"),
+    ]  # alice's tool call is hers: AutoGen never shows it to bob, nor does the engine
+    alice_again = requests[3]["messages"]
+    assert ("user", "bob", replies[1]) in [
+        (m["role"], m.get("name"), m.get("content")) for m in alice_again
+    ]
+    assert ("assistant", replies[0]) in [(m["role"], m.get("content")) for m in alice_again]
+
+    doc = await engine.get_session("s-team")
+    stored = doc.session.messages
+    assert [m.content for m in stored if m.role is Role.USER] == [TASK]
+    for reply, author in zip(replies, ["alice", "bob", "alice"], strict=True):
+        (copy,) = [m for m in stored if m.content == reply]
+        assert copy.role is Role.ASSISTANT
+        assert copy.author is not None
+        assert (copy.author.kind, copy.author.id) == (AuthorKind.AGENT, author)
+    (run,) = doc.session.tool_state.tool_calls
+    assert (run.tool_call_id, run.tool, run.status.value) == ("call_a1", "weather", "success")
+    assert len(doc.session.model_usage) == len(requests)
+
+
+async def test_selector_prompts_are_recorded_and_never_rewritten_only_redacted(
+    engine: ContextEngine,
+) -> None:
+    async def run(install: bool) -> tuple[list[dict[str, Any]], Any]:
+        with ScriptedOpenAIServer(_script) as server:
+            team = SelectorGroupChat(
+                _agents(server),
+                model_client=client(server),
+                termination_condition=MaxMessageTermination(3),
+            )
+            if install:
+                ce.autogen.install(engine)
+                await engine.update_notebook("s-sel", MARK)
+            with engine.session("s-sel"):
+                result = await team.run(task=f"{TASK} Mail {SELECTOR_CANARY}.")
+            return server.requests, result
+
+    plain, _ = await run(install=False)
+    requests, result = await run(install=True)
+    selections = [r for r in requests if "role play game" in r["messages"][0]["content"]]
+    own = [r for r in plain if "role play game" in r["messages"][0]["content"]]
+    # with two agents and no repeated speaker only the first turn needs the model
+    assert len(selections) == len(own) == 1
+    # the selector's prompt goes as AutoGen wrote it (it is parsed for a name), only redacted
+    # (it quotes the conversation)
+    for sent, untouched in zip(selections, own, strict=True):
+        assert MARK not in wire(sent)
+        assert len(sent["messages"]) == len(untouched["messages"]) == 1
+        assert SELECTOR_CANARY in untouched["messages"][0]["content"]
+        assert sent["messages"][0]["content"] == untouched["messages"][0]["content"].replace(
+            SELECTOR_CANARY, "[REDACTED:email]"
+        )
+    assert not any(SELECTOR_CANARY in wire(r) for r in requests)
+    agents = [r for r in requests if r not in selections]
+    assert agents and all(MARK in r["messages"][0]["content"] for r in agents)
+    chat = [m for m in result.messages if isinstance(m, BaseChatMessage)]
+    assert [m.source for m in chat] == ["user", "alice", "bob"]
+    doc = await engine.get_session("s-sel")
+    routes = [u for u in doc.session.model_usage if u.stage is ModelUsageStage.ROUTE]
+    assert len(routes) == len(selections)
+    assert all((u.prompt_tokens, u.completion_tokens) == (10, 5) for u in routes)
+    assert not [m for m in doc.session.messages if m.content in ("alice", "bob")]
+
+
+async def test_swarm_handoff_keeps_each_agents_own_system_message_first(
+    engine: ContextEngine,
+) -> None:
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        speaker = _speaker(body)
+        if speaker == "alice" and body["messages"][-1]["role"] != "tool":
+            return ScriptedResponse(tool_calls=[("call_h", "transfer_to_bob", "{}")])
+        return ScriptedResponse(text=f"{speaker}-done")
+
+    with ScriptedOpenAIServer(script) as server:
+        alice = AssistantAgent(
+            "alice", model_client=client(server), system_message=SYSTEMS["alice"], handoffs=["bob"]
+        )
+        bob = AssistantAgent("bob", model_client=client(server), system_message=SYSTEMS["bob"])
+        team = Swarm([alice, bob], termination_condition=MaxMessageTermination(3))
+        ce.autogen.install(engine)
+        with engine.session("s-swarm"):
+            result = await team.run(task=TASK)
+        requests = server.requests
+    assert result.messages[-1].content == "bob-done"
+    assert [_speaker(r) for r in requests] == ["alice", "bob"]
+    for request in requests:
+        assert request["messages"][0]["content"].startswith(SYSTEMS[_speaker(request)])
+        assert_tool_pairs_intact(from_openai_messages(request["messages"]))
+    doc = await engine.get_session("s-swarm")
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [TASK]
+    (handoff,) = doc.session.tool_state.tool_calls
+    assert handoff.tool_call_id == "call_h"
+
+
+async def test_a_sub_agent_in_a_tool_call_runs_in_a_child_scope(engine: ContextEngine) -> None:
+    inner_system = "You are the inner expert."
+    outer_system = "You are the outer planner."
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        first = body["messages"][0]["content"]
+        if inner_system in first:
+            return ScriptedResponse(text="inner-answer")
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="outer-answer")
+        args = json.dumps({"task": "inner question"})
+        return ScriptedResponse(tool_calls=[("call_sub", "expert", args)])
+
+    with ScriptedOpenAIServer(script) as server:
+        expert = AssistantAgent(
+            "expert",
+            model_client=client(server),
+            system_message=inner_system,
+            description="An expert.",
+        )
+        outer = AssistantAgent(
+            "planner",
+            model_client=client(server),
+            tools=[AgentTool(expert)],
+            system_message=outer_system,
+            reflect_on_tool_use=True,
+        )
+        ce.autogen.install(engine)
+        await engine.update_notebook("s-outer", MARK)
+        with engine.session("s-outer"):
+            result = await outer.run(task="outer question with a secret plan")
+        requests = server.requests
+    assert result.messages[-1].content == "outer-answer"
+    (inner,) = [r for r in requests if inner_system in r["messages"][0]["content"]]
+    assert "outer question" not in wire(inner) and MARK not in wire(inner)
+    assert outer_system not in wire(inner)
+    assert inner["messages"][-1]["content"] == "inner question"
+    last = requests[-1]["messages"]
+    assert last[0]["content"].startswith(outer_system)
+    assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"] == "call_sub"
+    outer_doc = await engine.get_session("s-outer")
+    assert "inner question" not in [m.content for m in outer_doc.session.messages]
+    child = await engine.get_session("s-outer/call_sub")
+    assert [m.content for m in child.session.messages if m.role is Role.USER] == ["inner question"]
+    assert [m.content for m in child.session.messages if m.role is Role.ASSISTANT] == [
+        "inner-answer"
+    ]
+
+
+async def test_a_sync_tool_body_keeps_the_session_and_nests_its_runs(
+    engine: ContextEngine,
+) -> None:
+    """AutoGen runs a sync tool's body in an executor thread, which does not get the caller's
+    context variables; inside an instrumented tool call the body runs in a copy of the
+    caller's context: ``engine.session`` is still the run's, and an agent the body runs (on a
+    loop of its own) is nested in the tool call."""
+    inner_system = "You are the sync helper."
+    seen: list[str | None] = []
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if inner_system in body["messages"][0]["content"]:
+            return ScriptedResponse(text="helper-answer")
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="outer-answer")
+        return ScriptedResponse(tool_calls=[("call_sync", "ask_helper", '{"question": "q1"}')])
+
+    with ScriptedOpenAIServer(script) as server:
+
+        def ask_helper(question: str) -> str:
+            """Ask the helper (a sync tool running an agent on a loop of its own)."""
+            from ce.core.engine import current_session_id
+
+            seen.append(current_session_id())
+            helper = AssistantAgent(
+                "helper", model_client=client(server), system_message=inner_system
+            )
+            result = asyncio.run(helper.run(task=f"helper {question}"))
+            return str(result.messages[-1].content)
+
+        outer = AssistantAgent(
+            "outer",
+            model_client=client(server),
+            tools=[ask_helper],
+            system_message="You are the outer agent.",
+            reflect_on_tool_use=True,
+        )
+        ce.autogen.install(engine)
+        with engine.session("s-sync-tool"):
+            result = await outer.run(task="outer words")
+        requests = server.requests
+    assert result.messages[-1].content == "outer-answer"
+    assert seen == ["s-sync-tool"]
+    (inner,) = [r for r in requests if inner_system in r["messages"][0]["content"]]
+    assert "outer words" not in wire(inner)
+    child = await engine.get_session("s-sync-tool/call_sync")
+    assert [m.content for m in child.session.messages if m.role is Role.USER] == ["helper q1"]
+    outer_doc = await engine.get_session("s-sync-tool")
+    assert "helper q1" not in [m.content for m in outer_doc.session.messages]
+
+
+async def test_augment_mode_keeps_autogens_list_and_adds_the_context(
+    engine: ContextEngine,
+) -> None:
+    with ScriptedOpenAIServer(_script) as server:
+        team = RoundRobinGroupChat(_agents(server), termination_condition=MaxMessageTermination(4))
+        ce.autogen.install(engine, mode="augment")
+        await engine.update_notebook("s-aug", MARK)
+        with engine.session("s-aug"):
+            await team.run(task=TASK)
+        requests = server.requests
+    assert len(requests) == 4
+    for request in requests:
+        messages = request["messages"]
+        speaker = _speaker(request)
+        assert messages[0]["content"] == SYSTEMS[speaker]  # AutoGen's own, unchanged
+        assert messages[1]["role"] == "system" and MARK in messages[1]["content"]
+        assert_tool_pairs_intact(from_openai_messages(messages))
+    bob = requests[2]["messages"]
+    assert [(m["role"], m.get("name")) for m in bob[2:]] == [("user", "user"), ("user", "alice")]
+
+
+async def test_an_llm_backed_tool_calls_the_model_in_a_child_scope(
+    engine: ContextEngine,
+) -> None:
+    """A tool body that calls a model client itself (not through an agent): the call gets the
+    engine's input for its own messages in ``<outer session>/<tool call id>`` (redacted) and
+    is recorded there, never in the outer conversation; the agent's own calls are injected
+    once."""
+    canary = "tool.canary@example.com"
+    tool_system = "Summarize the text in five words."
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if tool_system in body["messages"][0]["content"]:
+            return ScriptedResponse(text="a five word summary here", prompt_tokens=42)
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="outer-answer")
+        return ScriptedResponse(tool_calls=[("call_llm_tool", "summarize", '{"text": "long"}')])
+
+    with ScriptedOpenAIServer(script) as server:
+        summarizer = client(server)
+
+        async def summarize(text: str) -> str:
+            """Summarize a text with a model."""
+            from autogen_core.models import SystemMessage, UserMessage
+
+            result = await summarizer.create(
+                [
+                    SystemMessage(content=tool_system),
+                    UserMessage(content=f"{text} (reply to {canary})", source="tool"),
+                ]
+            )
+            return str(result.content)
+
+        outer = AssistantAgent(
+            "outer",
+            model_client=client(server),
+            tools=[summarize],
+            system_message="You are the outer agent.",
+            reflect_on_tool_use=True,
+        )
+        ce.autogen.install(engine)
+        await engine.update_notebook("s-llm-tool", MARK)
+        with engine.session("s-llm-tool"):
+            result = await outer.run(task="outer words")
+        # outside a tool call the client is left alone
+        from autogen_core.models import UserMessage
+
+        await summarizer.create([UserMessage(content=f"plain {canary}", source="user")])
+        requests = server.requests
+    assert result.messages[-1].content == "outer-answer"
+    assert len(requests) == 4
+    (tool_call,) = [r for r in requests if tool_system in r["messages"][0]["content"]]
+    assert canary not in wire(tool_call) and "[REDACTED:email]" in wire(tool_call)
+    assert "outer words" not in wire(tool_call) and MARK not in wire(tool_call)
+    assert all(wire(r).count(MARK) == 1 for r in requests[:3] if r is not tool_call)
+    assert canary in wire(requests[-1])  # the app's own call outside any tool: untouched
+    child = await engine.get_session("s-llm-tool/call_llm_tool")
+    assert [u.prompt_tokens for u in child.session.model_usage] == [42]
+    assert [m.content for m in child.session.messages if m.role is Role.ASSISTANT] == [
+        "a five word summary here"
+    ]
+    outer_doc = await engine.get_session("s-llm-tool")
+    assert len(outer_doc.session.model_usage) == 2
+    assert "a five word summary here" in [
+        m.content for m in outer_doc.session.messages if m.role is Role.TOOL
+    ]
+
+
+async def test_a_peers_reply_the_budget_shortened_is_still_the_peers() -> None:
+    """A tight budget makes the engine render an older reply of a peer at a shorter level of
+    detail (its text is no longer the one AutoGen holds): it still reaches the other agent as
+    the peer's user message, never as that agent's own assistant turn."""
+    from ce.core.config import BudgetConfig, RuntimeConfig
+    from ce.core.testing import deterministic_engine
+
+    filler = "Background detail that matters little. " * 40
+    budget = BudgetConfig(max_input_tokens=700, reserved_reply_tokens=100)
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=budget))
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if _speaker(body) == "alice":
+            return ScriptedResponse(text=f"alice-says {filler}")
+        return ScriptedResponse(text="bob-says ok")
+
+    with ScriptedOpenAIServer(script) as server:
+        alice = AssistantAgent(
+            "alice", model_client=client(server), system_message=SYSTEMS["alice"]
+        )
+        bob = AssistantAgent("bob", model_client=client(server), system_message=SYSTEMS["bob"])
+        team = RoundRobinGroupChat([alice, bob], termination_condition=MaxMessageTermination(5))
+        ce.autogen.install(engine)
+        with engine.session("s-tight"):
+            await team.run(task=f"task {filler}")
+        requests = server.requests
+    await engine.close()
+    assert [_speaker(r) for r in requests] == ["alice", "bob", "alice", "bob"]
+    for request in requests:
+        speaker = _speaker(request)
+        other = "bob" if speaker == "alice" else "alice"
+        for message in request["messages"][1:]:
+            text = message.get("content") or ""
+            if text.startswith(f"{other}-says"):
+                assert (message["role"], message.get("name")) == ("user", other), message
+            if text.startswith(f"{speaker}-says"):
+                assert message["role"] == "assistant", message
+    shortened = [
+        m
+        for m in requests[3]["messages"]
+        if (m.get("content") or "").startswith("alice-says")
+        and m["content"] != f"alice-says {filler}"
+    ]
+    assert shortened  # the budget did shorten one of alice's replies
+
+
+async def test_a_user_proxys_messages_stay_the_users(engine: ContextEngine) -> None:
+    """A ``UserProxyAgent`` in a team speaks for the user: its message is stored as a user
+    message (author kind user), not as an agent's reply."""
+    from autogen_agentchat.agents import UserProxyAgent
+
+    def echo(body: dict[str, Any]) -> ScriptedResponse:
+        return ScriptedResponse(text="alice-says noted")
+
+    with ScriptedOpenAIServer(echo) as server:
+        alice = AssistantAgent(
+            "alice", model_client=client(server), system_message=SYSTEMS["alice"]
+        )
+        human = UserProxyAgent("human", input_func=lambda prompt: "the human's answer")
+        team = RoundRobinGroupChat([alice, human], termination_condition=MaxMessageTermination(4))
+        ce.autogen.install(engine)
+        with engine.session("s-proxy"):
+            await team.run(task=TASK)
+        requests = server.requests
+    assert len(requests) == 2
+    assert ("user", "human", "the human's answer") in [
+        (m["role"], m.get("name"), m.get("content")) for m in requests[1]["messages"]
+    ]
+    doc = await engine.get_session("s-proxy")
+    (answer,) = [m for m in doc.session.messages if m.content == "the human's answer"]
+    assert answer.role is Role.USER
+    assert answer.author is not None
+    assert (answer.author.kind, answer.author.id) == (AuthorKind.USER, "human")
