@@ -27,6 +27,10 @@ def _needs_llamaindex(block: str) -> bool:
     return re.search(r"^\s*(?:import|from)\s+ce\.llamaindex\b", block, flags=re.M) is not None
 
 
+def _needs_autogen(block: str) -> bool:
+    return re.search(r"^\s*(?:import|from)\s+ce\.autogen\b", block, flags=re.M) is not None
+
+
 def _installed(*modules: str) -> bool:
     """Whether every module (and its parent packages) can be imported."""
     for module in modules:
@@ -49,12 +53,15 @@ def test_readme_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         importlib.util.find_spec("ce.langchain") is not None
     )
     llamaindex = _installed("llama_index.core", "ce.llamaindex")
+    autogen = _installed("autogen_agentchat", "ce.autogen")
     monkeypatch.chdir(tmp_path)
     ran = 0
     for block in blocks:
         if _needs_langchain(block) and not langchain:
             continue
         if _needs_llamaindex(block) and not llamaindex:
+            continue
+        if _needs_autogen(block) and not autogen:
             continue
         exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
         ran += 1
