@@ -84,6 +84,7 @@ async def engine_turn() -> AsyncIterator[None]:
         if turn is None:
             turn = _turns[loop] = asyncio.Lock()
     holding = _Holding(turn)
+    await asyncio.sleep(0)  # what else is ready runs first: a call starts at a phase boundary
     await turn.acquire()
     holding.held = True
     token = _holding.set(holding)

@@ -3,6 +3,7 @@ the engine's input back onto the app's own message objects (:func:`reconcile`)."
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,10 +47,48 @@ _MEDIA_TYPES = frozenset(
 )
 
 
+_CONVERTED_MAX = 8192
+# The OpenAI dicts of a LangChain message, by the message object: an app passes its history
+# (the same objects) on every call, so each message is converted once. An entry holds the
+# message and what its conversion read (content, tool calls, additional kwargs, name, tool
+# call id), compared by identity: a message given new content is converted again.
+_converted: dict[int, tuple[BaseMessage, tuple[Any, ...], list[dict[str, Any]]]] = {}
+_converted_lock = threading.Lock()
+
+
+def _read(message: BaseMessage) -> tuple[Any, ...]:
+    content = message.content
+    return (
+        content,
+        len(content) if isinstance(content, list) else -1,
+        getattr(message, "tool_calls", None),
+        message.additional_kwargs,
+        message.name,
+        getattr(message, "tool_call_id", None),
+    )
+
+
+def _same(read: tuple[Any, ...], held: tuple[Any, ...]) -> bool:
+    return all(a is b or (type(a) is int and a == b) for a, b in zip(read, held, strict=True))
+
+
 def to_openai(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """LangChain messages as OpenAI chat message dicts (tool calls and ids kept)."""
-    converted = convert_to_openai_messages(list(messages))
-    return [dict(m) for m in converted]
+    """LangChain messages as OpenAI chat message dicts (tool calls and ids kept); fresh dicts
+    each call, a message met before unchanged is not converted again."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        read = _read(message)
+        held = _converted.get(id(message))
+        if held is None or held[0] is not message or not _same(read, held[1]):
+            dicts = [dict(m) for m in convert_to_openai_messages([message])]
+            with _converted_lock:
+                if len(_converted) >= _CONVERTED_MAX:
+                    _converted.clear()
+                _converted[id(message)] = (message, read, dicts)
+        else:
+            dicts = held[2]
+        out.extend(dict(d) for d in dicts)
+    return out
 
 
 def tool_schemas(tools: Sequence[Any] | None) -> list[dict[str, Any]] | None:
