@@ -10,6 +10,7 @@ from typing import Any
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
+    ToolMessage,
     convert_to_messages,
     convert_to_openai_messages,
 )
@@ -58,18 +59,26 @@ _converted_lock = threading.Lock()
 
 def _read(message: BaseMessage) -> tuple[Any, ...]:
     content = message.content
+    # isinstance, not getattr with a default: a pydantic model's missing attribute is slow
     return (
         content,
-        len(content) if isinstance(content, list) else -1,
-        getattr(message, "tool_calls", None),
+        message.tool_calls if isinstance(message, AIMessage) else None,
         message.additional_kwargs,
         message.name,
-        getattr(message, "tool_call_id", None),
+        message.tool_call_id if isinstance(message, ToolMessage) else None,
+        len(content) if isinstance(content, list) else -1,
     )
 
 
 def _same(read: tuple[Any, ...], held: tuple[Any, ...]) -> bool:
-    return all(a is b or (type(a) is int and a == b) for a, b in zip(read, held, strict=True))
+    return (
+        read[0] is held[0]
+        and read[1] is held[1]
+        and read[2] is held[2]
+        and read[3] == held[3]
+        and read[4] == held[4]
+        and read[5] == held[5]
+    )
 
 
 def to_openai(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
