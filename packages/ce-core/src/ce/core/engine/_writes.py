@@ -170,6 +170,7 @@ class HistoryWriter:
             lod=message.lod,
             meta=meta,
             message_id=message.message_id,
+            parts=message.parts,
         )
         self._note_redaction(call, f"msg:{stored.message_id}", rules + meta_rules, 1)
         call.new_messages.append(stored)
@@ -332,7 +333,8 @@ class HistoryWriter:
                 ):
                     continue
             if message.role is Role.USER:
-                if not message.content.strip():
+                media = any(p.type != "text" for p in message.parts or ())
+                if not message.content.strip() and not media:
                     continue
                 if entry.state.status not in ACTIVE_RUN:
                     self._begin_run(entry.state)

@@ -18,7 +18,9 @@ proportional to that record, never to the history. Rules:
   are in the history already), evidence linked to a tool call (its tool result shows it) and
   the unredacted originals that ``dual_store`` keeps for audits;
   its priority follows its confidence (>= 0.75 high, >= 0.4 or unknown medium, else low);
-* a block that has no Summary/Gist of its own gets shortened ones (see ``_levels.shorten``).
+* a block that has no Summary/Gist of its own gets shortened ones (see ``_levels.shorten``);
+  a user message's images, files and audio go with it at Live level only (they count against
+  the budget there); its Summary and Gist say what was left out (``[image omitted]``).
 
 Token counts are for one ``model_hint``; an index serves one hint.
 """
@@ -34,6 +36,7 @@ from ce.core.pipeline._levels import LEVELS, fence_evidence, shorten
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
     BlockType,
+    ContentPart,
     Evidence,
     EvidenceType,
     LevelOfDetail,
@@ -130,6 +133,13 @@ def _at(value: str | None) -> datetime | None:
         return parse_iso(value)
     except ValueError:
         return None
+
+
+def _without_media(text: str, media: list[ContentPart]) -> str:
+    """A message's text at a cheaper level: its images, files and audio are left out, a note
+    says so (``[image omitted]``)."""
+    notes = [f"[{p.type} omitted]" for p in media if p.type != "text"]
+    return "\n".join([text, *notes]) if text else "\n".join(notes)
 
 
 class _Group:
@@ -332,8 +342,11 @@ class SessionIndex:
     def _render_group(self, data: _Group, level: LevelOfDetail) -> Rendering:
         head = data.head
         if head.role is Role.USER:
+            text, media = self._text(head, level), head.parts
+            if media and level is not LevelOfDetail.LIVE:
+                text, media = _without_media(text, media), None
             parts: tuple[MessagePart, ...] = (
-                MessagePart(role=Role.USER, content=self._text(head, level)),
+                MessagePart(role=Role.USER, content=text, parts=media),
             )
         else:
             calls = [c for c in head.tool_calls or () if self._answered(data, c.tool_call_id)]
