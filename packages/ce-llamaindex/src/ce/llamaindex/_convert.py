@@ -8,11 +8,19 @@ the OpenAI SDK's objects, the older form). A tool result names its call in
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
+from llama_index.core.base.llms.types import (
+    AudioBlock,
+    ChatMessage,
+    DocumentBlock,
+    ImageBlock,
+    MessageRole,
+    TextBlock,
+)
 
 from ce.core.integration import message_from_openai, reconcile_openai
 from ce.core.schema import Message, ModelInvocation
@@ -80,13 +88,103 @@ def _tool_calls(message: ChatMessage) -> list[dict[str, Any]]:
     return calls
 
 
+# Inline image, audio and document data as the base64 text OpenAI takes, by the block's data
+# (a framework passes the same blocks on every call: each is encoded once). Bounded; holds the
+# data it converted alive until evicted.
+_INLINE_MAX = 64
+_inline: dict[Any, str] = {}
+
+
+def _base64_of(block: Any, data: Any, resolve: str) -> str:
+    """The base64 text of a block's data: LlamaIndex keeps inline bytes base64-encoded
+    already; a path (or a buffer) is read through the block's ``resolve`` method, once per
+    path."""
+    if isinstance(data, bytes):
+        return data.decode("ascii")
+    key = ("path", str(block.path)) if data is None and block.path else None
+    if key is not None and key in _inline:
+        return _inline[key]
+    raw = getattr(block, resolve)().read()
+    text = base64.b64encode(raw).decode("ascii")
+    if key is not None:
+        if len(_inline) >= _INLINE_MAX:
+            _inline.pop(next(iter(_inline)))
+        _inline[key] = text
+    return text
+
+
+def _data_url(mime: str, base64_text: str, key: Any) -> str:
+    """``data:<mime>;base64,...`` for inline bytes, built once per bytes object."""
+    cache_key = (mime, key) if isinstance(key, bytes) else None
+    if cache_key is not None and cache_key in _inline:
+        return _inline[cache_key]
+    url = f"data:{mime};base64,{base64_text}"
+    if cache_key is not None:
+        if len(_inline) >= _INLINE_MAX:
+            _inline.pop(next(iter(_inline)))
+        _inline[cache_key] = url
+    return url
+
+
+def _media_part(block: Any) -> dict[str, Any] | None:
+    """The OpenAI content part of an image, audio or document block (as LlamaIndex's OpenAI
+    LLM sends it), ``None`` for another block or one whose data cannot be read."""
+    try:
+        if isinstance(block, ImageBlock):
+            if block.url:
+                url = str(block.url)
+            else:
+                mime = block.image_mimetype or "image/png"
+                url = _data_url(mime, _base64_of(block, block.image, "resolve_image"), block.image)
+            image: dict[str, Any] = {"url": url}
+            if block.detail:
+                image["detail"] = block.detail
+            return {"type": "image_url", "image_url": image}
+        if isinstance(block, AudioBlock):
+            data = _base64_of(block, block.audio, "resolve_audio")
+            return {"type": "input_audio", "input_audio": {"data": data, "format": block.format}}
+        if isinstance(block, DocumentBlock):
+            file: dict[str, Any] = {"filename": block.title}
+            if not block.data and str(block.url or "").startswith(("http://", "https://")):
+                file["file_url"] = str(block.url)
+            else:
+                mime = block.document_mimetype or "application/pdf"
+                data = _base64_of(block, block.data, "resolve_document")
+                file["file_data"] = _data_url(mime, data, block.data)
+            return {"type": "file", "file": file}
+    except Exception:  # unreadable data: the block goes to the model as it is, uncounted
+        return None
+    return None
+
+
+def _content(message: ChatMessage) -> str | list[dict[str, Any]]:
+    """The OpenAI content of ``message``: its text (the text blocks joined), or, when it has
+    images, audio or documents, the content parts in order (the text where its first block
+    was)."""
+    text = message_text(message)
+    media: list[dict[str, Any]] = []
+    text_at: int | None = None
+    for block in message.blocks:
+        if isinstance(block, TextBlock):
+            if text_at is None:
+                text_at = len(media)
+        elif (part := _media_part(block)) is not None:
+            media.append(part)
+    if not media:
+        return text
+    if text:
+        media.insert(text_at or 0, {"type": "text", "text": text})
+    return media
+
+
 def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """LlamaIndex messages as OpenAI chat message dicts (text content; tool calls and tool
-    call ids kept). Non-text blocks (images, audio) are not part of the neutral form."""
+    """LlamaIndex messages as OpenAI chat message dicts (the text; image, audio and document
+    blocks as OpenAI content parts, in order; tool calls and tool call ids kept)."""
     converted: list[dict[str, Any]] = []
     for message in messages:
         role = _ROLES.get(str(getattr(message.role, "value", message.role)), "user")
-        entry: dict[str, Any] = {"role": role, "content": message_text(message)}
+        content = _content(message) if role != "system" else message_text(message)
+        entry: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant":
             calls = _tool_calls(message)
             if calls:
@@ -105,10 +203,42 @@ def _with_text(original: ChatMessage, text: str) -> ChatMessage:
     return original.model_copy(update={"blocks": blocks})
 
 
+def _blocks(content: list[Any]) -> list[Any]:
+    """LlamaIndex blocks for an OpenAI content-part list (text, images, audio, files)."""
+    blocks: list[Any] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text":
+            blocks.append(TextBlock(text=str(part.get("text", ""))))
+        elif kind == "image_url":
+            image = part["image_url"]
+            blocks.append(ImageBlock(url=image["url"], detail=image.get("detail")))
+        elif kind == "input_audio":
+            audio = part["input_audio"]
+            blocks.append(AudioBlock(audio=audio["data"].encode(), format=audio["format"]))
+        elif kind == "file":
+            file = part["file"]
+            data = file.get("file_data") or ""
+            if data.startswith("data:"):
+                header, _, payload = data[5:].partition(",")
+                blocks.append(
+                    DocumentBlock(
+                        data=payload.encode(),
+                        document_mimetype=header.split(";", 1)[0] or None,
+                        title=file.get("filename"),
+                    )
+                )
+            elif file.get("file_url"):
+                blocks.append(DocumentBlock(url=file["file_url"], title=file.get("filename")))
+    return blocks
+
+
 def _build(sent: Mapping[str, Any]) -> ChatMessage:
     role = sent["role"]
     text = sent.get("content") or ""
     if not isinstance(text, str):
+        if role == "user":
+            return ChatMessage(role=MessageRole.USER, blocks=_blocks(text))
         text = "".join(p.get("text", "") for p in text if isinstance(p, Mapping))
     if role == "tool":
         return ChatMessage(
