@@ -196,8 +196,17 @@ def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return converted
 
 
-def _with_text(original: ChatMessage, text: str) -> ChatMessage:
-    blocks: list[Any] = [b for b in original.blocks if not isinstance(b, TextBlock)]
+_MEDIA_BLOCKS = (ImageBlock, AudioBlock, DocumentBlock)
+
+
+def _with_text(original: ChatMessage, text: str, media: bool = True) -> ChatMessage:
+    """A copy of ``original`` with ``text`` as its text; its other blocks kept, but for its
+    images, audio and documents when ``media`` is false (the engine left them out)."""
+    blocks: list[Any] = [
+        b
+        for b in original.blocks
+        if not isinstance(b, TextBlock) and (media or not isinstance(b, _MEDIA_BLOCKS))
+    ]
     if text:
         blocks.insert(0, TextBlock(text=text))
     return original.model_copy(update={"blocks": blocks})
@@ -278,8 +287,9 @@ def from_openai(
     the app's very object (its images, provider fields and tool-call form kept); a system,
     user or tool message whose text alone the engine changed (redaction, a fenced tool
     result) is a copy of the app's message with the new text, its other blocks (images,
-    audio) kept; the rest (the engine's system message, history from earlier runs, an
-    assistant message whose calls the engine changed) are new messages."""
+    audio) kept unless the engine left them out; the rest (the engine's system message,
+    history from earlier runs, an assistant message whose calls the engine changed) are new
+    messages."""
     if len(originals) != len(original_dicts):
         return [_build(message) for message in sent]
     result: list[ChatMessage] = []
@@ -289,7 +299,7 @@ def from_openai(
         elif origin.text is None:
             result.append(originals[origin.source])
         else:
-            result.append(_with_text(originals[origin.source], origin.text))
+            result.append(_with_text(originals[origin.source], origin.text, origin.media))
     return result
 
 
