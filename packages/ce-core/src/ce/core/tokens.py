@@ -837,7 +837,8 @@ def part_tokens(part: ContentPart, model_hint: str | None = None) -> int:
     """
     if isinstance(part, ImagePart):
         rule = _normalized_hint(model_hint)
-        key = ("image", rule, part.detail, part.width, part.height, *_data_key(part.url))
+        key: tuple[Any, ...] = ("image", rule, part.detail, part.width, part.height)
+        key += _data_key(part.url)
         return _part_cache.count(key, lambda: _image_tokens(part, model_hint))
     if isinstance(part, FilePart):
         data = part.data or part.url or part.file_id or ""
