@@ -413,6 +413,33 @@ async def test_the_engine_stores_counts_and_sends_a_users_image() -> None:
     await engine.close()
 
 
+async def test_a_tool_results_image_is_stored_counted_and_sent() -> None:
+    engine = deterministic_engine()
+    call = {"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}
+
+    def history(result: Any) -> list[dict[str, Any]]:
+        return [
+            {"role": "user", "content": "Take a screenshot."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": result},
+        ]
+
+    pictured = [{"type": "text", "text": "the screen"}, IMAGE]
+    plain = await engine.prepare_call("plain", openai_to_messages(history("the screen")))
+    result = await engine.prepare_call("pic", openai_to_messages(history(pictured)))
+    assert result.report.token_used == plain.report.token_used + 255
+    tool = result.assembled_input.parts[-1]
+    assert tool.role is Role.TOOL and tool.parts == [TextPart(), ImagePart(url=PIXEL)]
+    doc = await engine.get_session("pic")
+    assert doc.session.messages[-1].parts == [TextPart(), ImagePart(url=PIXEL)]
+    # Anthropic takes images in a tool result; OpenAI's chat API does not (the check says so)
+    anthropic = to_anthropic_messages(result.assembled_input.parts)
+    assert anthropic.messages[-1]["content"][0]["content"][1]["type"] == "image"
+    assert anthropic_problems(anthropic) == []
+    assert openai_problems(to_openai_messages(result.assembled_input.parts))
+    await engine.close()
+
+
 @pytest.mark.parametrize(("budget", "action"), [(1200, "degraded"), (790, "dropped")])
 async def test_an_old_image_heavy_message_goes_for_budget(budget: int, action: str) -> None:
     config = BudgetConfig(max_input_tokens=budget, reserved_reply_tokens=0)

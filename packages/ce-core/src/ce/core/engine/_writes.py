@@ -277,6 +277,7 @@ class HistoryWriter:
                     content=text,
                     meta=meta,
                     message_id=message.message_id,
+                    parts=message.parts,
                 )
             ]
         )

@@ -19,8 +19,9 @@ proportional to that record, never to the history. Rules:
   the unredacted originals that ``dual_store`` keeps for audits;
   its priority follows its confidence (>= 0.75 high, >= 0.4 or unknown medium, else low);
 * a block that has no Summary/Gist of its own gets shortened ones (see ``_levels.shorten``);
-  a user message's images, files and audio go with it at Live level only (they count against
-  the budget there); its Summary and Gist say what was left out (``[image omitted]``).
+  the images, files and audio of a user message or a tool result go with it at Live level only
+  (they count against the budget there); its Summary and Gist say what was left out
+  (``[image omitted]``).
 
 Token counts are for one ``model_hint``; an index serves one hint.
 """
@@ -357,13 +358,18 @@ class SessionIndex:
             for call in calls:
                 record = self._tool_records.get(call.tool_call_id)
                 result = data.results.get(call.tool_call_id)
+                content = self._tool_text(call.tool_call_id, result, level)
+                media = result.parts if result is not None else None
+                if media and level is not LevelOfDetail.LIVE:
+                    content, media = _without_media(content, media), None
                 built.append(
                     MessagePart(
                         role=Role.TOOL,
-                        content=self._tool_text(call.tool_call_id, result, level),
+                        content=content,
                         tool_call_id=call.tool_call_id,
                         name=(result.name if result is not None else None) or call.name,
                         is_error=record is not None and record.status is not ToolCallStatus.SUCCESS,
+                        parts=media,
                     )
                 )
             parts = tuple(built)

@@ -372,6 +372,7 @@ class AgentState(RecordWriters):
                     if result.message_id is not None
                     else self._fresh_id(batch_ids)
                 ),
+                parts=result.parts,
             )
             stored.append(self._append(message))
             if request.tool_call_id in self._recorded_calls:

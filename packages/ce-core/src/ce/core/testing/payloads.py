@@ -12,8 +12,9 @@ the payload fuzz benchmark: each returns the problems found (empty when valid).
 
 Media: an OpenAI content-part list holds only known part types, each with its payload
 (``image_url.url``, ``input_audio`` data and format, ``file`` data or id), and media only in
-user (and tool) messages; an Anthropic ``image`` / ``document`` block has a ``base64`` source
-with its media type and data, or a ``url`` / ``file`` source; a Gemini ``inlineData`` part has a
+user messages (the chat API takes text only from system, assistant and tool messages); an
+Anthropic ``image`` / ``document`` block (a tool result's too) has a ``base64`` source with its
+media type and data, or a ``url`` / ``file`` source; a Gemini ``inlineData`` part has a
 ``mimeType`` and ``data``, a ``fileData`` part a ``mimeType`` and ``fileUri``.
 """
 
@@ -59,7 +60,7 @@ def _openai_content_problems(index: int, message: Mapping[str, Any]) -> list[str
         if problem is not None
     ]
     media = [p for p in content if isinstance(p, Mapping) and p.get("type") != "text"]
-    if media and message.get("role") not in ("user", "tool"):
+    if media and message.get("role") != "user":
         problems.append(f"[{index}] {message.get('role')} message with media parts")
     return problems
 
