@@ -298,3 +298,27 @@ async def test_an_old_image_message_goes_for_budget_and_the_new_one_keeps_its_im
     assert turn.report.token_used <= 1200
     assert any(d.action in ("degraded", "dropped") for d in turn.report.prune_decisions)
     await engine.close()
+
+
+async def test_a_tool_results_image_is_counted_and_kept(engine: ContextEngine) -> None:
+    # a tool that returns a picture (a screenshot): the engine counts it, the model gets the
+    # app's tool message with it
+    ce.langchain.install(engine)
+    tool_call = {"name": "shot", "args": {}, "id": "call_1"}
+
+    def history(result: Any) -> list[BaseMessage]:
+        return [
+            HumanMessage("Take a screenshot.", id="u-1"),
+            AIMessage("", id="a-1", tool_calls=[tool_call]),
+            ToolMessage(result, tool_call_id="call_1", id="t-1"),
+        ]
+
+    model = replies("A pixel.", "Text.")
+    pictured = history([{"type": "text", "text": "the screen"}, IMAGE])
+    await model.ainvoke(pictured, {"metadata": {"ce_session_id": "shot"}})
+    await model.ainvoke(history("the screen"), {"metadata": {"ce_session_id": "text"}})
+    tool = model.seen[0][-1]
+    assert isinstance(tool, ToolMessage) and IMAGE in tool.content
+    (with_image,) = await engine.list_turns("shot")
+    (without,) = await engine.list_turns("text")
+    assert with_image.report.token_used == without.report.token_used + 255
