@@ -35,8 +35,8 @@ class Reconciled:
     """Where one message of the engine's input comes from: ``source`` is the index of the
     app message it stands for (``None``: build it from the assembled dict); ``text`` is
     ``None`` when that app message goes unchanged, else the text its copy takes; ``media``
-    says whether the copy keeps the app's images, files and audio (the engine's message has
-    media parts)."""
+    is false when the copy must leave out the app's images, files and audio (the app's
+    message has media parts, the engine's has none)."""
 
     source: int | None
     text: str | None = None
@@ -158,9 +158,10 @@ def reconcile_openai(
         if j is not None:
             out.append(Reconciled(j))
         elif i in rewritten:
-            text = sent_keys[i][1]
-            media = _has_media(sent[i].get("content"))
-            out.append(Reconciled(rewritten[i], text if isinstance(text, str) else "", media))
+            text, source = sent_keys[i][1], rewritten[i]
+            kept = _has_media(sent[i].get("content"))
+            media = kept or not _has_media(pending[source].get("content"))
+            out.append(Reconciled(source, text if isinstance(text, str) else "", media))
         else:
             out.append(Reconciled(None))
     return out
