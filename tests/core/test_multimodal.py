@@ -522,3 +522,15 @@ def test_a_history_with_images_never_assembles_over_budget(
         assert openai_problems(to_openai_messages(assembled.parts)) == []
 
     asyncio.run(run())
+
+
+def test_render_live_context_keeps_media_at_live_level_only() -> None:
+    from ce.core.state import AgentState, RenderOptions, render_live_context
+
+    state = AgentState("s")
+    state.append_model_input("old picture", parts=[TextPart(), ImagePart(url=PIXEL)])
+    state.append_model_input("new picture", parts=[TextPart(), ImagePart(url=PIXEL)])
+    parts = render_live_context(state, RenderOptions(summary_window=1))
+    assert (parts[0].content, parts[0].parts) == ("old picture\n[image omitted]", None)
+    assert parts[1].parts == [TextPart(), ImagePart(url=PIXEL)]
+    assert parts[1].parts[1] is not state.document.session.messages[-1].parts[1]  # type: ignore[index]

@@ -37,7 +37,6 @@ from ce.core.pipeline._levels import LEVELS, fence_evidence, shorten
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
     BlockType,
-    ContentPart,
     Evidence,
     EvidenceType,
     LevelOfDetail,
@@ -48,6 +47,7 @@ from ce.core.schema import (
     ToolCall,
     ToolCallStatus,
 )
+from ce.core.schema._document import without_media
 from ce.core.tokens import TokenEstimator
 
 __all__ = ["SECTION_JOIN_TOKENS", "Candidate", "Rendering", "SessionIndex", "evidence_priority"]
@@ -134,13 +134,6 @@ def _at(value: str | None) -> datetime | None:
         return parse_iso(value)
     except ValueError:
         return None
-
-
-def _without_media(text: str, media: list[ContentPart]) -> str:
-    """A message's text at a cheaper level: its images, files and audio are left out, a note
-    says so (``[image omitted]``)."""
-    notes = [f"[{p.type} omitted]" for p in media if p.type != "text"]
-    return "\n".join([text, *notes]) if text else "\n".join(notes)
 
 
 class _Group:
@@ -345,7 +338,7 @@ class SessionIndex:
         if head.role is Role.USER:
             text, media = self._text(head, level), head.parts
             if media and level is not LevelOfDetail.LIVE:
-                text, media = _without_media(text, media), None
+                text, media = without_media(text, media), None
             parts: tuple[MessagePart, ...] = (
                 MessagePart(role=Role.USER, content=text, parts=media),
             )
@@ -361,7 +354,7 @@ class SessionIndex:
                 content = self._tool_text(call.tool_call_id, result, level)
                 media = result.parts if result is not None else None
                 if media and level is not LevelOfDetail.LIVE:
-                    content, media = _without_media(content, media), None
+                    content, media = without_media(content, media), None
                 built.append(
                     MessagePart(
                         role=Role.TOOL,

@@ -232,6 +232,13 @@ def check_parts(parts: list[ContentPart] | None, role: Role) -> None:
         raise ValueError("parts: at most one text part (it stands for the message's content)")
 
 
+def without_media(text: str, parts: list[ContentPart]) -> str:
+    """A message's text when its images, files and audio are left out (at a cheaper Level of
+    Detail): a note per part says so (``[image omitted]``)."""
+    notes = [f"[{p.type} omitted]" for p in parts if p.type != "text"]
+    return "\n".join([text, *notes]) if text else "\n".join(notes)
+
+
 class ModelInvocation(_Model):
     """Which model produced an output (seed 000 ``ModelInvocationDescriptor``)."""
 
