@@ -534,3 +534,17 @@ def test_render_live_context_keeps_media_at_live_level_only() -> None:
     assert (parts[0].content, parts[0].parts) == ("old picture\n[image omitted]", None)
     assert parts[1].parts == [TextPart(), ImagePart(url=PIXEL)]
     assert parts[1].parts[1] is not state.document.session.messages[-1].parts[1]  # type: ignore[index]
+
+
+def test_a_file_by_url_round_trips_and_the_openai_check_flags_it() -> None:
+    by_url = {"type": "file", "file": {"file_url": "https://example.com/a.pdf"}}
+    message = {"role": "user", "content": [{"type": "text", "text": "Read."}, by_url]}
+    (part,) = from_openai_messages([message])
+    assert part.parts == [TextPart(), FilePart(url="https://example.com/a.pdf")]
+    assert to_openai_messages([part]) == [message]
+    assert openai_problems([message]) == ["[0] a file part without file_data or file_id"]
+    anthropic = to_anthropic_messages([part])
+    assert anthropic.messages[0]["content"][1] == {
+        "type": "document",
+        "source": {"type": "url", "url": "https://example.com/a.pdf"},
+    }

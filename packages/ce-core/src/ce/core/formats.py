@@ -70,8 +70,10 @@ def to_openai_messages(parts: Sequence[MessagePart]) -> list[dict[str, Any]]:
     ``{"type": "text", "text"}`` for its text (left out when empty), ``{"type": "image_url",
     "image_url": {"url", "detail"}}`` (``detail`` only when not ``auto``), ``{"type": "file",
     "file": {"file_data" | "file_id", "filename"}}`` and ``{"type": "input_audio",
-    "input_audio": {"data", "format"}}``. OpenAI takes no file by URL: such a file becomes a
-    text part naming it (``[file: <url>]``). A text-only part keeps a string content.
+    "input_audio": {"data", "format"}}``; a file by URL as ``{"type": "file", "file":
+    {"file_url"}}`` (the Responses API's field: the chat API takes no file by URL, and
+    :func:`ce.core.testing.payloads.openai_problems` says so). A text-only part keeps a string
+    content.
     """
     out: list[dict[str, Any]] = []
     for index, part in enumerate(parts):
@@ -131,9 +133,13 @@ def _openai_media(item: ContentPart) -> dict[str, Any]:
     if isinstance(item, AudioPart):
         return {"type": "input_audio", "input_audio": {"data": item.data, "format": item.format}}
     assert isinstance(item, FilePart)
+    file: dict[str, Any]
     if item.url:
-        return {"type": "text", "text": f"[file: {item.url}]"}
-    file: dict[str, Any] = {"file_data": item.data} if item.data else {"file_id": item.file_id}
+        file = {"file_url": item.url}
+    elif item.data:
+        file = {"file_data": item.data}
+    else:
+        file = {"file_id": item.file_id}
     if item.filename:
         file["filename"] = item.filename
     return {"type": "file", "file": file}

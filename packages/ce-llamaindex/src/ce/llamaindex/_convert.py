@@ -137,10 +137,12 @@ def _media_part(block: Any) -> dict[str, Any] | None:
                 mime = block.image_mimetype or "image/png"
                 url = _data_url(mime, _base64_of(block, block.image, "resolve_image"), block.image)
             image: dict[str, Any] = {"url": url}
-            if block.detail:
+            if block.detail in ("low", "high"):
                 image["detail"] = block.detail
             return {"type": "image_url", "image_url": image}
         if isinstance(block, AudioBlock):
+            if not block.format:  # OpenAI needs the format: such a block goes uncounted
+                return None
             data = _base64_of(block, block.audio, "resolve_audio")
             return {"type": "input_audio", "input_audio": {"data": data, "format": block.format}}
         if isinstance(block, DocumentBlock):
