@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ce.core.schema._enums import (
     AuthorKind,
@@ -221,15 +221,17 @@ ContentPart = Annotated[TextPart | ImagePart | FilePart | AudioPart, Field(discr
 """One entry of a message's ``parts``."""
 
 
-def check_parts(parts: list[ContentPart] | None, role: Role) -> None:
-    """Raise ValueError unless ``parts`` is well formed for a message of ``role``: at most one
-    text part, and no parts on a system message."""
+def check_parts(parts: list[ContentPart] | None, info: ValidationInfo) -> list[ContentPart] | None:
+    """``parts`` when well formed for the message being validated, else ValueError: at most
+    one text part, and no parts on a system message. A field validator: it runs only when a
+    message is given parts, so text-only messages cost nothing more."""
     if not parts:
-        return
-    if role is Role.SYSTEM:
+        return parts
+    if info.data.get("role") is Role.SYSTEM:
         raise ValueError("a system message cannot carry parts")
     if sum(1 for p in parts if p.type == "text") > 1:
         raise ValueError("parts: at most one text part (it stands for the message's content)")
+    return parts
 
 
 def without_media(text: str, parts: list[ContentPart]) -> str:
@@ -272,9 +274,10 @@ class Message(_Model):
     meta: dict[str, Any] = Field(default_factory=dict)
     parts: list[ContentPart] | None = None
 
+    _check_parts = field_validator("parts")(check_parts)
+
     @model_validator(mode="after")
     def _check_tool_structure(self) -> Message:
-        check_parts(self.parts, self.role)
         if self.tool_calls and self.role is not Role.ASSISTANT:
             raise ValueError("tool_calls are only allowed on assistant messages")
         if self.role is Role.TOOL and not self.tool_call_id:

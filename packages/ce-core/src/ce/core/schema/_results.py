@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ce.core.schema._document import ContentPart, Summary, ToolCallRequest, check_parts
 from ce.core.schema._enums import BlockType, Priority, Role
@@ -63,10 +63,7 @@ class MessagePart(_Model):
     is_error: bool = False
     parts: list[ContentPart] | None = None
 
-    @model_validator(mode="after")
-    def _check_parts(self) -> MessagePart:
-        check_parts(self.parts, self.role)
-        return self
+    _check_parts = field_validator("parts")(check_parts)
 
 
 class AssembledInput(_Model):
