@@ -35,8 +35,8 @@ class Reconciled:
     """Where one message of the engine's input comes from: ``source`` is the index of the
     app message it stands for (``None``: build it from the assembled dict); ``text`` is
     ``None`` when that app message goes unchanged, else the text its copy takes; ``media``
-    is false when the copy must leave out the app's images, files and audio (the app's
-    message has media parts, the engine's has none)."""
+    is false when the copy must leave out the app's images, files and audio (the app's user
+    message or tool result has media parts, the engine's has none)."""
 
     source: int | None
     text: str | None = None
@@ -159,7 +159,9 @@ def reconcile_openai(
             out.append(Reconciled(j))
         elif i in rewritten:
             text, source = sent_keys[i][1], rewritten[i]
-            kept = _has_media(sent[i].get("content"))
+            # the engine keeps the media of user messages and tool results (not a system
+            # message's): when it sent one without them, it left them out on purpose
+            kept = sent_keys[i][0] == "system" or _has_media(sent[i].get("content"))
             media = kept or not _has_media(pending[source].get("content"))
             out.append(Reconciled(source, text if isinstance(text, str) else "", media))
         else:
