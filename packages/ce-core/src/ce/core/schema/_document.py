@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from ce.core.schema._enums import (
     AuthorKind,
@@ -56,7 +56,6 @@ __all__ = [
     "ToolCallRequest",
     "ToolProvider",
     "ToolState",
-    "check_parts",
     "sections_to_text",
 ]
 
@@ -221,17 +220,19 @@ ContentPart = Annotated[TextPart | ImagePart | FilePart | AudioPart, Field(discr
 """One entry of a message's ``parts``."""
 
 
-def check_parts(parts: list[ContentPart] | None, info: ValidationInfo) -> list[ContentPart] | None:
+def check_parts(parts: list[ContentPart], info: ValidationInfo) -> list[ContentPart]:
     """``parts`` when well formed for the message being validated, else ValueError: at most
-    one text part, and no parts on a system message. A field validator: it runs only when a
-    message is given parts, so text-only messages cost nothing more."""
-    if not parts:
-        return parts
-    if info.data.get("role") is Role.SYSTEM:
+    one text part, and no parts on a system message. Runs only on a list of parts (never for
+    ``None``), so text-only messages pay nothing for it."""
+    if parts and info.data.get("role") is Role.SYSTEM:
         raise ValueError("a system message cannot carry parts")
     if sum(1 for p in parts if p.type == "text") > 1:
         raise ValueError("parts: at most one text part (it stands for the message's content)")
     return parts
+
+
+Parts = Annotated[list[ContentPart], AfterValidator(check_parts)]
+"""A message's ``parts``: its images, files and audio in order with its text."""
 
 
 def without_media(text: str, parts: list[ContentPart]) -> str:
@@ -272,9 +273,7 @@ class Message(_Model):
     lod: LodSections | None = None
     invocation: ModelInvocation | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
-    parts: list[ContentPart] | None = None
-
-    _check_parts = field_validator("parts")(check_parts)
+    parts: Parts | None = None
 
     @model_validator(mode="after")
     def _check_tool_structure(self) -> Message:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from ce.core.schema._document import ContentPart, Summary, ToolCallRequest, check_parts
+from ce.core.schema._document import Parts, Summary, ToolCallRequest
 from ce.core.schema._enums import BlockType, Priority, Role
 
 __all__ = [
@@ -61,9 +61,7 @@ class MessagePart(_Model):
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
-    parts: list[ContentPart] | None = None
-
-    _check_parts = field_validator("parts")(check_parts)
+    parts: Parts | None = None
 
 
 class AssembledInput(_Model):
