@@ -333,12 +333,13 @@ async def test_an_image_is_counted_by_openais_rule_and_reaches_the_wire(
     await engine.close()
 
 
-async def test_an_old_image_message_goes_for_budget() -> None:
-    """Two 1024 x 1024 pictures (765 tokens each on gpt-4o) do not fit in 1,200: the old
-    message goes at a cheaper level, without its image (the app's own block is not put back),
+@pytest.mark.parametrize(("budget", "action"), [(1200, "degraded"), (790, "dropped")])
+async def test_an_old_image_message_goes_for_budget(budget: int, action: str) -> None:
+    """Two 1024 x 1024 pictures (765 tokens each on gpt-4o) do not fit: the old message goes
+    at a cheaper level, without its image (the app's own block is not put back), or entirely;
     the new one keeps its image."""
-    budget = BudgetConfig(max_input_tokens=1200, reserved_reply_tokens=0)
-    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=budget))
+    config = BudgetConfig(max_input_tokens=budget, reserved_reply_tokens=0)
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=config))
     big = "data:image/png;base64," + base64.b64encode(_png(1024, 1024)).decode()
     mine = [
         ChatMessage(role="system", content=SYSTEM),
@@ -351,11 +352,16 @@ async def test_an_old_image_message_goes_for_budget() -> None:
         await _openai(server).achat(mine)
         (request,) = server.requests
     wire = request["messages"]
-    assert [len(_image_parts(m)) for m in wire] == [0, 0, 0, 1]
-    assert wire[1]["content"] == "Look at this.\n[image omitted]"
+    assert [len(_image_parts(m)) for m in wire][-1] == 1
+    assert sum(len(_image_parts(m)) for m in wire) == 1
+    old = [m["content"] for m in wire if "Look at this." in json.dumps(m)]
+    assert old == (["Look at this.\n[image omitted]"] if action == "degraded" else [])
     (turn,) = await engine.list_turns("s-budget")
-    assert turn.report.token_used <= 1200
-    assert any(d.action in ("degraded", "dropped") for d in turn.report.prune_decisions)
+    assert turn.report.token_used <= budget
+    doc = await engine.get_session("s-budget")
+    old_id = next(m.message_id for m in doc.session.messages if m.content == "Look at this.")
+    (decision,) = [d for d in turn.report.prune_decisions if d.block_id == f"msg:{old_id}"]
+    assert decision.action == action
     await engine.close()
 
 
