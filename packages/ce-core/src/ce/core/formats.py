@@ -163,6 +163,8 @@ def _openai_part(item: Mapping[str, Any], where: str) -> ContentPart | None:
             if isinstance(image, Mapping):
                 detail = image.get("detail", detail)
                 image = image.get("url")
+            if image is None and item.get("file_id"):
+                return None  # a Responses image by file id: no URL to hold, left out
             if not isinstance(image, str):
                 raise ValueError("an image part needs an image_url url")
             return ImagePart(url=image, detail=detail or "auto")
