@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
+import random
 import re
 import struct
 import zlib
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import ce.core.tokens as tokens_module
@@ -38,6 +39,7 @@ from ce.core.schema import (
     TextPart,
 )
 from ce.core.testing import deterministic_engine
+from ce.core.testing.histories import write_random_history
 from ce.core.testing.payloads import anthropic_problems, gemini_problems, openai_problems
 from ce.core.tokens import (
     FILE_PAGE_TOKENS,
@@ -548,3 +550,45 @@ def test_a_file_by_url_round_trips_and_the_openai_check_flags_it() -> None:
         "type": "document",
         "source": {"type": "url", "url": "https://example.com/a.pdf"},
     }
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    turns=st.integers(1, 6),
+    budget=st.integers(300, 30000),
+    model=st.sampled_from(["gpt-4o", "gpt-4.1-mini", "claude-sonnet-4"]),
+)
+def test_random_histories_with_pictures_stay_in_budget_and_valid_everywhere(
+    seed: int, turns: int, budget: int, model: str
+) -> None:
+    # both tool flows, parallel and failed calls, and questions with one to three pictures of
+    # random sizes: within the budget by the engine's own count, valid for every provider
+    config = RuntimeConfig(
+        model_hint=model, budget=BudgetConfig(max_input_tokens=budget, reserved_reply_tokens=0)
+    )
+    roomy = BudgetConfig(max_input_tokens=1_000_000)  # to write the history
+    engine = deterministic_engine(RuntimeConfig(model_hint=model, budget=roomy))
+
+    async def run() -> list[MessagePart] | None:
+        await write_random_history(engine, "s", random.Random(seed), turns, images=0.5)
+        try:
+            result = await engine.prepare_turn("s", "and now?", config)
+        except BudgetExceededError:
+            event("refused: the newest question alone is over budget")
+            return None
+        finally:
+            await engine.close()
+        assembled = result.assembled_input
+        estimator = TiktokenEstimator()
+        recount = sum(estimator.estimate_part(p, model) for p in assembled.parts)
+        assert recount + estimator.reply_priming(model) == assembled.total_tokens <= budget
+        event(f"fits: {sum(1 for p in assembled.parts if p.parts)} message(s) with media")
+        return list(assembled.parts)
+
+    parts = asyncio.run(run())
+    if parts is None:
+        return
+    assert openai_problems(to_openai_messages(parts)) == []
+    assert anthropic_problems(to_anthropic_messages(parts)) == []
+    assert gemini_problems(to_gemini_request(parts)) == []
