@@ -384,6 +384,22 @@ async def test_stored_image_history_is_rebuilt_with_its_image() -> None:
     await engine.close()
 
 
+def test_inline_media_are_encoded_once_not_on_every_call() -> None:
+    """A framework passes the same blocks on every call: the data URL handed to the engine is
+    the same string each time (no new copy of the picture per call)."""
+    from ce.llamaindex._convert import to_openai
+
+    by_url = ChatMessage(role="user", blocks=[TextBlock(text="a"), ImageBlock(url=PIXEL_URL)])
+    by_bytes = ChatMessage(role="user", blocks=[TextBlock(text="b"), ImageBlock(image=_png(2, 2))])
+    for message in (by_url, by_bytes):
+        first, second = to_openai([message]), to_openai([message])
+        assert first == second
+        assert (
+            first[0]["content"][1]["image_url"]["url"]
+            is second[0]["content"][1]["image_url"]["url"]
+        )
+
+
 def test_audio_and_document_blocks_become_engine_parts_and_back() -> None:
     from ce.llamaindex._convert import _build, to_openai
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -91,39 +92,55 @@ def _tool_calls(message: ChatMessage) -> list[dict[str, Any]]:
 # Inline image, audio and document data as the base64 text OpenAI takes, by the block's data
 # (a framework passes the same blocks on every call: each is encoded once). Bounded; holds the
 # data it converted alive until evicted.
-_INLINE_MAX = 64
+_INLINE_MAX = 32
 _inline: dict[Any, str] = {}
+_lock = threading.Lock()
 
 
-def _base64_of(block: Any, data: Any, resolve: str) -> str:
-    """The base64 text of a block's data: LlamaIndex keeps inline bytes base64-encoded
-    already; a path (or a buffer) is read through the block's ``resolve`` method, once per
-    path."""
-    if isinstance(data, bytes):
-        return data.decode("ascii")
-    key = ("path", str(block.path)) if data is None and block.path else None
-    if key is not None and key in _inline:
-        return _inline[key]
-    raw = getattr(block, resolve)().read()
-    text = base64.b64encode(raw).decode("ascii")
-    if key is not None:
-        if len(_inline) >= _INLINE_MAX:
-            _inline.pop(next(iter(_inline)))
-        _inline[key] = text
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    with _lock:
+        if len(cache) >= _INLINE_MAX:
+            cache.pop(next(iter(cache)))
+        cache[key] = value
+
+
+# An ImageBlock's URL as a string, by the URL object (pydantic builds a new string, a copy of a
+# data URL, on every str()): the object is kept with its string so its id is not reused.
+_urls: dict[int, tuple[Any, str]] = {}
+
+
+def _url_text(url: Any) -> str:
+    if isinstance(url, str):
+        return url
+    held = _urls.get(id(url))
+    if held is not None and held[0] is url:
+        return held[1]
+    text = str(url)
+    _remember(_urls, id(url), (url, text))
     return text
 
 
-def _data_url(mime: str, base64_text: str, key: Any) -> str:
-    """``data:<mime>;base64,...`` for inline bytes, built once per bytes object."""
-    cache_key = (mime, key) if isinstance(key, bytes) else None
-    if cache_key is not None and cache_key in _inline:
-        return _inline[cache_key]
-    url = f"data:{mime};base64,{base64_text}"
-    if cache_key is not None:
-        if len(_inline) >= _INLINE_MAX:
-            _inline.pop(next(iter(_inline)))
-        _inline[cache_key] = url
-    return url
+def _inline_text(block: Any, data: Any, resolve: str, mime: str | None = None) -> str:
+    """The base64 text of a block's data (a ``data:<mime>;base64,`` URL when ``mime`` is
+    given), built once per bytes object or path: LlamaIndex keeps inline bytes base64-encoded
+    already; a path (or a buffer) is read through the block's ``resolve`` method."""
+    key: tuple[Any, ...] | None = None
+    if isinstance(data, bytes):
+        key = (mime, data)
+    elif data is None and block.path:
+        key = (mime, "path", str(block.path))
+    if key is not None:
+        cached = _inline.get(key)
+        if cached is not None:
+            return cached
+    if isinstance(data, bytes):
+        b64 = data.decode("ascii")
+    else:
+        b64 = base64.b64encode(getattr(block, resolve)().read()).decode("ascii")
+    text = b64 if mime is None else f"data:{mime};base64,{b64}"
+    if key is not None:
+        _remember(_inline, key, text)
+    return text
 
 
 def _media_part(block: Any) -> dict[str, Any] | None:
@@ -132,10 +149,10 @@ def _media_part(block: Any) -> dict[str, Any] | None:
     try:
         if isinstance(block, ImageBlock):
             if block.url:
-                url = str(block.url)
+                url = _url_text(block.url)
             else:
                 mime = block.image_mimetype or "image/png"
-                url = _data_url(mime, _base64_of(block, block.image, "resolve_image"), block.image)
+                url = _inline_text(block, block.image, "resolve_image", mime)
             image: dict[str, Any] = {"url": url}
             if block.detail in ("low", "high"):
                 image["detail"] = block.detail
@@ -143,7 +160,7 @@ def _media_part(block: Any) -> dict[str, Any] | None:
         if isinstance(block, AudioBlock):
             if not block.format:  # OpenAI needs the format: such a block goes uncounted
                 return None
-            data = _base64_of(block, block.audio, "resolve_audio")
+            data = _inline_text(block, block.audio, "resolve_audio")
             return {"type": "input_audio", "input_audio": {"data": data, "format": block.format}}
         if isinstance(block, DocumentBlock):
             file: dict[str, Any] = {"filename": block.title}
@@ -151,8 +168,7 @@ def _media_part(block: Any) -> dict[str, Any] | None:
                 file["file_url"] = str(block.url)
             else:
                 mime = block.document_mimetype or "application/pdf"
-                data = _base64_of(block, block.data, "resolve_document")
-                file["file_data"] = _data_url(mime, data, block.data)
+                file["file_data"] = _inline_text(block, block.data, "resolve_document", mime)
             return {"type": "file", "file": file}
     except Exception:  # unreadable data: the block goes to the model as it is, uncounted
         return None
