@@ -4,7 +4,10 @@ checked against the OpenAI chat, Anthropic Messages and Gemini contents conventi
 property test in tests/core/test_payloads.py is); run it with any virtualenv holding ce-core:
 
     python benchmarks/fuzz_payloads.py [--histories 10000] [--budgets 10] [--workers 2]
-        [--write docs/benchmarks.md]
+        [--images 0.5] [--write docs/benchmarks.md]
+
+``--images SHARE``: that share of the questions carries one to three pictures of random
+sizes (counted by OpenAI's image rule for gpt-4o).
 """
 
 from __future__ import annotations
@@ -66,15 +69,19 @@ class Tally:
         self.examples.extend(other.examples)
 
 
-def _chunk(first: int, count: int, budgets: int) -> Tally:
+def _chunk(first: int, count: int, budgets: int, images: float = 0.0) -> Tally:
     """Histories ``first .. first+count-1`` (seeded by their number), each assembled under
     ``budgets`` random budgets."""
     tally = Tally()
 
     async def one(seed: int) -> None:
         rng = random.Random(seed)
-        engine = deterministic_engine()
-        await write_random_history(engine, "s", rng, rng.randint(1, 8))
+        if images > 0:  # pictures need room while the history is written
+            roomy = BudgetConfig(max_input_tokens=1_000_000)
+            engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=roomy))
+        else:
+            engine = deterministic_engine()
+        await write_random_history(engine, "s", rng, rng.randint(1, 8), images=images)
         for _ in range(budgets):
             budget = rng.randint(200, 6000)
             config = RuntimeConfig(
@@ -113,6 +120,9 @@ def main() -> None:
     parser.add_argument("--histories", type=int, default=10_000)
     parser.add_argument("--budgets", type=int, default=10, help="budgets per history")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--images", type=float, default=0.0, help="share of questions with pictures"
+    )
     parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
     args = parser.parse_args()
     command = "python benchmarks/fuzz_payloads.py"
@@ -120,6 +130,8 @@ def main() -> None:
         command += f" --histories {args.histories}"
     if args.budgets != 10:
         command += f" --budgets {args.budgets}"
+    if args.images:
+        command += f" --images {args.images:g}"
     if args.write:
         command += f" --write {args.write}"
 
@@ -128,11 +140,18 @@ def main() -> None:
     chunks = [(i, min(size, args.histories - i)) for i in range(0, args.histories, size)]
     totals = Tally()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(_chunk, first, count, args.budgets) for first, count in chunks]
+        futures = [
+            pool.submit(_chunk, first, count, args.budgets, args.images) for first, count in chunks
+        ]
         for future in futures:
             totals.add(future.result())
     examples = totals.examples
     elapsed = time.perf_counter() - started
+    pictures = (
+        f"; {args.images:.0%} of the questions with 1-3 pictures of random sizes"
+        if args.images
+        else ""
+    )
     lines = [
         "## Payload fuzz: every assembled input against three providers' conventions",
         "",
@@ -144,7 +163,7 @@ def main() -> None:
         "",
         f"{args.histories:,} random histories (1-8 turns: answers, parallel tool calls answered "
         "by tool messages or by recorded runs with result evidence, failed runs, calls never "
-        f"answered), each assembled under {args.budgets} random budgets (200-6,000 input "
+        f"answered{pictures}), each assembled under {args.budgets} random budgets (200-6,000 input "
         f"tokens, {RESERVE} reserved for the reply); each assembled input converted to an "
         "OpenAI chat request, an Anthropic Messages request and a Gemini `contents` request "
         "and checked (`ce.core.testing.payloads`).",

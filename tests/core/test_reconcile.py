@@ -43,3 +43,26 @@ def test_unchanged_rewritten_and_new_messages() -> None:
 def test_an_opaque_message_never_goes_unchanged() -> None:
     assert reconcile_openai(APP[-1:], APP[-1:]) == [Reconciled(0)]
     assert reconcile_openai(APP[-1:], APP[-1:], opaque=[0]) == [Reconciled(0, "thanks")]
+
+
+def test_a_rewritten_copy_keeps_the_apps_media_only_when_the_engine_kept_them() -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    app = [
+        {"role": "user", "content": [{"type": "text", "text": "old, mail bob@example.com"}, image]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "new, mail bob@example.com"}, image]},
+    ]
+    sent = [
+        # an old message at a cheaper level: its image left out, its text says so
+        {"role": "user", "content": "old, mail [REDACTED:email]\n[image omitted]"},
+        {"role": "assistant", "content": "ok"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "new, mail [REDACTED:email]"}, image],
+        },
+    ]
+    assert reconcile_openai(app, sent) == [
+        Reconciled(0, "old, mail [REDACTED:email]\n[image omitted]", media=False),
+        Reconciled(1),
+        Reconciled(2, "new, mail [REDACTED:email]", media=True),
+    ]

@@ -6,6 +6,9 @@ text the engine redacted keeps its image, and augment mode keeps the app's objec
 from __future__ import annotations
 
 import asyncio
+import base64
+import struct
+import zlib
 from typing import Any
 
 import pytest
@@ -24,8 +27,9 @@ from langchain_openai import ChatOpenAI
 from scripted import replies
 
 import ce.langchain
+from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
 
 # a 1x1 PNG
 DATA_URL = (
@@ -168,6 +172,14 @@ async def test_the_same_message_objects_in_a_new_call_are_prepared_again(
     assert len(await engine.list_turns("second")) == 1
 
 
+def _engine_text(content: Any) -> str:
+    """The text of a message the engine wrote: a string, or (a message with media parts) the
+    text part of its content-part list."""
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content if part["type"] == "text")
+    return content or ""
+
+
 def test_the_plugins_reading_of_a_message_is_the_engines() -> None:
     # reconcile compares messages by what the engine reads of them, without building the
     # engine's parts: that reading must stay the engine's own
@@ -194,7 +206,7 @@ def test_the_plugins_reading_of_a_message_is_the_engines() -> None:
     engine_reading = [
         (
             m["role"],
-            m.get("content") or "",
+            _engine_text(m.get("content")),
             m.get("tool_call_id"),
             m.get("name"),
             tuple(
@@ -221,3 +233,107 @@ async def test_blocks_the_engine_cannot_read_do_not_reach_the_model(engine: Cont
     assert CANARY not in str([m.content for m in sent])
     assert sent[-1].id == "u-1"
     assert sent[-1].content == [{"type": "text", "text": "Look."}, IMAGE]
+
+
+# -- images counted against the budget (issue 11) -----------------------------------------
+
+
+def png(width: int, height: int) -> str:
+    """A PNG data URL of ``width`` x ``height`` (its header: all the token counter reads)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    body = struct.pack(">I", len(ihdr)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    return "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + body).decode()
+
+
+def _wire_call(engine: ContextEngine, session: str, messages: list[BaseMessage]) -> Any:
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="Seen.")) as server:
+        model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-test")
+        model.invoke(messages, {"metadata": {"ce_session_id": session}})
+        (request,) = server.requests
+    return request["messages"]
+
+
+@pytest.mark.parametrize("mode", ["replace", "augment"])
+async def test_the_image_reaches_the_wire_unchanged_and_is_counted(
+    mode: str, engine: ContextEngine
+) -> None:
+    # the report's token_used includes the image by OpenAI's rule: a 1x1 picture on gpt-4o
+    # is one 512 px tile, 85 + 170 = 255 tokens more than the same question without it
+    ce.langchain.install(engine, mode=mode)
+    pictured = app_messages()
+    plain = app_messages()
+    plain[-1] = HumanMessage("What is in this picture?", id="u-2")
+    wire = await asyncio.to_thread(_wire_call, engine, "with", pictured)
+    await asyncio.to_thread(_wire_call, engine, "without", plain)
+    assert wire[-1]["content"] == [{"type": "text", "text": "What is in this picture?"}, IMAGE]
+    (with_image,) = await engine.list_turns("with")
+    (without,) = await engine.list_turns("without")
+    assert with_image.report.token_used == without.report.token_used + 255
+    doc = await engine.get_session("with")
+    stored = [m for m in doc.session.messages if m.role.value == "user"][-1]
+    assert [p.type for p in stored.parts or ()] == ["text", "image"]
+
+
+@pytest.mark.parametrize(("budget", "action"), [(1200, "degraded"), (790, "dropped")])
+async def test_an_old_image_message_goes_for_budget_and_the_new_one_keeps_its_image(
+    budget: int, action: str
+) -> None:
+    # 1024 x 1024 is 765 tokens on gpt-4o: two do not fit, so the old message goes, its image
+    # with it: at a cheaper level (its text saying the image was left out) or entirely; the
+    # model does not get the old picture back from the app's own message object
+    config = BudgetConfig(max_input_tokens=budget, reserved_reply_tokens=0)
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=config))
+    ce.langchain.install(engine)
+    big = {"type": "image_url", "image_url": {"url": png(1024, 1024)}}
+    messages: list[BaseMessage] = [
+        SystemMessage("You describe pictures."),
+        HumanMessage(content=[{"type": "text", "text": "Look at this."}, big], id="u-1"),
+        AIMessage("A big picture.", id="a-1"),
+        HumanMessage(content=[{"type": "text", "text": "And this one?"}, big], id="u-2"),
+    ]
+    wire = await asyncio.to_thread(_wire_call, engine, "budget", messages)
+    images = [m for m in wire if isinstance(m["content"], list) and big in m["content"]]
+    assert images == [wire[-1]]
+    assert wire[-1]["content"] == [{"type": "text", "text": "And this one?"}, big]
+    old = [m for m in wire if "Look at this." in str(m["content"])]
+    if action == "degraded":
+        assert old == [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Look at this.\n[image omitted]"}],
+            }
+        ]
+    else:
+        assert old == []
+    (turn,) = await engine.list_turns("budget")
+    assert turn.report.token_used <= budget
+    doc = await engine.get_session("budget")
+    old_id = next(m.message_id for m in doc.session.messages if m.content == "Look at this.")
+    (decision,) = [d for d in turn.report.prune_decisions if d.block_id == f"msg:{old_id}"]
+    assert decision.action == action
+    await engine.close()
+
+
+async def test_a_tool_results_image_is_counted_and_kept(engine: ContextEngine) -> None:
+    # a tool that returns a picture (a screenshot): the engine counts it, the model gets the
+    # app's tool message with it
+    ce.langchain.install(engine)
+    tool_call = {"name": "shot", "args": {}, "id": "call_1"}
+
+    def history(result: Any) -> list[BaseMessage]:
+        return [
+            HumanMessage("Take a screenshot.", id="u-1"),
+            AIMessage("", id="a-1", tool_calls=[tool_call]),
+            ToolMessage(result, tool_call_id="call_1", id="t-1"),
+        ]
+
+    model = replies("A pixel.", "Text.")
+    pictured = history([{"type": "text", "text": "the screen"}, IMAGE])
+    await model.ainvoke(pictured, {"metadata": {"ce_session_id": "shot"}})
+    await model.ainvoke(history("the screen"), {"metadata": {"ce_session_id": "text"}})
+    tool = model.seen[0][-1]
+    assert isinstance(tool, ToolMessage) and IMAGE in tool.content
+    (with_image,) = await engine.list_turns("shot")
+    (without,) = await engine.list_turns("text")
+    assert with_image.report.token_used == without.report.token_used + 255

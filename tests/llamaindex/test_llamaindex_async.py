@@ -9,7 +9,10 @@ cover LLM classes defined after ``install()``."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import struct
+import zlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +24,13 @@ pytest.importorskip("llama_index.llms.openai")
 
 from llama_index.core.agent.workflow import FunctionAgent, ReActAgent
 from llama_index.core.base.llms.base import BaseLLM
-from llama_index.core.base.llms.types import ChatResponse, ImageBlock, TextBlock
+from llama_index.core.base.llms.types import (
+    AudioBlock,
+    ChatResponse,
+    DocumentBlock,
+    ImageBlock,
+    TextBlock,
+)
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.instrumentation.dispatcher import instrument_tags
 from llama_index.core.llms import ChatMessage
@@ -274,6 +283,147 @@ async def test_image_blocks_reach_the_model_unchanged(path: str, engine: Context
         assert "Here is my first picture." in json.dumps(users[0])
         assert REDACTED in json.dumps(users[1]) and CANARY not in json.dumps(request)
     assert json.dumps(requests[1]["messages"][-1]["content"]) == '"Thanks!"'
+
+
+def _png(width: int, height: int) -> bytes:
+    """A PNG of ``width`` x ``height`` (its header: all the token counter reads)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    body = struct.pack(">I", len(ihdr)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
+PIXEL_URL = "data:image/png;base64," + base64.b64encode(_png(1, 1)).decode()
+
+
+@pytest.mark.parametrize("mode", ["replace", "augment"])
+@pytest.mark.parametrize("form", ["url", "bytes"])
+async def test_an_image_is_counted_by_openais_rule_and_reaches_the_wire(
+    mode: str, form: str
+) -> None:
+    """A 1x1 picture on gpt-4o is one 512 px tile: the report's token_used is 85 + 170 = 255
+    more than for the same question without it, whether the block holds a data URL or the
+    image bytes; the wire gets the image as LlamaIndex's OpenAI LLM sends it."""
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o"))
+    block = ImageBlock(url=PIXEL_URL) if form == "url" else ImageBlock(image=_png(1, 1))
+    pictured = [
+        ChatMessage(role="system", content=SYSTEM),
+        ChatMessage(role="user", blocks=[TextBlock(text="What is this?"), block]),
+    ]
+    plain = [
+        ChatMessage(role="system", content=SYSTEM),
+        ChatMessage(role="user", content="What is this?"),
+    ]
+    replies = [ScriptedResponse(text="A pixel."), ScriptedResponse(text="Nothing.")]
+    with ScriptedOpenAIServer(replies) as server:
+        llm = _openai(server)
+        ce.llamaindex.install(engine, session_id="s-with", mode=mode)
+        await llm.achat(pictured)
+        ce.llamaindex.uninstall()
+        ce.llamaindex.install(engine, session_id="s-without", mode=mode)
+        await llm.achat(plain)
+        first = server.requests[0]
+    (part,) = _image_parts(first["messages"][-1])
+    assert part["image_url"]["url"] == PIXEL_URL
+    (with_image,) = await engine.list_turns("s-with")
+    (without,) = await engine.list_turns("s-without")
+    assert with_image.report.token_used == without.report.token_used + 255
+    doc = await engine.get_session("s-with")
+    assert [p.type for p in doc.session.messages[-2].parts or ()] == ["text", "image"]
+    await engine.close()
+
+
+@pytest.mark.parametrize(("budget", "action"), [(1200, "degraded"), (790, "dropped")])
+async def test_an_old_image_message_goes_for_budget(budget: int, action: str) -> None:
+    """Two 1024 x 1024 pictures (765 tokens each on gpt-4o) do not fit: the old message goes
+    at a cheaper level, without its image (the app's own block is not put back), or entirely;
+    the new one keeps its image."""
+    config = BudgetConfig(max_input_tokens=budget, reserved_reply_tokens=0)
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=config))
+    big = "data:image/png;base64," + base64.b64encode(_png(1024, 1024)).decode()
+    mine = [
+        ChatMessage(role="system", content=SYSTEM),
+        ChatMessage(role="user", blocks=[TextBlock(text="Look at this."), ImageBlock(url=big)]),
+        ChatMessage(role="assistant", content="A big picture."),
+        ChatMessage(role="user", blocks=[TextBlock(text="And this one?"), ImageBlock(url=big)]),
+    ]
+    with ScriptedOpenAIServer([ScriptedResponse(text="Another.")]) as server:
+        ce.llamaindex.install(engine, session_id="s-budget")
+        await _openai(server).achat(mine)
+        (request,) = server.requests
+    wire = request["messages"]
+    assert [len(_image_parts(m)) for m in wire][-1] == 1
+    assert sum(len(_image_parts(m)) for m in wire) == 1
+    old = [m["content"] for m in wire if "Look at this." in json.dumps(m)]
+    assert old == (["Look at this.\n[image omitted]"] if action == "degraded" else [])
+    (turn,) = await engine.list_turns("s-budget")
+    assert turn.report.token_used <= budget
+    doc = await engine.get_session("s-budget")
+    old_id = next(m.message_id for m in doc.session.messages if m.content == "Look at this.")
+    (decision,) = [d for d in turn.report.prune_decisions if d.block_id == f"msg:{old_id}"]
+    assert decision.action == action
+    await engine.close()
+
+
+async def test_stored_image_history_is_rebuilt_with_its_image() -> None:
+    """The app passes only its new question: the earlier picture comes from the session, as
+    a message the plugin builds from the engine's input, image block and all."""
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o"))
+    replies = [ScriptedResponse(text="A pixel."), ScriptedResponse(text="Yes.")]
+    with ScriptedOpenAIServer(replies) as server:
+        llm = _openai(server)
+        ce.llamaindex.install(engine, session_id="s-history")
+        await llm.achat(
+            [ChatMessage(role="user", blocks=[TextBlock(text="Look."), ImageBlock(url=PIXEL_URL)])]
+        )
+        await llm.achat([ChatMessage(role="user", content="Still there?")])
+        second = server.requests[1]["messages"]
+    pictured = [m for m in second if _image_parts(m)]
+    assert len(pictured) == 1 and _image_parts(pictured[0])[0]["image_url"]["url"] == PIXEL_URL
+    assert second[-1]["content"] == "Still there?"
+    await engine.close()
+
+
+def test_inline_media_are_encoded_once_not_on_every_call() -> None:
+    """A framework passes the same blocks on every call: the data URL handed to the engine is
+    the same string each time (no new copy of the picture per call)."""
+    from ce.llamaindex._convert import to_openai
+
+    by_url = ChatMessage(role="user", blocks=[TextBlock(text="a"), ImageBlock(url=PIXEL_URL)])
+    by_bytes = ChatMessage(role="user", blocks=[TextBlock(text="b"), ImageBlock(image=_png(2, 2))])
+    for message in (by_url, by_bytes):
+        first, second = to_openai([message]), to_openai([message])
+        assert first == second
+        assert (
+            first[0]["content"][1]["image_url"]["url"]
+            is second[0]["content"][1]["image_url"]["url"]
+        )
+
+
+def test_audio_and_document_blocks_become_engine_parts_and_back() -> None:
+    from ce.llamaindex._convert import _build, to_openai
+
+    pdf = b"%PDF-1.4\n<< /Type /Page >>\n"
+    wav = b"RIFF" + b"\x00" * 40
+    message = ChatMessage(
+        role="user",
+        blocks=[
+            TextBlock(text="Listen and read."),
+            AudioBlock(audio=wav, format="wav"),
+            DocumentBlock(data=pdf, title="a.pdf", document_mimetype="application/pdf"),
+        ],
+    )
+    (converted,) = to_openai([message])
+    (part,) = from_openai_messages([converted])
+    assert part.content == "Listen and read."
+    assert [p.type for p in part.parts or ()] == ["text", "audio", "file"]
+    rebuilt = _build(converted)
+    assert [type(b).__name__ for b in rebuilt.blocks] == [
+        "TextBlock",
+        "AudioBlock",
+        "DocumentBlock",
+    ]
+    assert to_openai([rebuilt]) == [converted]
 
 
 async def test_the_seams_come_off_exactly_and_cover_classes_made_later(

@@ -38,6 +38,7 @@ from ce.core.pipeline import LlmAdapter, LlmRequest, LlmResponse
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
     AssembledInput,
+    AudioPart,
     Author,
     AuthorKind,
     ContextBlock,
@@ -45,6 +46,8 @@ from ce.core.schema import (
     EvidenceLinks,
     EvidenceSource,
     EvidenceType,
+    FilePart,
+    ImagePart,
     Message,
     MessagePart,
     ModelInvocation,
@@ -57,6 +60,7 @@ from ce.core.schema import (
     SessionDocument,
     SourceKind,
     Task,
+    TextPart,
     ToolCall,
     ToolCallRequest,
     ToolCallStatus,
@@ -70,6 +74,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AssembledInput",
+    "AudioPart",
     "Author",
     "AuthorKind",
     "BudgetConfig",
@@ -85,7 +90,9 @@ __all__ = [
     "EvidenceNotFoundError",
     "EvidenceSource",
     "EvidenceType",
+    "FilePart",
     "FileStore",
+    "ImagePart",
     "InMemoryEventBus",
     "InvariantViolationError",
     "LlmAdapter",
@@ -119,6 +126,7 @@ __all__ = [
     "SummaryConfig",
     "SyncEngine",
     "Task",
+    "TextPart",
     "TiktokenEstimator",
     "TokenEstimator",
     "ToolCall",

@@ -4,6 +4,11 @@
 format; ``to_anthropic_messages`` builds the ``system`` + ``messages`` of an Anthropic Messages
 request. Both expect parts shaped as :func:`ce.core.state.render_live_context` produces them:
 every assistant part with tool calls directly followed by one tool part per call.
+
+Images, files and audio (a part's ``parts``) go through in order with the text: OpenAI's
+``image_url`` / ``file`` / ``input_audio`` content parts are read into them and written back;
+Anthropic gets ``image`` / ``document`` blocks, Gemini ``inlineData`` / ``fileData`` parts (see
+each converter for remote URLs and what a provider cannot take).
 """
 
 from __future__ import annotations
@@ -14,7 +19,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ce.core.schema import MessagePart, Role, ToolCallRequest
+from ce.core.schema import (
+    AudioPart,
+    ContentPart,
+    FilePart,
+    ImagePart,
+    MessagePart,
+    Role,
+    TextPart,
+    ToolCallRequest,
+)
 from ce.core.state import parse_tool_arguments
 
 __all__ = [
@@ -51,6 +65,15 @@ def to_openai_messages(parts: Sequence[MessagePart]) -> list[dict[str, Any]]:
     ``{"role": "tool", "tool_call_id", "content"}`` (OpenAI has no error flag: the content
     says it). ``name`` is kept on user and assistant messages. A tool part without a
     ``tool_call_id`` raises :class:`ValueError`.
+
+    A part with images, files or audio gets a list of content parts, in its order:
+    ``{"type": "text", "text"}`` for its text (left out when empty), ``{"type": "image_url",
+    "image_url": {"url", "detail"}}`` (``detail`` only when not ``auto``), ``{"type": "file",
+    "file": {"file_data" | "file_id", "filename"}}`` and ``{"type": "input_audio",
+    "input_audio": {"data", "format"}}``; a file by URL as ``{"type": "file", "file":
+    {"file_url"}}`` (the Responses API's field: the chat API takes no file by URL, and
+    :func:`ce.core.testing.payloads.openai_problems` says so). A text-only part keeps a string
+    content.
     """
     out: list[dict[str, Any]] = []
     for index, part in enumerate(parts):
@@ -59,10 +82,12 @@ def to_openai_messages(parts: Sequence[MessagePart]) -> list[dict[str, Any]]:
             if not part.tool_call_id:
                 raise ValueError(f"parts[{index}]: a tool part needs a tool_call_id")
             message = {"role": "tool", "tool_call_id": part.tool_call_id, "content": part.content}
+            if part.parts:
+                message["content"] = _openai_content(part)
         elif part.role is Role.ASSISTANT and part.tool_calls:
             message = {
                 "role": "assistant",
-                "content": part.content or None,
+                "content": (_openai_content(part) if part.parts else part.content) or None,
                 "tool_calls": [
                     {
                         "id": call.tool_call_id,
@@ -73,27 +98,128 @@ def to_openai_messages(parts: Sequence[MessagePart]) -> list[dict[str, Any]]:
                 ],
             }
         else:
-            message = {"role": part.role.value, "content": part.content}
+            content = _openai_content(part) if part.parts else part.content
+            message = {"role": part.role.value, "content": content}
         if part.name and part.role in (Role.USER, Role.ASSISTANT):
             message["name"] = part.name
         out.append(message)
     return out
 
 
-def _openai_text(content: Any, where: str) -> str:
+def _in_order(part: MessagePart) -> list[ContentPart | str]:
+    """A part's content in order: its text (where its ``TextPart`` is, else first; left out
+    when empty) and its media parts."""
+    media = part.parts or ()
+    out: list[ContentPart | str] = []
+    placed = False
+    for item in media:
+        if isinstance(item, TextPart):
+            if not placed and part.content:
+                out.append(part.content)
+            placed = True
+        else:
+            out.append(item)
+    if not placed and part.content:
+        out.insert(0, part.content)
+    return out
+
+
+def _openai_media(item: ContentPart) -> dict[str, Any]:
+    if isinstance(item, ImagePart):
+        image: dict[str, Any] = {"url": item.url}
+        if item.detail != "auto":
+            image["detail"] = item.detail
+        return {"type": "image_url", "image_url": image}
+    if isinstance(item, AudioPart):
+        return {"type": "input_audio", "input_audio": {"data": item.data, "format": item.format}}
+    assert isinstance(item, FilePart)
+    file: dict[str, Any]
+    if item.url:
+        file = {"file_url": item.url}
+    elif item.data:
+        file = {"file_data": item.data}
+    else:
+        file = {"file_id": item.file_id}
+    if item.filename:
+        file["filename"] = item.filename
+    return {"type": "file", "file": file}
+
+
+def _openai_content(part: MessagePart) -> list[dict[str, Any]]:
+    return [
+        {"type": "text", "text": item} if isinstance(item, str) else _openai_media(item)
+        for item in _in_order(part)
+    ]
+
+
+def _openai_part(item: Mapping[str, Any], where: str) -> ContentPart | None:
+    """The media part of one OpenAI content part (chat or Responses form), ``None`` for a
+    kind that is neither text nor media (refusal…); malformed media raises ValueError."""
+    kind = item.get("type")
+    try:
+        if kind in ("image_url", "input_image"):
+            image = item.get("image_url")
+            detail = item.get("detail")
+            if isinstance(image, Mapping):
+                detail = image.get("detail", detail)
+                image = image.get("url")
+            if image is None and item.get("file_id"):
+                return None  # a Responses image by file id: no URL to hold, left out
+            if not isinstance(image, str):
+                raise ValueError("an image part needs an image_url url")
+            return ImagePart(url=image, detail=detail or "auto")
+        if kind == "input_audio":
+            audio = item.get("input_audio")
+            if not isinstance(audio, Mapping):
+                raise ValueError("an input_audio part needs input_audio data and format")
+            return AudioPart(data=audio.get("data"), format=audio.get("format"))
+        if kind in ("file", "input_file"):
+            file = item.get("file") if kind == "file" else item
+            if not isinstance(file, Mapping):
+                raise ValueError("a file part needs a file")
+            return FilePart(
+                data=file.get("file_data"),
+                file_id=file.get("file_id"),
+                url=file.get("file_url"),
+                filename=file.get("filename"),
+            )
+    except ValueError as exc:  # pydantic's ValidationError included
+        raise ValueError(f"{where}: malformed {kind} part: {exc}") from None
+    return None
+
+
+def _openai_content_parts(content: Any, where: str) -> tuple[str, list[ContentPart] | None]:
+    """The text of an OpenAI message content and its media parts in order (``None``: no
+    media; the text's place is a ``TextPart`` where its first piece was)."""
     if content is None:
-        return ""
+        return "", None
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for item in content:
-            if isinstance(item, str):
-                texts.append(item)
-            elif isinstance(item, Mapping) and item.get("type") in _TEXT_PART_TYPES:
-                texts.append(str(item.get("text", "")))
-        return "\n".join(texts)
-    raise ValueError(f"{where}: content must be a string, a list of parts or null")
+        return content, None
+    if not isinstance(content, list):
+        raise ValueError(f"{where}: content must be a string, a list of parts or null")
+    texts: list[str] = []
+    parts: list[ContentPart] = []
+    text_at: int | None = None
+    for index, item in enumerate(content):
+        if isinstance(item, str):
+            text = item
+        elif isinstance(item, Mapping) and item.get("type") in _TEXT_PART_TYPES:
+            text = str(item.get("text", ""))
+        elif isinstance(item, Mapping):
+            media = _openai_part(item, f"{where}.content[{index}]")
+            if media is not None:
+                parts.append(media)
+            continue
+        else:
+            continue
+        texts.append(text)
+        if text_at is None:
+            text_at = len(parts)
+    if not parts:
+        return "\n".join(texts), None
+    if text_at is not None and any(texts):
+        parts.insert(text_at, TextPart())
+    return "\n".join(texts), parts
 
 
 def _openai_call(raw_call: Any, where: str) -> ToolCallRequest:
@@ -125,7 +251,10 @@ def from_openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[MessageP
     """Message parts from OpenAI chat messages (the inverse of :func:`to_openai_messages`).
 
     ``system`` and ``developer`` messages become system parts. Content may be a string, null
-    or a list of parts, whose text parts are joined with newlines (other parts are ignored).
+    or a list of parts, whose text parts are joined with newlines; its images
+    (``image_url``, ``input_image``), files (``file``, ``input_file``) and audio
+    (``input_audio``) become the part's ``parts``, in order with the text (a malformed one
+    raises :class:`ValueError`; a system message's are left out, as other kinds of parts).
     Tool-call arguments are parsed (``parse_error`` when they are not a JSON object); a tool
     message takes its ``name`` from the call it answers. An unknown role or a malformed tool
     call raises :class:`ValueError`.
@@ -135,12 +264,12 @@ def from_openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[MessageP
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
         role = message.get("role")
-        content = _openai_text(message.get("content"), where)
+        content, media = _openai_content_parts(message.get("content"), where)
         name = message.get("name") if isinstance(message.get("name"), str) else None
         if role in ("system", "developer"):
             parts.append(MessagePart(role=Role.SYSTEM, content=content))
         elif role == "user":
-            parts.append(MessagePart(role=Role.USER, content=content, name=name))
+            parts.append(MessagePart(role=Role.USER, content=content, name=name, parts=media))
         elif role == "assistant":
             calls = [
                 _openai_call(call, f"{where}.tool_calls[{i}]")
@@ -149,7 +278,11 @@ def from_openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[MessageP
             names.update((call.tool_call_id, call.name) for call in calls)
             parts.append(
                 MessagePart(
-                    role=Role.ASSISTANT, content=content, tool_calls=calls or None, name=name
+                    role=Role.ASSISTANT,
+                    content=content,
+                    tool_calls=calls or None,
+                    name=name,
+                    parts=media,
                 )
             )
         elif role == "tool":
@@ -162,6 +295,7 @@ def from_openai_messages(messages: Iterable[Mapping[str, Any]]) -> list[MessageP
                     content=content,
                     tool_call_id=call_id,
                     name=name or names.get(call_id),
+                    parts=media,
                 )
             )
         else:
@@ -184,16 +318,63 @@ def _anthropic_input(call: ToolCallRequest) -> dict[str, Any]:
     return parsed if parsed is not None else {}
 
 
+def _data_url(url: str) -> tuple[str, str] | None:
+    """``(mime type, base64 data)`` of a base64 ``data:`` URL, else None."""
+    if not url.startswith("data:"):
+        return None
+    header, _, data = url[5:].partition(",")
+    if not header.endswith(";base64"):
+        return None
+    return header.split(";", 1)[0], data
+
+
+def _anthropic_source(url: str) -> dict[str, Any]:
+    inline = _data_url(url)
+    if inline is None:
+        return {"type": "url", "url": url}
+    return {"type": "base64", "media_type": inline[0], "data": inline[1]}
+
+
+def _anthropic_media(item: ContentPart) -> dict[str, Any] | None:
+    if isinstance(item, ImagePart):
+        return {"type": "image", "source": _anthropic_source(item.url)}
+    if isinstance(item, FilePart):
+        if item.file_id:
+            source: dict[str, Any] = {"type": "file", "file_id": item.file_id}
+        else:
+            source = _anthropic_source(item.data or item.url or "")
+        block: dict[str, Any] = {"type": "document", "source": source}
+        if item.filename:
+            block["title"] = item.filename
+        return block
+    return None  # audio: Anthropic takes none
+
+
+def _anthropic_content(part: MessagePart) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    for item in _in_order(part):
+        if isinstance(item, str):
+            if item.strip():
+                blocks.append({"type": "text", "text": item})
+        elif (block := _anthropic_media(item)) is not None:
+            blocks.append(block)
+    return blocks
+
+
 def _anthropic_blocks(part: MessagePart) -> list[dict[str, Any]]:
     if part.role is Role.TOOL:
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": part.tool_call_id}
-        if part.content:
+        if part.parts:
+            block["content"] = _anthropic_content(part)
+        elif part.content:
             block["content"] = part.content
         if part.is_error:
             block["is_error"] = True
         return [block]
     blocks: list[dict[str, Any]] = []
-    if part.content.strip():
+    if part.parts:
+        blocks.extend(_anthropic_content(part))
+    elif part.content.strip():
         blocks.append({"type": "text", "text": part.content})
     for call in part.tool_calls or ():
         blocks.append(
@@ -217,8 +398,12 @@ def to_anthropic_messages(parts: Sequence[MessagePart]) -> AnthropicRequest:
     they are not a JSON object); tool parts become
     ``tool_result`` blocks (``tool_use_id``, ``content`` when not empty, ``is_error`` from
     the part) of a user message, so all results of one multi-call turn land in the one user
-    message after it, before any user text. Blank texts are left out and messages without
-    blocks dropped; a placeholder user text (:data:`ANTHROPIC_PLACEHOLDER_TEXT`) is inserted
+    message after it, before any user text. Images become ``image`` blocks and files
+    ``document`` blocks (``title`` from the filename), in order with the text: a ``data:`` URL
+    as a ``base64`` source (its media type and data), a remote URL as a ``url`` source, a
+    provider file id as a ``file`` source; a tool result with media gets a list ``content``.
+    Anthropic takes no audio: audio parts are left out. Blank texts are left out and messages
+    without blocks dropped; a placeholder user text (:data:`ANTHROPIC_PLACEHOLDER_TEXT`) is inserted
     when the first message would be the assistant's. A tool part without a
     ``tool_call_id`` raises :class:`ValueError`.
     """
@@ -259,6 +444,32 @@ class GeminiRequest:
     contents: list[dict[str, Any]]
 
 
+_GEMINI_REMOTE_TYPES = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".webp": "image/webp",
+    ".pdf": "application/pdf",
+}
+
+
+def _gemini_media(item: ContentPart) -> dict[str, Any]:
+    if isinstance(item, AudioPart):
+        return {"inlineData": {"mimeType": f"audio/{item.format}", "data": item.data}}
+    if isinstance(item, ImagePart):
+        url, default = item.url, "image/jpeg"
+    else:
+        assert isinstance(item, FilePart)
+        url, default = item.data or item.url or item.file_id or "", "application/pdf"
+    inline = _data_url(url)
+    if inline is not None:
+        return {"inlineData": {"mimeType": inline[0], "data": inline[1]}}
+    path = url.split("?", 1)[0].lower()
+    suffix = path[path.rfind(".") :] if "." in path.rsplit("/", 1)[-1] else ""
+    return {"fileData": {"mimeType": _GEMINI_REMOTE_TYPES.get(suffix, default), "fileUri": url}}
+
+
 def _gemini_parts(part: MessagePart, names: dict[str, str]) -> list[dict[str, Any]]:
     if part.role is Role.TOOL:
         name = part.name or names.get(part.tool_call_id or "", "") or "tool"
@@ -267,7 +478,13 @@ def _gemini_parts(part: MessagePart, names: dict[str, str]) -> list[dict[str, An
             response = {"error": part.content}
         return [{"functionResponse": {"name": name, "response": response}}]
     out: list[dict[str, Any]] = []
-    if part.content.strip():
+    if part.parts:
+        for item in _in_order(part):
+            if not isinstance(item, str):
+                out.append(_gemini_media(item))
+            elif item.strip():
+                out.append({"text": item})
+    elif part.content.strip():
         out.append({"text": part.content})
     for call in part.tool_calls or ():
         names[call.tool_call_id] = call.name
@@ -281,8 +498,13 @@ def to_gemini_request(parts: Sequence[MessagePart]) -> GeminiRequest:
     role merged), assistant tool calls as ``functionCall`` parts (arguments parsed as for
     Anthropic) and tool results as ``functionResponse`` parts (named after their call; an
     error result as ``{"error": ...}``) of the ``user`` content right after the call, before
-    any user text. Blank texts are left out; a placeholder user text
-    (:data:`ANTHROPIC_PLACEHOLDER_TEXT`) opens the contents when the model would speak first."""
+    any user text. Images, files and audio go in order with the text: a ``data:`` URL as
+    ``inlineData`` (``mimeType``, ``data``), audio as ``inlineData`` of ``audio/<format>``, a
+    remote URL or file id as ``fileData`` (``fileUri``; ``mimeType`` from the URL's extension,
+    else ``image/jpeg`` for an image, ``application/pdf`` for a file). A tool result's media
+    are left out (a ``functionResponse`` holds JSON). Blank texts are left out; a placeholder
+    user text (:data:`ANTHROPIC_PLACEHOLDER_TEXT`) opens the contents when the model would
+    speak first."""
     system: list[str] = []
     contents: list[dict[str, Any]] = []
     names: dict[str, str] = {}

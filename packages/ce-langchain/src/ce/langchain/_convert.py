@@ -29,10 +29,11 @@ __all__ = [
 ]
 
 _TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
-# Content blocks handed to the model as the app wrote them (the engine reads only text): images,
-# files, audio, in OpenAI, OpenAI Responses, Anthropic and LangChain standard formats. Other
-# blocks (reasoning, provider-specific ones) carry text the engine and its redactor never saw:
-# a message with one is not handed over as it is, and a rewritten copy leaves them out.
+# Content blocks handed to the model as the app wrote them (the engine reads their OpenAI form,
+# ``convert_to_openai_messages``, into its parts: counted and stored): images, files, audio, in
+# OpenAI, OpenAI Responses, Anthropic and LangChain standard formats. Other blocks (reasoning,
+# provider-specific ones) carry text the engine and its redactor never saw: a message with one
+# is not handed over as it is, and a rewritten copy leaves them out.
 _MEDIA_TYPES = frozenset(
     {
         "image_url",
@@ -167,11 +168,11 @@ def _as_written(message: BaseMessage) -> bool:
     return isinstance(content, str) or all(_is_text(b) or _is_media(b) for b in content)
 
 
-def _with_text(message: BaseMessage, text: str) -> BaseMessage:
+def _with_text(message: BaseMessage, text: str, media: bool = True) -> BaseMessage:
     """A copy of ``message`` with ``text`` as its text: a string content is replaced; in a
     list content the first text block takes ``text`` (its other keys kept), the other text
-    blocks go, media blocks (images, files, audio) stay where they were, any other block
-    goes."""
+    blocks go, media blocks (images, files, audio) stay where they were (or go too, when
+    ``media`` is false: the engine left them out), any other block goes."""
     content = message.content
     if isinstance(content, str):
         return message.model_copy(update={"content": text})
@@ -179,7 +180,8 @@ def _with_text(message: BaseMessage, text: str) -> BaseMessage:
     placed = False
     for block in content:
         if _is_media(block):
-            blocks.append(block)
+            if media:
+                blocks.append(block)
         elif not _is_text(block):
             continue
         elif not placed:
@@ -216,7 +218,7 @@ def reconcile(
         elif origin.text is None:
             out.append(app[origin.source])
         else:
-            out.append(_with_text(app[origin.source], origin.text))
+            out.append(_with_text(app[origin.source], origin.text, origin.media))
     if built:
         new = from_openai([sent[i] for i in built])
         for i, message in zip(built, new, strict=True):

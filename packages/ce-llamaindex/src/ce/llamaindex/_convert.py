@@ -8,11 +8,20 @@ the OpenAI SDK's objects, the older form). A tool result names its call in
 
 from __future__ import annotations
 
+import base64
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from llama_index.core.base.llms.types import ChatMessage, MessageRole, TextBlock
+from llama_index.core.base.llms.types import (
+    AudioBlock,
+    ChatMessage,
+    DocumentBlock,
+    ImageBlock,
+    MessageRole,
+    TextBlock,
+)
 
 from ce.core.integration import message_from_openai, reconcile_openai
 from ce.core.schema import Message, ModelInvocation
@@ -80,13 +89,120 @@ def _tool_calls(message: ChatMessage) -> list[dict[str, Any]]:
     return calls
 
 
+# Inline image, audio and document data as the base64 text OpenAI takes, by the block's data
+# (a framework passes the same blocks on every call: each is encoded once). Bounded; holds the
+# data it converted alive until evicted.
+_INLINE_MAX = 32
+_inline: dict[Any, str] = {}
+_lock = threading.Lock()
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    with _lock:
+        if len(cache) >= _INLINE_MAX:
+            cache.pop(next(iter(cache)))
+        cache[key] = value
+
+
+# An ImageBlock's URL as a string, by the URL object (pydantic builds a new string, a copy of a
+# data URL, on every str()): the object is kept with its string so its id is not reused.
+_urls: dict[int, tuple[Any, str]] = {}
+
+
+def _url_text(url: Any) -> str:
+    if isinstance(url, str):
+        return url
+    held = _urls.get(id(url))
+    if held is not None and held[0] is url:
+        return held[1]
+    text = str(url)
+    _remember(_urls, id(url), (url, text))
+    return text
+
+
+def _inline_text(block: Any, data: Any, resolve: str, mime: str | None = None) -> str:
+    """The base64 text of a block's data (a ``data:<mime>;base64,`` URL when ``mime`` is
+    given), built once per bytes object or path: LlamaIndex keeps inline bytes base64-encoded
+    already; a path (or a buffer) is read through the block's ``resolve`` method."""
+    key: tuple[Any, ...] | None = None
+    if isinstance(data, bytes):
+        key = (mime, data)
+    elif data is None and block.path:
+        key = (mime, "path", str(block.path))
+    if key is not None:
+        cached = _inline.get(key)
+        if cached is not None:
+            return cached
+    if isinstance(data, bytes):
+        b64 = data.decode("ascii")
+    else:
+        b64 = base64.b64encode(getattr(block, resolve)().read()).decode("ascii")
+    text = b64 if mime is None else f"data:{mime};base64,{b64}"
+    if key is not None:
+        _remember(_inline, key, text)
+    return text
+
+
+def _media_part(block: Any) -> dict[str, Any] | None:
+    """The OpenAI content part of an image, audio or document block (as LlamaIndex's OpenAI
+    LLM sends it), ``None`` for another block or one whose data cannot be read."""
+    try:
+        if isinstance(block, ImageBlock):
+            if block.url:
+                url = _url_text(block.url)
+            else:
+                mime = block.image_mimetype or "image/png"
+                url = _inline_text(block, block.image, "resolve_image", mime)
+            image: dict[str, Any] = {"url": url}
+            if block.detail in ("low", "high"):
+                image["detail"] = block.detail
+            return {"type": "image_url", "image_url": image}
+        if isinstance(block, AudioBlock):
+            if not block.format:  # OpenAI needs the format: such a block goes uncounted
+                return None
+            data = _inline_text(block, block.audio, "resolve_audio")
+            return {"type": "input_audio", "input_audio": {"data": data, "format": block.format}}
+        if isinstance(block, DocumentBlock):
+            file: dict[str, Any] = {"filename": block.title}
+            if not block.data and str(block.url or "").startswith(("http://", "https://")):
+                file["file_url"] = str(block.url)
+            else:
+                mime = block.document_mimetype or "application/pdf"
+                file["file_data"] = _inline_text(block, block.data, "resolve_document", mime)
+            return {"type": "file", "file": file}
+    except Exception:  # unreadable data: the block goes to the model as it is, uncounted
+        return None
+    return None
+
+
+def _content(message: ChatMessage) -> str | list[dict[str, Any]]:
+    """The OpenAI content of ``message``: its text (the text blocks joined), or, when it has
+    images, audio or documents, the content parts in order (the text where its first block
+    was)."""
+    text = message_text(message)
+    media: list[dict[str, Any]] = []
+    text_at: int | None = None
+    for block in message.blocks:
+        if isinstance(block, TextBlock):
+            if text_at is None:
+                text_at = len(media)
+        elif (part := _media_part(block)) is not None:
+            media.append(part)
+    if not media:
+        return text
+    if text:
+        media.insert(text_at or 0, {"type": "text", "text": text})
+    return media
+
+
 def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """LlamaIndex messages as OpenAI chat message dicts (text content; tool calls and tool
-    call ids kept). Non-text blocks (images, audio) are not part of the neutral form."""
+    """LlamaIndex messages as OpenAI chat message dicts (the text; image, audio and document
+    blocks as OpenAI content parts, in order; tool calls and tool call ids kept)."""
     converted: list[dict[str, Any]] = []
     for message in messages:
         role = _ROLES.get(str(getattr(message.role, "value", message.role)), "user")
-        entry: dict[str, Any] = {"role": role, "content": message_text(message)}
+        content = _content(message) if role != "system" else message_text(message)
+        entry: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant":
             calls = _tool_calls(message)
             if calls:
@@ -98,17 +214,58 @@ def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return converted
 
 
-def _with_text(original: ChatMessage, text: str) -> ChatMessage:
-    blocks: list[Any] = [b for b in original.blocks if not isinstance(b, TextBlock)]
+_MEDIA_BLOCKS = (ImageBlock, AudioBlock, DocumentBlock)
+
+
+def _with_text(original: ChatMessage, text: str, media: bool = True) -> ChatMessage:
+    """A copy of ``original`` with ``text`` as its text; its other blocks kept, but for its
+    images, audio and documents when ``media`` is false (the engine left them out)."""
+    blocks: list[Any] = [
+        b
+        for b in original.blocks
+        if not isinstance(b, TextBlock) and (media or not isinstance(b, _MEDIA_BLOCKS))
+    ]
     if text:
         blocks.insert(0, TextBlock(text=text))
     return original.model_copy(update={"blocks": blocks})
+
+
+def _blocks(content: list[Any]) -> list[Any]:
+    """LlamaIndex blocks for an OpenAI content-part list (text, images, audio, files)."""
+    blocks: list[Any] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text":
+            blocks.append(TextBlock(text=str(part.get("text", ""))))
+        elif kind == "image_url":
+            image = part["image_url"]
+            blocks.append(ImageBlock(url=image["url"], detail=image.get("detail")))
+        elif kind == "input_audio":
+            audio = part["input_audio"]
+            blocks.append(AudioBlock(audio=audio["data"].encode(), format=audio["format"]))
+        elif kind == "file":
+            file = part["file"]
+            data = file.get("file_data") or ""
+            if data.startswith("data:"):
+                header, _, payload = data[5:].partition(",")
+                blocks.append(
+                    DocumentBlock(
+                        data=payload.encode(),
+                        document_mimetype=header.split(";", 1)[0] or None,
+                        title=file.get("filename"),
+                    )
+                )
+            elif file.get("file_url"):
+                blocks.append(DocumentBlock(url=file["file_url"], title=file.get("filename")))
+    return blocks
 
 
 def _build(sent: Mapping[str, Any]) -> ChatMessage:
     role = sent["role"]
     text = sent.get("content") or ""
     if not isinstance(text, str):
+        if role == "user":
+            return ChatMessage(role=MessageRole.USER, blocks=_blocks(text))
         text = "".join(p.get("text", "") for p in text if isinstance(p, Mapping))
     if role == "tool":
         return ChatMessage(
@@ -148,8 +305,9 @@ def from_openai(
     the app's very object (its images, provider fields and tool-call form kept); a system,
     user or tool message whose text alone the engine changed (redaction, a fenced tool
     result) is a copy of the app's message with the new text, its other blocks (images,
-    audio) kept; the rest (the engine's system message, history from earlier runs, an
-    assistant message whose calls the engine changed) are new messages."""
+    audio) kept unless the engine left them out; the rest (the engine's system message,
+    history from earlier runs, an assistant message whose calls the engine changed) are new
+    messages."""
     if len(originals) != len(original_dicts):
         return [_build(message) for message in sent]
     result: list[ChatMessage] = []
@@ -159,7 +317,7 @@ def from_openai(
         elif origin.text is None:
             result.append(originals[origin.source])
         else:
-            result.append(_with_text(originals[origin.source], origin.text))
+            result.append(_with_text(originals[origin.source], origin.text, origin.media))
     return result
 
 

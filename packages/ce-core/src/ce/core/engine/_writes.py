@@ -191,6 +191,7 @@ class HistoryWriter:
             lod=message.lod,
             meta=meta,
             message_id=message.message_id,
+            parts=message.parts,
         )
         self._note_redaction(call, f"msg:{stored.message_id}", rules + meta_rules, 1)
         call.new_messages.append(stored)
@@ -297,6 +298,7 @@ class HistoryWriter:
                     content=text,
                     meta=meta,
                     message_id=message.message_id,
+                    parts=message.parts,
                 )
             ]
         )
@@ -364,7 +366,8 @@ class HistoryWriter:
                 ):
                     continue
             if message.role is Role.USER:
-                if not message.content.strip():
+                media = any(p.type != "text" for p in message.parts or ())
+                if not message.content.strip() and not media:
                     continue
                 if entry.state.status not in ACTIVE_RUN:
                     self._begin_run(entry.state)

@@ -34,6 +34,7 @@ def message_from_part(part: MessagePart, author: Author | None = None) -> Messag
         tool_calls=part.tool_calls if part.role is Role.ASSISTANT else None,
         tool_call_id=part.tool_call_id if part.role is Role.TOOL else None,
         name=part.name,
+        parts=part.parts,
     )
 
 
@@ -67,7 +68,8 @@ def _cache_key(message: Mapping[str, Any]) -> tuple[Any, ...] | None:
 def openai_to_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
     """Pending messages for ``engine.prepare_call`` from OpenAI chat message dicts: system
     (and developer), user, assistant with ``tool_calls``, tool with ``tool_call_id``;
-    content as a string, null or a list of text parts. Malformed input raises
+    content as a string, null or a list of parts (text, and images, files and audio, which
+    the message keeps as its ``parts``). Malformed input raises
     :class:`ValueError` (see :func:`ce.core.formats.from_openai_messages`).
 
     A message met before (same role, content, name and tool ids) is converted once: the

@@ -9,7 +9,8 @@ to the engine, and asks :func:`reconcile_openai` which app message each assemble
 - the app's message unchanged (the plugin sends the app's very object);
 - the app's system, user or tool message whose text alone the engine rewrote (redaction, a
   fenced tool result, the system prompt with the engine's context): the plugin sends a copy of
-  the app's message with that text, its media kept;
+  the app's message with that text, its media kept when the engine kept them (an old message
+  at a cheaper Level of Detail goes without its images, its text saying so);
 - anything else (the engine's summary, history the app did not pass, and every assistant
   message whose tool calls the engine changed, e.g. redacted arguments): the plugin builds a
   new message from the assembled dict, so nothing the engine removed comes back.
@@ -33,10 +34,13 @@ Key = tuple[Hashable, ...]
 class Reconciled:
     """Where one message of the engine's input comes from: ``source`` is the index of the
     app message it stands for (``None``: build it from the assembled dict); ``text`` is
-    ``None`` when that app message goes unchanged, else the text its copy takes."""
+    ``None`` when that app message goes unchanged, else the text its copy takes; ``media``
+    is false when the copy must leave out the app's images, files and audio (the app's user
+    message or tool result has media parts, the engine's has none)."""
 
     source: int | None
     text: str | None = None
+    media: bool = True
 
 
 def _text(content: Any) -> str:
@@ -50,6 +54,12 @@ def _text(content: Any) -> str:
         part if isinstance(part, str) else str(part.get("text", ""))
         for part in content
         if isinstance(part, str) or (isinstance(part, Mapping) and part.get("type") in _TEXT_TYPES)
+    )
+
+
+def _has_media(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(part, Mapping) and part.get("type") not in _TEXT_TYPES for part in content
     )
 
 
@@ -148,8 +158,12 @@ def reconcile_openai(
         if j is not None:
             out.append(Reconciled(j))
         elif i in rewritten:
-            text = sent_keys[i][1]
-            out.append(Reconciled(rewritten[i], text if isinstance(text, str) else ""))
+            text, source = sent_keys[i][1], rewritten[i]
+            # the engine keeps the media of user messages and tool results (not a system
+            # message's): when it sent one without them, it left them out on purpose
+            kept = sent_keys[i][0] == "system" or _has_media(sent[i].get("content"))
+            media = kept or not _has_media(pending[source].get("content"))
+            out.append(Reconciled(source, text if isinstance(text, str) else "", media))
         else:
             out.append(Reconciled(None))
     return out

@@ -18,7 +18,10 @@ proportional to that record, never to the history. Rules:
   are in the history already), evidence linked to a tool call (its tool result shows it) and
   the unredacted originals that ``dual_store`` keeps for audits;
   its priority follows its confidence (>= 0.75 high, >= 0.4 or unknown medium, else low);
-* a block that has no Summary/Gist of its own gets shortened ones (see ``_levels.shorten``).
+* a block that has no Summary/Gist of its own gets shortened ones (see ``_levels.shorten``);
+  the images, files and audio of a user message or a tool result go with it at Live level only
+  (they count against the budget there); its Summary and Gist say what was left out
+  (``[image omitted]``).
 
 Token counts are for one ``model_hint``; an index serves one hint.
 """
@@ -44,6 +47,7 @@ from ce.core.schema import (
     ToolCall,
     ToolCallStatus,
 )
+from ce.core.schema._document import without_media
 from ce.core.tokens import TokenEstimator
 
 __all__ = ["SECTION_JOIN_TOKENS", "Candidate", "Rendering", "SessionIndex", "evidence_priority"]
@@ -332,8 +336,11 @@ class SessionIndex:
     def _render_group(self, data: _Group, level: LevelOfDetail) -> Rendering:
         head = data.head
         if head.role is Role.USER:
+            text, media = self._text(head, level), head.parts
+            if media and level is not LevelOfDetail.LIVE:
+                text, media = without_media(text, media), None
             parts: tuple[MessagePart, ...] = (
-                MessagePart(role=Role.USER, content=self._text(head, level)),
+                MessagePart(role=Role.USER, content=text, parts=media),
             )
         else:
             calls = [c for c in head.tool_calls or () if self._answered(data, c.tool_call_id)]
@@ -344,13 +351,18 @@ class SessionIndex:
             for call in calls:
                 record = self._tool_records.get(call.tool_call_id)
                 result = data.results.get(call.tool_call_id)
+                content = self._tool_text(call.tool_call_id, result, level)
+                media = result.parts if result is not None else None
+                if media and level is not LevelOfDetail.LIVE:
+                    content, media = without_media(content, media), None
                 built.append(
                     MessagePart(
                         role=Role.TOOL,
-                        content=self._tool_text(call.tool_call_id, result, level),
+                        content=content,
                         tool_call_id=call.tool_call_id,
                         name=(result.name if result is not None else None) or call.name,
                         is_error=record is not None and record.status is not ToolCallStatus.SUCCESS,
+                        parts=media,
                     )
                 )
             parts = tuple(built)

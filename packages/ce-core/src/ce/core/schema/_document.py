@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from ce.core.schema._enums import (
     AuthorKind,
@@ -26,11 +27,15 @@ from ce.core.schema._enums import (
 __all__ = [
     "Actor",
     "AgentInfo",
+    "AudioPart",
     "Author",
+    "ContentPart",
     "ContextBlock",
     "Evidence",
     "EvidenceLinks",
     "EvidenceSource",
+    "FilePart",
+    "ImagePart",
     "LodSections",
     "Message",
     "MessageIndexRange",
@@ -45,6 +50,7 @@ __all__ = [
     "Summary",
     "Task",
     "TaskState",
+    "TextPart",
     "TodoList",
     "ToolCall",
     "ToolCallRequest",
@@ -119,6 +125,123 @@ class ToolCallRequest(_Model):
     parse_error: str | None = None
 
 
+# -- non-text content (images, files, audio) -------------------------------------------------
+#
+# A message's text is kept once, in ``content`` (where redaction, Levels of Detail, search and
+# the token counter read it). ``parts`` adds what is not text, in order with the text: a
+# ``TextPart`` marks where the message's text goes among the other parts (at most one; without
+# one, the text comes first). Parts hold their data as the app gave it (a URL, a data URL, the
+# provider's base64): nothing is decoded or copied on the way to the model.
+
+_DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[^;,]*)*)(;base64)?,", re.ASCII)
+
+
+def _check_url(url: str, what: str, media: str | None = None) -> str:
+    """``url`` when it is an http(s) URL or a well-formed data URL (of ``media``/* when
+    given), else a ValueError naming ``what``."""
+    if url.startswith(("https://", "http://")):
+        return url
+    if url.startswith("data:"):
+        match = _DATA_URL.match(url)
+        if match is None:
+            raise ValueError(f"{what}: malformed data URL")
+        mime = match.group(1) or ""
+        if media is not None and not mime.startswith(f"{media}/"):
+            raise ValueError(f"{what}: a data URL of {media}/* expected, got {mime or 'none'!r}")
+        return url
+    raise ValueError(f"{what}: an http(s) URL or a data: URL expected, got {url[:40]!r}")
+
+
+class TextPart(_Model):
+    """Where the message's text (its ``content``) goes among its other parts."""
+
+    type: Literal["text"] = "text"
+
+
+class ImagePart(_Model):
+    """An image: ``url`` is an ``https://`` URL or a ``data:image/...;base64,...`` URL;
+    ``detail`` is OpenAI's (``auto``, ``low``, ``high``); ``width`` and ``height`` (pixels),
+    when known, let the token counter price a remote image exactly (for a data URL it reads
+    them from the PNG, JPEG, GIF or WebP header)."""
+
+    type: Literal["image"] = "image"
+    url: str
+    detail: Literal["auto", "low", "high"] = "auto"
+    width: int | None = Field(default=None, gt=0)
+    height: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ImagePart:
+        _check_url(self.url, "image part", "image")
+        if (self.width is None) != (self.height is None):
+            raise ValueError("image part: give both width and height, or neither")
+        return self
+
+
+class FilePart(_Model):
+    """A file (a PDF…): inline as ``data`` (a ``data:<mime>;base64,...`` URL), by ``url``,
+    or by a provider's ``file_id``; ``filename`` as the app named it."""
+
+    type: Literal["file"] = "file"
+    data: str | None = None
+    url: str | None = None
+    file_id: str | None = None
+    filename: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> FilePart:
+        given = [v for v in (self.data, self.url, self.file_id) if v]
+        if len(given) != 1:
+            raise ValueError("file part: give exactly one of data, url, file_id")
+        if self.data is not None:
+            if not self.data.startswith("data:"):
+                raise ValueError("file part: data must be a data: URL")
+            _check_url(self.data, "file part")
+        if self.url is not None and not self.url.startswith(("https://", "http://")):
+            raise ValueError("file part: url must be an http(s) URL")
+        return self
+
+
+class AudioPart(_Model):
+    """Audio: base64 ``data`` in ``format`` (``wav``, ``mp3``…), as OpenAI's ``input_audio``."""
+
+    type: Literal["audio"] = "audio"
+    data: str = Field(min_length=1)
+    format: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> AudioPart:
+        if self.data.startswith("data:"):
+            raise ValueError("audio part: data is base64, not a data: URL")
+        return self
+
+
+ContentPart = Annotated[TextPart | ImagePart | FilePart | AudioPart, Field(discriminator="type")]
+"""One entry of a message's ``parts``."""
+
+
+def check_parts(parts: list[ContentPart], info: ValidationInfo) -> list[ContentPart]:
+    """``parts`` when well formed for the message being validated, else ValueError: at most
+    one text part, and no parts on a system message. Runs only on a list of parts (never for
+    ``None``), so text-only messages pay nothing for it."""
+    if parts and info.data.get("role") is Role.SYSTEM:
+        raise ValueError("a system message cannot carry parts")
+    if sum(1 for p in parts if p.type == "text") > 1:
+        raise ValueError("parts: at most one text part (it stands for the message's content)")
+    return parts
+
+
+Parts = Annotated[list[ContentPart], AfterValidator(check_parts)]
+"""A message's ``parts``: its images, files and audio in order with its text."""
+
+
+def without_media(text: str, parts: list[ContentPart]) -> str:
+    """A message's text when its images, files and audio are left out (at a cheaper Level of
+    Detail): a note per part says so (``[image omitted]``)."""
+    notes = [f"[{p.type} omitted]" for p in parts if p.type != "text"]
+    return "\n".join([text, *notes]) if text else "\n".join(notes)
+
+
 class ModelInvocation(_Model):
     """Which model produced an output (seed 000 ``ModelInvocationDescriptor``)."""
 
@@ -133,7 +256,9 @@ class Message(_Model):
     Seed 004 fields (``role``, ``content``, ``author``, ``at``, ``refs``) plus what the history
     blueprint needs: a stable ``message_id``; ``tool_calls`` on assistant messages;
     ``tool_call_id`` (and the tool ``name``) on tool messages; optional Level-of-Detail
-    sections; the ``invocation`` that produced an assistant message; small ``meta`` data.
+    sections; the ``invocation`` that produced an assistant message; small ``meta`` data;
+    ``parts``, the images, files and audio that go with the text, in order (see
+    :class:`TextPart`; ``None`` for a text-only message).
     """
 
     role: Role
@@ -148,6 +273,7 @@ class Message(_Model):
     lod: LodSections | None = None
     invocation: ModelInvocation | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
+    parts: Parts | None = None
 
     @model_validator(mode="after")
     def _check_tool_structure(self) -> Message:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ce.core.schema._document import Summary, ToolCallRequest
+from ce.core.schema._document import Parts, Summary, ToolCallRequest
 from ce.core.schema._enums import BlockType, Priority, Role
 
 __all__ = [
@@ -51,6 +51,8 @@ class MessagePart(_Model):
 
     ``is_error`` marks a tool result whose call did not succeed (its recorded status is not
     ``success``); renderers that have an error flag (Anthropic ``is_error``) carry it over.
+    ``parts`` are the message's images, files and audio in order with its text, as on
+    :class:`~ce.core.schema.Message` (``None``: text only).
     """
 
     role: Role
@@ -59,6 +61,7 @@ class MessagePart(_Model):
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
+    parts: Parts | None = None
 
 
 class AssembledInput(_Model):

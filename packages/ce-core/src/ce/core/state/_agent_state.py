@@ -12,6 +12,7 @@ from ce.core.schema import (
     SCHEMA_VERSION,
     Author,
     BlockType,
+    ContentPart,
     ContextBlock,
     LodSections,
     Message,
@@ -244,14 +245,16 @@ class AgentState(RecordWriters):
         lod: LodSections | None = None,
         meta: Mapping[str, Any] | None = None,
         message_id: str | None = None,
+        parts: Sequence[ContentPart] | None = None,
     ) -> Message:
         """Append a user message and return (a copy of) it.
 
         ``content`` is the Live text or sections; ``lod`` may add Summary/Gist renderings
-        (see :meth:`ce.core.schema.LodSections.get`). Blank content is rejected.
+        (see :meth:`ce.core.schema.LodSections.get`); ``parts`` its images, files and audio
+        (see :class:`ce.core.schema.TextPart`). Blank content without such parts is rejected.
         """
         text, sections = normalize_content(content, lod)
-        if not text.strip():
+        if not text.strip() and not any(p.type != "text" for p in parts or ()):
             raise InvariantViolationError("a model input needs non-blank content")
         message = Message(
             role=Role.USER,
@@ -261,6 +264,7 @@ class AgentState(RecordWriters):
             lod=sections,
             meta=validate_meta(meta),
             message_id=self._check_message_id(message_id),
+            parts=list(parts) if parts else None,
         )
         return self._append(message)
 
@@ -371,6 +375,7 @@ class AgentState(RecordWriters):
                     if result.message_id is not None
                     else self._fresh_id(batch_ids)
                 ),
+                parts=result.parts,
             )
             stored.append(self._append(message))
             if request.tool_call_id in self._recorded_calls:

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ce.core.schema import (
     Author,
+    ContentPart,
     LodSections,
     ModelInvocation,
     Ref,
@@ -69,7 +70,8 @@ class ToolResult(_Record):
     ``content`` is the Live rendering (text or sections); ``lod`` may add cheaper Summary/Gist
     renderings. ``name`` defaults to the name the call was declared with and must match it
     when given. When ``content`` is empty, the tool message carries ``error`` instead.
-    ``provider`` defaults to ``ToolProvider(kind="other")``.
+    ``provider`` defaults to ``ToolProvider(kind="other")``. ``parts`` are the result's
+    images, files and audio (see :class:`ce.core.schema.TextPart`).
     """
 
     tool_call_id: str
@@ -84,3 +86,4 @@ class ToolResult(_Record):
     task_id: str | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
     message_id: str | None = None
+    parts: list[ContentPart] | None = None

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ce.core.schema import (
+    ContentPart,
     LevelOfDetail,
     Message,
     MessagePart,
@@ -13,6 +14,7 @@ from ce.core.schema import (
     SessionDocument,
     ToolCallStatus,
 )
+from ce.core.schema._document import without_media
 from ce.core.state._agent_state import AgentState
 from ce.core.state._checks import latest_system_instruction
 from ce.core.state._widgets import StateView, Widget, build_live_screen, default_widgets
@@ -120,7 +122,9 @@ def render_live_context(
     3. Level of Detail by position: counting model inputs and tool-result turns (the results
        of one assistant message) from the newest backwards, the newest renders Live, the next
        ``summary_window`` render Summary, older ones Gist; assistant messages always render
-       Live, and a message without ``lod`` sections renders its content at every level;
+       Live, and a message without ``lod`` sections renders its content at every level; a
+       message's images, files and audio (``parts``) render at Live level only, below it its
+       text says they were left out (``[image omitted]``);
     4. ``session.summary``, when present, replaces the messages in its ``message_index_range``
        with one user message ``"[Summary of earlier conversation]\\n<content>"`` placed where
        the range starts; a tool group (assistant message + its results) is replaced only when
@@ -180,7 +184,8 @@ def render_live_context(
         if index in hidden:
             continue
         if message.role is Role.USER:
-            parts.append(MessagePart(role=Role.USER, content=message.text_at(levels[index])))
+            text, media = _at_level(message, levels[index])
+            parts.append(MessagePart(role=Role.USER, content=text, parts=media))
         elif message.role is Role.ASSISTANT:
             parts.extend(_assistant_turn(index, message, messages, pairing, levels, statuses))
 
@@ -193,6 +198,16 @@ def render_live_context(
                 parts[position] = part.model_copy(update={"content": content})
                 break
     return parts
+
+
+def _at_level(message: Message, level: LevelOfDetail) -> tuple[str, list[ContentPart] | None]:
+    """The text and parts of ``message`` at ``level``: its images, files and audio at Live
+    level (copies of the parts, sharing their data), else a note in the text that they were
+    left out."""
+    text, media = message.text_at(level), message.parts
+    if media and level is not LevelOfDetail.LIVE:
+        return without_media(text, media), None
+    return text, [part.model_copy() for part in media] if media else None
 
 
 def _assistant_turn(
@@ -220,14 +235,16 @@ def _assistant_turn(
     level = levels.get(index, LevelOfDetail.LIVE)
     for call in calls:
         result = messages[pairing.result[call.tool_call_id]]
+        text, media = _at_level(result, level)
         turn.append(
             MessagePart(
                 role=Role.TOOL,
-                content=result.text_at(level),
+                content=text,
                 tool_call_id=call.tool_call_id,
                 name=result.name or call.name,
                 is_error=statuses.get(call.tool_call_id, ToolCallStatus.SUCCESS)
                 is not ToolCallStatus.SUCCESS,
+                parts=media,
             )
         )
     return turn

@@ -1,21 +1,27 @@
 """Random session histories written through the engine's public API, for property tests and
 the payload fuzz benchmark: questions and answers, parallel tool calls whose results arrive as
-tool messages or as recorded runs with result evidence, failed runs, calls never answered."""
+tool messages or as recorded runs with result evidence, failed runs, calls never answered;
+questions with pictures on request."""
 
 from __future__ import annotations
 
+import base64
 import random
+import struct
+import zlib
 from typing import TYPE_CHECKING
 
 from ce.core.schema import (
     EvidenceLinks,
     EvidenceSource,
     EvidenceType,
+    ImagePart,
     Message,
     ModelInvocation,
     ProviderKind,
     Role,
     SourceKind,
+    TextPart,
     ToolCall,
     ToolCallRequest,
     ToolCallStatus,
@@ -25,7 +31,7 @@ from ce.core.schema import (
 if TYPE_CHECKING:
     from ce.core.engine import ContextEngine
 
-__all__ = ["FLOWS", "write_random_history"]
+__all__ = ["FLOWS", "png_data_url", "write_random_history"]
 
 FLOWS = ("answer", "messages", "records", "unanswered", "mixed", "error")
 """What an assistant turn does: answer, or call tools answered by tool messages, by recorded
@@ -39,14 +45,44 @@ def _text(rng: random.Random, marker: str, words: int) -> str:
     return f"{marker} " + " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
+def png_data_url(width: int, height: int) -> str:
+    """A ``data:image/png`` URL of ``width`` x ``height`` pixels: a PNG signature and header,
+    all the token counter reads (not a decodable picture)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    body = struct.pack(">I", len(ihdr)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    return "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + body).decode()
+
+
+def _question(rng: random.Random, t: int, images: float) -> Message | str:
+    text = _text(rng, f"U{t}", rng.randint(1, 60))
+    if images <= 0 or rng.random() >= images:
+        return text
+    pictures = [
+        ImagePart(
+            url=png_data_url(rng.randint(1, 3000), rng.randint(1, 3000)),
+            detail=rng.choice(("auto", "low", "high")),
+        )
+        for _ in range(rng.randint(1, 3))
+    ]
+    return Message(role=Role.USER, content=text, parts=[TextPart(), *pictures])
+
+
 async def write_random_history(
-    engine: ContextEngine, session_id: str, rng: random.Random, turns: int
+    engine: ContextEngine,
+    session_id: str,
+    rng: random.Random,
+    turns: int,
+    *,
+    images: float = 0.0,
 ) -> None:
     """Write ``turns`` random turns into ``session_id`` (see the module docstring); the last
-    one may leave tool calls without results."""
+    one may leave tool calls without results. With ``images`` > 0, that share of the questions
+    carries one to three pictures of random sizes and detail (``0``: the histories are the
+    same as without the option)."""
     await engine.set_system_instruction(session_id, "Answer briefly.")
     for t in range(turns):
-        await engine.prepare_turn(session_id, _text(rng, f"U{t}", rng.randint(1, 60)))
+        await engine.prepare_turn(session_id, _question(rng, t, images))
         flow = rng.choice(FLOWS)
         if flow == "answer":
             await engine.commit_assistant_message(

@@ -31,8 +31,11 @@ from ce.core.errors import SchemaValidationError, VersionConflictError
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
     SCHEMA_VERSION,
+    AudioPart,
     BlockType,
     EvidenceType,
+    FilePart,
+    ImagePart,
     Message,
     MessageIndexRange,
     Priority,
@@ -44,6 +47,7 @@ from ce.core.schema import (
     SourceKind,
     Summary,
     TaskStatus,
+    TextPart,
 )
 from ce.core.state import AgentState
 from ce.core.stores.base import (
@@ -123,6 +127,27 @@ class StoreContract:
         assert await store.get_session("s1") == records.expected_document("s1", changes)
         assert await store.list_turns("s1") == changes.turns
         assert await store.get_version("s1") == 1
+
+    async def test_message_parts_round_trip(self, store: Store) -> None:
+        """A message's images, files and audio are kept in order; a text-only message still
+        has none (sessions stored before parts existed read the same)."""
+        parts: list[Any] = [
+            ImagePart(url="https://example.com/a.png", detail="low", width=640, height=480),
+            TextPart(),
+            ImagePart(url="data:image/png;base64,iVBORw0KGgo="),
+            FilePart(data="data:application/pdf;base64,JVBERi0xLjQK", filename="a.pdf"),
+            FilePart(file_id="file-abc"),
+            AudioPart(data="UklGRg==", format="wav"),
+        ]
+        pictured = Message(role=Role.USER, content="look", message_id="m1", parts=parts)
+        plain = Message(role=Role.USER, content="plain", message_id="m2")
+        await store.append_messages("s1", [pictured, plain])
+        doc = await store.get_session("s1")
+        assert doc is not None
+        assert doc.session.messages[0].parts == parts
+        assert doc.session.messages[1].parts is None
+        update = await store.read_since("s1", 0)
+        assert update is not None and update.changes.messages[0].parts == parts
 
     async def test_put_session_replaces_the_whole_document(self, store: Store) -> None:
         await store.commit(
