@@ -270,8 +270,9 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
                 f"{BLOCK} turns alternate without and with the plugin (install / uninstall",
                 "between blocks, untimed; the first block of each is a warm-up);",
                 f"{bench.calls} timed calls each; `time.perf_counter()` around the turn; p95",
-                "interpolated. AutoGen is async only: both rows run on one event loop, whose",
-                "store I/O goes to a worker thread.",
+                "interpolated. AutoGen is async only: both rows run on one event loop, where",
+                "the engine's SQLite work runs inline unless it would wait (then in a worker",
+                "thread).",
             ]
         ),
         "",

@@ -181,8 +181,8 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
                 f"each is a warm-up); {bench.calls} timed calls each; `time.perf_counter()`",
                 "around the call; p95 interpolated. `invoke` runs the engine inline on the",
                 "calling thread (`engine.sync`); `ainvoke` runs on an event loop and awaits the",
-                "engine there, whose store I/O goes to a worker thread (see",
-                "docs/integrations/langchain.md for the seams).",
+                "engine there, whose SQLite work runs inline unless it would wait (then in a",
+                "worker thread; see docs/integrations/langchain.md for the seams).",
             ]
         ),
         "",

@@ -314,8 +314,8 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
                 f"{bench.calls} timed calls each; `time.perf_counter()` around the call; p95",
                 "interpolated. `chat` runs the engine inline on the calling thread",
                 "(`engine.sync`, from the span handler); `achat` runs on an event loop and",
-                "awaits the engine there (the plugin's async seam), whose store I/O goes to a",
-                "worker thread.",
+                "awaits the engine there (the plugin's async seam), whose SQLite work runs",
+                "inline unless it would wait (then in a worker thread).",
             ]
         ),
         "",
