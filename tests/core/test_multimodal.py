@@ -19,7 +19,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-import ce.core.tokens as tokens_module
+import ce.core._media_tokens as media_tokens
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.errors import BudgetExceededError
 from ce.core.formats import (
@@ -235,13 +235,13 @@ def test_part_tokens_follow_the_rule_the_size_and_the_estimates() -> None:
 
 def test_a_part_is_decoded_once_not_on_every_count(monkeypatch: pytest.MonkeyPatch) -> None:
     decoded: list[str] = []
-    original = tokens_module.image_size
+    original = media_tokens.image_size
 
     def counting(url: str) -> tuple[int, int] | None:
         decoded.append(url)
         return original(url)
 
-    monkeypatch.setattr(tokens_module, "image_size", counting)
+    monkeypatch.setattr(media_tokens, "image_size", counting)
     url = png(777, 555)
     estimator = TiktokenEstimator()
     message = MessagePart(role=Role.USER, content="hi", parts=[ImagePart(url=url)])
