@@ -222,6 +222,40 @@ async def test_a_session_stores_its_config_snapshot_once_and_turns_name_it() -> 
     assert replayed.report.token_budget == results[4].report.token_budget
 
 
+async def test_retrieved_text_a_prompt_quotes_is_sent_once_as_evidence() -> None:
+    """A framework that inlines retrieved documents into its system prompt (and records them
+    as ``rag_doc`` evidence) gets each document once: fenced as evidence, the instruction
+    pointing at it; a short evidence text is left alone in the prompt."""
+    from ce.core.schema import EvidenceSource, EvidenceType, SourceKind
+
+    engine = make_engine()
+    doc_text = "The refund window is 30 days from delivery for unopened items. " * 3
+    evidence = await engine.ingest_evidence(
+        "s1",
+        doc_text,
+        EvidenceSource(kind=SourceKind.RAG, uri="kb://refunds"),
+        EvidenceType.RAG_DOC,
+    )
+    await engine.ingest_evidence(
+        "s1", "30 days", EvidenceSource(kind=SourceKind.RAG), EvidenceType.RAG_DOC
+    )
+    prompt = f"Answer from the context.\n---\n{doc_text}\n---\nBe brief: 30 days or not."
+    history = [
+        Message(role=Role.SYSTEM, content=prompt),
+        Message(role=Role.USER, content="Can I return my order?"),
+    ]
+    result = await engine.prepare_call("s1", history)
+    system = result.assembled_input.parts[0].content
+    assert system.count(doc_text) == 1
+    assert f'<evidence id="{evidence.evidence_id}"' in system
+    assert f"[retrieved document: evidence {evidence.evidence_id}]" in system
+    assert "Be brief: 30 days or not." in system  # the short evidence is not cut out
+    again = await engine.prepare_call("s1", history)  # the same prompt is not stored again
+    doc = await engine.get_session("s1")
+    assert [m.role for m in doc.session.messages].count(Role.SYSTEM) == 1
+    assert again.assembled_input == result.assembled_input
+
+
 async def test_repeated_identical_user_text_is_new_each_time_it_is_added() -> None:
     engine = make_engine()
     history = [Message(role=Role.USER, content="yes")]

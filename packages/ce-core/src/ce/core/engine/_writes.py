@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 from ce.core.config import RedactionConfig, RuntimeConfig
@@ -17,6 +18,7 @@ from ce.core.engine._session import (
 from ce.core.errors import InvariantViolationError, RedactionError
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
+    EvidenceType,
     Message,
     ModelInvocation,
     RedactionRecord,
@@ -69,6 +71,30 @@ def _unchanged_prefix(
     if not all(map(operator.is_, pending[:count], before)):
         return 0, {}, None
     return count, dict(seen), system
+
+
+_QUOTED_MIN_CHARS = 32  # shorter evidence could match ordinary instruction text
+_QUOTED_RECENT = 64  # the newest retrieved documents a framework's prompt may quote
+
+
+def _quoting_evidence(entry: SessionEntry, text: str) -> str:
+    """``text`` (a system instruction in its stored form) with every retrieved document the
+    session holds as ``rag_doc`` evidence that it quotes whole replaced by a reference to that
+    evidence. A framework that inlines retrieved context into its prompt (a chat engine's
+    context template) would otherwise send it twice: raw in the instruction and fenced as
+    evidence. The engine sends it once, fenced with its evidence id and budgeted as evidence."""
+    if len(text) < _QUOTED_MIN_CHARS:
+        return text
+    evidences = entry.doc.evidences
+    for evidence in islice(reversed(evidences.values()), _QUOTED_RECENT):
+        content = evidence.content
+        if (
+            evidence.type is EvidenceType.RAG_DOC
+            and len(content) >= _QUOTED_MIN_CHARS
+            and content in text
+        ):
+            text = text.replace(content, f"[retrieved document: evidence {evidence.evidence_id}]")
+    return text
 
 
 class HistoryWriter:
@@ -311,10 +337,11 @@ class HistoryWriter:
     ) -> None:
         if not message.content.strip():
             return
-        if self._stored_text(message.content, cfg) == entry.state.system_instruction:
+        stored_form = _quoting_evidence(entry, self._stored_text(message.content, cfg))
+        if stored_form == entry.state.system_instruction:
             return
         text, rules = self._redact_text(message.content, cfg, call)
-        stored = entry.state.set_system_instruction(text)
+        stored = entry.state.set_system_instruction(_quoting_evidence(entry, text))
         self._note_redaction(call, f"msg:{stored.message_id}", rules, 1)
         call.new_messages.append(stored)
         entry.note_written(stored)

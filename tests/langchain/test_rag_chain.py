@@ -1,0 +1,100 @@
+"""A LangChain RAG chain (retriever | format docs into the system prompt | ChatOpenAI): the
+plugin records the retrieved documents as evidence and the prompt quotes them, so the model
+would get them twice. It gets each once, fenced with its evidence id, the prompt pointing at it
+(ChatOpenAI on the scripted OpenAI server, sync and async)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langchain_openai")
+
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnablePassthrough
+from langchain_openai import ChatOpenAI
+
+import ce.langchain
+from ce.core import RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.schema import EvidenceType
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
+
+POLICY = "Refunds are accepted within 30 days of delivery for unopened items. " * 5
+SHIPPING = "Orders ship within two business days from the Oslo warehouse. " * 5
+
+
+class Handbook(BaseRetriever):
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return [
+            Document(page_content=POLICY.strip(), metadata={"source": "kb://refunds"}),
+            Document(page_content=SHIPPING.strip(), metadata={"source": "kb://shipping"}),
+        ]
+
+
+def _chain(server: ScriptedOpenAIServer) -> Any:
+    prompt = ChatPromptTemplate.from_messages(
+        [
+            ("system", "Answer from the handbook excerpts below.\n\n{context}"),
+            ("human", "{question}"),
+        ]
+    )
+    model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-test")
+
+    def excerpts(docs: list[Document]) -> str:
+        return "\n\n".join(d.page_content for d in docs)
+
+    return (
+        {"context": Handbook() | excerpts, "question": RunnablePassthrough()}
+        | prompt
+        | model
+        | StrOutputParser()
+    )
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[ContextEngine]:
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o"))
+    yield engine
+    await engine.close()
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_a_rag_chain_sends_each_document_once_as_evidence(
+    path: str, engine: ContextEngine
+) -> None:
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="30 days.")) as server:
+        chain = _chain(server)
+        ce.langchain.install(engine, session_id="rag")
+        question = "Can I return an unopened order?"
+        if path == "sync":
+            answer = chain.invoke(question)
+        else:
+            answer = await chain.ainvoke(question)
+        ce.langchain.uninstall()
+        (request,) = server.requests
+    assert answer == "30 days."
+    doc = await engine.get_session("rag")
+    rag = {
+        e.content: e.evidence_id for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC
+    }
+    assert set(rag) == {POLICY.strip(), SHIPPING.strip()}
+    system = request["messages"][0]["content"]
+    assert request["messages"][0]["role"] == "system"
+    for text, evidence_id in rag.items():
+        assert system.count(text) == 1
+        fence = re.search(rf'<evidence id="{evidence_id}"[^>]*>(.*?)</evidence>', system, re.S)
+        assert fence is not None and text in fence.group(1)
+        assert f"evidence {evidence_id}" in system.split("## Evidence")[0]
+    assert system.startswith("Answer from the handbook excerpts below.")
+    assert json.dumps(request).count("Refunds are accepted within 30 days") == 5  # one copy
