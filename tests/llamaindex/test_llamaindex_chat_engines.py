@@ -126,3 +126,29 @@ async def test_a_tight_budget_leaves_the_retrieved_text_out_never_raw(
     assert rag and all(any(eid in d.block_id for d in dropped) for eid in rag)
     assert report.token_used <= report.token_budget
     await engine.close()
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_the_condense_step_is_recorded_with_its_usage_in_its_own_scope(
+    path: str, server: ScriptedOpenAIServer
+) -> None:
+    """``CondensePlusContextChatEngine`` condenses the follow-up question with
+    ``llm.complete`` (no chat span on ``OpenAI``): every call on the wire has its usage
+    recorded once, the condense call in a scope of its own, never in the chat's session."""
+    engine = ContextEngine(MemoryStore(), config=RuntimeConfig(model_hint="gpt-4o"))
+    ce.llamaindex.install(engine, session_id="condense")
+    chat = _chat_engine("condense-plus-context", server)
+    await _run(chat, path)
+    await engine.flush()
+    calls = [r for r in server.requests if "messages" in r]
+    assert len(calls) == 3  # answer, condense, answer
+    usage: dict[str, int] = {}
+    for session_id in await engine.list_sessions():
+        doc = await engine.get_session(session_id)
+        usage[session_id] = len(doc.session.model_usage)
+    assert usage["condense"] == 2
+    (child,) = [s for s in usage if s != "condense"]
+    assert child.startswith("condense/") and usage[child] == 1
+    (record,) = (await engine.get_session(child)).session.model_usage
+    assert record.prompt_tokens > 0 and record.model == "gpt-4o"
+    await engine.close()

@@ -32,6 +32,7 @@ from llama_index.core.instrumentation.events.llm import (
     LLMChatEndEvent,
     LLMChatInProgressEvent,
     LLMChatStartEvent,
+    LLMCompletionEndEvent,
 )
 from llama_index.core.instrumentation.events.query import QueryEndEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
@@ -49,7 +50,7 @@ from ce.core.integration import (
 from ce.llamaindex._inject import inject_async, inject_sync, redacted_prompt
 from ce.llamaindex._record import LlmCall, Tracker, call_args
 from ce.llamaindex._scopes import CHAT_METHODS, SpanInfo, is_tool, method_of, span_scope
-from ce.llamaindex._seam import ASYNC_CHAT_METHODS, seamed
+from ce.llamaindex._seam import ASYNC_CHAT_METHODS, COMPLETION_METHODS, seamed
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -194,6 +195,11 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             info.prompt_handled = True  # wrap(): its completions go through the engine
         if isinstance(instance, BaseLLM) and method in CHAT_METHODS:
             info.call = self._enter_llm(id_, method, info, parent, instance, arguments)
+            if parent is not None:
+                parent.chat_inside = True
+        elif isinstance(instance, BaseLLM) and method in COMPLETION_METHODS:
+            provider, model, params = _llm_identity(instance)
+            info.completion = (provider, model, params)
         with tracker.lock:
             tracker.spans[id_] = info
         return None
@@ -211,13 +217,12 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         if parent is not None and parent.call is not None:  # nested: part of the outer call
             call = parent.call
         else:
-            metadata = llm.metadata
-            params = {k: getattr(llm, k) for k in _PARAMS if getattr(llm, k, None) is not None}
+            provider, model, params = _llm_identity(llm)
             call = LlmCall(
                 root=id_,
                 session_id=info.session_id,
-                provider=type(llm).__name__.lower(),
-                model=str(getattr(llm, "model", None) or metadata.model_name or "unknown"),
+                provider=provider,
+                model=model,
                 params=params,
                 skip=is_suppressed(),
             )
@@ -408,6 +413,15 @@ class EventRecorder(BaseEventHandler):
             if call is not None and call.streaming and call.events_span == event.span_id:
                 tracker.record_failure(call, event.exception)
                 tracker.finish_call(call)
+        elif isinstance(event, LLMCompletionEndEvent):
+            info = tracker.span(event.span_id)
+            if (
+                info is not None
+                and info.completion is not None
+                and not info.chat_inside
+                and not is_suppressed()
+            ):
+                tracker.record_completion(event.span_id or "", info, event.response)
         elif isinstance(event, RetrievalEndEvent):
             info = tracker.span(event.span_id)
             if info is not None and not info.in_query and not is_suppressed():
@@ -417,3 +431,10 @@ class EventRecorder(BaseEventHandler):
             nodes = getattr(event.response, "source_nodes", None)
             if info is not None and nodes and not is_suppressed():
                 tracker.record_hits(info, nodes)
+
+
+def _llm_identity(llm: BaseLLM) -> tuple[str, str, dict[str, Any]]:
+    """The provider, model and call parameters an LLM's calls are recorded with."""
+    params = {k: getattr(llm, k) for k in _PARAMS if getattr(llm, k, None) is not None}
+    model = str(getattr(llm, "model", None) or llm.metadata.model_name or "unknown")
+    return type(llm).__name__.lower(), model, params

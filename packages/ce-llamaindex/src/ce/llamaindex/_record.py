@@ -239,6 +239,25 @@ class Tracker:
             call.session_id, "record model call", lambda r: r.record_model_call(model_call, reply)
         )
 
+    def record_completion(self, span_id: str, info: SpanInfo, response: Any) -> None:
+        """A completion's usage and output (a chat engine's condense step, an app's
+        ``llm.complete``), in the session of its span (a nested scope inside a chat engine):
+        recorded like a chat call, without a reply message."""
+        if response is None or info.completion is None:
+            return
+        provider, model, params = info.completion
+        prompt, completion = tokens_of(response)
+        model_call = ModelCall(
+            call_id=span_id,
+            provider=provider,
+            model=model,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            output_text=str(getattr(response, "text", "") or ""),
+            params=params,
+        )
+        self.write(info.session_id, "record completion", lambda r: r.record_model_call(model_call))
+
     def record_failure(self, call: LlmCall, error: BaseException | str) -> None:
         text = error if isinstance(error, str) else error_text(error)
         model_call = ModelCall(

@@ -115,6 +115,11 @@ class SpanInfo:
     prompt_handled: bool = False
     """Inside a completion whose prompt already went through the redactor (the completion
     seam) or the engine (``wrap()``'s LLM): a completion nested in it keeps its prompt."""
+    completion: tuple[str, str, dict[str, Any]] | None = None
+    """An LLM completion span: the provider, model and parameters its usage is recorded with."""
+    chat_inside: bool = False
+    """A chat call ran inside this span (a completion a provider serves through its own chat:
+    that call is recorded, the completion is not recorded again)."""
 
     @property
     def session_id(self) -> str:
