@@ -83,6 +83,9 @@ class SessionEntry:
             tuple[list[Message], dict[tuple[Any, ...], int], int | None, object] | None
         ) = None
         self.config_ids: set[str] = set()  # config snapshots this entry stored a turn with
+        # an instruction, the session's evidence (count, newest id) then, and the instruction
+        # with the retrieved documents it quotes replaced (see _writes._quoting_evidence)
+        self.quoted_memo: tuple[str, tuple[int, str | None], str] | None = None
         doc = state.live_view()
         for message in doc.session.messages:
             self._count_key(message)

@@ -86,6 +86,12 @@ def _quoting_evidence(entry: SessionEntry, text: str) -> str:
     if len(text) < _QUOTED_MIN_CHARS:
         return text
     evidences = entry.doc.evidences
+    # the same instruction on every call of a session: look once per instruction and evidence
+    state = (len(evidences), next(reversed(evidences), None))
+    memo = entry.quoted_memo
+    if memo is not None and memo[0] == text and memo[1] == state:
+        return memo[2]
+    given = text
     for evidence in islice(reversed(evidences.values()), _QUOTED_RECENT):
         content = evidence.content
         if (
@@ -94,6 +100,7 @@ def _quoting_evidence(entry: SessionEntry, text: str) -> str:
             and content in text
         ):
             text = text.replace(content, f"[retrieved document: evidence {evidence.evidence_id}]")
+    entry.quoted_memo = (given, state, text)
     return text
 
 
