@@ -283,6 +283,32 @@ def test_show_prints_the_timeline(store_url: str, capsys: pytest.CaptureFixture[
     assert "turn records: 2 (newest turn-2)" in out
 
 
+def test_show_lists_the_evidences_an_answer_cites(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ce.core.engine import ContextEngine
+    from ce.core.schema import EvidenceSource, EvidenceType, Message, Role, SourceKind
+    from ce.core.stores import SQLiteStore
+
+    async def build() -> str:
+        engine = ContextEngine(SQLiteStore(tmp_path / "cites.db"))
+        source = EvidenceSource(kind=SourceKind.RAG, uri="kb://refunds")
+        evidence = await engine.ingest_evidence(
+            "s", "Refunds: 30 days.", source, EvidenceType.RAG_DOC
+        )
+        await engine.prepare_turn("s", "Refund window?")
+        answer = Message(role=Role.ASSISTANT, content=f"30 days [{evidence.evidence_id}].")
+        await engine.commit_assistant_message("s", answer)
+        await engine.close()
+        return evidence.evidence_id
+
+    evidence_id = asyncio.run(build())
+    url = f"sqlite:///{tmp_path / 'cites.db'}"
+    code, out, err = _run(capsys, "--store", url, "show", "s")
+    assert (code, err) == (0, "")
+    assert _row(out, "1")[4] == f"cites {evidence_id}"
+
+
 def test_report_shows_the_newest_turn_by_default(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -256,6 +256,37 @@ async def test_retrieved_text_a_prompt_quotes_is_sent_once_as_evidence() -> None
     assert again.assembled_input == result.assembled_input
 
 
+async def test_an_answer_citing_evidence_ids_is_stored_with_those_refs() -> None:
+    """The model sees each evidence fenced with its id; a committed answer that names ids
+    gets the matching ``refs`` (in the order it cites them), so the answer traces to its
+    sources. Ids it does not hold, and explicit refs, are left as they are."""
+    from ce.core.schema import EvidenceSource, EvidenceType, Ref, SourceKind
+
+    engine = make_engine()
+    source = EvidenceSource(kind=SourceKind.RAG, uri="kb://refunds")
+    first = await engine.ingest_evidence("s1", "Refunds: 30 days.", source, EvidenceType.RAG_DOC)
+    second = await engine.ingest_evidence("s1", "Ships in 2 days.", source, EvidenceType.RAG_DOC)
+    await engine.prepare_turn("s1", "Refund window and shipping time?")
+    text = (
+        f"30 days [{second.evidence_id}] per the policy ({first.evidence_id}), shipping in "
+        f"2 days, see {second.evidence_id}. Not in deadbeef-0000-0000-0000-000000000000."
+    )
+    await engine.commit_assistant_message("s1", assistant(text))
+    await engine.prepare_turn("s1", "Thanks. And exchanges?")
+    explicit = [Ref(evidence_id=first.evidence_id)]
+    await engine.commit_assistant_message("s1", assistant(f"See {second.evidence_id}."), explicit)
+    await engine.prepare_turn("s1", "Ok.")
+    await engine.commit_assistant_message("s1", assistant("No sources needed."))
+    doc = await engine.get_session("s1")
+    answers = [m for m in doc.session.messages if m.role is Role.ASSISTANT]
+    assert [r.evidence_id for r in answers[0].refs or []] == [
+        second.evidence_id,
+        first.evidence_id,
+    ]
+    assert answers[1].refs == explicit
+    assert answers[2].refs is None
+
+
 async def test_repeated_identical_user_text_is_new_each_time_it_is_added() -> None:
     engine = make_engine()
     history = [Message(role=Role.USER, content="yes")]

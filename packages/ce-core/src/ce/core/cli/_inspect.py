@@ -95,8 +95,11 @@ def _who(message: Message) -> Text:
 
 
 def _tools(message: Message, calls: dict[str, ToolCall]) -> Text:
-    """The tool calls a message requests, or the call whose result it carries."""
+    """The tool calls a message requests, or the call whose result it carries, and the
+    evidences it cites."""
     text = Text()
+    for ref in message.refs or ():
+        text.append(f"cites {ref.evidence_id}\n")
     for request in message.tool_calls or ():
         text.append(f"→ {request.name} [{request.tool_call_id}]\n")
     if message.role is Role.TOOL and message.tool_call_id:
@@ -133,7 +136,7 @@ async def show(store: Store, console: Console, session_id: str) -> None:
     timeline.add_column("time (UTC)")
     timeline.add_column("who")
     timeline.add_column("content", overflow="fold")
-    timeline.add_column("tools", overflow="fold")
+    timeline.add_column("tools, sources", overflow="fold")
     for index, message in enumerate(session.messages):
         timeline.add_row(
             str(index),

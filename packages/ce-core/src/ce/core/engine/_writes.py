@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Sequence
 from itertools import islice
 from typing import Any
@@ -22,6 +23,7 @@ from ce.core.schema import (
     Message,
     ModelInvocation,
     RedactionRecord,
+    Ref,
     Role,
     RunStatus,
     ToolCallRequest,
@@ -102,6 +104,20 @@ def _quoting_evidence(entry: SessionEntry, text: str) -> str:
             text = text.replace(content, f"[retrieved document: evidence {evidence.evidence_id}]")
     entry.quoted_memo = (given, state, text)
     return text
+
+
+_ID_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:~-]{7,}")
+
+
+def _cited(entry: SessionEntry, text: str) -> list[Ref]:
+    """The session's evidences an answer cites by id (the id each evidence fence shows), in
+    the order it first cites them."""
+    evidences = entry.doc.evidences
+    if not evidences:
+        return []
+    tokens = (t.rstrip("._:~-") for t in _ID_TOKEN.findall(text))  # "... see <id>."
+    cited = dict.fromkeys(t for t in tokens if t in evidences)
+    return [Ref(evidence_id=evidence_id) for evidence_id in cited]
 
 
 class HistoryWriter:
@@ -262,9 +278,10 @@ class HistoryWriter:
         meta, meta_rules = self._redact_value(dict(output.meta), cfg, call)
         if renamed:
             meta[FRAMEWORK_CALL_IDS] = renamed
-        stored = entry.state.append_model_output(
-            output.model_copy(update={"text": text, "tool_calls": calls, "meta": meta})
-        )
+        update: dict[str, Any] = {"text": text, "tool_calls": calls, "meta": meta}
+        if output.refs is None and (cited := _cited(entry, text)):
+            update["refs"] = cited
+        stored = entry.state.append_model_output(output.model_copy(update=update))
         self._note_redaction(call, f"msg:{stored.message_id}", rules + call_rules + meta_rules, 1)
         call.new_messages.append(stored)
         entry.note_written(stored)
