@@ -159,9 +159,7 @@ async def test_inject_false_records_only(engine: ContextEngine) -> None:
         bodies = _bodies(server)[len(untouched) :]
     assert bodies == untouched
     doc = await engine.get_session("s-plain")
-    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
-        "Weather in Oslo?"
-    ]
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == ["Weather in Oslo?"]
     assert len(doc.session.model_usage) == 2
     assert [r.tool_call_id for r in doc.session.tool_state.tool_calls] == ["call_w"]
 

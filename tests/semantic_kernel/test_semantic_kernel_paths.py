@@ -56,7 +56,10 @@ class KB:
 class Docs:
     @kernel_function(name="search", description="Search the travel documents.")
     def search(self, query: str) -> list[str]:
-        hit = {"record": {"id": "oslo-1", "content": DOC_TEXT, "source": "doc://oslo"}, "score": 0.8}
+        hit = {
+            "record": {"id": "oslo-1", "content": DOC_TEXT, "source": "doc://oslo"},
+            "score": 0.8,
+        }
         return [json.dumps(hit)]
 
 
@@ -82,9 +85,7 @@ async def _ask(path: str, kernel: Kernel, text: str, thread_id: str = "s-async")
     if path == "invoke_prompt":
         result = await kernel.invoke_prompt(
             "{{$chat}}",
-            arguments=KernelArguments(
-                settings=_settings(), chat=text, ce_session_id=thread_id
-            ),
+            arguments=KernelArguments(settings=_settings(), chat=text, ce_session_id=thread_id),
         )
         return str(result)
     if path in ("service", "service_stream"):
@@ -356,9 +357,7 @@ async def test_a_model_call_inside_a_function_is_nested(engine: ContextEngine) -
     ]
     assert len(outer.session.model_usage) == 2
     nested = await engine.get_session("s-outer/call_w")
-    assert [(u.prompt_tokens, u.completion_tokens) for u in nested.session.model_usage] == [
-        (11, 2)
-    ]
+    assert [(u.prompt_tokens, u.completion_tokens) for u in nested.session.model_usage] == [(11, 2)]
     assert [m.content for m in nested.session.messages if m.role is Role.USER] == [
         "Summarize cats in a line."
     ]

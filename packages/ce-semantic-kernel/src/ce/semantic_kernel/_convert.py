@@ -228,9 +228,7 @@ def normalise_usage(usage: Any) -> tuple[int, int]:
     )
 
 
-def reply_to_message(
-    reply: Any, agent: str | None, provider: str, model: str
-) -> Message | None:
+def reply_to_message(reply: Any, agent: str | None, provider: str, model: str) -> Message | None:
     """The model's reply (a ``ChatMessageContent``) as the neutral assistant
     :class:`Message` the engine commits, written by ``agent``; ``None`` when it has neither
     text nor function calls."""

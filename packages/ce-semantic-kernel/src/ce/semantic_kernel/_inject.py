@@ -212,7 +212,9 @@ class Seam:
             except Exception as exc:
                 await seam.record(site, [], usage, started, first, exc)
                 raise
-            await seam.record(site, [_combined(parts)] if parts else [], usage, started, first, None)
+            await seam.record(
+                site, [_combined(parts)] if parts else [], usage, started, first, None
+            )
 
         _inner_get_streaming_chat_message_contents.ce_wrapped = True  # type: ignore[attr-defined]
         return _inner_get_streaming_chat_message_contents

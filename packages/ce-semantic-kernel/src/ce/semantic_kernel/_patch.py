@@ -135,8 +135,8 @@ class Patches:
         for owner, attr in _agent_targets():
             maker = self._make_thread if attr.startswith("_ensure") else self._make_agent_call
             ledger.wrap(owner, attr, maker)
-        for owner, attr, kind in _internal_targets():
-            ledger.wrap(owner, attr, functools.partial(self._make_internal, kind))
+        for owner, attr, internal in _internal_targets():
+            ledger.wrap(owner, attr, functools.partial(self._make_internal, internal))
 
     # -- filters ----------------------------------------------------------------------------
 
@@ -173,7 +173,9 @@ class Patches:
         inner = getattr(service, INNER)
         inner_stream = getattr(service, INNER_STREAM)
         object.__setattr__(service, INNER, self.seam.wrap_inner(service, inner))
-        object.__setattr__(service, INNER_STREAM, self.seam.wrap_inner_stream(service, inner_stream))
+        object.__setattr__(
+            service, INNER_STREAM, self.seam.wrap_inner_stream(service, inner_stream)
+        )
         self.services[id(service)] = weakref.ref(service)
 
     def _unwrap_services(self) -> None:

@@ -57,7 +57,8 @@ _TEXT_KEYS = ("content", "text", "value", "chunk", "body", "description")
 _ID_KEYS = ("id", "key", "doc_id", "document_id")
 _SMALL = 512
 
-Filter = Callable[[Any, Callable[[Any], Awaitable[None]]], Coroutine[Any, Any, None]]
+Filter = Callable[..., Coroutine[Any, Any, None]]
+"""An SK filter: ``async def f(context, next)``."""
 
 
 async def write(

@@ -23,6 +23,7 @@ runs in its own ``asyncio.gather`` task, so they do not mix).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -63,10 +64,9 @@ class Var(Generic[_T]):
         return self._var.set(value)
 
     def reset(self, token: Token[_T | None]) -> None:
-        try:
+        # a reset from another context (a generator closed elsewhere): that context ends anyway
+        with contextlib.suppress(ValueError):
             self._var.reset(token)
-        except ValueError:  # reset from another context: that context ends anyway
-            pass
 
 
 @dataclass
