@@ -64,15 +64,30 @@ class Pending:
     dicts: list[dict[str, Any]]
     authors: list[Author | None]
     opaque: list[int]
+    messages: list[Any]
+    """The app messages the dicts stand for, one each."""
 
 
 def to_pending(messages: Sequence[Any]) -> Pending:
-    """The request's messages as the engine reads them."""
+    """The request's messages as the engine reads them. An agent's reply repeated right after
+    itself is read once: an ``AgentGroupChat`` channel hands the next agent the previous
+    agent's reply twice (SK's own behaviour), which the session holds once."""
     dicts: list[dict[str, Any]] = []
     authors: list[Author | None] = []
     opaque: list[int] = []
-    for index, message in enumerate(messages):
+    kept: list[Any] = []
+    for message in messages:
         entry = dict(message.to_dict())
+        if (
+            kept
+            and entry.get("role") == "assistant"
+            and getattr(message, "name", None)
+            and getattr(kept[-1], "name", None) == message.name
+            and kept[-1].to_dict() == entry
+        ):
+            continue
+        index = len(kept)
+        kept.append(message)
         role = entry.get("role")
         if role == "developer":
             entry["role"] = "system"
@@ -89,7 +104,7 @@ def to_pending(messages: Sequence[Any]) -> Pending:
         elif entry.get("content") is None and role != "assistant":
             entry["content"] = ""
         dicts.append(entry)
-    return Pending(dicts, authors, opaque)
+    return Pending(dicts, authors, opaque, kept)
 
 
 def message_text(message: Any) -> str:
@@ -175,11 +190,12 @@ def _with_text(message: Any, text: str) -> Any:
     )
 
 
-def from_sent(sent: Sequence[Mapping[str, Any]], messages: Sequence[Any], pending: Pending) -> Any:
+def from_sent(sent: Sequence[Mapping[str, Any]], pending: Pending) -> Any:
     """A new ``ChatHistory`` holding the engine's input ``sent`` for a request whose own
-    messages are ``messages`` (see the module docstring)."""
+    messages are ``pending`` (see the module docstring)."""
     from semantic_kernel.contents import ChatHistory
 
+    messages = pending.messages
     names = _call_names(sent)
     out: list[Any] = []
     for entry, where in zip(

@@ -75,7 +75,7 @@ class Seam:
             if redactor is None:
                 return None
             pending = to_pending(messages)
-            return from_sent(redact_openai(pending.dicts, redactor), messages, pending)
+            return from_sent(redact_openai(pending.dicts, redactor), pending)
 
         if site.internal or not self.inject:
             try:
@@ -95,7 +95,7 @@ class Seam:
         if sent is None:
             return history
         try:
-            return from_sent(sent, messages, pending)
+            return from_sent(sent, pending)
         except Exception as exc:
             own = await fail_open(plugin, session_id, "convert messages", exc, redact)
             return history if own is None else own

@@ -12,6 +12,7 @@
   call's scope and wrap the service's inner methods on first use (see ``_inject`` for why).
 - ``ChatCompletionAgent.get_response`` / ``invoke`` / ``invoke_stream`` and
   ``_ensure_thread_exists_with_messages`` note the agent and its thread (the session).
+- ``AgentGroupChat.invoke`` / ``invoke_stream`` make the chat one scope for its agents.
 - ``ChatHistorySummarizationReducer.reduce`` and the kernel-function selection and
   termination strategies of ``AgentGroupChat`` mark their model calls as SK internal calls.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import uuid
 import weakref
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
@@ -37,11 +39,13 @@ from ce.semantic_kernel._scopes import (
     call_site,
     internal_kind,
     internal_scope,
+    outer_team_scope,
     scope_for_call,
+    team_scope,
 )
 
 if TYPE_CHECKING:
-    from ce.core.integration import PatchLedger, Plugin
+    from ce.core.integration import PatchLedger, Plugin, Scope
 
 __all__ = ["Patches", "patched_targets"]
 
@@ -70,6 +74,12 @@ def _agent_targets() -> list[tuple[Any, str]]:
     ]
 
 
+def _team_targets() -> list[tuple[Any, str]]:
+    from semantic_kernel.agents import AgentGroupChat
+
+    return [(AgentGroupChat, "invoke"), (AgentGroupChat, "invoke_stream")]
+
+
 def _internal_targets() -> list[tuple[Any, str, str]]:
     from semantic_kernel.agents.strategies import (
         KernelFunctionSelectionStrategy,
@@ -90,7 +100,7 @@ def patched_targets(global_install: bool = True) -> list[tuple[Any, str]]:
     """The ``(class, attribute)`` pairs the plugin replaces while installed."""
     from semantic_kernel.filters.kernel_filters_extension import KernelFilterExtension
 
-    targets = [*_service_targets(), *_agent_targets()]
+    targets = [*_service_targets(), *_agent_targets(), *_team_targets()]
     targets += [(owner, attr) for owner, attr, _ in _internal_targets()]
     if global_install:
         targets.append((KernelFilterExtension, "construct_call_stack"))
@@ -108,6 +118,7 @@ class Patches:
         self.filters = Filters(plugin, generation)
         # the services wrapped (pydantic models are unhashable: by id, through weak refs)
         self.services: dict[int, weakref.ref[Any]] = {}
+        self.chats: dict[int, tuple[weakref.ref[Any], str]] = {}
 
     # -- install ----------------------------------------------------------------------------
 
@@ -135,6 +146,8 @@ class Patches:
         for owner, attr in _agent_targets():
             maker = self._make_thread if attr.startswith("_ensure") else self._make_agent_call
             ledger.wrap(owner, attr, maker)
+        for owner, attr in _team_targets():
+            ledger.wrap(owner, attr, self._make_team)
         for owner, attr, internal in _internal_targets():
             ledger.wrap(owner, attr, functools.partial(self._make_internal, internal))
 
@@ -280,6 +293,34 @@ class Patches:
             return thread
 
         return _ensure_thread_exists_with_messages
+
+    # -- group chats ------------------------------------------------------------------------
+
+    def _chat_scope(self, chat: Any) -> Scope:
+        """The scope of an AgentGroupChat's invocation (one run id per chat object)."""
+        run_id = self.chats.get(id(chat))
+        if run_id is None or run_id[0]() is not chat:
+            run_id = (weakref.ref(chat), uuid.uuid4().hex)
+            self.chats[id(chat)] = run_id
+        return outer_team_scope(self.plugin, run_id[1])
+
+    def _make_team(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        patches = self
+
+        @functools.wraps(original)
+        async def invoke(chat: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+            if is_suppressed() or not patches.plugin.installed or team_scope.get() is not None:
+                async for item in original(chat, *args, **kwargs):
+                    yield item
+                return
+            token = team_scope.set(patches._chat_scope(chat))
+            try:
+                async for item in original(chat, *args, **kwargs):
+                    yield item
+            finally:
+                team_scope.reset(token)
+
+        return invoke
 
     # -- SK internal model calls ------------------------------------------------------------
 

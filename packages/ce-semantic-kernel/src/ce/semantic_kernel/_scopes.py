@@ -9,6 +9,11 @@ the run itself (``run:<id>``: one top-level ``kernel.invoke*`` / ``invoke_prompt
 ``get_chat_message_content(s)`` call with its whole auto-function-calling loop, one agent
 invocation).
 
+An ``AgentGroupChat`` is one scope for all its agents (each agent's channel has a thread of
+its own, with a random id): ``with engine.session(...)``, else ``install(session_id=...)``,
+else ``run:<id>`` with one id per chat object, kept across its ``invoke`` calls. Each agent's
+request starts with its own instructions; its replies are stored with the agent as author.
+
 A model call made while a function the model asked for runs (an LLM-backed function, an
 agent called inside a function) is nested: it gets the child scope
 ``<outer session>/<function call id>`` and never receives or changes the outer
@@ -42,8 +47,10 @@ __all__ = [
     "agent_frame",
     "call_site",
     "internal_kind",
+    "outer_team_scope",
     "run_scope",
     "scope_for_call",
+    "team_scope",
     "tool_frame",
 ]
 
@@ -109,6 +116,7 @@ agent_frame: Var[AgentFrame] = Var("ce_sk_agent")
 tool_frame: Var[ToolFrame] = Var("ce_sk_tool")
 call_site: Var[CallSite] = Var("ce_sk_call")
 run_scope: Var[Scope] = Var("ce_sk_run")
+team_scope: Var[Scope] = Var("ce_sk_team")
 internal_kind: Var[str] = Var("ce_sk_internal")
 
 
@@ -151,6 +159,12 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
             (agent_frame.get() or AgentFrame(None, "")).agent or None,
         )
     agent = agent_frame.get()
+    team = team_scope.get()
+    if team is not None:
+        # an agent of an AgentGroupChat: every agent of the chat shares the chat's session
+        if explicit and explicit != team.session_id:
+            return Scope(str(explicit), "explicit"), agent.agent if agent else None
+        return team, (agent.agent or None) if agent is not None else None
     if agent is not None:
         scope = resolve_scope(
             plugin, run_id=_new_run(), explicit=explicit, framework=agent.thread_id
@@ -167,3 +181,12 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
 def internal_scope(plugin: Plugin, kind: str, arguments: Any = None) -> Scope:
     """The child scope of one SK internal model call of ``kind``."""
     return outer_scope(plugin, arguments).child(f"{kind}:{uuid.uuid4().hex[:12]}")
+
+
+def outer_team_scope(plugin: Plugin, run_id: str) -> Scope:
+    """The scope of a group chat's invocation whose run id is ``run_id`` (nested when it runs
+    inside a function call)."""
+    tool = tool_frame.get()
+    if tool is not None:
+        return resolve_scope(plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.call_id)
+    return resolve_scope(plugin, run_id=run_id)
