@@ -88,6 +88,14 @@ async def _ask(path: str, kernel: Kernel, text: str, thread_id: str = "s-async")
             arguments=KernelArguments(settings=_settings(), chat=text, ce_session_id=thread_id),
         )
         return str(result)
+    if path == "invoke_prompt_stream":
+        chunks: list[str] = []
+        async for chunk in kernel.invoke_prompt_stream(
+            "{{$chat}}",
+            arguments=KernelArguments(settings=_settings(), chat=text, ce_session_id=thread_id),
+        ):
+            chunks.append(str(chunk[0]) if isinstance(chunk, list) and chunk else "")
+        return "".join(chunks)
     if path in ("service", "service_stream"):
         service = kernel.get_service(type=None)
         history = ChatHistory(system_message=SYSTEM)
@@ -119,7 +127,14 @@ async def _ask(path: str, kernel: Kernel, text: str, thread_id: str = "s-async")
     return "".join(out)
 
 
-PATHS = ["invoke_prompt", "service", "service_stream", "agent", "agent_stream"]
+PATHS = [
+    "invoke_prompt",
+    "invoke_prompt_stream",
+    "service",
+    "service_stream",
+    "agent",
+    "agent_stream",
+]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -141,7 +156,7 @@ async def test_the_async_path_awaits_the_engine_and_never_blocks(
     for request in requests:
         first = request["messages"][0]
         assert first["role"] == "system" and MARK in first["content"]
-        if path != "invoke_prompt":  # a prompt function sends no system prompt of its own
+        if not path.startswith("invoke_prompt"):  # a prompt sends no system prompt of its own
             assert first["content"].startswith(SYSTEM)
         parts = from_openai_messages(request["messages"])
         assert [p.role for p in parts].count(Role.SYSTEM) == 1
@@ -391,3 +406,25 @@ async def test_the_summarization_reducer_is_recorded_and_never_rewritten(
     (child,) = children
     usage = (await engine.get_session(child)).session.model_usage
     assert [(u.prompt_tokens, u.stage.value) for u in usage] == [(40, "summarize")]
+
+
+async def test_fail_open_is_still_redacted(engine: ContextEngine, monkeypatch: Any) -> None:
+    """The engine fails on every request: the app's own messages go through, redacted (user
+    text, function arguments, function output), and the run completes."""
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("prepare_call failed on purpose")
+
+    monkeypatch.setattr(engine, "prepare_call", broken)
+    with ScriptedOpenAIServer(_script()) as server:
+        kernel = kernel_with(server, (KB(), "KB"))
+        ce.semantic_kernel.install(engine)
+        answer = await _ask("agent", kernel, f"Cats for {CANARY}?", "s-open")
+        requests = server.requests
+    assert answer == "Here is what the knowledge base says."
+    assert len(requests) == 2
+    for request in requests:
+        assert request["messages"][0]["content"] == SYSTEM
+        for canary in (CANARY, ARG_CANARY, OUT_CANARY):
+            assert canary not in wire(request)
+    assert "[REDACTED:email]" in wire(requests[1])
