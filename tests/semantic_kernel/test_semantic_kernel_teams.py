@@ -1,9 +1,10 @@
 """An ``AgentGroupChat`` of two ``ChatCompletionAgent``\\ s with a
-``KernelFunctionSelectionStrategy`` on the same service: the chat is one session for both
-agents (each agent's channel thread has its own random id), each request starts with its own
-agent's instructions, the replies are stored once with their agent as author and the
-researcher's reaches the writer once; the selection prompt is recorded in a child scope and never
-rewritten (no engine context, not in the conversation)."""
+``KernelFunctionSelectionStrategy`` and a ``KernelFunctionTerminationStrategy`` on the same
+service: the chat is one session for both agents (each agent's channel thread has its own
+random id), each request starts with its own agent's instructions, the replies are stored once
+with their agent as author and the researcher's reaches the writer once; the strategies'
+prompts are recorded in child scopes and never rewritten (no engine context, not in the
+conversation)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any
 
 from semantic_kernel.agents import AgentGroupChat, ChatCompletionAgent
 from semantic_kernel.agents.strategies import (
-    DefaultTerminationStrategy,
     KernelFunctionSelectionStrategy,
+    KernelFunctionTerminationStrategy,
 )
 from semantic_kernel.functions import KernelFunctionFromPrompt
 from semantic_kernel.prompt_template import PromptTemplateConfig
@@ -27,6 +28,7 @@ RESEARCHER = "You are the researcher. Find facts."
 WRITER = "You are the writer. Write the brief."
 MARK = "NOTEBOOK-MARK-TEAM"
 SELECT = "SELECT-NEXT-SPEAKER among {{$_agent_}}: {{$_history_}}"
+DONE = "IS-IT-DONE? {{$_history_}}"
 FACTS = "Facts: 9 C and light rain in Oslo."
 BRIEF = "Brief: pack a rain jacket for Oslo."
 
@@ -35,6 +37,8 @@ def _script(body: dict[str, Any]) -> ScriptedResponse:
     text = wire(body)
     if "SELECT-NEXT-SPEAKER" in text:
         return ScriptedResponse(text="writer" if FACTS in text else "researcher", prompt_tokens=31)
+    if "IS-IT-DONE?" in text:
+        return ScriptedResponse(text="yes" if BRIEF in text else "no", prompt_tokens=21)
     first = body["messages"][0]["content"]
     if first.startswith(RESEARCHER):
         return ScriptedResponse(text=FACTS, prompt_tokens=50)
@@ -55,10 +59,19 @@ def _chat(server: ScriptedOpenAIServer) -> AgentGroupChat:
         kernel=kernel,
         result_parser=lambda result: str(result.value[0]).strip(),
     )
+    termination = KernelFunctionTerminationStrategy(
+        function=KernelFunctionFromPrompt(
+            function_name="done",
+            prompt_template_config=PromptTemplateConfig(
+                template=DONE, allow_dangerously_set_content=True
+            ),
+        ),
+        kernel=kernel,
+        result_parser=lambda result: "yes" in str(result.value[0]).lower(),
+        maximum_iterations=4,
+    )
     return AgentGroupChat(
-        agents=[researcher, writer],
-        selection_strategy=selection,
-        termination_strategy=DefaultTerminationStrategy(maximum_iterations=2),
+        agents=[researcher, writer], selection_strategy=selection, termination_strategy=termination
     )
 
 
@@ -76,9 +89,11 @@ async def test_the_chat_is_one_session_each_agent_with_its_own_instructions(
     assert blocking.used == []
     assert replies == [FACTS, BRIEF]
     selections = [r for r in requests if "SELECT-NEXT-SPEAKER" in wire(r)]
-    agents = [r for r in requests if "SELECT-NEXT-SPEAKER" not in wire(r)]
-    assert len(selections) == 2 and len(agents) == 2
-    assert all(MARK not in wire(r) for r in selections)  # recorded only, never rewritten
+    checks = [r for r in requests if "IS-IT-DONE?" in wire(r)]
+    agents = [r for r in requests if r not in selections and r not in checks]
+    assert len(selections) == 2 and len(checks) == 2 and len(agents) == 2
+    # the strategies' prompts are recorded only, never rewritten
+    assert all(MARK not in wire(r) for r in selections + checks)
     researcher, writer = agents
     assert researcher["messages"][0]["content"].startswith(RESEARCHER)
     assert writer["messages"][0]["content"].startswith(WRITER)
@@ -104,6 +119,11 @@ async def test_the_chat_is_one_session_each_agent_with_its_own_instructions(
     for child in children:
         usage = (await engine.get_session(child)).session.model_usage
         assert [(u.prompt_tokens, u.stage.value) for u in usage] == [(31, "route")]
+    done = [s for s in await engine.list_sessions() if s.startswith("s-team/terminate:")]
+    assert len(done) == 2
+    for child in done:
+        usage = (await engine.get_session(child)).session.model_usage
+        assert [(u.prompt_tokens, u.stage.value) for u in usage] == [(21, "route")]
 
 
 async def test_a_chat_without_a_session_is_one_run_across_its_invocations(
