@@ -31,6 +31,7 @@ from ce.semantic_kernel.package import LOWEST, REQUIREMENTS
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = "You are the install test agent."
 MARK = "NOTEBOOK-MARK-INSTALL"
+ASK = "Weather in Oslo? Mail me at zed.canary@example.com"
 _MISSING = object()
 
 
@@ -48,7 +49,9 @@ def _script(body: dict[str, Any]) -> ScriptedResponse:
     return ScriptedResponse(tool_calls=[("call_w", "W-weather", json.dumps({"city": "Oslo"}))])
 
 
-async def _run(kernel: Kernel, thread_id: str = "s-inst") -> str:
+async def _run(
+    kernel: Kernel, thread_id: str = "s-inst", question: str = "Weather in Oslo?"
+) -> str:
     agent = ChatCompletionAgent(
         kernel=kernel,
         name="helper",
@@ -56,7 +59,7 @@ async def _run(kernel: Kernel, thread_id: str = "s-inst") -> str:
         function_choice_behavior=FunctionChoiceBehavior.Auto(),
     )
     thread = ChatHistoryAgentThread(thread_id=thread_id)
-    return str((await agent.get_response(messages="Weather in Oslo?", thread=thread)).message)
+    return str((await agent.get_response(messages=question, thread=thread)).message)
 
 
 def _held(targets: list[tuple[Any, str]]) -> list[Any]:
@@ -149,17 +152,21 @@ async def test_a_service_added_after_install_is_covered(engine: ContextEngine) -
 
 
 async def test_inject_false_records_only(engine: ContextEngine) -> None:
+    """The model gets SK's own messages as they are (not even redacted); the session records
+    the run (redacted, as always)."""
     with ScriptedOpenAIServer(_script) as server:
         kernel = kernel_with(server, (Weather(), "W"))
-        await _run(kernel, "s-plain")
+        await _run(kernel, "s-plain", ASK)
         untouched = _bodies(server)
         ce.semantic_kernel.install(engine, inject=False)
         await engine.update_notebook("s-record", MARK)
-        await _run(kernel, "s-plain")
+        await _run(kernel, "s-plain", ASK)
         bodies = _bodies(server)[len(untouched) :]
     assert bodies == untouched
     doc = await engine.get_session("s-plain")
-    assert [m.content for m in doc.session.messages if m.role is Role.USER] == ["Weather in Oslo?"]
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
+        "Weather in Oslo? Mail me at [REDACTED:email]"
+    ]
     assert len(doc.session.model_usage) == 2
     assert [r.tool_call_id for r in doc.session.tool_state.tool_calls] == ["call_w"]
 

@@ -77,13 +77,14 @@ class Seam:
             pending = to_pending(messages)
             return from_sent(redact_openai(pending.dicts, redactor), pending)
 
-        if site.internal or not self.inject:
+        if not self.inject and not site.internal:
+            await self._note_pending(site, messages, settings)
+            return history
+        if site.internal:
             try:
                 redacted = redact()
             except Exception as exc:
                 redacted = await fail_open(plugin, session_id, "redact", exc, redact)
-            if not self.inject and not site.internal:
-                await self._note_pending(site, messages, settings)
             return history if redacted is None else redacted
         try:
             pending = to_pending(messages)
@@ -101,12 +102,15 @@ class Seam:
             return history if own is None else own
 
     async def _note_pending(self, site: CallSite, messages: list[Any], settings: Any) -> None:
-        """``inject=False``: the engine records the request's messages, the model gets the
-        app's own."""
-        pending = to_pending(messages)
-        await prepare_openai(
-            self.plugin, site.session_id, pending.dicts, tool_schemas(settings), pending.authors
-        )
+        """``inject=False``: the engine records the request's messages (fail-open), the model
+        gets the app's own, as they are."""
+        try:
+            pending = to_pending(messages)
+            schemas = tool_schemas(settings)
+        except Exception as exc:
+            await fail_open(self.plugin, site.session_id, "convert messages", exc, lambda: None)
+            return
+        await prepare_openai(self.plugin, site.session_id, pending.dicts, schemas, pending.authors)
 
     # -- after -----------------------------------------------------------------------------
 
