@@ -25,6 +25,7 @@ nox.options.sessions = [
     "tests-langchain",
     "tests-llamaindex",
     "tests-autogen",
+    "tests-semantic-kernel",
     "tests-mixed",
 ]
 
@@ -133,6 +134,30 @@ def tests_autogen(session: nox.Session, autogen: str) -> None:
         *TEST_DEPS, "-e", f"{CORE}[tiktoken]", "-e", AUTOGEN, *AUTOGEN_VERSIONS[autogen]
     )
     session.run("pytest", "tests/autogen", *session.posargs, env=_env())
+
+
+SEMANTIC_KERNEL = "packages/ce-semantic-kernel"
+SEMANTIC_KERNEL_VERSIONS = {
+    # 1.35 imports httpx itself; openai 3 no longer brings it: the openai of its time
+    "lowest": ["semantic-kernel==1.35.0", "openai>=1.60,<2"],
+    "latest": ["semantic-kernel>=1.35,<2"],
+}
+
+
+@nox.session(name="tests-semantic-kernel")
+@nox.parametrize("semantic_kernel", list(SEMANTIC_KERNEL_VERSIONS))
+def tests_semantic_kernel(session: nox.Session, semantic_kernel: str) -> None:
+    """ce-semantic-kernel against the real Semantic Kernel (kernels, ChatCompletionAgent,
+    OpenAIChatCompletion on the scripted server), in its own virtualenv."""
+    session.install(
+        *TEST_DEPS,
+        "-e",
+        f"{CORE}[tiktoken]",
+        "-e",
+        SEMANTIC_KERNEL,
+        *SEMANTIC_KERNEL_VERSIONS[semantic_kernel],
+    )
+    session.run("pytest", "tests/semantic_kernel", *session.posargs, env=_env())
 
 
 @nox.session(name="tests-mixed")

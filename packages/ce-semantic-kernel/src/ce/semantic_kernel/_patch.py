@@ -1,0 +1,342 @@
+"""Where the plugin hooks into Semantic Kernel, and why there.
+
+- Filters (SK's own hook API) record function calls: on one kernel (``install(kernel=k)``)
+  they are added with ``k.add_filter`` (``Kernel.clone()`` deep-copies the lists, so clones
+  keep them) and removed from ``k`` by id on uninstall. Filters live per ``Kernel`` instance
+  and a global install must also cover kernels built before it without changing them, so the
+  global install adds its two filters, outermost, to the call stack every kernel builds
+  (``KernelFilterExtension.construct_call_stack``, class level): no kernel's filter list is
+  touched, and uninstall puts the one class attribute back.
+- ``ChatCompletionClientBase.get_chat_message_contents`` /
+  ``get_streaming_chat_message_contents`` (class level, no connector overrides them) bind the
+  call's scope and wrap the service's inner methods on first use (see ``_inject`` for why).
+- ``ChatCompletionAgent.get_response`` / ``invoke`` / ``invoke_stream`` and
+  ``_ensure_thread_exists_with_messages`` note the agent and its thread (the session).
+- ``AgentGroupChat.invoke`` / ``invoke_stream`` make the chat one scope for its agents.
+- ``ChatHistorySummarizationReducer.reduce`` and the kernel-function selection and
+  termination strategies of ``AgentGroupChat`` mark their model calls as SK internal calls.
+
+Every replacement goes through the plugin's ledger: ``uninstall()`` puts back the very
+objects the classes held and removes the instance entries it added.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+import weakref
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import is_suppressed
+from ce.semantic_kernel._inject import INNER, INNER_STREAM, Seam
+from ce.semantic_kernel._record import Filters
+from ce.semantic_kernel._scopes import (
+    AgentFrame,
+    CallSite,
+    agent_frame,
+    call_site,
+    internal_kind,
+    internal_scope,
+    outer_team_scope,
+    scope_for_call,
+    team_scope,
+)
+
+if TYPE_CHECKING:
+    from ce.core.integration import PatchLedger, Plugin, Scope
+
+__all__ = ["Patches", "patched_targets"]
+
+logger = logging.getLogger("ce.semantic_kernel")
+
+
+def _service_targets() -> list[tuple[Any, str]]:
+    from semantic_kernel.connectors.ai.chat_completion_client_base import (
+        ChatCompletionClientBase,
+    )
+
+    return [
+        (ChatCompletionClientBase, "get_chat_message_contents"),
+        (ChatCompletionClientBase, "get_streaming_chat_message_contents"),
+    ]
+
+
+def _agent_targets() -> list[tuple[Any, str]]:
+    from semantic_kernel.agents import ChatCompletionAgent
+
+    return [
+        (ChatCompletionAgent, "get_response"),
+        (ChatCompletionAgent, "invoke"),
+        (ChatCompletionAgent, "invoke_stream"),
+        (ChatCompletionAgent, "_ensure_thread_exists_with_messages"),
+    ]
+
+
+def _team_targets() -> list[tuple[Any, str]]:
+    from semantic_kernel.agents import AgentGroupChat
+
+    return [(AgentGroupChat, "invoke"), (AgentGroupChat, "invoke_stream")]
+
+
+def _internal_targets() -> list[tuple[Any, str, str]]:
+    from semantic_kernel.agents.strategies import (
+        KernelFunctionSelectionStrategy,
+        KernelFunctionTerminationStrategy,
+    )
+    from semantic_kernel.contents.history_reducer.chat_history_summarization_reducer import (
+        ChatHistorySummarizationReducer,
+    )
+
+    return [
+        (ChatHistorySummarizationReducer, "reduce", "summarize"),
+        (KernelFunctionSelectionStrategy, "select_agent", "select"),
+        (KernelFunctionTerminationStrategy, "should_agent_terminate", "terminate"),
+    ]
+
+
+def patched_targets(global_install: bool = True) -> list[tuple[Any, str]]:
+    """The ``(class, attribute)`` pairs the plugin replaces while installed."""
+    from semantic_kernel.filters.kernel_filters_extension import KernelFilterExtension
+
+    targets = [*_service_targets(), *_agent_targets(), *_team_targets()]
+    targets += [(owner, attr) for owner, attr, _ in _internal_targets()]
+    if global_install:
+        targets.append((KernelFilterExtension, "construct_call_stack"))
+    return targets
+
+
+class Patches:
+    """The hooks of one install: ``kernel`` limits the plugin to that kernel (and its
+    clones); ``inject=False`` records only."""
+
+    def __init__(self, plugin: Plugin, kernel: Any, inject: bool, generation: object) -> None:
+        self.plugin = plugin
+        self.kernel = kernel
+        self.seam = Seam(plugin, inject)
+        self.filters = Filters(plugin, generation)
+        # the services wrapped (pydantic models are unhashable: by id, through weak refs)
+        self.services: dict[int, weakref.ref[Any]] = {}
+        self.chats: dict[int, tuple[weakref.ref[Any], str]] = {}
+
+    # -- install ----------------------------------------------------------------------------
+
+    def install(self, ledger: PatchLedger) -> None:
+        from semantic_kernel.filters.filter_types import FilterTypes
+        from semantic_kernel.filters.kernel_filters_extension import KernelFilterExtension
+
+        if self.kernel is not None:
+            kernel = self.kernel
+            for kind, fn in (
+                (FilterTypes.FUNCTION_INVOCATION, self.filters.function),
+                (FilterTypes.AUTO_FUNCTION_INVOCATION, self.filters.auto),
+            ):
+                kernel.add_filter(kind, fn)
+                ledger.register(
+                    functools.partial(kernel.remove_filter, kind, filter_id=id(fn)),
+                    f"filter {kind.value} on kernel {id(kernel):#x}",
+                )
+        else:
+            ledger.wrap(KernelFilterExtension, "construct_call_stack", self._make_call_stack)
+        get, stream = _service_targets()
+        ledger.wrap(get[0], get[1], self._make_get)
+        ledger.wrap(stream[0], stream[1], self._make_stream)
+        ledger.register(self._unwrap_services, "inner methods of chat services")
+        for owner, attr in _agent_targets():
+            maker = self._make_thread if attr.startswith("_ensure") else self._make_agent_call
+            ledger.wrap(owner, attr, maker)
+        for owner, attr in _team_targets():
+            ledger.wrap(owner, attr, self._make_team)
+        for owner, attr, internal in _internal_targets():
+            ledger.wrap(owner, attr, functools.partial(self._make_internal, internal))
+
+    # -- filters ----------------------------------------------------------------------------
+
+    def _make_call_stack(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        from semantic_kernel.filters.filter_types import FilterTypes
+
+        filters = self.filters
+
+        def construct_call_stack(kernel: Any, filter_type: Any, inner_function: Any) -> Any:
+            stack = original(kernel, filter_type, inner_function)
+            if filter_type == FilterTypes.FUNCTION_INVOCATION:
+                return functools.partial(filters.function, next=stack)
+            if filter_type == FilterTypes.AUTO_FUNCTION_INVOCATION:
+                return functools.partial(filters.auto, next=stack)
+            return stack
+
+        return construct_call_stack
+
+    def targeted(self, kernel: Any) -> bool:
+        """Whether the plugin acts on a call made with ``kernel``."""
+        if self.kernel is None:
+            return True
+        if kernel is None:
+            return False
+        fn = self.filters.function
+        return any(f is fn for _, f in getattr(kernel, "function_invocation_filters", ()))
+
+    # -- services ---------------------------------------------------------------------------
+
+    def _ensure_wrapped(self, service: Any) -> None:
+        own = getattr(service, "__dict__", None)
+        if own is None or INNER in own:
+            return
+        inner = getattr(service, INNER)
+        inner_stream = getattr(service, INNER_STREAM)
+        object.__setattr__(service, INNER, self.seam.wrap_inner(service, inner))
+        object.__setattr__(
+            service, INNER_STREAM, self.seam.wrap_inner_stream(service, inner_stream)
+        )
+        self.services[id(service)] = weakref.ref(service)
+
+    def _unwrap_services(self) -> None:
+        for ref in list(self.services.values()):
+            service = ref()
+            if service is None:
+                continue
+            own = getattr(service, "__dict__", {})
+            for name in (INNER, INNER_STREAM):
+                if getattr(own.get(name), "ce_wrapped", False):
+                    del own[name]
+        self.services = {}
+
+    def _site(self, service: Any, kwargs: dict[str, Any]) -> CallSite | None:
+        plugin = self.plugin
+        if is_suppressed() or not plugin.installed or not self.targeted(kwargs.get("kernel")):
+            return None
+        arguments = kwargs.get("arguments")
+        kind = internal_kind.get()
+        if kind is not None:
+            return CallSite(service, internal_scope(plugin, kind, arguments), None, kind)
+        scope, agent = scope_for_call(plugin, arguments)
+        return CallSite(service, scope, agent)
+
+    def _make_get(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        patches = self
+
+        @functools.wraps(original)
+        async def get_chat_message_contents(
+            service: Any, chat_history: Any, settings: Any, **kwargs: Any
+        ) -> Any:
+            site = patches._site(service, kwargs)
+            if site is None:
+                return await original(service, chat_history, settings, **kwargs)
+            patches._ensure_wrapped(service)
+            token = call_site.set(site)
+            try:
+                return await original(service, chat_history, settings, **kwargs)
+            finally:
+                call_site.reset(token)
+
+        return get_chat_message_contents
+
+    def _make_stream(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        patches = self
+
+        @functools.wraps(original)
+        async def get_streaming_chat_message_contents(
+            service: Any, chat_history: Any, settings: Any, **kwargs: Any
+        ) -> AsyncGenerator[Any, None]:
+            site = patches._site(service, kwargs)
+            if site is None:
+                async for chunks in original(service, chat_history, settings, **kwargs):
+                    yield chunks
+                return
+            patches._ensure_wrapped(service)
+            token = call_site.set(site)
+            try:
+                async for chunks in original(service, chat_history, settings, **kwargs):
+                    yield chunks
+            finally:
+                call_site.reset(token)
+
+        return get_streaming_chat_message_contents
+
+    # -- agents -----------------------------------------------------------------------------
+
+    def _make_agent_call(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        import inspect
+
+        if inspect.isasyncgenfunction(original):
+
+            @functools.wraps(original)
+            async def invoke(agent: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+                token = agent_frame.set(AgentFrame(_thread_id(kwargs), str(agent.name or "")))
+                try:
+                    async for item in original(agent, *args, **kwargs):
+                        yield item
+                finally:
+                    agent_frame.reset(token)
+
+            return invoke
+
+        @functools.wraps(original)
+        async def get_response(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            token = agent_frame.set(AgentFrame(_thread_id(kwargs), str(agent.name or "")))
+            try:
+                return await original(agent, *args, **kwargs)
+            finally:
+                agent_frame.reset(token)
+
+        return get_response
+
+    def _make_thread(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        async def _ensure_thread_exists_with_messages(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            thread = await original(agent, *args, **kwargs)
+            frame = agent_frame.get()
+            if frame is not None and frame.thread_id is None:
+                # the thread SK made for this invocation (a new uuid: its own session)
+                frame.thread_id = getattr(thread, "id", None)
+            return thread
+
+        return _ensure_thread_exists_with_messages
+
+    # -- group chats ------------------------------------------------------------------------
+
+    def _chat_scope(self, chat: Any) -> Scope:
+        """The scope of an AgentGroupChat's invocation (one run id per chat object)."""
+        run_id = self.chats.get(id(chat))
+        if run_id is None or run_id[0]() is not chat:
+            run_id = (weakref.ref(chat), uuid.uuid4().hex)
+            self.chats[id(chat)] = run_id
+        return outer_team_scope(self.plugin, run_id[1])
+
+    def _make_team(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        patches = self
+
+        @functools.wraps(original)
+        async def invoke(chat: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+            if is_suppressed() or not patches.plugin.installed or team_scope.get() is not None:
+                async for item in original(chat, *args, **kwargs):
+                    yield item
+                return
+            token = team_scope.set(patches._chat_scope(chat))
+            try:
+                async for item in original(chat, *args, **kwargs):
+                    yield item
+            finally:
+                team_scope.reset(token)
+
+        return invoke
+
+    # -- SK internal model calls ------------------------------------------------------------
+
+    def _make_internal(self, kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        async def internal(owner: Any, *args: Any, **kwargs: Any) -> Any:
+            token = internal_kind.set(kind)
+            try:
+                return await original(owner, *args, **kwargs)
+            finally:
+                internal_kind.reset(token)
+
+        return internal
+
+
+def _thread_id(kwargs: dict[str, Any]) -> str | None:
+    thread = kwargs.get("thread")
+    value = getattr(thread, "id", None) if thread is not None else None
+    return str(value) if value else None

@@ -1,0 +1,192 @@
+"""Which session a Semantic Kernel model call or function run belongs to: the kit's rule
+(:func:`ce.core.integration.resolve_scope`) applied to SK's calls.
+
+First match wins for a top-level call: the ``ce_session_id`` in the call's
+``KernelArguments`` (explicit), ``with engine.session(...)``, the framework's own identity
+(the id of the ``ChatHistoryAgentThread`` a ``ChatCompletionAgent`` runs on: a random uuid
+unless the app names it, so a thread is its own session), ``install(session_id=...)``, else
+the run itself (``run:<id>``: one top-level ``kernel.invoke*`` / ``invoke_prompt``, one direct
+``get_chat_message_content(s)`` call with its whole auto-function-calling loop, one agent
+invocation).
+
+An ``AgentGroupChat`` is one scope for all its agents (each agent's channel has a thread of
+its own, with a random id): ``with engine.session(...)``, else ``install(session_id=...)``,
+else ``run:<id>`` with one id per chat object, kept across its ``invoke`` calls. Each agent's
+request starts with its own instructions; its replies are stored with the agent as author.
+
+A model call made while a function the model asked for runs (an LLM-backed function, an
+agent called inside a function) is nested: it gets the child scope
+``<outer session>/<function call id>`` and never receives or changes the outer
+conversation. SK's own internal model calls (the summarization reducer, an ``AgentGroupChat``'s
+kernel-function selection and termination strategies) are recorded in a child scope
+``<outer session>/<kind>:<id>`` and never rewritten.
+
+SK passes no run object along, so the frames live in context variables: set by the plugin's
+hooks around a call and read by the hooks inside it (each parallel function call of the loop
+runs in its own ``asyncio.gather`` task, so they do not mix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ce.core.integration import SESSION_KEY, Scope, resolve_scope
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin
+
+__all__ = [
+    "AgentFrame",
+    "CallSite",
+    "ToolFrame",
+    "Var",
+    "agent_frame",
+    "call_site",
+    "internal_kind",
+    "outer_team_scope",
+    "run_scope",
+    "scope_for_call",
+    "team_scope",
+    "tool_frame",
+]
+
+_T = TypeVar("_T")
+
+
+class Var(Generic[_T]):
+    """A context variable set for a block (``with var.bound(value):``); a reset from another
+    context (a generator closed elsewhere) is ignored."""
+
+    def __init__(self, name: str) -> None:
+        self._var: ContextVar[_T | None] = ContextVar(name, default=None)
+
+    def get(self) -> _T | None:
+        return self._var.get()
+
+    def set(self, value: _T | None) -> Token[_T | None]:
+        return self._var.set(value)
+
+    def reset(self, token: Token[_T | None]) -> None:
+        # a reset from another context (a generator closed elsewhere): that context ends anyway
+        with contextlib.suppress(ValueError):
+            self._var.reset(token)
+
+
+@dataclass
+class AgentFrame:
+    """A ``ChatCompletionAgent`` invocation in flight: its thread id and the agent's name."""
+
+    thread_id: str | None
+    agent: str
+
+
+@dataclass
+class ToolFrame:
+    """A function call of the auto-function-calling loop in flight: the scope of the model
+    call that asked for it, SK's call id, and what the function filter saw of the run."""
+
+    scope: Scope
+    call_id: str
+    error: str | None = None
+    entered: bool = False
+    hits: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """One chat-service call (with its auto-function-calling loop): the service it is made
+    on, its scope, the agent that makes it (``None``: no agent) and ``internal``: an SK
+    internal call (recorded only, never rewritten; the value names it)."""
+
+    service: Any
+    scope: Scope
+    agent: str | None = None
+    internal: str | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self.scope.session_id
+
+
+agent_frame: Var[AgentFrame] = Var("ce_sk_agent")
+tool_frame: Var[ToolFrame] = Var("ce_sk_tool")
+call_site: Var[CallSite] = Var("ce_sk_call")
+run_scope: Var[Scope] = Var("ce_sk_run")
+team_scope: Var[Scope] = Var("ce_sk_team")
+internal_kind: Var[str] = Var("ce_sk_internal")
+
+
+def explicit_session(arguments: Any) -> Any:
+    """The ``ce_session_id`` a call's ``KernelArguments`` name, if any."""
+    if arguments is None:
+        return None
+    try:
+        return arguments.get(SESSION_KEY)
+    except Exception:  # not a mapping
+        return None
+
+
+def _new_run() -> str:
+    return uuid.uuid4().hex
+
+
+def outer_scope(plugin: Plugin, arguments: Any = None) -> Scope:
+    """The scope the current code runs in: the enclosing model call's, the function call's
+    (nested), the agent's, the top-level run's, else a new top-level run's."""
+    site = call_site.get()
+    if site is not None:
+        return site.scope
+    return scope_for_call(plugin, arguments)[0]
+
+
+def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
+    """The scope of a chat-service call starting now and the agent making it."""
+    explicit = explicit_session(arguments)
+    tool = tool_frame.get()
+    if tool is not None:
+        return (
+            resolve_scope(
+                plugin,
+                run_id=_new_run(),
+                explicit=explicit,
+                parent=tool.scope,
+                parent_call_id=tool.call_id,
+            ),
+            (agent_frame.get() or AgentFrame(None, "")).agent or None,
+        )
+    agent = agent_frame.get()
+    team = team_scope.get()
+    if team is not None:
+        # an agent of an AgentGroupChat: every agent of the chat shares the chat's session
+        if explicit and explicit != team.session_id:
+            return Scope(str(explicit), "explicit"), agent.agent if agent else None
+        return team, (agent.agent or None) if agent is not None else None
+    if agent is not None:
+        scope = resolve_scope(
+            plugin, run_id=_new_run(), explicit=explicit, framework=agent.thread_id
+        )
+        return scope, agent.agent or None
+    run = run_scope.get()
+    if run is not None:
+        if explicit and explicit != run.session_id:
+            return Scope(str(explicit), "explicit"), None
+        return run, None
+    return resolve_scope(plugin, run_id=_new_run(), explicit=explicit), None
+
+
+def internal_scope(plugin: Plugin, kind: str, arguments: Any = None) -> Scope:
+    """The child scope of one SK internal model call of ``kind``."""
+    return outer_scope(plugin, arguments).child(f"{kind}:{uuid.uuid4().hex[:12]}")
+
+
+def outer_team_scope(plugin: Plugin, run_id: str) -> Scope:
+    """The scope of a group chat's invocation whose run id is ``run_id`` (nested when it runs
+    inside a function call)."""
+    tool = tool_frame.get()
+    if tool is not None:
+        return resolve_scope(plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.call_id)
+    return resolve_scope(plugin, run_id=run_id)
