@@ -16,25 +16,26 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ce.core.integration import (
     ModelCall,
-    Recorder,
     RetrievalHit,
     ToolRun,
     error_text,
-    guarded,
+    provider_of,
+)
+from ce.core.integration import (
+    record_awaited as write,
 )
 from ce.core.schema import ModelUsageStage
 
 if TYPE_CHECKING:
     from autogen_core.models import CreateResult
 
-    from ce.core.integration import Plugin
 
-__all__ = ["Book", "hits_from_memory", "model_name", "provider_name", "write"]
+__all__ = ["Book", "hits_from_memory", "model_name", "write"]
 
 _URI_KEYS = ("source", "uri", "url", "file_path", "path")
 _SCORE_KEYS = ("score", "relevance", "similarity")
@@ -43,38 +44,6 @@ _SMALL = 512
 _SESSIONS_KEPT = 1024
 _PER_SESSION = 4096
 _MEMORY_TEXTS = 4096
-
-
-async def write(
-    plugin: Plugin,
-    session_id: str,
-    what: str,
-    work: Callable[[Recorder], Coroutine[Any, Any, Any]],
-) -> None:
-    """Record with ``work`` on the plugin engine's session ``session_id``, awaited here,
-    fail-open (``what`` names it in the log and the ``Degraded`` event)."""
-    if not plugin.installed:
-        return
-    recorder = Recorder(plugin.engine, session_id)
-    await guarded(plugin, lambda: work(recorder), session_id=session_id, what=what)
-
-
-def provider_name(client: Any) -> str:
-    """The provider of an AutoGen model client, from its class (``openai``,
-    ``azure_openai``, ``anthropic``, ``ollama``, ...; the class name otherwise)."""
-    cls = type(client)
-    module, name = cls.__module__.lower(), cls.__name__.lower()
-    for key, provider in (
-        ("azure", "azure_openai"),
-        ("openai", "openai"),
-        ("anthropic", "anthropic"),
-        ("ollama", "ollama"),
-        ("gemini", "gemini"),
-        ("llama_cpp", "llama_cpp"),
-    ):
-        if key in name or key in module:
-            return provider
-    return cls.__name__
 
 
 def model_name(client: Any) -> str:
@@ -107,7 +76,7 @@ def model_call(
     ended = time.perf_counter()
     return ModelCall(
         call_id=uuid.uuid4().hex,
-        provider=provider_name(client),
+        provider=provider_of(client),
         model=model_name(client),
         prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
         completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),

@@ -32,9 +32,12 @@ from ce.core.integration import (
     RetrievalHit,
     ToolRun,
     error_text,
-    guarded,
     is_suppressed,
+    provider_of,
     resolve_scope,
+)
+from ce.core.integration import (
+    record_awaited as write,
 )
 from ce.core.schema import ModelUsageStage
 from ce.semantic_kernel._scopes import (
@@ -50,7 +53,7 @@ from ce.semantic_kernel._scopes import (
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
 
-__all__ = ["Filters", "hits_from_result", "model_call", "provider_name", "write"]
+__all__ = ["Filters", "hits_from_result", "model_call", "write"]
 
 _URI_KEYS = ("source", "uri", "url", "link", "file_path", "path")
 _TEXT_KEYS = ("content", "text", "value", "chunk", "body", "description")
@@ -59,42 +62,6 @@ _SMALL = 512
 
 Filter = Callable[..., Coroutine[Any, Any, None]]
 """An SK filter: ``async def f(context, next)``."""
-
-
-async def write(
-    plugin: Plugin,
-    session_id: str,
-    what: str,
-    work: Callable[[Recorder], Coroutine[Any, Any, Any]],
-) -> None:
-    """Record with ``work`` on the plugin engine's session ``session_id``, awaited here,
-    fail-open (``what`` names it in the log and the ``Degraded`` event)."""
-    if not plugin.installed:
-        return
-    recorder = Recorder(plugin.engine, session_id)
-    await guarded(plugin, lambda: work(recorder), session_id=session_id, what=what)
-
-
-def provider_name(service: Any) -> str:
-    """The provider of an SK chat service, from its class (``openai``, ``azure_openai``,
-    ``anthropic``, ``ollama``, ...; the class name otherwise)."""
-    cls = type(service)
-    module, name = cls.__module__.lower(), cls.__name__.lower()
-    for key, provider in (
-        ("azure", "azure_openai"),
-        ("openai", "openai"),
-        ("anthropic", "anthropic"),
-        ("ollama", "ollama"),
-        ("mistral", "mistral"),
-        ("google", "google"),
-        ("bedrock", "bedrock"),
-        ("nvidia", "nvidia"),
-        ("hugging", "huggingface"),
-        ("onnx", "onnx"),
-    ):
-        if key in name or key in module:
-            return provider
-    return cls.__name__
 
 
 def model_call(
@@ -111,7 +78,7 @@ def model_call(
     ended = time.perf_counter()
     return ModelCall(
         call_id=uuid.uuid4().hex,
-        provider=provider_name(service),
+        provider=provider_of(service),
         model=model or str(getattr(service, "ai_model_id", "") or "unknown"),
         prompt_tokens=usage[0],
         completion_tokens=usage[1],

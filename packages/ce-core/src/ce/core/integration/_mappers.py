@@ -44,6 +44,8 @@ __all__ = [
     "evidence_from_hit",
     "llm_output_evidence",
     "model_usage_from_call",
+    "provider_of",
+    "record_awaited",
     "record_sync",
     "tool_call_from_run",
     "tool_result_evidence",
@@ -298,6 +300,51 @@ _REPLY_NAMESPACE = uuid.UUID("5d3c8a52-4a0e-4f57-9a43-2f1b6de2a8c1")
 def reply_id(call_id: str) -> str:
     """The message id of the reply of model call ``call_id`` (a UUID derived from it)."""
     return str(uuid.uuid5(_REPLY_NAMESPACE, call_id))
+
+
+async def record_awaited(
+    plugin: Plugin,
+    session_id: str,
+    what: str,
+    work: Callable[[Recorder], Coroutine[Any, Any, Any]],
+) -> None:
+    """From an async framework path: record with ``work`` and a :class:`Recorder` on
+    ``plugin.engine``'s session ``session_id``, awaited on the caller's loop, fail-open like
+    :func:`~ce.core.integration.guarded` (``what`` names it in the log and the ``Degraded``
+    event; raised with ``plugin.fail_closed``). Does nothing when the plugin is not
+    installed."""
+    if not plugin.installed:
+        return
+    recorder = Recorder(plugin.engine, session_id)
+    await guarded(plugin, lambda: work(recorder), session_id=session_id, what=what)
+
+
+_PROVIDERS = (
+    ("azure", "azure_openai"),
+    ("openai", "openai"),
+    ("anthropic", "anthropic"),
+    ("ollama", "ollama"),
+    ("gemini", "gemini"),
+    ("google", "google"),
+    ("mistral", "mistral"),
+    ("bedrock", "bedrock"),
+    ("nvidia", "nvidia"),
+    ("hugging", "huggingface"),
+    ("onnx", "onnx"),
+    ("llama_cpp", "llama_cpp"),
+)
+
+
+def provider_of(client: Any) -> str:
+    """The provider of a framework's model client or service, from its class name and module
+    (``openai``, ``azure_openai``, ``anthropic``, ``ollama``, ...; the class name
+    otherwise)."""
+    cls = type(client)
+    module, name = cls.__module__.lower(), cls.__name__.lower()
+    for key, provider in _PROVIDERS:
+        if key in name or key in module:
+            return provider
+    return cls.__name__
 
 
 def record_sync(
