@@ -1130,3 +1130,28 @@ def test_a_deferred_record_cancelled_midway_runs_again_once(engine: ContextEngin
     assert [m.content for m in doc.session.messages] == ["the answer"]
     assert len(doc.session.model_usage) == 1
     plugin.uninstall()
+
+
+def test_ledger_replace_puts_back_the_very_object_the_class_held() -> None:
+    """``replace`` sets what the class holds (a classmethod object, not the bound method
+    ``getattr`` returns) and undo restores that very object, or deletes an attribute the
+    class only inherited."""
+
+    class Base:
+        @classmethod
+        def make(cls) -> str:
+            return "base"
+
+    class Child(Base):
+        @classmethod
+        def build(cls) -> str:
+            return "child"
+
+    held = vars(Child)["build"]
+    ledger = PatchLedger()
+    ledger.replace(Child, "build", classmethod(lambda cls: "patched"))
+    ledger.replace(Child, "make", classmethod(lambda cls: "patched make"))
+    assert Child.build() == "patched" and Child.make() == "patched make"
+    ledger.undo()
+    assert vars(Child)["build"] is held and "make" not in vars(Child)
+    assert Child.build() == "child" and Child.make() == "base"

@@ -35,7 +35,6 @@ __all__ = ["ClientSeams", "bypassing"]
 
 logger = logging.getLogger("ce.autogen")
 
-_MISSING = object()
 _MARK = "ce_autogen_client_seam"
 _bypass: ContextVar[int | None] = ContextVar("ce_autogen_bypass", default=None)
 
@@ -86,7 +85,7 @@ class ClientSeams:
             except Exception:  # a class is never kept from being created
                 logger.warning("cannot seam %s", cls.__qualname__, exc_info=True)
 
-        self._replace(ChatCompletionClient, "__init_subclass__", classmethod(init_subclass))
+        self.ledger.replace(ChatCompletionClient, "__init_subclass__", classmethod(init_subclass))
         for cls in list(_subclasses(ChatCompletionClient)):
             self.add(cls)
 
@@ -105,7 +104,7 @@ class ClientSeams:
                 for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
                     setattr(new, attr, getattr(current, attr, None))
                 new.__wrapped__ = current  # type: ignore[attr-defined]
-                self._replace(cls, name, new)
+                self.ledger.replace(cls, name, new)
 
     def _frame(self, client: object) -> Frame | None:
         """The child scope of a direct call of ``client`` (None: leave it alone)."""
@@ -146,18 +145,3 @@ class ClientSeams:
                 yield chunk
 
         return create_stream
-
-    def _replace(self, owner: type, attr: str, new: Any) -> None:
-        old = vars(owner).get(attr, _MISSING)
-        setattr(owner, attr, new)
-
-        def undo() -> None:
-            if vars(owner).get(attr, _MISSING) is not new:
-                logger.warning("%s.%s was replaced after the plugin wrapped it", owner, attr)
-            if old is _MISSING:
-                if attr in vars(owner):
-                    delattr(owner, attr)
-            else:
-                setattr(owner, attr, old)
-
-        self.ledger.register(undo, f"wrap {owner.__qualname__}.{attr}")

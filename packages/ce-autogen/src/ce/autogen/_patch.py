@@ -44,8 +44,6 @@ __all__ = ["Patches", "patched_targets"]
 
 logger = logging.getLogger("ce.autogen")
 
-_MISSING = object()
-
 
 def patched_targets() -> list[tuple[Any, str]]:
     """The ``(class, attribute)`` pairs the plugin replaces while installed."""
@@ -91,7 +89,7 @@ class Patches:
                 new = staticmethod(make(raw.__func__))
             else:
                 new = make(raw)
-            _replace(ledger, owner, attr, new)
+            ledger.replace(owner, attr, new)
 
     # -- runs -------------------------------------------------------------------------------
 
@@ -286,22 +284,3 @@ class Patches:
                 manager._model_client = client
 
         return _select_speaker
-
-
-def _replace(ledger: PatchLedger, owner: type, attr: str, new: Any) -> None:
-    """Set ``owner.attr`` to ``new``, recorded in ``ledger``: undo puts back the very object
-    the class held. (Not ``PatchLedger.wrap``: a classmethod or staticmethod read through
-    ``getattr`` is not the object the class holds.)"""
-    old = vars(owner).get(attr, _MISSING)
-    setattr(owner, attr, new)
-
-    def undo() -> None:
-        if vars(owner).get(attr, _MISSING) is not new:
-            logger.warning("%s.%s was replaced after the plugin wrapped it", owner, attr)
-        if old is _MISSING:
-            if attr in vars(owner):
-                delattr(owner, attr)
-        else:
-            setattr(owner, attr, old)
-
-    ledger.register(undo, f"wrap {owner.__qualname__}.{attr}")

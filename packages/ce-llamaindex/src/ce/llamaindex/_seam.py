@@ -54,7 +54,6 @@ COMPLETION_METHODS = frozenset({"complete", "acomplete", "stream_complete", "ast
 
 _MARK = "ce_async_seam"
 _PROMPT_MARK = "ce_prompt_seam"
-_MISSING = object()
 _SPAN_MARK = "__dispatcher_span_decorated__"  # llama_index_instrumentation's attribute
 
 Before = Callable[[BaseLLM], Awaitable[None]]
@@ -165,7 +164,7 @@ class Seams:
             except Exception:  # a class is never kept from being created
                 logger.warning("cannot seam %s", cls.__qualname__, exc_info=True)
 
-        self._replace(BaseLLM, "__init_subclass__", classmethod(init_subclass))
+        self._ledger.replace(BaseLLM, "__init_subclass__", classmethod(init_subclass))
         for cls in list(_subclasses(BaseLLM)):
             self.add(cls)
 
@@ -192,25 +191,6 @@ class Seams:
                         new = _seam(cls, inner, self._before)
                     else:
                         continue
-                    self._replace(cls, method, new)
+                    self._ledger.replace(cls, method, new)
                 except Exception:  # an odd class (read-only attributes, a metaclass veto)
                     logger.warning("cannot seam %s.%s", cls.__qualname__, method, exc_info=True)
-
-    def _replace(self, owner: type, attr: str, new: Any) -> None:
-        """Set ``owner.attr`` (an attribute of the class itself, or none) to ``new``, recorded
-        in the ledger: undo puts back the very object the class held, or deletes ``new``.
-        (Not ``PatchLedger.wrap``: it compares what ``getattr`` returns, and a span wrapper or
-        a classmethod read through ``getattr`` is a new bound object each time.)"""
-        old = vars(owner).get(attr, _MISSING)
-        setattr(owner, attr, new)
-
-        def undo() -> None:
-            if vars(owner).get(attr, _MISSING) is not new:
-                logger.warning("%s.%s was replaced after the plugin wrapped it", owner, attr)
-            if old is _MISSING:
-                if attr in vars(owner):
-                    delattr(owner, attr)
-            else:
-                setattr(owner, attr, old)
-
-        self._ledger.register(undo, f"wrap {owner.__qualname__}.{attr}")

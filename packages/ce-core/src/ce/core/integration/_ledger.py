@@ -92,6 +92,29 @@ class PatchLedger:
             self._entries.append(LedgerEntry(f"wrap {_describe(owner, attr)}", undo))
         return original
 
+    def replace(self, owner: type, attr: str, new: Any) -> None:
+        """Set the class attribute ``owner.attr`` to ``new`` as it is (a classmethod, a
+        staticmethod, a descriptor: what the class holds, not what ``getattr`` returns, unlike
+        :meth:`wrap`); undo puts back the very object the class held itself, or deletes
+        ``new`` when it held none (lookup falls through to a base class again)."""
+        old = vars(owner).get(attr, _MISSING)
+        setattr(owner, attr, new)
+
+        def undo() -> None:
+            if vars(owner).get(attr, _MISSING) is not new:
+                logger.warning(
+                    "%s was replaced by someone else after it was wrapped; restoring the "
+                    "original anyway",
+                    _describe(owner, attr),
+                )
+            if old is _MISSING:
+                if attr in vars(owner):
+                    delattr(owner, attr)
+            else:
+                setattr(owner, attr, old)
+
+        self.register(undo, f"wrap {_describe(owner, attr)}")
+
     def register(self, undo: Callable[[], None], what: str) -> None:
         """Record a registration the plugin just made (a callback, a handler, an event-bus
         subscription) with the function that removes it."""
