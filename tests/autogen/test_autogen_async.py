@@ -18,7 +18,7 @@ from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.base import TaskResult
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat
-from autogen_apps import client, no_blocking, wire
+from autogen_apps import client, wire
 from autogen_core.memory import ListMemory, MemoryContent
 from autogen_core.model_context import UnboundedChatCompletionContext
 from autogen_core.models import AssistantMessage, UserMessage
@@ -29,7 +29,12 @@ from ce.core.engine import ContextEngine
 from ce.core.formats import from_openai_messages
 from ce.core.schema import EvidenceType, Role
 from ce.core.stores import SQLiteStore
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
+from ce.core.testing import (
+    ScriptedOpenAIServer,
+    ScriptedResponse,
+    deterministic_engine,
+    no_blocking,
+)
 from ce.core.testing.assertions import assert_tool_pairs_intact
 from ce.core.tokens import TiktokenEstimator
 

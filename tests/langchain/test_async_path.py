@@ -30,7 +30,7 @@ import ce.langchain
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.schema import Role, ToolCallStatus
-from ce.core.testing import deterministic_engine
+from ce.core.testing import NoBlockingEngine, deterministic_engine
 
 SYSTEM = "You are the async agent."
 CANARY = "alice.canary@example.com"
@@ -90,17 +90,6 @@ class AsyncFake(BaseChatModel):
                 tool_call_chunks=calls,  # type: ignore[arg-type]
             )
         )
-
-
-class NoBlockingEngine:
-    """Stands in for ``engine.sync``: every use is noted and fails."""
-
-    def __init__(self) -> None:
-        self.used: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        self.used.append(name)
-        raise AssertionError(f"engine.sync.{name} used on an async path")
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ import base64
 import json
 import struct
 import zlib
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,12 @@ from ce.core.engine import ContextEngine
 from ce.core.formats import from_openai_messages
 from ce.core.schema import Role
 from ce.core.stores import SQLiteStore
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
+from ce.core.testing import (
+    ScriptedOpenAIServer,
+    ScriptedResponse,
+    deterministic_engine,
+    no_blocking,
+)
 from ce.core.tokens import TiktokenEstimator
 from ce.llamaindex import ContextEngineMemory
 
@@ -56,27 +60,6 @@ MARK = "NOTEBOOK-MARK-ASYNC"
 BUDGET = BudgetConfig(max_input_tokens=900, reserved_reply_tokens=100)
 FILLER = "Background detail that matters little. " * 30
 IMAGE = "https://example.com/cat.png"
-
-
-class NoBlockingEngine:
-    """Stands in for ``engine.sync``: every attribute use is noted and fails."""
-
-    def __init__(self) -> None:
-        self.used: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        self.used.append(name)
-        raise AssertionError(f"a blocking engine call on an async path: engine.sync.{name}")
-
-
-@contextmanager
-def no_blocking(engine: ContextEngine) -> Iterator[NoBlockingEngine]:
-    real, guard = engine.sync, NoBlockingEngine()
-    engine.sync = guard  # type: ignore[assignment]
-    try:
-        yield guard
-    finally:
-        engine.sync = real
 
 
 @pytest.fixture

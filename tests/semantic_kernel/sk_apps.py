@@ -4,15 +4,12 @@ request readers, and an engine whose blocking face fails on any use."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from openai import AsyncOpenAI
 from semantic_kernel import Kernel
 from semantic_kernel.connectors.ai.open_ai import OpenAIChatCompletion
 
-from ce.core.engine import ContextEngine
 from ce.core.testing import ScriptedOpenAIServer
 
 MODEL = "gpt-4o"
@@ -40,25 +37,3 @@ def wire(request: dict[str, Any]) -> str:
 
 def roles(request: dict[str, Any]) -> list[str]:
     return [m["role"] for m in request["messages"]]
-
-
-class NoBlockingEngine:
-    """Stands in for ``engine.sync``: every attribute use is noted and fails."""
-
-    def __init__(self) -> None:
-        self.used: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        self.used.append(name)
-        raise AssertionError(f"a blocking engine call on an async path: engine.sync.{name}")
-
-
-@contextmanager
-def no_blocking(engine: ContextEngine) -> Iterator[NoBlockingEngine]:
-    """Within this block any use of ``engine.sync`` fails (and is noted)."""
-    real, guard = engine.sync, NoBlockingEngine()
-    engine.sync = guard  # type: ignore[assignment]
-    try:
-        yield guard
-    finally:
-        engine.sync = real

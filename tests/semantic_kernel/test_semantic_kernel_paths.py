@@ -23,7 +23,7 @@ from semantic_kernel.connectors.ai import FunctionChoiceBehavior
 from semantic_kernel.connectors.ai.open_ai import OpenAIChatPromptExecutionSettings
 from semantic_kernel.contents import ChatHistory
 from semantic_kernel.functions import KernelArguments, kernel_function
-from sk_apps import kernel_with, no_blocking, wire
+from sk_apps import kernel_with, wire
 
 import ce.semantic_kernel
 from ce.core.config import BudgetConfig, RuntimeConfig
@@ -31,7 +31,12 @@ from ce.core.engine import ContextEngine
 from ce.core.formats import from_openai_messages
 from ce.core.schema import EvidenceType, Role
 from ce.core.stores import SQLiteStore
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
+from ce.core.testing import (
+    ScriptedOpenAIServer,
+    ScriptedResponse,
+    deterministic_engine,
+    no_blocking,
+)
 from ce.core.testing.assertions import assert_tool_pairs_intact
 from ce.core.tokens import TiktokenEstimator
 

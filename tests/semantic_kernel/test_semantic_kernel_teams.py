@@ -17,12 +17,12 @@ from semantic_kernel.agents.strategies import (
 )
 from semantic_kernel.functions import KernelFunctionFromPrompt
 from semantic_kernel.prompt_template import PromptTemplateConfig
-from sk_apps import kernel_with, no_blocking, wire
+from sk_apps import kernel_with, wire
 
 import ce.semantic_kernel
 from ce.core.engine import ContextEngine
 from ce.core.schema import Role
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, no_blocking
 
 RESEARCHER = "You are the researcher. Find facts."
 WRITER = "You are the writer. Write the brief."

@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ce.core.testing.engines import deterministic_engine
+    from ce.core.testing.engines import NoBlockingEngine, deterministic_engine, no_blocking
     from ce.core.testing.openai_server import ScriptedOpenAIServer, ScriptedResponse
     from ce.core.testing.plugin_contract import InjectedEngineError, PluginContract
     from ce.core.testing.store_contract import InjectedFailure, StoreContract
@@ -24,21 +24,25 @@ if TYPE_CHECKING:
 __all__ = [
     "InjectedEngineError",
     "InjectedFailure",
+    "NoBlockingEngine",
     "PluginContract",
     "ScriptedOpenAIServer",
     "ScriptedResponse",
     "StoreContract",
     "deterministic_engine",
+    "no_blocking",
 ]
 
 _MODULES = {
     "InjectedEngineError": "plugin_contract",
     "InjectedFailure": "store_contract",
+    "NoBlockingEngine": "engines",
     "PluginContract": "plugin_contract",
     "ScriptedOpenAIServer": "openai_server",
     "ScriptedResponse": "openai_server",
     "StoreContract": "store_contract",
     "deterministic_engine": "engines",
+    "no_blocking": "engines",
 }
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.stores import MemoryStore
 
-__all__ = ["deterministic_engine"]
+__all__ = ["NoBlockingEngine", "deterministic_engine", "no_blocking"]
 
 
 def deterministic_engine(config: RuntimeConfig | None = None) -> ContextEngine:
@@ -21,3 +25,26 @@ def deterministic_engine(config: RuntimeConfig | None = None) -> ContextEngine:
         id_generator=SequentialIdGenerator("id"),
         config=config or RuntimeConfig(model_hint="gpt-4o"),
     )
+
+
+class NoBlockingEngine:
+    """Stands in for ``engine.sync`` in a test of an async path: every attribute use is noted
+    in ``used`` and fails (an async framework path must await the engine, never block)."""
+
+    def __init__(self) -> None:
+        self.used: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.used.append(name)
+        raise AssertionError(f"a blocking engine call on an async path: engine.sync.{name}")
+
+
+@contextmanager
+def no_blocking(engine: ContextEngine) -> Iterator[NoBlockingEngine]:
+    """Within this block any use of ``engine.sync`` fails (and is noted)."""
+    real, guard = engine.sync, NoBlockingEngine()
+    engine.sync = guard  # type: ignore[assignment]
+    try:
+        yield guard
+    finally:
+        engine.sync = real
