@@ -287,6 +287,88 @@ async def test_an_answer_citing_evidence_ids_is_stored_with_those_refs() -> None
     assert answers[2].refs is None
 
 
+async def _conflicting_session(policy: str) -> tuple[ContextEngine, Any, Any, list[Any]]:
+    """A tool result and a wiki page that disagree on order A-1001's status (the page is
+    older), and what the engine emitted."""
+    import json as _json
+
+    from ce.core.config import ConflictConfig
+    from ce.core.events import InMemoryEventBus
+    from ce.core.schema import EvidenceSource, EvidenceType, SourceKind
+
+    bus = InMemoryEventBus()
+    seen: list[Any] = []
+    bus.on_all(seen.append)
+    config = RuntimeConfig(model_hint="gpt-4o", conflicts=ConflictConfig(policy=policy))
+    engine = make_engine(config=config, event_bus=bus)
+    page = await engine.ingest_evidence(
+        "s1",
+        "Order A-1001 is processing in the warehouse.",
+        EvidenceSource(kind=SourceKind.RAG, uri="wiki://orders/A-1001"),
+        EvidenceType.RAG_DOC,
+        metadata={"entity": "order_id=A-1001", "field": "status", "value": "processing"},
+    )
+    tool = await engine.ingest_evidence(
+        "s1",
+        _json.dumps({"order_id": "A-1001", "status": "shipped", "carrier": "DHL"}),
+        EvidenceSource(kind=SourceKind.TOOL, name="order_lookup"),
+        EvidenceType.TOOL_RESULT,
+    )
+    return engine, page, tool, seen
+
+
+@pytest.mark.parametrize(
+    "policy", ["keep_both_and_warn", "prefer_tool_over_rag", "prefer_latest_by_at"]
+)
+async def test_conflicting_evidence_is_detected_and_resolved_by_policy(policy: str) -> None:
+    engine, page, tool, seen = await _conflicting_session(policy)
+    result = await engine.prepare_turn("s1", "Where is my order A-1001?")
+    system = result.assembled_input.parts[0].content
+    (conflict,) = result.report.conflicts
+    assert conflict.field_path == "order_id=A-1001.status"
+    assert set(conflict.evidence_ids) == {page.evidence_id, tool.evidence_id}
+    assert '"shipped"' in conflict.detail and '"processing"' in conflict.detail
+    assert [e.payload["field_path"] for e in seen if e.event_type == "ConflictDetected"] == [
+        "order_id=A-1001.status"
+    ]
+    decisions = {d.block_id: d for d in result.report.prune_decisions}
+    assert f'<evidence id="{tool.evidence_id}"' in system
+    if policy == "keep_both_and_warn":
+        assert conflict.resolution == "keep_both_and_warn"
+        assert f'<evidence id="{page.evidence_id}"' in system
+        assert "## Conflicting evidence" in system and "order_id=A-1001 status" in system
+    else:  # the tool result is also the newer evidence
+        assert conflict.resolution == policy
+        assert f'<evidence id="{page.evidence_id}"' not in system
+        assert "## Conflicting evidence" not in system
+        dropped = decisions[f"ev:{page.evidence_id}"]
+        assert dropped.action == "dropped" and policy in dropped.reason
+    assert result.assembled_input.total_tokens <= result.report.token_budget
+
+
+async def test_agreeing_evidence_is_no_conflict_and_the_detector_can_be_switched_off() -> None:
+    from ce.core.config import ConflictConfig
+    from ce.core.schema import EvidenceSource, EvidenceType, SourceKind
+
+    engine = make_engine()
+    for name in ("crm", "erp"):
+        await engine.ingest_evidence(
+            "s1",
+            '{"order_id": "A-7", "status": "shipped", "items": [{"sku": "X", "qty": '
+            + ("1" if name == "crm" else "2")
+            + "}]}",
+            EvidenceSource(kind=SourceKind.TOOL, name=name),
+            EvidenceType.TOOL_RESULT,
+        )
+    result = await engine.prepare_turn("s1", "Status of A-7?")
+    # the status agrees; the nested item's quantity (keyed by sku) does not
+    (conflict,) = result.report.conflicts
+    assert conflict.field_path == "sku=X.qty"
+    off = RuntimeConfig(model_hint="gpt-4o", conflicts=ConflictConfig(enabled=False))
+    quiet = await engine.prepare_turn("s1", "And now?", runtime_config=off)
+    assert quiet.report.conflicts == []
+
+
 async def test_repeated_identical_user_text_is_new_each_time_it_is_added() -> None:
     engine = make_engine()
     history = [Message(role=Role.USER, content="yes")]

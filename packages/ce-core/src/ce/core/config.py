@@ -14,6 +14,7 @@ from ce.core.schema import Priority
 
 __all__ = [
     "BudgetConfig",
+    "ConflictConfig",
     "ObservabilityConfig",
     "PruneConfig",
     "RedactionConfig",
@@ -95,6 +96,30 @@ class SummaryConfig(_Config):
     preserve_recent_messages: int = Field(default=5, ge=0)
 
 
+class ConflictConfig(_Config):
+    """Evidences stating different values for one field of one entity (``order_id=A-1001``
+    ``status``): found in JSON evidence under one of ``entity_keys`` and in documents'
+    metadata ``entity`` / ``field`` / ``value``, and resolved per call by ``policy``:
+    ``keep_both_and_warn`` keeps both and shows a short note in the context;
+    ``prefer_tool_over_rag`` leaves out the documents contradicting a tool result;
+    ``prefer_latest_by_at`` keeps the newest evidence's value. Every conflict is in the
+    call's report (``Report.conflicts``)."""
+
+    enabled: bool = True
+    policy: Literal["keep_both_and_warn", "prefer_tool_over_rag", "prefer_latest_by_at"] = (
+        "keep_both_and_warn"
+    )
+    entity_keys: tuple[str, ...] = (
+        "order_id",
+        "ticket_id",
+        "invoice_id",
+        "account_id",
+        "customer_id",
+        "user_id",
+        "sku",
+    )
+
+
 class RuntimeConfig(_Config):
     """Everything that steers one call of the engine."""
 
@@ -105,3 +130,4 @@ class RuntimeConfig(_Config):
     redaction: RedactionConfig = Field(default_factory=RedactionConfig)
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
     summary: SummaryConfig = Field(default_factory=SummaryConfig)
+    conflicts: ConflictConfig = Field(default_factory=ConflictConfig)

@@ -33,6 +33,7 @@ EVENT_TYPES: tuple[str, ...] = (
     "ToolCallCompleted",
     "EvidenceIngested",
     "BlocksDerived",
+    "ConflictDetected",
     "PruneCompleted",
     "Assembled",
     "AssistantChunkReceived",
@@ -41,7 +42,7 @@ EVENT_TYPES: tuple[str, ...] = (
     "Error",
     "Degraded",
 )
-"""The event names of seed 004 §9.1."""
+"""The event names the engine emits."""
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ class Preparer(EngineCore):
                 f"msg:{m.message_id}" for m in call.new_messages if m.role is not Role.TOOL
             ],
             prune_decisions=selection.decisions,
+            conflicts=selection.conflicts,
             redactions=list(call.redactions),
             token_budget=selection.budget,
             token_used=selection.assembled.total_tokens,
@@ -128,6 +129,15 @@ class Preparer(EngineCore):
         for reason, detail in call.errors:
             if reason != "version_conflict":  # emitted when it happened
                 await self._emit("Error", session_id, turn, reason=reason, detail=detail)
+        for conflict in selection.conflicts:
+            await self._emit(
+                "ConflictDetected",
+                session_id,
+                turn,
+                field_path=conflict.field_path,
+                evidence_ids=conflict.evidence_ids,
+                resolution=conflict.resolution,
+            )
         await self._emit("BlocksDerived", session_id, turn, candidates=selection.candidate_count)
         dropped = [d for d in selection.decisions if d.action == "dropped"]
         await self._emit(

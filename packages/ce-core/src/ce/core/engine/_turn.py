@@ -12,19 +12,24 @@ from ce.core.pipeline import (
     EVIDENCE_PREAMBLE,
     Assembler,
     Candidate,
+    ConflictTracker,
     DefaultRenderer,
     GreedyPriorityPruner,
+    JsonFieldDetector,
     PruneBudget,
     PruneRequest,
     PruneRules,
     Rendering,
+    Resolution,
     SessionEvidenceResolver,
     SessionIndex,
+    resolve_conflicts,
     shorten,
 )
 from ce.core.schema import (
     AssembledInput,
     BlockType,
+    ConflictRecord,
     LevelOfDetail,
     MessagePart,
     Priority,
@@ -56,6 +61,7 @@ class Selection:
     candidate_count: int
     evidence_kept: int
     degradations: list[tuple[str, str]] = field(default_factory=list)
+    conflicts: list[ConflictRecord] = field(default_factory=list)
 
 
 def _text_candidate(
@@ -145,6 +151,21 @@ async def select_and_assemble(
             )
         )
     context = await _context_candidates(index, doc, degradations)
+    resolution = Resolution()
+    if config.conflicts.enabled:
+        tracker = _conflict_tracker(index, doc, config.conflicts.entity_keys)
+        resolution = resolve_conflicts(tracker.conflicts(), doc.evidences, config.conflicts.policy)
+        if resolution.note:
+            context.append(
+                _text_candidate(
+                    index,
+                    "conflicts",
+                    BlockType.STATE,
+                    Priority.HIGH,
+                    resolution.note,
+                    len(context) + 2,
+                )
+            )
     groups = index.groups
     tail_start = index.last_user_group if index.last_user_group is not None else len(groups)
     summary = doc.session.summary
@@ -163,6 +184,7 @@ async def select_and_assemble(
         fixed_tokens=estimator.reply_priming(hint)
         + estimator.estimate_message(Role.SYSTEM, "", hint),
         evidence_preamble_tokens=index.section_tokens(EVIDENCE_PREAMBLE),
+        excluded={f"ev:{e}": reason for e, reason in resolution.excluded.items()},
     )
     ttl = {Priority(k): v for k, v in (config.prune.ttl_seconds or {}).items()}
     rules = PruneRules(
@@ -214,7 +236,21 @@ async def select_and_assemble(
         candidate_count=candidates,
         evidence_kept=sum(1 for c, _ in kept if c.kind == "evidence"),
         degradations=degradations,
+        conflicts=resolution.records,
     )
+
+
+def _conflict_tracker(
+    index: SessionIndex, doc: SessionDocument, entity_keys: tuple[str, ...]
+) -> ConflictTracker:
+    """The index's tracker of conflicting facts for ``entity_keys``, caught up with the
+    session's evidences (each one read once; a new tracker after a compliance delete)."""
+    tracker = index.conflict_trackers.get(entity_keys)
+    if tracker is None or not tracker.catch_up(doc.evidences):
+        tracker = ConflictTracker(JsonFieldDetector(entity_keys))
+        tracker.catch_up(doc.evidences)
+        index.conflict_trackers[entity_keys] = tracker
+    return tracker
 
 
 def _assemble(

@@ -1,6 +1,14 @@
 """The context pipeline (seed 004 §6.3–6.6, §6.9): ingest -> derive -> prune -> render ->
 assemble, plus the rolling summarizer. Pure computation is synchronous; I/O is async."""
 
+from ce.core.pipeline._conflicts import (
+    ConflictDetector,
+    ConflictTracker,
+    Fact,
+    JsonFieldDetector,
+    Resolution,
+    resolve_conflicts,
+)
 from ce.core.pipeline._index import (
     SECTION_JOIN_TOKENS,
     Candidate,
@@ -42,11 +50,15 @@ __all__ = [
     "SECTION_JOIN_TOKENS",
     "Assembler",
     "Candidate",
+    "ConflictDetector",
+    "ConflictTracker",
     "DefaultRenderer",
     "EvidenceIngestor",
     "EvidenceResolver",
+    "Fact",
     "GreedyPriorityPruner",
     "IngestOptions",
+    "JsonFieldDetector",
     "LlmAdapter",
     "LlmRequest",
     "LlmResponse",
@@ -59,12 +71,14 @@ __all__ = [
     "RenderHints",
     "Renderer",
     "Rendering",
+    "Resolution",
     "SessionEvidenceResolver",
     "SessionIndex",
     "Summarizer",
     "SummaryDraft",
     "evidence_priority",
     "fence_evidence",
+    "resolve_conflicts",
     "shorten",
     "should_summarize",
     "summary_range_end",

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 
+from ce.core.pipeline._conflicts import ConflictTracker
 from ce.core.pipeline._levels import LEVELS, fence_evidence, shorten
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
@@ -165,6 +166,8 @@ class SessionIndex:
         self._rag_by_call: dict[str, list[Evidence]] = {}
         self._result_by_call: dict[str, list[Evidence]] = {}
         self._evidence_answered: set[int] = set()  # groups of the current turn waiting
+        # conflicting-fact trackers by entity keys (see _conflicts; kept by the engine)
+        self.conflict_trackers: dict[tuple[str, ...], ConflictTracker] = {}
         self.evidence_tiers: dict[Priority, list[Candidate]] = {
             p: [] for p in (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
         }

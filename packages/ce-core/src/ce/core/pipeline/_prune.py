@@ -94,6 +94,8 @@ class PruneRequest:
     tail_start: int
     fixed_tokens: int = 0
     evidence_preamble_tokens: int = 0
+    excluded: dict[str, str] = field(default_factory=dict)
+    """Evidence block ids left out before pruning (a resolved conflict), with the reason."""
 
 
 @dataclass
@@ -430,6 +432,11 @@ class GreedyPriorityPruner:
                     )
                 )
                 break
+            candidate = blocks[position]
+            left_out = run.request.excluded.get(candidate.block_id)
+            if left_out is not None:
+                run.decide(candidate, "dropped", left_out, candidate.live.tokens)
+                continue
             preamble = run.request.evidence_preamble_tokens if not run.result.evidence_kept else 0
             before = run.remaining
             if run.try_fit(blocks[position], tier, preamble, room):
