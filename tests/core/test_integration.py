@@ -1155,3 +1155,32 @@ def test_ledger_replace_puts_back_the_very_object_the_class_held() -> None:
     ledger.undo()
     assert vars(Child)["build"] is held and "make" not in vars(Child)
     assert Child.build() == "child" and Child.make() == "base"
+
+
+def test_ledger_for_subclasses_reaches_classes_made_before_and_after_until_undo() -> None:
+    class Base:
+        made: list[str] = []
+
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            Base.made.append(cls.__name__)
+
+    class Before(Base):
+        pass
+
+    seen: list[str] = []
+    held = vars(Base)["__init_subclass__"]
+    ledger = PatchLedger()
+    ledger.for_subclasses(Base, lambda cls: seen.append(cls.__name__))
+
+    class After(Before):
+        pass
+
+    assert seen == ["Before", "After"] and Base.made == ["Before", "After"]  # own hook kept
+    ledger.undo()
+    assert vars(Base)["__init_subclass__"] is held
+
+    class Later(Base):
+        pass
+
+    assert seen == ["Before", "After"] and Base.made[-1] == "Later"

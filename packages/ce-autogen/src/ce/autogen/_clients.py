@@ -49,17 +49,6 @@ def bypassing(client: object) -> Iterator[None]:
         _bypass.reset(token)
 
 
-def _subclasses(cls: type) -> Iterator[type]:
-    seen: set[type] = set()
-    stack: list[type] = list(cls.__subclasses__())
-    while stack:
-        sub = stack.pop()
-        if sub not in seen:
-            seen.add(sub)
-            stack.extend(sub.__subclasses__())
-            yield sub
-
-
 class ClientSeams:
     """The client seams of one install: every client class present, and those defined
     later."""
@@ -72,22 +61,7 @@ class ClientSeams:
         self._lock = threading.Lock()
 
     def install(self) -> None:
-        own = vars(ChatCompletionClient).get("__init_subclass__")
-        seams = self
-
-        def init_subclass(cls: type, /, **kwargs: Any) -> None:
-            if isinstance(own, classmethod):
-                own.__func__(cls, **kwargs)
-            else:
-                super(ChatCompletionClient, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
-            try:
-                seams.add(cls)
-            except Exception:  # a class is never kept from being created
-                logger.warning("cannot seam %s", cls.__qualname__, exc_info=True)
-
-        self.ledger.replace(ChatCompletionClient, "__init_subclass__", classmethod(init_subclass))
-        for cls in list(_subclasses(ChatCompletionClient)):
-            self.add(cls)
+        self.ledger.for_subclasses(ChatCompletionClient, self.add)
 
     def add(self, cls: type) -> None:
         """Seam the ``create`` / ``create_stream`` ``cls`` defines itself (the plugin's own

@@ -33,7 +33,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
@@ -69,17 +69,6 @@ def seamed(instance: Any, method: str) -> bool:
     except AttributeError:
         return False
     return getattr(attribute, _MARK, False) is True
-
-
-def _subclasses(cls: type) -> Iterator[type]:
-    seen: set[type] = set()
-    stack: list[type] = list(cls.__subclasses__())
-    while stack:
-        sub = stack.pop()
-        if sub not in seen:
-            seen.add(sub)
-            stack.extend(sub.__subclasses__())
-            yield sub
 
 
 def _spanned(cls: type, inner: Callable[..., Any], seam: Any, mark: str) -> Any:
@@ -151,22 +140,7 @@ class Seams:
 
     def install(self) -> None:
         """Seam every LLM class there is, and every one created from now on."""
-        own = vars(BaseLLM).get("__init_subclass__")
-        seams = self
-
-        def init_subclass(cls: type[BaseLLM], /, **kwargs: Any) -> None:
-            if isinstance(own, classmethod):
-                own.__func__(cls, **kwargs)
-            else:
-                super(BaseLLM, cls).__init_subclass__(**kwargs)
-            try:
-                seams.add(cls)
-            except Exception:  # a class is never kept from being created
-                logger.warning("cannot seam %s", cls.__qualname__, exc_info=True)
-
-        self._ledger.replace(BaseLLM, "__init_subclass__", classmethod(init_subclass))
-        for cls in list(_subclasses(BaseLLM)):
-            self.add(cls)
+        self._ledger.for_subclasses(BaseLLM, self.add)
 
     def add(self, cls: type) -> None:
         """Seam the async chat methods and the completion methods ``cls`` defines itself (a

@@ -115,6 +115,37 @@ class PatchLedger:
 
         self.register(undo, f"wrap {_describe(owner, attr)}")
 
+    def for_subclasses(self, base: type, add: Callable[[type], None]) -> None:
+        """Call ``add(cls)`` for every subclass of ``base`` there is and, until :meth:`undo`,
+        for every one created later (through ``base.__init_subclass__``, replaced with
+        :meth:`replace`; the class's own hook still runs first). A failing ``add`` is
+        logged and never keeps a class from being created."""
+
+        def each(cls: type) -> None:
+            try:
+                add(cls)
+            except Exception:
+                logger.warning("cannot patch %s", cls.__qualname__, exc_info=True)
+
+        own = vars(base).get("__init_subclass__")
+
+        def init_subclass(cls: type, /, **kwargs: Any) -> None:
+            if isinstance(own, classmethod):
+                own.__func__(cls, **kwargs)
+            else:
+                super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]
+            each(cls)
+
+        self.replace(base, "__init_subclass__", classmethod(init_subclass))
+        seen: set[type] = set()
+        stack: list[type] = list(base.__subclasses__())
+        while stack:
+            sub = stack.pop()
+            if sub not in seen:
+                seen.add(sub)
+                stack.extend(sub.__subclasses__())
+                each(sub)
+
     def register(self, undo: Callable[[], None], what: str) -> None:
         """Record a registration the plugin just made (a callback, a handler, an event-bus
         subscription) with the function that removes it."""
