@@ -270,8 +270,10 @@ def _assemble(
         texts.append(EVIDENCE_PREAMBLE)
         texts.extend(r.text for _, r in evidence)
     conversation: list[MessagePart] = []
+    tokens = 0  # each rendering holds the count of its parts
     for _, rendering in sorted(
         ((c, r) for c, r in kept if c.kind == "conversation"), key=lambda item: item[0].position
     ):
         conversation.extend(rendering.parts)
-    return assembler.assemble(texts, conversation, hint)
+        tokens += rendering.tokens
+    return assembler.assemble(texts, conversation, hint, conversation_tokens=tokens)

@@ -134,13 +134,22 @@ class Assembler:
         model_hint: str | None = None,
         *,
         with_text: bool = False,
+        conversation_tokens: int | None = None,
     ) -> AssembledInput:
+        """``conversation_tokens``, when given, is what the caller already counted of
+        ``conversation`` (the sum of :meth:`TokenEstimator.estimate_part` of its parts): only
+        the system message is counted then."""
         parts: list[MessagePart] = []
         sections = [s for s in system_sections if s]
         if sections:
             parts.append(MessagePart(role=Role.SYSTEM, content="\n\n".join(sections)))
         parts.extend(conversation)
-        total = sum(self._estimator.estimate_part(p, model_hint) for p in parts)
+        if conversation_tokens is None:
+            total = sum(self._estimator.estimate_part(p, model_hint) for p in parts)
+        else:
+            total = conversation_tokens
+            if sections:
+                total += self._estimator.estimate_part(parts[0], model_hint)
         total += self._estimator.reply_priming(model_hint)
         text = "\n\n".join(f"{p.role.value}: {p.content}" for p in parts) if with_text else None
         return AssembledInput(parts=parts, text=text, total_tokens=total)
