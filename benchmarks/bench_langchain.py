@@ -34,7 +34,7 @@ if _CACHE.is_dir():
 import history  # noqa: E402
 from _report import OVERHEAD_HEADER, cpu_model, overhead_row, package_version, write_section  # noqa: E402
 from langchain_core.language_models import BaseChatModel  # noqa: E402
-from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 
 import ce.langchain  # noqa: E402
@@ -85,31 +85,51 @@ class Bench:
         )
         self.model = InstantChatModel()
         self.messages = history.to_langchain(history.generate(MESSAGES, evidences=0))
+        self.questions = iter(q for q, _ in history.next_turns(100_000))
+        # each variant's own copy of every conversation, as the app holds it
+        self.apps: dict[bool, dict[str, list[BaseMessage]]] = {
+            installed: {s: list(self.messages) for s in self.sessions}
+            for installed in (False, True)
+        }
+        self.installed = False
         self.turn = 0
 
-    def next_session(self) -> str:
+    def next_call(self) -> tuple[str, list[BaseMessage]]:
+        """The next session (round-robin) and its conversation with a new user question
+        appended (the app's list, which gets the reply after the call)."""
         self.turn += 1
-        return self.sessions[self.turn % len(self.sessions)]
+        session_id = self.sessions[self.turn % len(self.sessions)]
+        conversation = self.apps[self.installed][session_id]
+        conversation.append(HumanMessage(next(self.questions)))
+        return session_id, conversation
 
     def populate(self) -> None:
         """Every session gets the 50 messages (and one reply) through the plugin, untimed."""
         ce.langchain.install(self.engine)
         for session_id in self.sessions:
             with self.engine.session(session_id):
-                self.model.invoke(self.messages)
+                reply = self.model.invoke(self.messages)
+            for installed in (False, True):
+                self.apps[installed][session_id].append(reply)
         ce.langchain.uninstall()
 
     def time_sync(self) -> float:
-        with self.engine.session(self.next_session()):
+        session_id, conversation = self.next_call()
+        with self.engine.session(session_id):
             start = time.perf_counter()
-            self.model.invoke(self.messages)
-            return time.perf_counter() - start
+            reply = self.model.invoke(conversation)
+            elapsed = time.perf_counter() - start
+        conversation.append(reply)
+        return elapsed
 
     async def time_async(self) -> float:
-        with self.engine.session(self.next_session()):
+        session_id, conversation = self.next_call()
+        with self.engine.session(session_id):
             start = time.perf_counter()
-            await self.model.ainvoke(self.messages)
-            return time.perf_counter() - start
+            reply = await self.model.ainvoke(conversation)
+            elapsed = time.perf_counter() - start
+        conversation.append(reply)
+        return elapsed
 
     def sync_block(self) -> list[float]:
         """``BLOCK`` calls of ``invoke``, outside any event loop (as a script or a worker
@@ -132,6 +152,7 @@ class Bench:
         blocks = -(-self.calls // BLOCK)
         for block in range(blocks + 1):
             for installed, sink in ((False, without), (True, with_plugin)):
+                self.installed = installed
                 if installed:
                     ce.langchain.install(self.engine)
                 try:

@@ -32,6 +32,7 @@ from ce.core.integration import (
 from ce.core.schema import ModelInvocation, Role
 from ce.core.stores import MemoryStore
 from ce.core.testing import deterministic_engine
+from ce.core.testing.assertions import unfenced
 
 CANARY_MAIL = "carol.canary@example.com"
 
@@ -97,7 +98,7 @@ def test_a_tool_call_id_reused_in_a_later_turn_keeps_the_session_working() -> No
     assert sent is not None
     assert not plugin.failures
     _assert_pairs(sent)
-    texts = [m.get("content") for m in sent]
+    texts = [unfenced(m.get("content")) for m in sent]  # tool output arrives fenced
     assert "first result" in texts and "second result" in texts
     assert not any(CANARY_MAIL in json.dumps(m) for m in sent)
     ids = [c["id"] for m in sent for c in m.get("tool_calls") or []]
@@ -168,7 +169,7 @@ def test_unknown_and_answered_results_and_repeated_ids_in_one_reply() -> None:
     assert sent is not None and not plugin.failures
     _assert_pairs(sent)
     assert "orphan" not in json.dumps(sent) and "three" not in json.dumps(sent)
-    assert {"one", "two"} <= {m.get("content") for m in sent}
+    assert {"one", "two"} <= {unfenced(m.get("content")) for m in sent}
     reasons = {e.payload["reason"] for e in degraded}
     assert {"orphan_tool_result", "tool_call_id_reused"} <= reasons
     plugin.uninstall()

@@ -27,6 +27,7 @@ from ce.core import (
 )
 from ce.core.schema import ProviderKind, ToolProvider
 from ce.core.testing import deterministic_engine
+from ce.core.testing.assertions import fenced, unfenced
 
 INV = ModelInvocation(provider="openai", model="gpt-4o")
 
@@ -138,4 +139,11 @@ async def test_within_its_turn_a_recorded_run_waits_for_the_frameworks_tool_mess
     after = await engine.prepare_call("s", [tool])
     sent = to_openai_messages(after.assembled_input.parts)
     assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
-    assert sent[-1]["content"] == "Oslo: sunny"  # the framework's own result text
+    assert unfenced(sent[-1]["content"]) == "Oslo: sunny"  # the framework's own result text
+    # fenced with the id of the run's recorded result
+    evidence_id = next(iter((await engine.get_session("s")).evidences))
+    assert fenced(sent[-1]["content"]) == {
+        "id": evidence_id,
+        "tool": "weather",
+        "status": "success",
+    }

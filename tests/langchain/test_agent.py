@@ -23,6 +23,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 import ce.langchain
 from ce.core.engine import ContextEngine
 from ce.core.schema import EvidenceType, Role, ToolCallStatus
+from ce.core.testing.assertions import fenced, unfenced
 
 SYSTEM = "You are the weather agent."
 DOCS = [
@@ -159,8 +160,11 @@ async def test_agent_tool_loop_is_injected_and_recorded(path: str, engine: Conte
     assert isinstance(ai, AIMessage)
     assert [c["id"] for c in ai.tool_calls] == ["call_w", "call_f", "call_s"]
     tools = {m.tool_call_id: str(m.content) for m in second[3:]}  # type: ignore[attr-defined]
-    assert tools["call_w"] == "sunny in Paris"
-    assert "kaboom" in tools["call_f"]
+    # each tool result as the tool returned it, fenced with its tool and status
+    assert unfenced(tools["call_w"]) == "sunny in Paris"
+    assert (fenced(tools["call_w"]) or {}).get("tool") == "get_weather"
+    assert (fenced(tools["call_w"]) or {}).get("status") == "success"
+    assert "kaboom" in tools["call_f"] and (fenced(tools["call_f"]) or {}).get("status") == "error"
 
     # what the session document holds
     doc = await engine.get_session("sess-1")

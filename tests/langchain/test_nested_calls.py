@@ -29,6 +29,7 @@ from scripted import (
 import ce.langchain
 from ce.core.engine import ContextEngine
 from ce.core.schema import Role
+from ce.core.testing.assertions import unfenced
 
 HELPER_SYSTEM = "You are a terse summarizer."
 EXPERT_SYSTEM = "You are the visa expert."
@@ -124,7 +125,7 @@ async def test_nested_calls_get_a_child_scope(engine: ContextEngine, seam: str) 
         assert "SAKURA" not in texts(seen) and OUTER_SYSTEM not in texts(seen)
     # the sub-agent's own tool loop: its second call ends with its own tool's result
     assert len(expert.seen) == 2 and expert.seen[1][-1].type == "tool"
-    assert expert.seen[1][-1].content == "no visa needed for Japan"
+    assert unfenced(expert.seen[1][-1].content) == "no visa needed for Japan"
     assert str(expert.seen[1][0].content).startswith(EXPERT_SYSTEM)
     assert "SAKURA" not in texts(expert.seen[1])
     # the outer agent keeps its instruction and each next call ends with the tool result
@@ -136,7 +137,7 @@ async def test_nested_calls_get_a_child_scope(engine: ContextEngine, seam: str) 
         assert "SUMMARY-REPLY" not in texts(seen) and "EXPERT-REPLY" not in texts(seen)
     results = [seen[-1] for seen in outer.seen[1:4]]
     assert all(isinstance(m, ToolMessage) for m in results)
-    assert [m.content for m in results[:2]] == [
+    assert [unfenced(m.content) for m in results[:2]] == [
         "summary is summary-reply",
         "expert says expert-reply",
     ]

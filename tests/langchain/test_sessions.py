@@ -34,6 +34,7 @@ from scripted import (
 import ce.langchain
 from ce.core.engine import ContextEngine
 from ce.core.schema import Role
+from ce.core.testing.assertions import unfenced
 
 # RunnableWithMessageHistory and InMemoryChatMessageHistory are deprecated (still shipped)
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -251,7 +252,7 @@ async def test_wrap_inside_a_tool_gets_a_child_scope(engine: ContextEngine) -> N
         ("system", HELPER_SYSTEM),
         ("human", "About trains"),
     ]
-    assert outer.seen[1][-1].content == "helper: helper-reply"
+    assert unfenced(outer.seen[1][-1].content) == "helper: helper-reply"
     assert str(outer.seen[1][0].content).startswith(OUTER_SYSTEM)
     assert await user_texts(engine, "w-trip") == ["Trains in SAKURA land?"]
     assert await user_texts(engine, "w-trip/call_c") == ["About trains"]

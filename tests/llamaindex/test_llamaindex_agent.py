@@ -20,6 +20,7 @@ from llamaindex_fakes import NestingLLM, Reply, ScriptedLLM
 import ce.llamaindex
 from ce.core.engine import ContextEngine
 from ce.core.schema import EvidenceType, Role, ToolCallStatus
+from ce.core.testing.assertions import fenced, unfenced
 
 SYSTEM = "You are the weather agent."
 CALLS = [
@@ -115,8 +116,11 @@ async def test_agent_tool_loop_is_injected_and_recorded(path: str, engine: Conte
     assert [m.role.value for m in second] == ["system", "user", "assistant", "tool", "tool", "tool"]
     assert "NOTEBOOK-MARK" in str(second[0].content)
     tools = {m.additional_kwargs["tool_call_id"]: str(m.content) for m in second[3:]}
-    assert tools["call_w"] == "Sunny in Paris"
-    assert "kaboom" in tools["call_f"]
+    # each tool result as the tool returned it, fenced with its tool and status
+    assert unfenced(tools["call_w"]) == "Sunny in Paris"
+    assert (fenced(tools["call_w"]) or {}).get("tool") == "get_weather"
+    assert (fenced(tools["call_w"]) or {}).get("status") == "success"
+    assert "kaboom" in tools["call_f"] and (fenced(tools["call_f"]) or {}).get("status") == "error"
 
     # what the session document holds
     doc = await engine.get_session("sess-1")

@@ -7,10 +7,12 @@ RuntimeConfig, BudgetConfig, Message, Role, open_store``); the submodules hold t
 
 from ce.core.config import (
     BudgetConfig,
+    ConflictConfig,
     ObservabilityConfig,
     PruneConfig,
     RedactionConfig,
     RedactionRules,
+    RenderConfig,
     RuntimeConfig,
     SummaryConfig,
 )
@@ -80,6 +82,7 @@ __all__ = [
     "BudgetConfig",
     "BudgetExceededError",
     "CharBasedEstimator",
+    "ConflictConfig",
     "ContextBlock",
     "ContextEngine",
     "ContextEngineError",
@@ -113,6 +116,7 @@ __all__ = [
     "RedactionRules",
     "Ref",
     "RegexRedactor",
+    "RenderConfig",
     "Report",
     "Role",
     "RuntimeConfig",

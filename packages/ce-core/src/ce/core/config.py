@@ -19,6 +19,7 @@ __all__ = [
     "PruneConfig",
     "RedactionConfig",
     "RedactionRules",
+    "RenderConfig",
     "RuntimeConfig",
     "SummaryConfig",
 ]
@@ -120,6 +121,16 @@ class ConflictConfig(_Config):
     )
 
 
+class RenderConfig(_Config):
+    """How records read to the model. ``fence_tool_results``: every tool result goes to the
+    model inside an ``<evidence>`` fence naming its evidence id (when the run was recorded),
+    its tool and its status, so a web page or an e-mail a tool returned reads as data, never
+    as instructions, and an answer can cite it by id; off, a tool message carries the tool's
+    text as it was."""
+
+    fence_tool_results: bool = True
+
+
 class RuntimeConfig(_Config):
     """Everything that steers one call of the engine."""
 
@@ -131,3 +142,4 @@ class RuntimeConfig(_Config):
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig)
     summary: SummaryConfig = Field(default_factory=SummaryConfig)
     conflicts: ConflictConfig = Field(default_factory=ConflictConfig)
+    render: RenderConfig = Field(default_factory=RenderConfig)

@@ -522,7 +522,7 @@ class ContextEngine(Preparer):
             self._estimator_for,
         )
         selection = await select_and_assemble(
-            entry.index(cfg.model_hint),
+            entry.index(cfg.model_hint, cfg.render.fence_tool_results),
             entry.doc,
             cfg,
             now=parse_iso(record.at),

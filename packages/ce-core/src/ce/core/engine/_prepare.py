@@ -48,7 +48,7 @@ class Preparer(EngineCore):
         tool_schemas: list[dict[str, Any]] | None,
     ) -> PrepareResult:
         await self._maybe_summarize(entry, cfg, call)
-        index = entry.index(cfg.model_hint)
+        index = entry.index(cfg.model_hint, cfg.render.fence_tool_results)
         now = self.clock.now_iso()
         try:
             selection = await select_and_assemble(
@@ -162,7 +162,7 @@ class Preparer(EngineCore):
     ) -> None:
         if self._summarizer is None or not cfg.summary.enabled:
             return
-        index = entry.index(cfg.model_hint)
+        index = entry.index(cfg.model_hint, cfg.render.fence_tool_results)
         doc = entry.doc
         messages = doc.session.messages
         summary = doc.session.summary

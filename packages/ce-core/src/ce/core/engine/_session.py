@@ -49,8 +49,9 @@ def message_key(message: Message, content: str | None = None) -> tuple[Any, ...]
 class SessionEntry:
     """The engine's cached view of one session at a known store version.
 
-    ``state`` is the only writer; ``indexes`` (one per model hint) are fed every record the
-    state holds, in order, so deriving blocks for a turn costs only what is new.
+    ``state`` is the only writer; ``indexes`` (one per model hint and way of rendering tool
+    results) are fed every record the state holds, in order, so deriving blocks for a turn
+    costs only what is new.
     """
 
     def __init__(
@@ -66,7 +67,7 @@ class SessionEntry:
         self.version = version
         self.epoch = epoch
         self._estimator_for = estimator_for
-        self.indexes: dict[str | None, SessionIndex] = {}
+        self.indexes: dict[tuple[str | None, bool], SessionIndex] = {}
         self.dedup: dict[str, str] = {}
         self.key_counts: dict[tuple[Any, ...], int] = {}
         self.last_key: tuple[Any, ...] | None = None  # of the newest non-system message
@@ -148,12 +149,16 @@ class SessionEntry:
         that passes it again is not recorded twice."""
         self._count_key(stored)
 
-    def index(self, model_hint: str | None) -> SessionIndex:
-        """The index for ``model_hint``, brought up to date with the state."""
-        index = self.indexes.get(model_hint)
+    def index(self, model_hint: str | None, fence_tool_results: bool = True) -> SessionIndex:
+        """The index for ``model_hint`` (rendering tool results fenced or not), brought up
+        to date with the state."""
+        key = (model_hint, fence_tool_results)
+        index = self.indexes.get(key)
         if index is None:
-            index = SessionIndex(self._estimator_for(model_hint), model_hint)
-            self.indexes[model_hint] = index
+            index = SessionIndex(
+                self._estimator_for(model_hint), model_hint, fence_tool_results=fence_tool_results
+            )
+            self.indexes[key] = index
         doc = self.state.live_view()
         session = doc.session
         messages = session.messages

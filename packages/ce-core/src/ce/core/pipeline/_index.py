@@ -34,7 +34,7 @@ from datetime import datetime
 from functools import partial
 
 from ce.core.pipeline._conflicts import ConflictTracker
-from ce.core.pipeline._levels import LEVELS, fence_evidence, shorten
+from ce.core.pipeline._levels import LEVELS, fence_evidence, fence_tool_result, shorten
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
     BlockType,
@@ -155,9 +155,12 @@ class SessionIndex:
     record (:meth:`add_tool_record`) in stored order.
     """
 
-    def __init__(self, estimator: TokenEstimator, model_hint: str | None) -> None:
+    def __init__(
+        self, estimator: TokenEstimator, model_hint: str | None, *, fence_tool_results: bool = True
+    ) -> None:
         self.estimator = estimator
         self.model_hint = model_hint
+        self.fence_tool_results = fence_tool_results
         self.groups: list[Candidate] = []
         self._group_data: list[_Group] = []
         self._cum: list[int] = [0]
@@ -328,13 +331,30 @@ class SessionIndex:
             return False
         return True
 
-    def _tool_text(self, call_id: str, result: Message | None, level: LevelOfDetail) -> str:
+    def _tool_text(
+        self, call_id: str, name: str | None, result: Message | None, level: LevelOfDetail
+    ) -> str:
         evidences = self._rag_by_call.get(call_id)
         if not evidences and result is None:
             evidences = self._result_by_call.get(call_id)
         if evidences:
             return "\n\n".join(fence_evidence(ev, shorten(ev.content, level)) for ev in evidences)
-        return self._text(result, level) if result is not None else ""
+        if result is None:
+            return ""
+        text = self._text(result, level)
+        if not self.fence_tool_results:
+            return text
+        recorded = self._result_by_call.get(call_id)
+        record = self._tool_records.get(call_id)
+        status = record.status.value if record is not None else None
+        if status is None and recorded:
+            status = recorded[0].metadata.get("status")
+        return fence_tool_result(
+            text,
+            evidence_id=recorded[0].evidence_id if recorded else None,
+            tool=result.name or name,
+            status=status if isinstance(status, str) else None,
+        )
 
     def _render_group(self, data: _Group, level: LevelOfDetail) -> Rendering:
         head = data.head
@@ -354,7 +374,7 @@ class SessionIndex:
             for call in calls:
                 record = self._tool_records.get(call.tool_call_id)
                 result = data.results.get(call.tool_call_id)
-                content = self._tool_text(call.tool_call_id, result, level)
+                content = self._tool_text(call.tool_call_id, call.name, result, level)
                 media = result.parts if result is not None else None
                 if media and level is not LevelOfDetail.LIVE:
                     content, media = without_media(content, media), None

@@ -12,6 +12,7 @@ __all__ = [
     "EVIDENCE_PREAMBLE",
     "LEVELS",
     "fence_evidence",
+    "fence_tool_result",
     "shorten",
 ]
 
@@ -129,3 +130,21 @@ def fence_evidence(evidence: Evidence, body: str) -> str:
         attrs.append(f'confidence="{evidence.confidence:.2f}"')
     safe = body.replace("</evidence", "<\\/evidence")
     return f"<evidence {' '.join(attrs)}>\n{safe}\n</evidence>"
+
+
+def fence_tool_result(
+    body: str, *, evidence_id: str | None, tool: str | None, status: str | None
+) -> str:
+    """A tool's output inside a compact ``<evidence>`` fence: the id of the ``tool_result``
+    evidence recording the run (when it was recorded), the tool's name and the run's status.
+    A closing tag inside the output is neutralised, as in :func:`fence_evidence`."""
+    attrs = []
+    if evidence_id:
+        attrs.append(f'id="{_attr(evidence_id)}"')
+    if tool:
+        attrs.append(f'tool="{_attr(tool)}"')
+    if status:
+        attrs.append(f'status="{_attr(status)}"')
+    safe = body.replace("</evidence", "<\\/evidence")
+    head = f"<evidence {' '.join(attrs)}>" if attrs else "<evidence>"
+    return f"{head}\n{safe}\n</evidence>"

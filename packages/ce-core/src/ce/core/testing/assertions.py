@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Any
 
 from ce.core.schema import MessagePart, Role
 
-__all__ = ["assert_tool_pairs_intact"]
+__all__ = ["assert_tool_pairs_intact", "fenced", "unfenced"]
+
+_FENCE = re.compile(
+    r"\A<evidence(?P<attrs>(?: [a-z_]+=\"[^\"]*\")*)>\n(?P<body>.*)\n</evidence>\Z", re.S
+)
+_ATTR = re.compile(r'([a-z_]+)="([^"]*)"')
+
+
+def fenced(content: Any) -> dict[str, str] | None:
+    """The attributes of the ``<evidence>`` fence ``content`` is wrapped in whole (a tool
+    result as the engine renders it: ``id``, ``tool``, ``status``), ``None`` when it is
+    not fenced."""
+    match = _FENCE.match(content) if isinstance(content, str) else None
+    return dict(_ATTR.findall(match["attrs"])) if match else None
+
+
+def unfenced(content: Any) -> Any:
+    """The text inside the ``<evidence>`` fence ``content`` is wrapped in whole (the tool's
+    own output), else ``content`` as it is."""
+    match = _FENCE.match(content) if isinstance(content, str) else None
+    return match["body"] if match else content
 
 
 def assert_tool_pairs_intact(parts: Sequence[MessagePart]) -> None:
