@@ -11,7 +11,7 @@ from itertools import islice
 from typing import Any
 
 from ce.core._drive import blocked_threads, inline, turn_released
-from ce.core.pipeline import SessionIndex
+from ce.core.pipeline import SessionIndex, canonical_step
 from ce.core.schema import Evidence, Message, Role, SessionDocument
 from ce.core.state import AgentState
 from ce.core.stores.base import SessionUpdate
@@ -43,6 +43,8 @@ def message_key(message: Message, content: str | None = None) -> tuple[Any, ...]
     calls = tuple(renamed.get(c.tool_call_id, c.tool_call_id) for c in message.tool_calls or ())
     call_id = message.meta.get(FRAMEWORK_CALL_ID, message.tool_call_id)
     text = message.content if content is None else content
+    if message.role is Role.ASSISTANT:
+        text = canonical_step(text)  # a ReAct step re-rendered with its input re-printed
     return (message.role, text, call_id, calls)
 
 

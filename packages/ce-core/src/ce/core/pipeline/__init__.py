@@ -17,7 +17,13 @@ from ce.core.pipeline._index import (
     evidence_priority,
 )
 from ce.core.pipeline._ingest import EvidenceIngestor, IngestOptions, PreparedEvidence
-from ce.core.pipeline._levels import EVIDENCE_PREAMBLE, LEVELS, fence_evidence, shorten
+from ce.core.pipeline._levels import (
+    EVIDENCE_PREAMBLE,
+    LEVELS,
+    fence_evidence,
+    fence_tool_result,
+    shorten,
+)
 from ce.core.pipeline._prune import (
     GreedyPriorityPruner,
     PruneBudget,
@@ -25,6 +31,7 @@ from ce.core.pipeline._prune import (
     PruneResult,
     PruneRules,
 )
+from ce.core.pipeline._react import canonical_step, is_observation, is_react_step
 from ce.core.pipeline._render import (
     Assembler,
     DefaultRenderer,
@@ -76,8 +83,12 @@ __all__ = [
     "SessionIndex",
     "Summarizer",
     "SummaryDraft",
+    "canonical_step",
     "evidence_priority",
     "fence_evidence",
+    "fence_tool_result",
+    "is_observation",
+    "is_react_step",
     "resolve_conflicts",
     "shorten",
     "should_summarize",

@@ -35,6 +35,7 @@ from functools import partial
 
 from ce.core.pipeline._conflicts import ConflictTracker
 from ce.core.pipeline._levels import LEVELS, fence_evidence, fence_tool_result, shorten
+from ce.core.pipeline._react import is_observation, is_react_step
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
     BlockType,
@@ -140,12 +141,13 @@ def _at(value: str | None) -> datetime | None:
 class _Group:
     """The messages of one conversation block: its head and the results of its tool calls."""
 
-    __slots__ = ("head", "index", "results")
+    __slots__ = ("head", "index", "observation", "results")
 
     def __init__(self, head: Message, index: int) -> None:
         self.head = head
         self.index = index
         self.results: dict[str, Message] = {}
+        self.observation: Message | None = None  # the answer to a ReAct step (see _react)
 
 
 class SessionIndex:
@@ -190,6 +192,10 @@ class SessionIndex:
         if message.role is Role.SYSTEM:
             self.instruction = message
             return
+        if message.role is Role.USER and self._observes(message):
+            self._group_data[-1].observation = message
+            self._refresh(len(self.groups) - 1)
+            return
         if message.role is Role.TOOL:
             index = self._call_group.get(message.tool_call_id or "")
             if index is not None:
@@ -221,6 +227,20 @@ class SessionIndex:
             for waiting in sorted(self._evidence_answered):
                 self._refresh(waiting)
             self._evidence_answered.clear()
+
+    def _observes(self, message: Message) -> bool:
+        """Whether a user message is the Observation of the ReAct step just before it (the
+        step's block takes it: it is no question of the user's)."""
+        if not self._group_data or not is_observation(message.content):
+            return False
+        step = self._group_data[-1]
+        head = step.head
+        return (
+            step.observation is None
+            and head.role is Role.ASSISTANT
+            and not head.tool_calls
+            and is_react_step(head.content)
+        )
 
     def add_tool_record(self, record: ToolCall) -> None:
         self.record_count += 1
@@ -388,6 +408,12 @@ class SessionIndex:
                         parts=media,
                     )
                 )
+            observation = data.observation
+            if observation is not None:
+                text, media = self._text(observation, level), observation.parts
+                if media and level is not LevelOfDetail.LIVE:
+                    text, media = without_media(text, media), None
+                built.append(MessagePart(role=Role.USER, content=text, parts=media))
             parts = tuple(built)
         tokens = sum(self.estimator.estimate_part(p, self.model_hint) for p in parts)
         return Rendering(level, parts, "", tokens)
