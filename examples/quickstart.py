@@ -96,7 +96,10 @@ def show(call: int, report: Report) -> None:
     for d in report.prune_decisions:
         span = f" x{d.block_count}" if d.block_count > 1 else ""
         level = f" @{d.level}" if d.level else ""
-        print(f"    {d.action:<8} {d.block_id:<40}{span:<5} {d.token_estimate:>5} tok{level}")
+        saved = f" (saved {d.saved_tokens})" if d.saved_tokens else ""
+        print(
+            f"    {d.action:<8} {d.block_id:<40}{span:<5} {d.token_estimate:>5} tok{saved}{level}"
+        )
     for note in report.degradations:
         print(f"    degraded: {note}")
 

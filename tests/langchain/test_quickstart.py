@@ -17,7 +17,8 @@ from ce.core.stores import SQLiteStore
 ROOT = Path(__file__).resolve().parents[2]
 CALL = re.compile(r"^  model call (\d+): (\d+)/(\d+) tokens, turn (\S+)$")
 DECISION = re.compile(
-    r"^    (kept|degraded|dropped)\s+(\S+)\s+(?:x(\d+)\s+)?(\d+) tok(?: @(\w+))?$"
+    r"^    (kept|degraded|dropped)\s+(\S+)\s+(?:x(\d+)\s+)?(\d+) tok(?: \(saved (\d+)\))?"
+    r"(?: @(\w+))?$"
 )
 
 
@@ -37,6 +38,11 @@ def _run(args: list[str], cwd: Path) -> str:
     return done.stdout
 
 
+def _tokens(tokens: object, saved: object) -> str:
+    """A decision's tokens and what degrading saved, as the example and `ce report` show them."""
+    return f"{tokens} (saved {saved})" if saved else str(tokens)
+
+
 def _reports(out: str) -> dict[str, tuple[str, list[tuple[str, ...]]]]:
     """turn id -> ("used/budget", [(action, block, tokens, level), ...]) as printed."""
     reports: dict[str, tuple[str, list[tuple[str, ...]]]] = {}
@@ -46,8 +52,8 @@ def _reports(out: str) -> dict[str, tuple[str, list[tuple[str, ...]]]]:
             decisions = []
             reports[match[4]] = (f"{match[2]}/{match[3]}", decisions)
         elif match := DECISION.match(line):
-            action, block, _, tokens, level = match.groups()
-            decisions.append((action, block, tokens, level or "-"))
+            action, block, _, tokens, saved, level = match.groups()
+            decisions.append((action, block, _tokens(tokens, saved), level or "-"))
     return reports
 
 
@@ -98,7 +104,12 @@ def test_the_store_holds_the_same_reports(quickstart: tuple[Path, str]) -> None:
             t.turn_id: (
                 f"{t.report.token_used}/{t.report.token_budget}",
                 [
-                    (d.action, d.block_id, str(d.token_estimate), d.level or "-")
+                    (
+                        d.action,
+                        d.block_id,
+                        _tokens(d.token_estimate, d.saved_tokens),
+                        d.level or "-",
+                    )
                     for d in t.report.prune_decisions
                 ],
             )

@@ -88,13 +88,23 @@ class ObservabilityConfig(_Config):
 
 
 class SummaryConfig(_Config):
-    """Rolling summary (seed 004 §6.9); it needs an ``LlmAdapter`` on the engine to run."""
+    """Model-written summaries; they need an ``LlmAdapter`` on the engine to run.
+
+    The rolling summary (``enabled``) replaces the oldest part of a long conversation. Block
+    summaries (``blocks``, off by default) give a long message (a tool result, a long answer:
+    at least ``block_min_tokens``) a Summary level written by the model instead of its leading
+    sentences or JSON outline: computed once, after the call that first had to degrade the
+    message (never while a call waits), stored as ``llm_output`` evidence with its
+    ``model_usage`` (stage ``summarize``), and used from the next call on."""
 
     enabled: bool = True
     max_summary_tokens: int = Field(default=512, gt=0)
     trigger_message_count: int = Field(default=20, gt=0)
     trigger_token_threshold: int = Field(default=4096, gt=0)
     preserve_recent_messages: int = Field(default=5, ge=0)
+    blocks: bool = False
+    block_min_tokens: int = Field(default=300, gt=0)
+    block_max_tokens: int = Field(default=150, gt=0)
 
 
 class ConflictConfig(_Config):

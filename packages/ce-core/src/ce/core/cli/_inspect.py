@@ -57,6 +57,12 @@ def _number(value: int) -> Text:
     return Text(f"{value:,}", justify="right")
 
 
+def _tokens(decision: PruneDecision) -> Text:
+    """A decision's tokens, and what degrading saved against Live."""
+    saved = f" (saved {decision.saved_tokens:,})" if decision.saved_tokens else ""
+    return Text(f"{decision.token_estimate:,}{saved}", justify="right")
+
+
 async def sessions(store: Store, console: Console, user_id: str | None) -> None:
     """A table of the stored sessions (only ``user_id``'s when given)."""
     ids = await store.list_sessions(user_id=user_id)
@@ -256,7 +262,7 @@ def _decision_table(
             Text(decision.action, style=_ACTION_STYLES[decision.action]),
             Text(decision.level or "-"),
             Text(decision.reason),
-            _number(decision.token_estimate),
+            _tokens(decision),
             Text(str(decision.block_count) if decision.block_count > 1 else ""),
             Text(_preview(label(decision.block_id))),
         )

@@ -76,9 +76,9 @@ class ContextEngine(Preparer):
 
     ``store``: where sessions live (default: ``$CE_STORE_URL``, else an SQLite file under
     ``./.ce/``). ``config``: the default :class:`RuntimeConfig` of every call that passes none.
-    ``llm_adapter`` (or a ``summarizer``) enables rolling summaries. Calls for one session are
-    serialized; different sessions run concurrently. Every coroutine method has a blocking twin
-    under :attr:`sync`.
+    ``llm_adapter`` (or a ``summarizer``) enables rolling summaries; ``llm_adapter`` also block
+    summaries (``SummaryConfig.blocks``). Calls for one session are serialized; different
+    sessions run concurrently. Every coroutine method has a blocking twin under :attr:`sync`.
 
     ``conflict_retries``: how often a write the store refused because another process wrote
     the session first (:class:`VersionConflictError`) is redone on the fresh session. The
@@ -122,6 +122,11 @@ class ContextEngine(Preparer):
         self._redactors: dict[RedactionConfig, RegexRedactor] = {}
         self._stored_forms: dict[int, dict[str, str]] = {}
         self._summarizer = summarizer or (LlmSummarizer(llm_adapter) if llm_adapter else None)
+        self._llm_adapter = llm_adapter
+        self._block_jobs = set()
+        self._block_lock = threading.Lock()
+        self._block_tasks = set()
+        self._block_queue = None
         self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
         self._entries_lock = threading.Lock()
         self._max_cached = max_cached_sessions
@@ -200,7 +205,11 @@ class ContextEngine(Preparer):
 
     async def flush(self, session_id: str | None = None) -> None:
         """Run the deferred records of ``session_id`` (default: of every session) now, and
-        commit the turn records still waiting for their session's next commit."""
+        commit the turn records still waiting for their session's next commit. Without a
+        ``session_id`` it also waits for the block summaries asked for so far
+        (``SummaryConfig.blocks``)."""
+        if session_id is None:
+            await self._block_summaries_settled()
         if session_id is not None:
             sessions = [session_id]
         else:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ce.core._drive import checkpoint, settle
 from ce.core.config import RuntimeConfig
-from ce.core.engine._core import EngineCore
+from ce.core.engine._blocks import BlockSummaries
 from ce.core.engine._session import SessionEntry
 from ce.core.engine._turn import Selection, select_and_assemble
 from ce.core.engine._writes import WriteLog
@@ -34,7 +34,7 @@ from ce.core.schema import (
 __all__ = ["Preparer"]
 
 
-class Preparer(EngineCore):
+class Preparer(BlockSummaries):
     """The prepare phase shared by ``prepare_turn`` and ``prepare_call``."""
 
     _snapshots: dict[int, tuple[RuntimeConfig, str, dict[str, Any]]]
@@ -89,6 +89,12 @@ class Preparer(EngineCore):
             )
         version = await self._persist_or_carry(entry, call, turn)
         await self._emit_turn_events(entry.session_id, call, selection)
+        if cfg.summary.blocks and selection.degraded_blocks and self._llm_adapter is not None:
+            self._schedule_block_summaries(
+                entry,
+                cfg,
+                index.summarizable(selection.degraded_blocks, cfg.summary.block_min_tokens),
+            )
         return PrepareResult(
             assembled_input=selection.assembled, report=report, session_version=version
         )

@@ -62,6 +62,7 @@ class Selection:
     evidence_kept: int
     degradations: list[tuple[str, str]] = field(default_factory=list)
     conflicts: list[ConflictRecord] = field(default_factory=list)
+    degraded_blocks: list[str] = field(default_factory=list)  # conversation blocks below Live
 
 
 def _text_candidate(
@@ -237,6 +238,11 @@ async def select_and_assemble(
         evidence_kept=sum(1 for c, _ in kept if c.kind == "evidence"),
         degradations=degradations,
         conflicts=resolution.records,
+        degraded_blocks=[
+            c.block_id
+            for c, r in kept
+            if c.kind == "conversation" and r.level is not LevelOfDetail.LIVE
+        ],
     )
 
 

@@ -17,15 +17,6 @@ __all__ = [
     "REDACTION_FAILED",
     "emit_failure",
     "emit_failure_sync",
-    "guarded",
-    "guarded_sync",
-]
-
-__all__ = [
-    "INTEGRATION_FAILED",
-    "REDACTION_FAILED",
-    "emit_failure",
-    "emit_failure_sync",
     "fail_open",
     "fail_open_sync",
     "guarded",

@@ -11,6 +11,7 @@ from ce.core.pipeline._conflicts import (
 )
 from ce.core.pipeline._index import (
     SECTION_JOIN_TOKENS,
+    SUMMARY_OF,
     Candidate,
     Rendering,
     SessionIndex,
@@ -55,6 +56,7 @@ __all__ = [
     "EVIDENCE_PREAMBLE",
     "LEVELS",
     "SECTION_JOIN_TOKENS",
+    "SUMMARY_OF",
     "Assembler",
     "Candidate",
     "ConflictDetector",

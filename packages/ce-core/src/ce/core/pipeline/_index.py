@@ -28,7 +28,7 @@ Token counts are for one ``model_hint``; an index serves one hint.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -52,7 +52,14 @@ from ce.core.schema import (
 from ce.core.schema._document import without_media
 from ce.core.tokens import TokenEstimator
 
-__all__ = ["SECTION_JOIN_TOKENS", "Candidate", "Rendering", "SessionIndex", "evidence_priority"]
+__all__ = [
+    "SECTION_JOIN_TOKENS",
+    "SUMMARY_OF",
+    "Candidate",
+    "Rendering",
+    "SessionIndex",
+    "evidence_priority",
+]
 
 SECTION_JOIN_TOKENS = 2
 """Tokens charged per section of the system message for the blank line that joins it."""
@@ -138,6 +145,11 @@ def _at(value: str | None) -> datetime | None:
         return None
 
 
+SUMMARY_OF = "summary_of"
+"""The metadata key of an ``llm_output`` evidence that is a model-written summary of one
+message: the message's id. The message renders with it at the Summary level."""
+
+
 class _Group:
     """The messages of one conversation block: its head and the results of its tool calls."""
 
@@ -170,6 +182,10 @@ class SessionIndex:
         self._tool_records: dict[str, ToolCall] = {}
         self._rag_by_call: dict[str, list[Evidence]] = {}
         self._result_by_call: dict[str, list[Evidence]] = {}
+        # model-written summaries of long messages (``llm_output`` evidence ``summary_of``
+        # a message id) and the group each message renders in
+        self._summaries: dict[str, str] = {}
+        self._message_group: dict[str, int] = {}
         self._evidence_answered: set[int] = set()  # groups of the current turn waiting
         # conflicting-fact trackers by entity keys (see _conflicts; kept by the engine)
         self.conflict_trackers: dict[tuple[str, ...], ConflictTracker] = {}
@@ -194,6 +210,7 @@ class SessionIndex:
             return
         if message.role is Role.USER and self._observes(message):
             self._group_data[-1].observation = message
+            self._note_group(message, len(self.groups) - 1)
             self._refresh(len(self.groups) - 1)
             return
         if message.role is Role.TOOL:
@@ -202,6 +219,7 @@ class SessionIndex:
                 group = self._group_data[index]
                 if message.tool_call_id not in group.results:
                     group.results[message.tool_call_id or ""] = message
+                    self._note_group(message, index)
                     self._refresh(index)
             return
         index = len(self.groups)
@@ -218,6 +236,7 @@ class SessionIndex:
         )
         self.groups.append(candidate)
         self._group_data.append(data)
+        self._note_group(message, index)
         for call in message.tool_calls or ():
             self._call_group.setdefault(call.tool_call_id, index)
         self._cum.append(self._cum[-1] + candidate.live.tokens)
@@ -227,6 +246,12 @@ class SessionIndex:
             for waiting in sorted(self._evidence_answered):
                 self._refresh(waiting)
             self._evidence_answered.clear()
+
+    def _note_group(self, message: Message, index: int) -> None:
+        if message.message_id:
+            self._message_group[message.message_id] = index
+            if message.message_id in self._summaries:
+                self._refresh(index)
 
     def _observes(self, message: Message) -> bool:
         """Whether a user message is the Observation of the ReAct step just before it (the
@@ -251,7 +276,15 @@ class SessionIndex:
 
     def add_evidence(self, evidence: Evidence) -> None:
         self.evidence_count += 1
-        if evidence.type is EvidenceType.LLM_OUTPUT or "original_of" in evidence.metadata:
+        if evidence.type is EvidenceType.LLM_OUTPUT:
+            summarized = evidence.metadata.get(SUMMARY_OF)
+            if isinstance(summarized, str) and summarized not in self._summaries:
+                self._summaries[summarized] = evidence.content
+                index = self._message_group.get(summarized)
+                if index is not None:
+                    self._refresh(index)
+            return
+        if "original_of" in evidence.metadata:
             return
         call_id = evidence.links.tool_call_id
         if call_id:
@@ -334,7 +367,40 @@ class SessionIndex:
     def _text(self, message: Message, level: LevelOfDetail) -> str:
         if message.lod is not None:
             return message.text_at(level)
-        return shorten(message.content, level)
+        shortened = shorten(message.content, level)
+        summary = self._summaries.get(message.message_id or "")
+        if summary is None or level is LevelOfDetail.LIVE:
+            return shortened
+        if level is not LevelOfDetail.SUMMARY:
+            summary = shorten(summary, level)
+        return summary if len(summary) < len(shortened) else shortened
+
+    # -- model-written summaries -----------------------------------------------------------
+
+    def has_summary(self, message_id: str) -> bool:
+        return message_id in self._summaries
+
+    def summarizable(self, block_ids: Iterable[str], min_tokens: int) -> list[Message]:
+        """The messages of the blocks ``block_ids`` worth a model-written summary: text of
+        their own (no app-supplied levels), at least ``min_tokens`` long, none yet."""
+        out: list[Message] = []
+        for block_id in dict.fromkeys(block_ids):
+            index = self._message_group.get(block_id.removeprefix("msg:"))
+            if index is None or self.groups[index].block_id != block_id:
+                continue
+            data = self._group_data[index]
+            members = [data.head, *data.results.values()]
+            if data.observation is not None:
+                members.append(data.observation)
+            for message in members:
+                if (
+                    message.message_id
+                    and message.lod is None
+                    and message.message_id not in self._summaries
+                    and self.estimator.estimate_text(message.content, self.model_hint) >= min_tokens
+                ):
+                    out.append(message)
+        return out
 
     def _answered(self, data: _Group, call_id: str) -> bool:
         """Whether a tool call has its result: a tool message, or (a run recorded with

@@ -117,6 +117,7 @@ def _decision(
     *,
     count: int = 1,
     level: LevelOfDetail | None = None,
+    saved: int = 0,
 ) -> PruneDecision:
     # the validating constructor: pydantic-core builds it faster than model_construct
     return PruneDecision(
@@ -126,32 +127,34 @@ def _decision(
         token_estimate=tokens,
         block_count=count,
         level=level.value if level else None,
+        saved_tokens=saved,
     )
 
 
 _Action = Literal["kept", "dropped", "degraded"]
+# a history group's outcome: action, reason, tokens, level, tokens saved by degrading
+_Outcome = tuple[_Action, str, int, LevelOfDetail | None, int]
 
 
-def _walk_ranges(
-    walk: dict[int, tuple[_Action, str, int, LevelOfDetail | None]], index: SessionIndex
-) -> list[tuple[int, PruneDecision]]:
+def _walk_ranges(walk: dict[int, _Outcome], index: SessionIndex) -> list[tuple[int, PruneDecision]]:
     """The history walk's outcomes as decisions: neighbouring groups with the same action,
     reason and level share one range decision (``first..last``, ``block_count``), so the
     report of a long kept window is a few decisions, not one per message."""
     out: list[tuple[int, PruneDecision]] = []
     run_start: int | None = None
     previous: int | None = None
-    tokens = 0
+    tokens = saved = 0
 
     def close(end: int) -> None:
         assert run_start is not None
-        action, reason, _, level = walk[run_start]
+        action, reason, _, level, _ = walk[run_start]
         first, last = index.groups[run_start].block_id, index.groups[end].block_id
         block_id = first if end == run_start else f"{first}..{last}"
         count = end - run_start + 1
-        out.append(
-            (run_start, _decision(block_id, action, reason, tokens, count=count, level=level))
+        decision = _decision(
+            block_id, action, reason, tokens, count=count, level=level, saved=saved
         )
+        out.append((run_start, decision))
 
     for position in sorted(walk):
         outcome = walk[position]
@@ -164,10 +167,11 @@ def _walk_ranges(
             and outcome[3] == walk[run_start][3]
         ):
             tokens += outcome[2]
+            saved += outcome[4]
         else:
             if run_start is not None and previous is not None:
                 close(previous)
-            run_start, tokens = position, outcome[2]
+            run_start, tokens, saved = position, outcome[2], outcome[4]
         previous = position
     if run_start is not None and previous is not None:
         close(previous)
@@ -186,7 +190,7 @@ class _Run:
         self.budget = budget
         # the history walk's outcome per group index (decided in one pass, reported as ranges)
         self.at: int | None = None
-        self.walk: dict[int, tuple[_Action, str, int, LevelOfDetail | None]] = {}
+        self.walk: dict[int, _Outcome] = {}
 
     def decide(
         self,
@@ -195,12 +199,13 @@ class _Run:
         reason: str,
         tokens: int,
         level: LevelOfDetail | None = None,
+        saved: int = 0,
     ) -> None:
         if self.at is not None:
-            self.walk[self.at] = (action, reason, tokens, level)
+            self.walk[self.at] = (action, reason, tokens, level, saved)
         else:
             self.result.decisions.append(
-                _decision(candidate.block_id, action, reason, tokens, level=level)
+                _decision(candidate.block_id, action, reason, tokens, level=level, saved=saved)
             )
 
     def expired(self, candidate: Candidate, priority: Priority) -> int | None:
@@ -224,8 +229,11 @@ class _Run:
         cost = rendering.tokens + extra
         self.remaining -= cost
         self.result.kept.append((candidate, rendering))
-        action: _Action = "kept" if rendering.level is LevelOfDetail.LIVE else "degraded"
-        self.decide(candidate, action, reason, cost, rendering.level)
+        if rendering.level is LevelOfDetail.LIVE:
+            self.decide(candidate, "kept", reason, cost, rendering.level)
+        else:
+            saved = candidate.live.tokens - rendering.tokens
+            self.decide(candidate, "degraded", reason, cost, rendering.level, saved)
 
     def try_fit(
         self, candidate: Candidate, priority: Priority, extra: int = 0, room: int | None = None

@@ -74,7 +74,8 @@ class PruneDecision(_Model):
     """What the pruner did with one candidate block, or with ``block_count`` consecutive
     conversation blocks that share the decision (``block_id`` then names the range, e.g.
     ``msg:<first>..msg:<last>``), so that a long history costs one decision, not thousands.
-    ``level`` is the Level of Detail a kept or degraded block renders at."""
+    ``level`` is the Level of Detail a kept or degraded block renders at; ``saved_tokens``
+    what a degraded block saves against its Live rendering."""
 
     block_id: str
     action: Literal["kept", "dropped", "degraded"]
@@ -82,6 +83,7 @@ class PruneDecision(_Model):
     token_estimate: int
     block_count: int = 1
     level: str | None = None
+    saved_tokens: int = 0
 
 
 class ConflictRecord(_Model):
