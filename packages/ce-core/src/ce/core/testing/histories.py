@@ -1,7 +1,7 @@
 """Random session histories written through the engine's public API, for property tests and
 the payload fuzz benchmark: questions and answers, parallel tool calls whose results arrive as
-tool messages or as recorded runs with result evidence, failed runs, calls never answered;
-questions with pictures on request."""
+tool messages or as recorded runs with result evidence, failed runs, calls never answered,
+text tool use (ReAct steps and their observations); questions with pictures on request."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = ["FLOWS", "png_data_url", "write_random_history"]
 
-FLOWS = ("answer", "messages", "records", "unanswered", "mixed", "error")
+FLOWS = ("answer", "messages", "records", "unanswered", "mixed", "error", "react")
 """What an assistant turn does: answer, or call tools answered by tool messages, by recorded
-runs, never, a mix of the three, or with failing runs."""
+runs, never, a mix of the three, or with failing runs, or use tools through text (ReAct steps
+each answered by an ``Observation:`` user message, the last one maybe not yet)."""
 
 _INVOCATION = ModelInvocation(provider="openai", model="gpt-4o")
 _WORDS = ("order", "status", "ships", "Oslo", "refund", "invoice", "pending", "42", "the")
@@ -93,6 +94,27 @@ async def write_random_history(
                     invocation=_INVOCATION,
                 ),
             )
+            continue
+        if flow == "react":
+            for step in range(rng.randint(1, 3)):
+                action = (
+                    f'Thought: look up {t}.{step}\nAction: search\nAction Input: {{"q": "{t}"}}'
+                )
+                await engine.commit_assistant_message(
+                    session_id,
+                    Message(role=Role.ASSISTANT, content=action, invocation=_INVOCATION),
+                )
+                if rng.random() < 0.85:
+                    observation = _text(rng, f"Observation: O{t}x{step}", rng.randint(1, 120))
+                    await engine.prepare_call(
+                        session_id, [Message(role=Role.USER, content=observation)]
+                    )
+            if rng.random() < 0.5:
+                answer = f"Thought: done.\nAnswer: F{t} done"
+                await engine.commit_assistant_message(
+                    session_id,
+                    Message(role=Role.ASSISTANT, content=answer, invocation=_INVOCATION),
+                )
             continue
         ids = [f"C{t}x{j}" for j in range(rng.randint(1, 3))]
         requests = [
