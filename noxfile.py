@@ -26,6 +26,7 @@ nox.options.sessions = [
     "tests-llamaindex",
     "tests-autogen",
     "tests-semantic-kernel",
+    "tests-haystack",
     "tests-mixed",
 ]
 
@@ -158,6 +159,30 @@ def tests_semantic_kernel(session: nox.Session, semantic_kernel: str) -> None:
         *SEMANTIC_KERNEL_VERSIONS[semantic_kernel],
     )
     session.run("pytest", "tests/semantic_kernel", *session.posargs, env=_env())
+
+
+HAYSTACK = "packages/ce-haystack"
+HAYSTACK_VERSIONS = {
+    # 3.0: the first release whose Agent runs after_tool hooks (tool calls are recorded there)
+    "lowest": ["haystack-ai==3.0.0"],
+    "latest": ["haystack-ai>=3.0,<4"],
+}
+
+
+@nox.session(name="tests-haystack")
+@nox.parametrize("haystack", list(HAYSTACK_VERSIONS))
+def tests_haystack(session: nox.Session, haystack: str) -> None:
+    """ce-haystack against the real Haystack (Pipelines, Agents, OpenAIChatGenerator on the
+    scripted server), in its own virtualenv."""
+    session.install(
+        *TEST_DEPS, "-e", f"{CORE}[tiktoken]", "-e", HAYSTACK, *HAYSTACK_VERSIONS[haystack]
+    )
+    session.run(
+        "pytest",
+        "tests/haystack",
+        *session.posargs,
+        env={**_env(), "HAYSTACK_TELEMETRY_ENABLED": "False"},
+    )
 
 
 @nox.session(name="tests-mixed")
