@@ -184,11 +184,11 @@ class Seam:
             try:
                 result = original(*arguments.args, **arguments.kwargs)
             except Exception as exc:
-                call, _ = self._model_call(generator, frame, None, timer, exc)
-                record_sync(self.plugin, frame.scope.session_id, "record model call", call)
+                work = self._recording(generator, frame, None, timer, exc)
+                record_sync(self.plugin, frame.scope.session_id, "record model call", work)
                 raise
-        call, _ = self._model_call(generator, frame, result, timer, None)
-        record_sync(self.plugin, frame.scope.session_id, "record model call", call)
+        work = self._recording(generator, frame, result, timer, None)
+        record_sync(self.plugin, frame.scope.session_id, "record model call", work)
         return result
 
     async def acall(
@@ -209,11 +209,11 @@ class Seam:
             try:
                 result = await original(*arguments.args, **arguments.kwargs)
             except Exception as exc:
-                call, _ = self._model_call(generator, frame, None, timer, exc)
-                await record_awaited(self.plugin, frame.scope.session_id, "record model call", call)
+                work = self._recording(generator, frame, None, timer, exc)
+                await record_awaited(self.plugin, frame.scope.session_id, "record model call", work)
                 raise
-        call, _ = self._model_call(generator, frame, result, timer, None)
-        await record_awaited(self.plugin, frame.scope.session_id, "record model call", call)
+        work = self._recording(generator, frame, result, timer, None)
+        await record_awaited(self.plugin, frame.scope.session_id, "record model call", work)
         return result
 
     # -- before ----------------------------------------------------------------------------
@@ -362,14 +362,16 @@ class Seam:
 
     # -- after -----------------------------------------------------------------------------
 
-    def _model_call(
+    def _recording(
         self,
         generator: Any,
         frame: RunFrame,
         result: Any,
         timer: _Timer,
         error: BaseException | None,
-    ) -> tuple[Callable[[Recorder], Any], ModelCall]:
+    ) -> Callable[[Recorder], Any]:
+        """How the finished (or failed) call is recorded: the reply (by the run's Agent),
+        its ``llm_output`` evidence and its usage, in one engine write."""
         ended = time.perf_counter()
         replies = result.get("replies") if isinstance(result, Mapping) else None
         reply = replies[0] if replies else None
@@ -397,7 +399,7 @@ class Seam:
         async def work(recorder: Recorder) -> None:
             await recorder.record_model_call(call, message)
 
-        return work, call
+        return work
 
 
 def _documents(hits: Sequence[Any], evidences: Sequence[Evidence] | None) -> list[tuple[str, str]]:
