@@ -16,11 +16,13 @@ from ce.core.testing import ScriptedOpenAIServer
 MODEL = "gpt-4o"
 
 
-def generator(server: ScriptedOpenAIServer, **kwargs: Any) -> OpenAIChatGenerator:
+def generator(
+    server: ScriptedOpenAIServer, api_key: Secret | None = None, **kwargs: Any
+) -> OpenAIChatGenerator:
     """Haystack's own OpenAI chat generator talking to ``server`` (a new one per use: its
     async client belongs to the event loop that first uses it)."""
     return OpenAIChatGenerator(
-        api_key=Secret.from_token("sk-test"),
+        api_key=api_key or Secret.from_token("sk-test"),
         model=MODEL,
         api_base_url=server.base_url,
         max_retries=0,
