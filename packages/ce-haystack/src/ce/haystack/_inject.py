@@ -59,7 +59,7 @@ from ce.haystack._convert import (
     to_pending,
     tool_schemas,
 )
-from ce.haystack._scopes import RunFrame, bound, in_call, open_run, run_frame
+from ce.haystack._scopes import RunFrame, bound, in_call, open_run, run_frame, tool_frame
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -164,7 +164,11 @@ class Seam:
             return None
         if "messages" not in arguments.arguments:
             return None
-        return arguments, run_frame.get() or open_run(self.plugin)
+        frame, tool = run_frame.get(), tool_frame.get()
+        if frame is None or (tool is not None and tool.scope == frame.scope):
+            # on its own, or inside a tool of the run (an LLM-backed tool): a run of its own
+            frame = open_run(self.plugin)
+        return arguments, frame
 
     def call(
         self,
