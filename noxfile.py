@@ -242,6 +242,7 @@ def bench(session: nox.Session) -> None:
         "autogen-core>=0.7.5",
         "autogen-agentchat>=0.7.5",
         "semantic-kernel>=1.45.0",
+        "haystack-ai>=3.4,<4",  # CompactionHook's compactors: 3.4
     )
     session.run("python", "benchmarks/bench_stores.py", "--write", "docs/benchmarks.md", env=_env())
     session.run(
