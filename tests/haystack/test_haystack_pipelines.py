@@ -177,3 +177,29 @@ async def test_a_model_call_inside_a_tool_is_nested(engine: ContextEngine) -> No
     child = await engine.get_session("s-out/call_sum")
     assert [m.content for m in child.session.messages if m.role is Role.USER] == ["Summarise rain"]
     assert len(child.session.model_usage) == 1
+
+
+async def test_a_retriever_behind_a_component_tool_is_linked_to_its_call(
+    engine: ContextEngine,
+) -> None:
+    from haystack.tools import ComponentTool
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="Rain in Oslo.")
+        args = json.dumps({"query": "Oslo"})
+        return ScriptedResponse(tool_calls=[("call_docs", "search_docs", args)])
+
+    with ScriptedOpenAIServer(script) as server:
+        tool = ComponentTool(
+            component=FixedRetriever(DOCS), name="search_docs", description="Search."
+        )
+        agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
+        ce.haystack.install(engine)
+        agent.run([ChatMessage.from_user("Weather?")], hook_context={SESSION_KEY: "s-tool"})
+    doc = await engine.get_session("s-tool")
+    hits = [e for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC]
+    assert {h.source.uri for h in hits} == {uri for uri, _, _ in DOCS}
+    assert all(h.links.tool_call_id == "call_docs" for h in hits)
+    (run,) = doc.session.tool_state.tool_calls
+    assert (run.tool_call_id, run.tool, run.status.value) == ("call_docs", "search_docs", "success")
