@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import SESSION_KEY
+from ce.core.integration import SESSION_KEY, is_suppressed
 from ce.haystack._inject import Seam
 from ce.haystack._record import HOOK_TYPE, SpanObserver, ToolRunHook, targeted
 from ce.haystack._scopes import bound, component_name, open_run, run_frame, tool_frame
@@ -99,8 +99,6 @@ class Patches:
         self._lock = threading.Lock()
 
     def active(self) -> bool:
-        from ce.core.integration import is_suppressed
-
         plugin = self.plugin
         return (
             plugin.installed
@@ -155,6 +153,8 @@ class Patches:
 
     def _wrap_class(self, ledger: PatchLedger, cls: type) -> None:
         if not is_chat_generator(cls) or issubclass(cls, _agent_class()):
+            return
+        if getattr(vars(cls)["run"], "ce_wrapped", False):  # registered under two paths
             return
         ledger.wrap(cls, "run", self.seam.wrap_run)
         if inspect.iscoroutinefunction(vars(cls).get("run_async")):
