@@ -262,3 +262,34 @@ async def test_fail_open_is_still_redacted(engine: ContextEngine, monkeypatch: A
         assert request["messages"][0]["content"] == SYSTEM
         for canary in (CANARY, ARG_CANARY, OUT_CANARY):
             assert canary not in wire(request)
+
+
+async def test_inject_false_records_and_sends_the_apps_own(engine: ContextEngine) -> None:
+    with ScriptedOpenAIServer(_script()) as server:
+        agent = _agent(server)
+        ce.haystack.install(engine, inject=False)
+        await engine.update_notebook("s-quiet", MARK)
+        await _ask("run", agent, "cats?", "s-quiet")
+        requests = server.requests
+    assert all(r["messages"][0]["content"] == SYSTEM for r in requests)
+    doc = await engine.get_session("s-quiet")
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == ["cats?"]
+    assert len(doc.session.model_usage) == 2
+    assert len(doc.session.tool_state.tool_calls) == 1
+
+
+async def test_augment_keeps_the_apps_messages_and_adds_the_context(
+    engine: ContextEngine,
+) -> None:
+    with ScriptedOpenAIServer(_script()) as server:
+        agent = _agent(server)
+        ce.haystack.install(engine, mode="augment")
+        await engine.update_notebook("s-augment", MARK)
+        await _ask("run", agent, "cats?", "s-augment")
+        requests = server.requests
+    for request in requests:
+        messages = request["messages"]
+        assert messages[0]["content"] == SYSTEM
+        assert messages[1]["role"] == "system" and MARK in messages[1]["content"]
+        assert_tool_pairs_intact(from_openai_messages(messages))
+    assert requests[1]["messages"][-1]["role"] == "tool"
