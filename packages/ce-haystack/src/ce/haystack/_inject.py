@@ -19,7 +19,7 @@ engine's input. Documents the run's retrievers returned are the session's ``rag_
 evidence, rendered by the engine fenced with their evidence id; where the app's prompt
 inlines one of them (a ``ChatPromptBuilder`` template), the inline copy is replaced by a
 pointer to that evidence, so the model receives each document once. After the call the
-reply, its usage (``meta["usage"]``; streamed OpenAI calls ask for it with
+reply, its usage (``meta["usage"]``; streamed Chat Completions calls ask for it with
 ``stream_options.include_usage`` unless the app set ``stream_options``) and its latency
 are recorded.
 """
@@ -67,7 +67,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Seam", "inline_evidence"]
 
-_OPENAI = ("openai", "azure_openai")
 _MIN_INLINE = 16
 """Documents shorter than this are never looked for in a prompt (too likely to match by
 chance)."""
@@ -354,7 +353,7 @@ class Seam:
                 return callback(chunk)
 
             values["streaming_callback"] = timed
-        if provider_of(generator) in _OPENAI and "generation_kwargs" in signature.parameters:
+        if _chat_completions(generator) and "generation_kwargs" in signature.parameters:
             own = getattr(generator, "generation_kwargs", None) or {}
             given = values.get("generation_kwargs") or {}
             if "stream_options" not in own and "stream_options" not in given:
@@ -404,6 +403,15 @@ class Seam:
             await recorder.record_model_call(call, message)
 
         return work
+
+
+def _chat_completions(generator: Any) -> bool:
+    """Whether ``generator`` streams OpenAI Chat Completions (``OpenAIChatGenerator`` and its
+    subclasses: Azure's, the OpenAI-compatible integrations), which send usage only when
+    asked (the Responses API generators do not take ``stream_options``)."""
+    from haystack.components.generators.chat import OpenAIChatGenerator
+
+    return isinstance(generator, OpenAIChatGenerator)
 
 
 def _documents(hits: Sequence[Any], evidences: Sequence[Evidence] | None) -> list[tuple[str, str]]:
