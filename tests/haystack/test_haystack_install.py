@@ -276,3 +276,24 @@ def test_the_package_imports_without_haystack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "imported"
+
+
+async def test_a_tracer_the_app_enables_after_install_is_chained_too(
+    engine: ContextEngine,
+) -> None:
+    before = tracing.tracer.actual_tracer
+    try:
+        with ScriptedOpenAIServer(contract_script) as server:
+            agent = _agent(server)
+            ce.haystack.install(engine, session_id="s-late-tracer")
+            late = AppTracer()
+            tracing.enable_tracing(late)  # the app's tracer, after install
+            assert tracing.tracer.actual_tracer is not late
+            _ask(agent, "late?")
+            HaystackPlugin().uninstall()
+        assert tracing.tracer.actual_tracer is late
+        assert "haystack.agent.step.tool" in {s.name for s in late.spans}
+        doc = await engine.get_session("s-late-tracer")
+        assert len(doc.session.tool_state.tool_calls) == 2  # the plugin still recorded
+    finally:
+        tracing.tracer.actual_tracer = before

@@ -1,7 +1,8 @@
 """Where the plugin hooks into Haystack, and why there.
 
-- The tracer slot (``haystack.tracing.tracer.actual_tracer``): the plugin's tracer, chained to
-  the app's (see ``_tracer``), records what Pipelines and Agents do (see ``_record``).
+- The tracer slot (``haystack.tracing.tracer.actual_tracer``, a property on ``ProxyTracer``
+  while installed): the plugin's tracer, chained to the app's, also one the app enables
+  later (see ``_tracer``), records what Pipelines and Agents do (see ``_record``).
 - Chat generators (see ``_inject`` for why this seam): globally, ``run`` / ``run_async`` of
   every chat-generator class (a component whose ``run`` takes ``messages`` and returns
   ``replies``), those registered before ``install()`` and, through the ``@component``
@@ -67,15 +68,15 @@ def _agent_class() -> type:
 
 def patched_targets() -> list[tuple[Any, str]]:
     """What a global install replaces on Haystack's own classes (for the tests): the tracer
-    slot, the ``@component`` registration, ``Agent.run`` / ``run_async`` / ``to_dict`` and
-    ``run`` / ``run_async`` of Haystack's OpenAI chat generator."""
-    from haystack import tracing
+    slot on ``ProxyTracer``, the ``@component`` registration, ``Agent.run`` / ``run_async`` /
+    ``to_dict`` and ``run`` / ``run_async`` of Haystack's OpenAI chat generator."""
     from haystack.components.generators.chat import OpenAIChatGenerator
     from haystack.core.component.component import _Component
+    from haystack.tracing.tracer import ProxyTracer
 
     agent = _agent_class()
     return [
-        (tracing.tracer, "actual_tracer"),
+        (ProxyTracer, "actual_tracer"),
         (_Component, "_component"),
         (agent, "run"),
         (agent, "run_async"),
@@ -114,12 +115,11 @@ class Patches:
     # -- install ---------------------------------------------------------------------------
 
     def install(self, ledger: PatchLedger) -> None:
-        from ce.haystack._tracer import ChainedTracer
+        from ce.haystack._tracer import slot
         from haystack import tracing
+        from haystack.tracing.tracer import ProxyTracer
 
-        ledger.wrap(
-            tracing.tracer, "actual_tracer", lambda previous: ChainedTracer(previous, self.observer)
-        )
+        ledger.replace(ProxyTracer, "actual_tracer", slot(tracing.tracer, self.observer))
         agent = _agent_class()
         ledger.wrap(agent, "to_dict", self._to_dict)
         ledger.register(self._unhook_agents, "the after_tool hooks on Agents")

@@ -1,12 +1,15 @@
 """The plugin's Haystack tracer, chained to the tracer the app enabled before.
 
 Haystack has one global tracer slot (``haystack.tracing.tracer.actual_tracer``, set by
-``enable_tracing``). The plugin puts a :class:`ChainedTracer` there that opens the app's own
-span for every operation (with the app's parent span, so the app's trace tree is unchanged)
-and forwards every tag to it: plain tags as they are, content tags through the app's span's
-own ``set_content_tag``, which keeps honouring ``HAYSTACK_CONTENT_TRACING_ENABLED``. The
-plugin's span keeps the content for itself, so the global content flag is never turned on
-(that would send prompts to the app's tracer too). ``uninstall()`` puts the app's tracer back.
+``enable_tracing``). While installed, that attribute reads as the plugin's
+:class:`ChainedTracer` (:func:`slot`, a property on ``ProxyTracer``), and the app's own tracer
+stays where ``enable_tracing`` puts it, in the proxy's ``__dict__``, also when the app enables
+it after ``install()``. For every operation the chained tracer opens the app's span (with the
+app's parent span, so the app's trace tree is unchanged) and forwards every tag to it: plain
+tags as they are, content tags through the app's span's own ``set_content_tag``, which keeps
+honouring ``HAYSTACK_CONTENT_TRACING_ENABLED``. The plugin's span keeps the content for
+itself, so the global content flag is never turned on (that would send prompts to the app's
+tracer too). ``uninstall()`` removes the property: the attribute is the app's tracer again.
 
 Imported only by ``install()``: it needs Haystack.
 """
@@ -22,7 +25,7 @@ from typing import Any
 from haystack.tracing import Span, Tracer
 from haystack.tracing.tracer import NullTracer
 
-__all__ = ["ChainedSpan", "ChainedTracer"]
+__all__ = ["ChainedSpan", "ChainedTracer", "slot"]
 
 Observer = Callable[["ChainedSpan"], AbstractContextManager[None]]
 """What the plugin does around a span (binding run frames, recording on exit)."""
@@ -55,11 +58,11 @@ class ChainedSpan(Span):
 
 
 class ChainedTracer(Tracer):
-    """Opens the app's span (``previous``'s) and the plugin's around every operation; the
-    plugin's ``observer`` runs around each of the plugin's spans."""
+    """Opens the app's span (the tracer ``app()`` returns now) and the plugin's around every
+    operation; the plugin's ``observer`` runs around each of the plugin's spans."""
 
-    def __init__(self, previous: Tracer, observer: Observer) -> None:
-        self.previous = None if isinstance(previous, NullTracer) else previous
+    def __init__(self, app: Callable[[], Any], observer: Observer) -> None:
+        self.app = app
         self.observer = observer
         self._current: ContextVar[ChainedSpan | None] = ContextVar("ce_haystack_span", default=None)
 
@@ -72,11 +75,12 @@ class ChainedTracer(Tracer):
     ) -> Iterator[Span]:
         parent = parent_span if parent_span is not None else self._current.get()
         inner_parent = parent.inner if isinstance(parent, ChainedSpan) else parent
+        app = self.app()
         with contextlib.ExitStack() as stack:
             inner = None
-            if self.previous is not None:
+            if isinstance(app, Tracer) and not isinstance(app, NullTracer):
                 inner = stack.enter_context(
-                    self.previous.trace(operation_name, tags=tags, parent_span=inner_parent)
+                    app.trace(operation_name, tags=tags, parent_span=inner_parent)
                 )
             span = ChainedSpan(operation_name, dict(tags or {}), inner)
             token = self._current.set(span)
@@ -91,3 +95,18 @@ class ChainedTracer(Tracer):
 def _reset(var: ContextVar[Any], token: Any) -> None:
     with contextlib.suppress(ValueError):  # a generator closed in another context
         var.reset(token)
+
+
+def slot(proxy: Any, observer: Observer) -> property:
+    """The ``actual_tracer`` property ``ProxyTracer`` gets while installed: ``proxy`` (the
+    global one) reads as a :class:`ChainedTracer` chained to the tracer in its ``__dict__``;
+    setting it (``enable_tracing``, ``disable_tracing``) sets that one."""
+    chained = ChainedTracer(lambda: vars(proxy).get("actual_tracer"), observer)
+
+    def get(self: Any) -> Any:
+        return chained if self is proxy else vars(self).get("actual_tracer")
+
+    def set_(self: Any, value: Any) -> None:
+        vars(self)["actual_tracer"] = value
+
+    return property(get, set_, doc="The tracer spans go to (chained by ce-haystack).")
