@@ -14,7 +14,6 @@ call (model usage, the reply).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sqlite3
@@ -34,8 +33,9 @@ os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 import history  # noqa: E402
 from _report import OVERHEAD_HEADER, cpu_model, overhead_row, package_version, write_section  # noqa: E402
+from bench_prepare import to_haystack  # noqa: E402
 from haystack import component  # noqa: E402
-from haystack.dataclasses import ChatMessage, StreamingChunk, ToolCall  # noqa: E402
+from haystack.dataclasses import ChatMessage, StreamingChunk  # noqa: E402
 
 import ce.haystack  # noqa: E402
 from ce.core.config import BudgetConfig, RuntimeConfig  # noqa: E402
@@ -48,31 +48,6 @@ REPLY_TOKENS = 1_024
 PACKAGES = ("ce-core", "ce-haystack", "haystack-ai", "tiktoken", "pydantic")
 BLOCK = 20  # calls per block; blocks alternate without / with the plugin
 USAGE = {"prompt_tokens": 100, "completion_tokens": 1, "total_tokens": 101}
-
-
-def to_haystack(h: history.History) -> list[ChatMessage]:
-    """The history's messages as Haystack ``ChatMessage``s (tool calls with their ids, each
-    result with the call it answers)."""
-    calls: dict[str, ToolCall] = {}
-    out: list[ChatMessage] = []
-    for m in h.messages:
-        if m.role == "system":
-            out.append(ChatMessage.from_system(m.content))
-        elif m.role == "user":
-            out.append(ChatMessage.from_user(m.content))
-        elif m.role == "assistant":
-            tool_calls = [
-                ToolCall(tool_name=c.name, arguments=json.loads(c.arguments), id=c.call_id)
-                for c in m.tool_calls
-            ]
-            calls.update((c.id or "", c) for c in tool_calls)
-            out.append(ChatMessage.from_assistant(m.content or None, tool_calls=tool_calls or None))
-        else:
-            origin = calls.get(m.tool_call_id or "") or ToolCall(
-                tool_name=m.name or "tool", arguments={}, id=m.tool_call_id
-            )
-            out.append(ChatMessage.from_tool(m.content, origin=origin))
-    return out
 
 
 @component
