@@ -1,9 +1,10 @@
 """Haystack's own history trimming beside the plugin: an Agent with a ``CompactionHook``
-(``SlidingWindowCompactor`` without its omission note, a small window: it compacts the
-Agent's ``State`` before the model calls of later turns) and the plugin installed. The hook's
+(``SlidingWindowCompactor``, a small window: it compacts the Agent's ``State`` before the
+model calls of later turns, leaving an omission note) and the plugin installed. The hook's
 rewrite stays the Agent's business; every request the model receives is the engine's,
 assembled from the whole session within the budget, its tool pairs intact, the Agent's system
-prompt first, the newest question present; the session keeps every turn."""
+prompt first, the newest question present, without the note (the session holds what it
+stands for); the session keeps every turn."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ async def test_compaction_hook_and_engine_together_keep_requests_whole() -> None
     budget = BudgetConfig(max_input_tokens=1200, reserved_reply_tokens=200)
     engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=budget))
     hook = compaction.CompactionHook(
-        compaction.SlidingWindowCompactor(omission_note=None),
+        compaction.SlidingWindowCompactor(),
         context_window=1000,
         compact_at=0.5,
         compact_to=0.3,
@@ -69,10 +70,12 @@ async def test_compaction_hook_and_engine_together_keep_requests_whole() -> None
             messages = result["messages"][1:]  # the Agent's own (maybe compacted) history
         requests = server.requests
     assert len(messages) < 4 * TURNS  # the hook compacted the Agent's own history
+    assert any("context_compaction" in m.meta for m in messages)
     assert len(requests) == 2 * TURNS
     for index, request in enumerate(requests):
         assert request["messages"][0]["content"].startswith(SYSTEM)
         assert f"turn {index // 2}:" in json.dumps(request["messages"])
+        assert "earlier messages" not in json.dumps(request["messages"])
         parts = from_openai_messages(request["messages"])
         assert_tool_pairs_intact(parts)
         used = sum(estimator.estimate_part(p, "gpt-4o") for p in parts)
@@ -82,4 +85,5 @@ async def test_compaction_hook_and_engine_together_keep_requests_whole() -> None
     users = [m.content for m in doc.session.messages if m.role is Role.USER]
     assert [u.split(":")[0] for u in users] == [f"turn {t}" for t in range(TURNS)]
     assert len(doc.session.tool_state.tool_calls) == TURNS
+    assert all("earlier messages" not in (m.content or "") for m in doc.session.messages)
     await engine.close()

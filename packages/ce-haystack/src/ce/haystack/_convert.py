@@ -32,6 +32,9 @@ __all__ = [
     "tool_schemas",
 ]
 
+COMPACTION_META = "context_compaction"
+"""The ``meta`` key Haystack's compactors (``CompactionHook``) put on the messages they write:
+an omission note, a summary."""
 _URI_KEYS = ("source", "url", "uri", "link", "file_path", "path", "file_name")
 _SMALL = 512
 
@@ -76,10 +79,17 @@ def _text_of(content: Any) -> str:
 
 def to_pending(messages: Sequence[Any]) -> Pending:
     """The call's messages as the engine reads them (text, tool calls with their ids, tool
-    results; images and files are kept by the app's message, not read)."""
+    results; images and files are kept by the app's message, not read). A message a
+    ``CompactionHook`` compactor wrote stands for history the session holds in full: it is
+    left out."""
     dicts: list[dict[str, Any]] = []
     opaque: list[int] = []
-    for index, message in enumerate(messages):
+    kept: list[Any] = []
+    for message in messages:
+        if COMPACTION_META in (message.meta or {}):
+            continue
+        index = len(kept)
+        kept.append(message)
         entry = dict(message.to_openai_dict_format(require_tool_call_ids=False))
         entry.pop("name", None)
         content = entry.get("content")
@@ -92,7 +102,7 @@ def to_pending(messages: Sequence[Any]) -> Pending:
         if entry.get("role") == "developer":
             entry["role"] = "system"
         dicts.append(entry)
-    return Pending(dicts, opaque, list(messages))
+    return Pending(dicts, opaque, kept)
 
 
 def _calls(sent: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
