@@ -8,6 +8,7 @@ and the tool output reaches neither the wire nor the SQLite file."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -293,3 +294,25 @@ async def test_augment_keeps_the_apps_messages_and_adds_the_context(
         assert messages[1]["role"] == "system" and MARK in messages[1]["content"]
         assert_tool_pairs_intact(from_openai_messages(messages))
     assert requests[1]["messages"][-1]["role"] == "tool"
+
+
+async def test_blocking_runs_on_an_event_loop_thread_share_their_session(
+    engine: ContextEngine,
+) -> None:
+    """The app calls the blocking ``Agent.run`` from async code (on the loop's thread), twice,
+    with the loop running in between: the writes of a blocking run are inline, so nothing of
+    the first run holds the session when the second one starts."""
+    failures: list[Any] = []
+    engine.events.on("Degraded", failures.append)
+    with ScriptedOpenAIServer(_script()) as server:
+        agent = _agent(server)
+        ce.haystack.install(engine)
+        await _ask("run", agent, "first question", "s-loop-thread")
+        await asyncio.to_thread(lambda: None)  # the loop runs whatever the first run queued
+        await _ask("run", agent, "second question", "s-loop-thread")
+        requests = server.requests
+    assert failures == []
+    assert "first question" in wire(requests[2]) and "first question" in wire(requests[3])
+    doc = await engine.get_session("s-loop-thread")
+    assert len(doc.session.model_usage) == 4
+    assert len(doc.session.tool_state.tool_calls) == 2

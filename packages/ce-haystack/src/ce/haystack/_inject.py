@@ -45,7 +45,6 @@ from ce.core.integration import (
     prepare_openai_sync,
     provider_of,
     record_awaited,
-    record_sync,
     redact_openai,
 )
 from ce.haystack._convert import (
@@ -59,6 +58,7 @@ from ce.haystack._convert import (
     to_pending,
     tool_schemas,
 )
+from ce.haystack._record import write
 from ce.haystack._scopes import RunFrame, bound, in_call, open_run, run_frame, tool_frame
 
 if TYPE_CHECKING:
@@ -188,10 +188,10 @@ class Seam:
                 result = original(*arguments.args, **arguments.kwargs)
             except Exception as exc:
                 work = self._recording(generator, frame, None, timer, exc)
-                record_sync(self.plugin, frame.scope.session_id, "record model call", work)
+                write(self.plugin, frame.scope.session_id, "record model call", work, True)
                 raise
         work = self._recording(generator, frame, result, timer, None)
-        record_sync(self.plugin, frame.scope.session_id, "record model call", work)
+        write(self.plugin, frame.scope.session_id, "record model call", work, True)
         return result
 
     async def acall(

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ce.core.integration import SESSION_KEY, is_suppressed
 from ce.haystack._inject import Seam
-from ce.haystack._record import HOOK_TYPE, SpanObserver, ToolRunHook, targeted
+from ce.haystack._record import HOOK_TYPE, SpanObserver, ToolRunHook, blocking, targeted
 from ce.haystack._scopes import bound, component_name, open_run, run_frame, tool_frame
 
 if TYPE_CHECKING:
@@ -215,8 +215,9 @@ class Patches:
     # -- Agents ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _agent_scope(self, agent: Any, kwargs: Mapping[str, Any]) -> Iterator[None]:
-        """Around one Agent run: its frame bound and the ``after_tool`` hook in place."""
+    def _agent_scope(self, agent: Any, kwargs: Mapping[str, Any], sync: bool) -> Iterator[None]:
+        """Around one Agent run (``sync``: through ``run``): its frame bound and the
+        ``after_tool`` hook in place."""
         if not self.active():
             yield
             return
@@ -230,7 +231,11 @@ class Patches:
             logger.warning("ce-haystack: cannot scope the Agent run", exc_info=True)
             yield
             return
-        with bound(run_frame, frame), bound(targeted, targeted.get() or self.target is not None):
+        with (
+            bound(run_frame, frame),
+            bound(targeted, targeted.get() or self.target is not None),
+            bound(blocking, sync),
+        ):
             yield
 
     def _agent_run(self, original: Callable[..., Any], instance: Any = None) -> Callable[..., Any]:
@@ -239,14 +244,14 @@ class Patches:
 
             @functools.wraps(original)
             def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-                with patches._agent_scope(self, kwargs):
+                with patches._agent_scope(self, kwargs, True):
                     return original(self, *args, **kwargs)
 
             return run
 
         @functools.wraps(original)
         def run_bound(*args: Any, **kwargs: Any) -> Any:
-            with patches._agent_scope(instance, kwargs):
+            with patches._agent_scope(instance, kwargs, True):
                 return original(*args, **kwargs)
 
         return run_bound
@@ -259,14 +264,14 @@ class Patches:
 
             @functools.wraps(original)
             async def run_async(self: Any, *args: Any, **kwargs: Any) -> Any:
-                with patches._agent_scope(self, kwargs):
+                with patches._agent_scope(self, kwargs, False):
                     return await original(self, *args, **kwargs)
 
             return run_async
 
         @functools.wraps(original)
         async def run_async_bound(*args: Any, **kwargs: Any) -> Any:
-            with patches._agent_scope(instance, kwargs):
+            with patches._agent_scope(instance, kwargs, False):
                 return await original(*args, **kwargs)
 
         return run_async_bound

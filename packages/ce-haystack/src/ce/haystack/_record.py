@@ -14,9 +14,13 @@ hook.
   ``after_tool`` hook, from the ``ToolCallResult`` of each tool message of the step (the call
   id ``origin.id``, name, arguments, result, ``error``), with the duration the tracer measured.
 
-Every write is fail-open (:func:`ce.core.integration.record_sync` from sync paths,
-:func:`~ce.core.integration.record_awaited` from async ones): a failure is logged and reported
-as a ``Degraded`` event, never raised into the app's run (raised with ``fail_closed=True``).
+Every write is fail-open: a failure is logged and reported as a ``Degraded`` event, never
+raised into the app's run (raised with ``fail_closed=True``). On an async path (``run_async``)
+it is awaited on the caller's loop, or queued on it (:func:`ce.core.integration.record_sync`)
+from the sync code Haystack runs there; on a blocking path (the app called ``run``) it is
+written inline (:func:`write`), also on an event loop's thread: the app's call blocks that
+thread anyway, and a write queued on a loop the app is blocking would hold the session while
+the next model call of the same run waits for it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ce.core.integration import (
     SESSION_KEY,
     Recorder,
     ToolRun,
+    guarded_sync,
     is_suppressed,
     record_awaited,
     record_sync,
@@ -51,7 +56,7 @@ from ce.haystack._scopes import (
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
 
-__all__ = ["HOOK_TYPE", "SpanObserver", "ToolRunHook", "tool_runs"]
+__all__ = ["HOOK_TYPE", "SpanObserver", "ToolRunHook", "blocking", "tool_runs", "write"]
 
 logger = logging.getLogger("ce.haystack")
 
@@ -61,6 +66,28 @@ HOOK_TYPE = "ce.haystack._record.ToolRunHook"
 
 targeted: ContextVar[bool] = ContextVar("ce_haystack_targeted", default=False)
 """Set inside a run of the pipeline or Agent given to ``install(target=...)``."""
+blocking: ContextVar[bool] = ContextVar("ce_haystack_blocking", default=False)
+"""Set inside a run the app started through a blocking API (``Pipeline.run``,
+``Agent.run``)."""
+
+
+def write(
+    plugin: Plugin,
+    session_id: str,
+    what: str,
+    work: Callable[[Recorder], Any],
+    inline: bool | None = None,
+) -> None:
+    """Record with ``work`` from sync code: inline on a blocking path (``inline``, default:
+    the current run's), else through :func:`ce.core.integration.record_sync`."""
+    if not (blocking.get() if inline is None else inline):
+        record_sync(plugin, session_id, what, work)
+        return
+    if not plugin.installed:
+        return
+    engine = plugin.engine
+    recorder = Recorder(engine, session_id)
+    guarded_sync(plugin, lambda: engine.sync.run(work(recorder)), session_id=session_id, what=what)
 
 
 class SpanObserver:
@@ -96,6 +123,8 @@ class SpanObserver:
             metadata = tags.get("haystack.pipeline.metadata")
             explicit = metadata.get(SESSION_KEY) if isinstance(metadata, Mapping) else None
             stack.enter_context(bound(run_frame, open_run(self.plugin, explicit)))
+            sync = tags.get("haystack.pipeline.execution_mode") == "sync"
+            stack.enter_context(bound(blocking, sync))
         elif name == "haystack.component.run":
             stack.enter_context(bound(component_name, tags.get("haystack.component.name")))
         elif name == "haystack.agent.step":
@@ -128,7 +157,7 @@ class SpanObserver:
                 hits = hits_from_documents(output["documents"])
                 call_id = tool.call_id
                 if hits:
-                    record_sync(
+                    write(
                         self.plugin,
                         tool.scope.session_id,
                         "record retrieval",
@@ -147,7 +176,7 @@ class SpanObserver:
                 return
             known = {(h.uri, h.content) for h in run.hits}
             run.hits.extend(h for h in hits if (h.uri, h.content) not in known)
-            record_sync(
+            write(
                 self.plugin,
                 run.scope.session_id,
                 "record retrieval",
@@ -229,8 +258,8 @@ class ToolRunHook:
         except Exception:
             logger.warning("ce-haystack: reading the tool results failed", exc_info=True)
             return
-        if found is not None:
-            record_sync(self.plugin, found[0], "record tool runs", found[1])
+        if found is not None:  # the sync hook runs in a blocking Agent.run
+            write(self.plugin, found[0], "record tool runs", found[1], inline=True)
 
     async def run_async(self, state: Any) -> None:
         try:
