@@ -26,6 +26,7 @@ nox.options.sessions = [
     "tests-llamaindex",
     "tests-autogen",
     "tests-semantic-kernel",
+    "tests-haystack",
     "tests-mixed",
 ]
 
@@ -160,6 +161,30 @@ def tests_semantic_kernel(session: nox.Session, semantic_kernel: str) -> None:
     session.run("pytest", "tests/semantic_kernel", *session.posargs, env=_env())
 
 
+HAYSTACK = "packages/ce-haystack"
+HAYSTACK_VERSIONS = {
+    # 3.0: the first release whose Agent runs after_tool hooks (tool calls are recorded there)
+    "lowest": ["haystack-ai==3.0.0"],
+    "latest": ["haystack-ai>=3.0,<4"],
+}
+
+
+@nox.session(name="tests-haystack")
+@nox.parametrize("haystack", list(HAYSTACK_VERSIONS))
+def tests_haystack(session: nox.Session, haystack: str) -> None:
+    """ce-haystack against the real Haystack (Pipelines, Agents, OpenAIChatGenerator on the
+    scripted server), in its own virtualenv."""
+    session.install(
+        *TEST_DEPS, "-e", f"{CORE}[tiktoken]", "-e", HAYSTACK, *HAYSTACK_VERSIONS[haystack]
+    )
+    session.run(
+        "pytest",
+        "tests/haystack",
+        *session.posargs,
+        env={**_env(), "HAYSTACK_TELEMETRY_ENABLED": "False"},
+    )
+
+
 @nox.session(name="tests-mixed")
 def tests_mixed(session: nox.Session) -> None:
     """One session shared by a LangChain agent and a LlamaIndex agent
@@ -217,6 +242,7 @@ def bench(session: nox.Session) -> None:
         "autogen-core>=0.7.5",
         "autogen-agentchat>=0.7.5",
         "semantic-kernel>=1.45.0",
+        "haystack-ai>=3.4,<4",  # CompactionHook's compactors: 3.4
     )
     session.run("python", "benchmarks/bench_stores.py", "--write", "docs/benchmarks.md", env=_env())
     session.run(

@@ -6,9 +6,11 @@ For each size N (100, 1,000, 10,000 messages, with as many retrieved documents),
   tokenizer (tiktoken ``cl100k_base``) and budget (8,000 tokens, system message and latest
   user message to keep): LangChain ``trim_messages`` (approximate and tiktoken counters),
   LlamaIndex ``ChatMemoryBuffer`` and ``Memory``, AutoGen
-  ``TokenLimitedChatCompletionContext`` (with an offline tiktoken-counting client) and
-  Semantic Kernel ``ChatHistoryTruncationReducer`` (message count); with what each kept and
-  whether it left a tool result without its call (or a call without its results);
+  ``TokenLimitedChatCompletionContext`` (with an offline tiktoken-counting client),
+  Semantic Kernel ``ChatHistoryTruncationReducer`` (message count) and Haystack's
+  ``SlidingWindowCompactor`` (what ``CompactionHook`` runs, with its ``TiktokenCounter``);
+  with what each kept and whether it left a tool result without its call (or a call without
+  its results);
 * ``ContextEngine.prepare_turn`` on the session stored in a ``SQLiteStore``: cold (the first
   turn of a new process, several processes) and warm (the next turns of one process).
 
@@ -70,6 +72,7 @@ PACKAGES = (
     "autogen-core",
     "autogen-agentchat",
     "semantic-kernel",
+    "haystack-ai",
     "tiktoken",
     "pydantic",
     "SQLAlchemy",
@@ -603,6 +606,78 @@ async def _sk_truncation(ctx: Ctx) -> Any:
     return prepare, call, _sk_neutral
 
 
+# Haystack ---------------------------------------------------------------------
+
+
+def to_haystack(h: History) -> list[Any]:
+    """The history's messages as Haystack ``ChatMessage``s (tool calls with their ids, each
+    result with the call it answers)."""
+    from haystack.dataclasses import ChatMessage
+    from haystack.dataclasses import ToolCall as HsToolCall
+
+    calls: dict[str, Any] = {}
+    out: list[Any] = []
+    for m in h.messages:
+        if m.role == "system":
+            out.append(ChatMessage.from_system(m.content))
+        elif m.role == "user":
+            out.append(ChatMessage.from_user(m.content))
+        elif m.role == "assistant":
+            tool_calls = [
+                HsToolCall(tool_name=c.name, arguments=json.loads(c.arguments), id=c.call_id)
+                for c in m.tool_calls
+            ]
+            calls.update((c.id or "", c) for c in tool_calls)
+            out.append(ChatMessage.from_assistant(m.content or None, tool_calls=tool_calls or None))
+        else:
+            origin = calls.get(m.tool_call_id or "") or HsToolCall(
+                tool_name=m.name or "tool", arguments={}, id=m.tool_call_id
+            )
+            out.append(ChatMessage.from_tool(m.content, origin=origin))
+    return out
+
+
+def _hs_neutral(out: list[Any]) -> list[Msg]:
+    msgs = []
+    for m in out:
+        result = m.tool_call_result
+        if result is not None:
+            origin = result.origin
+            msgs.append(
+                Msg("tool", str(result.result), tool_call_id=origin.id, name=origin.tool_name)
+            )
+            continue
+        calls = tuple(
+            ToolCall(c.id or "", c.tool_name, json.dumps(c.arguments)) for c in m.tool_calls
+        )
+        msgs.append(Msg(m.role.value, m.text or "", tool_calls=calls))
+    return msgs
+
+
+async def _hs_sliding_window(ctx: Ctx) -> Any:
+    """What Haystack's ``CompactionHook`` runs once the conversation passes its trigger: the
+    ``SlidingWindowCompactor`` bringing it under the target (here: the budget), counted with
+    Haystack's ``TiktokenCounter`` on the same encoding."""
+    from haystack.hooks.compaction import SlidingWindowCompactor
+    from haystack.token_counters import TiktokenCounter
+
+    messages = to_haystack(ctx.history)
+    compactor = SlidingWindowCompactor(omission_note=None)
+    counter = TiktokenCounter(encoding=ENCODING)
+    counter.warm_up()
+
+    async def prepare() -> Any:
+        return list(messages)
+
+    async def call(msgs: list[Any]) -> list[Any]:
+        return (
+            compactor.compact(messages=msgs, target_tokens=ctx.budget, token_counter=counter)
+            or msgs
+        )
+
+    return prepare, call, _hs_neutral
+
+
 PEERS = [
     Peer(
         "LangChain `trim_messages` (tiktoken counter)",
@@ -656,6 +731,14 @@ PEERS = [
         True,
         _ag_token_limited,
         _ag_work,
+        whole_history=True,
+    ),
+    Peer(
+        "Haystack `CompactionHook`'s `SlidingWindowCompactor.compact()` (tiktoken counter)",
+        "tokens",
+        True,
+        _hs_sliding_window,
+        _linear,
         whole_history=True,
     ),
     Peer(
@@ -1125,7 +1208,10 @@ def report(
         "`TokenLimitedChatCompletionContext(token_limit=8000)` with an offline client whose "
         "`count_tokens` is the shared count (tiktoken on every call, no memo); Semantic Kernel "
         "`ChatHistoryTruncationReducer(target_count=K, threshold_count=0)` with K = budget ÷ "
-        "mean tokens per message. The LlamaIndex `Memory` per-turn row is its steady state: "
+        "mean tokens per message; Haystack `SlidingWindowCompactor(omission_note=None)."
+        "compact(target_tokens=8000)` with its `TiktokenCounter('cl100k_base')`, what "
+        "`CompactionHook` runs once its trigger fires (`TokenBudgetHook` stops a run instead "
+        "of trimming: no row). The LlamaIndex `Memory` per-turn row is its steady state: "
         "the older messages archived, the recent ones trimmed by `aput_messages`, then per "
         "call one assistant reply put untimed and one new user message put and read timed "
         "(as the warm `prepare_turn` turns); after 20 calls its queue holds only those new "

@@ -1,0 +1,292 @@
+"""Haystack ``ChatMessage`` <-> the engine's neutral messages (through OpenAI-style dicts,
+which Haystack's own ``ChatMessage.to_openai_dict_format()`` writes).
+
+:func:`to_pending` turns the messages a chat generator would send into dicts;
+:func:`from_sent` turns the engine's input back into a NEW list of ``ChatMessage`` for the one
+call: an app message the engine left unchanged is the app's very object, one whose text alone
+it rewrote is a copy with that text (its images and files kept), anything else is built from
+the dict. The app's own list (an Agent's ``State``) is never changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ce.core.integration import RetrievalHit, message_from_openai, reconcile_openai
+from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
+
+__all__ = [
+    "Pending",
+    "as_messages",
+    "from_sent",
+    "hits_from_documents",
+    "normalise_usage",
+    "reply_text",
+    "reply_to_message",
+    "to_pending",
+    "tool_schemas",
+]
+
+COMPACTION_META = "context_compaction"
+"""The ``meta`` key Haystack's compactors (``CompactionHook``) put on the messages they write:
+an omission note, a summary."""
+_URI_KEYS = ("source", "url", "uri", "link", "file_path", "path", "file_name")
+_SMALL = 512
+
+
+@functools.lru_cache(maxsize=4096)
+def agent_author(name: str) -> Author:
+    """The author of what agent ``name`` wrote (one shared, read-only object per name)."""
+    return Author(kind=AuthorKind.AGENT, id=name)
+
+
+def as_messages(messages: Any) -> list[Any]:
+    """A chat generator's ``messages`` argument as a list (a ``str`` is one user message, as
+    Haystack reads it)."""
+    from haystack.dataclasses import ChatMessage
+
+    if isinstance(messages, str):
+        return [ChatMessage.from_user(messages)]
+    return list(messages or ())
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The OpenAI-style dicts of a call's messages and the app messages that carry content
+    the engine cannot read (images, files): never sent unchanged."""
+
+    dicts: list[dict[str, Any]]
+    opaque: list[int]
+    messages: list[Any]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def to_pending(messages: Sequence[Any]) -> Pending:
+    """The call's messages as the engine reads them (text, tool calls with their ids, tool
+    results; images and files are kept by the app's message, not read). A message a
+    ``CompactionHook`` compactor wrote stands for history the session holds in full: it is
+    left out."""
+    dicts: list[dict[str, Any]] = []
+    opaque: list[int] = []
+    kept: list[Any] = []
+    for message in messages:
+        if COMPACTION_META in (message.meta or {}):
+            continue
+        index = len(kept)
+        kept.append(message)
+        entry = dict(message.to_openai_dict_format(require_tool_call_ids=False))
+        entry.pop("name", None)
+        content = entry.get("content")
+        if isinstance(content, list):
+            if message.images or message.files:
+                opaque.append(index)
+            entry["content"] = _text_of(content)
+        elif content is None and entry.get("role") != "assistant":
+            entry["content"] = ""
+        if entry.get("role") == "developer":
+            entry["role"] = "system"
+        dicts.append(entry)
+    return Pending(dicts, opaque, kept)
+
+
+def _calls(sent: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
+    calls: dict[str, tuple[str, dict[str, Any]]] = {}
+    for entry in sent:
+        for call in entry.get("tool_calls") or ():
+            function = call.get("function") or {}
+            calls[str(call.get("id"))] = (str(function.get("name") or ""), _args(function))
+    return calls
+
+
+def _args(function: Mapping[str, Any]) -> dict[str, Any]:
+    raw = function.get("arguments")
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    try:
+        parsed = json.loads(raw or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _build(entry: Mapping[str, Any], calls: Mapping[str, tuple[str, dict[str, Any]]]) -> Any:
+    """A new ``ChatMessage`` from one assembled OpenAI dict."""
+    from haystack.dataclasses import ChatMessage, ToolCall
+
+    role = str(entry.get("role"))
+    text = _text_of(entry.get("content"))
+    if role == "tool":
+        call_id = str(entry.get("tool_call_id") or "")
+        name, arguments = calls.get(call_id, ("tool", {}))
+        origin = ToolCall(tool_name=name, arguments=arguments, id=call_id)
+        return ChatMessage.from_tool(tool_result=text, origin=origin)
+    if role == "assistant":
+        tool_calls = [
+            ToolCall(
+                tool_name=str((call.get("function") or {}).get("name") or ""),
+                arguments=_args(call.get("function") or {}),
+                id=str(call.get("id")),
+            )
+            for call in entry.get("tool_calls") or ()
+        ]
+        return ChatMessage.from_assistant(text=text or None, tool_calls=tool_calls or None)
+    if role == "user":
+        return ChatMessage.from_user(text)
+    return ChatMessage.from_system(text)
+
+
+def _with_text(message: Any, text: str, media: bool) -> Any:
+    """A copy of the app's system, user or tool ``message`` with ``text`` (its images and
+    files kept when ``media``)."""
+    from haystack.dataclasses import ChatMessage
+
+    result = message.tool_call_result
+    if result is not None:
+        return ChatMessage.from_tool(
+            tool_result=text, origin=result.origin, error=result.error, meta=dict(message.meta)
+        )
+    if message.is_from("user"):
+        extra = [*message.images, *message.files] if media else []
+        if extra:
+            return ChatMessage.from_user(
+                content_parts=[text, *extra], meta=dict(message.meta), name=message.name
+            )
+        return ChatMessage.from_user(text, meta=dict(message.meta), name=message.name)
+    return ChatMessage.from_system(text, meta=dict(message.meta), name=message.name)
+
+
+def from_sent(sent: Sequence[Mapping[str, Any]], pending: Pending) -> list[Any]:
+    """The ``ChatMessage`` list holding the engine's input ``sent`` for a call whose own
+    messages are ``pending`` (see the module docstring)."""
+    calls = _calls(sent)
+    out: list[Any] = []
+    for entry, where in zip(
+        sent, reconcile_openai(pending.dicts, sent, pending.opaque), strict=True
+    ):
+        if where.source is None:
+            out.append(_build(entry, calls))
+        elif where.text is None:
+            out.append(pending.messages[where.source])
+        else:
+            out.append(_with_text(pending.messages[where.source], where.text, where.media))
+    return out
+
+
+def tool_schemas(tools: Any) -> list[dict[str, Any]] | None:
+    """The OpenAI-style schemas of a call's ``tools`` (Tools and Toolsets), if any."""
+    if not tools:
+        return None
+    schemas: list[dict[str, Any]] = []
+    for item in _flat(tools):
+        spec = getattr(item, "tool_spec", None)
+        if isinstance(spec, Mapping):
+            schemas.append({"type": "function", "function": dict(spec)})
+    return schemas or None
+
+
+def _flat(tools: Any) -> Iterable[Any]:
+    for item in tools:
+        if hasattr(item, "tool_spec"):
+            yield item
+        elif isinstance(item, Iterable):
+            yield from _flat(item)
+
+
+def normalise_usage(usage: Any) -> tuple[int, int]:
+    """``(prompt, completion)`` tokens from a reply's ``meta["usage"]``: OpenAI's
+    ``prompt_tokens`` / ``completion_tokens`` and Anthropic's ``input_tokens`` /
+    ``output_tokens`` (a dict, as Haystack's generators write it, or an object)."""
+    if usage is None:
+        return 0, 0
+
+    def read(*names: str) -> int:
+        for name in names:
+            value = usage.get(name) if isinstance(usage, Mapping) else getattr(usage, name, None)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return int(value)
+        return 0
+
+    return read("prompt_tokens", "input_tokens"), read("completion_tokens", "output_tokens")
+
+
+def reply_text(reply: Any) -> str:
+    """The text of a reply (its text parts joined)."""
+    return "\n".join(t for t in reply.texts if t)
+
+
+def reply_to_message(reply: Any, agent: str | None, provider: str, model: str) -> Message | None:
+    """The model's reply as the neutral assistant :class:`Message` the engine commits,
+    written by ``agent``; ``None`` when it has neither text nor tool calls."""
+    text = reply_text(reply)
+    calls = reply.tool_calls
+    if not text and not calls:
+        return None
+    entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        entry["tool_calls"] = [
+            {
+                "id": str(call.id),
+                "type": "function",
+                "function": {
+                    "name": call.tool_name,
+                    "arguments": json.dumps(call.arguments, ensure_ascii=False, default=str),
+                },
+            }
+            for call in calls
+        ]
+    author = agent_author(agent) if agent else None
+    return message_from_openai(entry, author).model_copy(
+        update={"invocation": ModelInvocation(provider=provider or "unknown", model=model)}
+    )
+
+
+def _snake(key: str) -> str:
+    key = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key)
+    return re.sub(r"[^a-z0-9_]+", "_", key.lower()).strip("_") or "key"
+
+
+def _small(value: Any) -> bool:
+    if isinstance(value, str):
+        return len(value) <= _SMALL
+    return isinstance(value, (int, float, bool))
+
+
+def hits_from_documents(documents: Any) -> list[RetrievalHit]:
+    """Haystack ``Document`` objects as retrieval hits: content, the source in ``meta`` (else
+    the document's id), score, id, and the document's small scalar metadata."""
+    hits: list[RetrievalHit] = []
+    for doc in documents or ():
+        content = getattr(doc, "content", None)
+        if not isinstance(content, str) or not content:
+            continue
+        meta = getattr(doc, "meta", None) or {}
+        doc_id = getattr(doc, "id", None)
+        uri = next((str(meta[k]) for k in _URI_KEYS if meta.get(k)), "")
+        metadata = {_snake(str(k)): v for k, v in meta.items() if k not in _URI_KEYS and _small(v)}
+        score = getattr(doc, "score", None)
+        hits.append(
+            RetrievalHit(
+                content=content,
+                uri=uri or f"haystack://document/{doc_id}",
+                score=float(score) if isinstance(score, (int, float)) else None,
+                doc_id=str(doc_id) if doc_id is not None else None,
+                metadata=metadata,
+            )
+        )
+    return hits

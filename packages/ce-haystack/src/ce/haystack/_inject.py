@@ -1,0 +1,423 @@
+"""Engine -> Haystack: the messages each chat-generator call sends instead of its own.
+
+Why this seam: a chat generator's ``run`` / ``run_async`` is the one place every model call
+of Haystack goes through, in a Pipeline (``instance.run(**inputs)``), in an Agent's loop
+(``self.chat_generator.run(...)`` each step, sync and async) and called on its own. The
+Agent's ``before_llm`` hook would see the Agent's calls only, and its rewrite persists in the
+Agent's ``State`` (and in the messages the Agent returns); a tracer cannot rewrite anything
+(component inputs are deep-copied before tracing). The wrapper replaces the call's
+``messages`` argument only: the Pipeline's data and the Agent's ``State`` keep the app's own
+messages. It keeps ``run``'s signature (``functools.wraps``: the Agent inspects it for
+``tools``, a component's sockets are read from it) and the streaming callback (wrapped only
+to time the first token). A ``str`` given as ``messages`` is one user message, as Haystack
+reads it.
+
+Each call hands the engine the messages (awaited on the caller's loop in ``run_async``,
+through :func:`ce.core.integration.prepare_openai`; blocking in ``run``, through
+:func:`~ce.core.integration.prepare_openai_sync`) and the call's tool schemas, and sends the
+engine's input. Documents the run's retrievers returned are the session's ``rag_doc``
+evidence, rendered by the engine fenced with their evidence id; where the app's prompt
+inlines one of them (a ``ChatPromptBuilder`` template), the inline copy is replaced by a
+pointer to that evidence, so the model receives each document once. After the call the
+reply, its usage (``meta["usage"]``; streamed Chat Completions calls ask for it with
+``stream_options.include_usage`` unless the app set ``stream_options``) and its latency
+are recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import (
+    ModelCall,
+    Recorder,
+    error_text,
+    fail_open,
+    fail_open_sync,
+    guarded,
+    guarded_sync,
+    prepare_openai,
+    prepare_openai_sync,
+    provider_of,
+    record_awaited,
+    redact_openai,
+)
+from ce.haystack._convert import (
+    Pending,
+    agent_author,
+    as_messages,
+    from_sent,
+    normalise_usage,
+    reply_text,
+    reply_to_message,
+    to_pending,
+    tool_schemas,
+)
+from ce.haystack._record import write
+from ce.haystack._scopes import RunFrame, bound, in_call, open_run, run_frame, tool_frame
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin
+    from ce.core.schema import Author, Evidence
+
+__all__ = ["Seam", "inline_evidence"]
+
+_MIN_INLINE = 16
+"""Documents shorter than this are never looked for in a prompt (too likely to match by
+chance)."""
+
+
+def inline_evidence(
+    dicts: Sequence[Mapping[str, Any]], documents: Sequence[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """``dicts`` with every inline copy of a document (``(content, evidence id)``) in a
+    system or user message replaced by a pointer to its evidence."""
+    out: list[dict[str, Any]] = []
+    for entry in dicts:
+        content = entry.get("content")
+        if entry.get("role") in ("system", "user") and isinstance(content, str):
+            text = content
+            for document, evidence_id in documents:
+                if len(document) >= _MIN_INLINE and document in text:
+                    text = text.replace(document, f"[document: see evidence {evidence_id}]")
+            if text != content:
+                entry = {**entry, "content": text}
+        out.append(dict(entry))
+    return out
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.first: float | None = None
+
+    def mark(self) -> None:
+        if self.first is None:
+            self.first = time.perf_counter()
+
+
+class Seam:
+    """The per-call hook of one install: what a wrapped ``run`` / ``run_async`` does."""
+
+    def __init__(self, plugin: Plugin, inject: bool, active: Callable[[], bool]) -> None:
+        self.plugin = plugin
+        self.inject = inject
+        self.active = active
+
+    # -- the wrappers ----------------------------------------------------------------------
+
+    def wrap_run(self, original: Callable[..., Any], instance: Any = None) -> Callable[..., Any]:
+        """A generator class's ``run`` (``instance=None``) or one instance's bound ``run``,
+        sending the engine's input; same signature."""
+        seam, signature = self, inspect.signature(original)
+        if instance is None:
+
+            @functools.wraps(original)
+            def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return seam.call(self, original, signature, (self, *args), kwargs)
+
+        else:
+
+            @functools.wraps(original)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                return seam.call(instance, original, signature, args, kwargs)
+
+        run.ce_wrapped = True  # type: ignore[attr-defined]
+        return run
+
+    def wrap_run_async(
+        self, original: Callable[..., Any], instance: Any = None
+    ) -> Callable[..., Any]:
+        """The coroutine twin of :meth:`wrap_run` for ``run_async``."""
+        seam, signature = self, inspect.signature(original)
+        if instance is None:
+
+            @functools.wraps(original)
+            async def run_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return await seam.acall(self, original, signature, (self, *args), kwargs)
+
+        else:
+
+            @functools.wraps(original)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                return await seam.acall(instance, original, signature, args, kwargs)
+
+        run_async.ce_wrapped = True  # type: ignore[attr-defined]
+        return run_async
+
+    # -- one call --------------------------------------------------------------------------
+
+    def _begin(
+        self, generator: Any, signature: inspect.Signature, args: Any, kwargs: Any
+    ) -> tuple[inspect.BoundArguments, RunFrame] | None:
+        if not self.active() or in_call.get():
+            return None
+        try:
+            arguments = signature.bind(*args, **kwargs)
+        except TypeError:  # the generator will say what is wrong
+            return None
+        if "messages" not in arguments.arguments:
+            return None
+        frame, tool = run_frame.get(), tool_frame.get()
+        if frame is None or (tool is not None and tool.scope == frame.scope):
+            # on its own, or inside a tool of the run (an LLM-backed tool): a run of its own
+            frame = open_run(self.plugin)
+        return arguments, frame
+
+    def call(
+        self,
+        generator: Any,
+        original: Callable[..., Any],
+        signature: inspect.Signature,
+        args: Any,
+        kwargs: Any,
+    ) -> Any:
+        begun = self._begin(generator, signature, args, kwargs)
+        if begun is None:
+            return original(*args, **kwargs)
+        arguments, frame = begun
+        self._prepare_sync(frame, arguments)
+        timer = self._stream(generator, signature, arguments)
+        with bound(in_call, True):
+            try:
+                result = original(*arguments.args, **arguments.kwargs)
+            except Exception as exc:
+                work = self._recording(generator, frame, None, timer, exc)
+                write(self.plugin, frame.scope.session_id, "record model call", work, True)
+                raise
+        work = self._recording(generator, frame, result, timer, None)
+        write(self.plugin, frame.scope.session_id, "record model call", work, True)
+        return result
+
+    async def acall(
+        self,
+        generator: Any,
+        original: Callable[..., Any],
+        signature: inspect.Signature,
+        args: Any,
+        kwargs: Any,
+    ) -> Any:
+        begun = self._begin(generator, signature, args, kwargs)
+        if begun is None:
+            return await original(*args, **kwargs)
+        arguments, frame = begun
+        await self._prepare(frame, arguments)
+        timer = self._stream(generator, signature, arguments)
+        with bound(in_call, True):
+            try:
+                result = await original(*arguments.args, **arguments.kwargs)
+            except Exception as exc:
+                work = self._recording(generator, frame, None, timer, exc)
+                await record_awaited(self.plugin, frame.scope.session_id, "record model call", work)
+                raise
+        work = self._recording(generator, frame, result, timer, None)
+        await record_awaited(self.plugin, frame.scope.session_id, "record model call", work)
+        return result
+
+    # -- before ----------------------------------------------------------------------------
+
+    def _redactor(self, messages: list[Any]) -> Callable[[], list[Any] | None]:
+        plugin = self.plugin
+
+        def redact() -> list[Any] | None:
+            redactor = plugin.engine.redactor_for(plugin.config)
+            if redactor is None:
+                return None
+            pending = to_pending(messages)
+            return from_sent(redact_openai(pending.dicts, redactor), pending)
+
+        return redact
+
+    def _authors(self, pending: Pending, frame: RunFrame) -> list[Author | None] | None:
+        if not frame.agent:
+            return None
+        author = agent_author(frame.agent)
+        return [author if d.get("role") == "assistant" else None for d in pending.dicts]
+
+    def _prepare_sync(self, frame: RunFrame, arguments: inspect.BoundArguments) -> None:
+        plugin, session_id = self.plugin, frame.scope.session_id
+        messages = as_messages(arguments.arguments["messages"])
+        redact = self._redactor(messages)
+        try:
+            pending = to_pending(messages)
+            schemas = tool_schemas(arguments.arguments.get("tools"))
+        except Exception as exc:
+            own = fail_open_sync(plugin, session_id, "convert messages", exc, redact)
+            if own is not None:
+                arguments.arguments["messages"] = own
+            return
+        documents: list[tuple[str, str]] = []
+        if frame.hits:
+            hits = list(frame.hits)
+            recorder = Recorder(plugin.engine, session_id)
+            evidences = guarded_sync(
+                plugin,
+                lambda: plugin.engine.sync.run(recorder.record_retrieval(hits)),
+                session_id=session_id,
+                what="record retrieval",
+            )
+            documents = _documents(hits, evidences)
+        dicts = inline_evidence(pending.dicts, documents)
+        sent = prepare_openai_sync(
+            plugin, session_id, dicts, schemas, self._authors(pending, frame)
+        )
+        self._send(
+            arguments,
+            sent,
+            pending,
+            lambda exc: fail_open_sync(plugin, session_id, "convert messages", exc, redact),
+        )
+
+    async def _prepare(self, frame: RunFrame, arguments: inspect.BoundArguments) -> None:
+        plugin, session_id = self.plugin, frame.scope.session_id
+        messages = as_messages(arguments.arguments["messages"])
+        redact = self._redactor(messages)
+        try:
+            pending = to_pending(messages)
+            schemas = tool_schemas(arguments.arguments.get("tools"))
+        except Exception as exc:
+            own = await fail_open(plugin, session_id, "convert messages", exc, redact)
+            if own is not None:
+                arguments.arguments["messages"] = own
+            return
+        documents: list[tuple[str, str]] = []
+        if frame.hits:
+            hits = list(frame.hits)
+            recorder = Recorder(plugin.engine, session_id)
+            evidences = await guarded(
+                plugin,
+                lambda: recorder.record_retrieval(hits),
+                session_id=session_id,
+                what="record retrieval",
+            )
+            documents = _documents(hits, evidences)
+        dicts = inline_evidence(pending.dicts, documents)
+        sent = await prepare_openai(
+            plugin, session_id, dicts, schemas, self._authors(pending, frame)
+        )
+        failed: list[Exception] = []
+        self._send(arguments, sent, pending, lambda exc: failed.append(exc))
+        if failed:
+            own = await fail_open(plugin, session_id, "convert messages", failed[0], redact)
+            if own is not None:
+                arguments.arguments["messages"] = own
+
+    def _send(
+        self,
+        arguments: inspect.BoundArguments,
+        sent: list[dict[str, Any]] | None,
+        pending: Pending,
+        on_error: Callable[[Exception], Any],
+    ) -> None:
+        """Put the engine's input ``sent`` in the call's ``messages`` (nothing when it is
+        ``None``: the app's own go, or with ``inject=False``)."""
+        if sent is None or not self.inject:
+            return
+        try:
+            arguments.arguments["messages"] = from_sent(sent, pending)
+        except Exception as exc:
+            own = on_error(exc)
+            if isinstance(own, list):
+                arguments.arguments["messages"] = own
+
+    def _stream(
+        self, generator: Any, signature: inspect.Signature, arguments: inspect.BoundArguments
+    ) -> _Timer:
+        """The call's timer; a streaming call's callback wrapped to mark the first token,
+        and an OpenAI stream asked for its usage."""
+        timer = _Timer()
+        if "streaming_callback" not in signature.parameters:
+            return timer
+        values = arguments.arguments
+        callback = values.get("streaming_callback") or getattr(
+            generator, "streaming_callback", None
+        )
+        if callback is None:
+            return timer
+        if inspect.iscoroutinefunction(callback):
+
+            async def timed_async(chunk: Any) -> Any:
+                timer.mark()
+                return await callback(chunk)
+
+            values["streaming_callback"] = timed_async
+        else:
+
+            def timed(chunk: Any) -> Any:
+                timer.mark()
+                return callback(chunk)
+
+            values["streaming_callback"] = timed
+        if _chat_completions(generator) and "generation_kwargs" in signature.parameters:
+            own = getattr(generator, "generation_kwargs", None) or {}
+            given = values.get("generation_kwargs") or {}
+            if "stream_options" not in own and "stream_options" not in given:
+                values["generation_kwargs"] = {
+                    **given,
+                    "stream_options": {"include_usage": True},
+                }
+        return timer
+
+    # -- after -----------------------------------------------------------------------------
+
+    def _recording(
+        self,
+        generator: Any,
+        frame: RunFrame,
+        result: Any,
+        timer: _Timer,
+        error: BaseException | None,
+    ) -> Callable[[Recorder], Any]:
+        """How the finished (or failed) call is recorded: the reply (by the run's Agent),
+        its ``llm_output`` evidence and its usage, in one engine write."""
+        ended = time.perf_counter()
+        replies = result.get("replies") if isinstance(result, Mapping) else None
+        reply = replies[0] if replies else None
+        meta = getattr(reply, "meta", None) or {}
+        prompt, completion = normalise_usage(meta.get("usage"))
+        provider = provider_of(generator)
+        model = str(meta.get("model") or getattr(generator, "model", None) or "unknown")
+        call = ModelCall(
+            call_id=uuid.uuid4().hex,
+            provider=provider,
+            model=model,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            latency_ms=round((ended - timer.started) * 1000),
+            first_token_latency_ms=(
+                round((timer.first - timer.started) * 1000) if timer.first is not None else None
+            ),
+            output_text=reply_text(reply) if reply is not None else "",
+            error=error_text(error) if error is not None else None,
+        )
+        message = (
+            reply_to_message(reply, frame.agent, provider, model) if reply is not None else None
+        )
+
+        async def work(recorder: Recorder) -> None:
+            await recorder.record_model_call(call, message)
+
+        return work
+
+
+def _chat_completions(generator: Any) -> bool:
+    """Whether ``generator`` streams OpenAI Chat Completions (``OpenAIChatGenerator`` and its
+    subclasses: Azure's, the OpenAI-compatible integrations), which send usage only when
+    asked (the Responses API generators do not take ``stream_options``)."""
+    from haystack.components.generators.chat import OpenAIChatGenerator
+
+    return isinstance(generator, OpenAIChatGenerator)
+
+
+def _documents(hits: Sequence[Any], evidences: Sequence[Evidence] | None) -> list[tuple[str, str]]:
+    if not evidences:
+        return []
+    return [
+        (hit.content.strip(), evidence.evidence_id)
+        for hit, evidence in zip(hits, evidences, strict=False)
+    ]

@@ -1,0 +1,166 @@
+"""Which session a Haystack model call, tool run or retrieval belongs to: the kit's rule
+(:func:`ce.core.integration.resolve_scope`) applied to Haystack's runs.
+
+A run is one top-level ``Pipeline.run`` / ``run_async``, one ``Agent.run`` / ``run_async``
+(outside a pipeline), or one chat generator called on its own. First match wins for it: the
+``ce_session_id`` it names explicitly (``Pipeline(metadata={"ce_session_id": ...})``, an
+Agent's ``hook_context={"ce_session_id": ...}``), ``with engine.session(...)``,
+``install(session_id=...)``, else the run itself (``run:<id>``). Haystack has no conversation
+identity of its own. Every component of a pipeline run (an Agent in it included) shares the
+run's scope.
+
+A run started while a tool runs (an Agent or a pipeline behind a ``ComponentTool``, an
+LLM-backed tool) is nested: it gets the child scope ``<outer session>/<tool call id>`` and
+never receives or changes the outer conversation.
+
+Haystack passes no run object along, so the frames live in context variables, bound by the
+plugin's tracer around pipeline runs, agent steps and tool runs and by the Agent wrapper
+around agent runs. Tools run in a thread pool with a copy of the context, so they see the
+frames of the step that called them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import Scope, resolve_scope
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin, RetrievalHit
+
+__all__ = [
+    "RunFrame",
+    "StepFrame",
+    "ToolFrame",
+    "bound",
+    "component_name",
+    "in_call",
+    "open_run",
+    "run_frame",
+    "step_frame",
+    "tool_frame",
+]
+
+
+@dataclass
+class RunFrame:
+    """One run in flight: its scope, the documents its retrievers returned (so a prompt that
+    inlines them sends them once), and the Agent whose model calls these are (a component's
+    name in a pipeline, else ``None``)."""
+
+    scope: Scope
+    hits: list[RetrievalHit] = field(default_factory=list)
+    agent: str | None = None
+
+
+@dataclass
+class StepFrame:
+    """One Agent step in flight: the tool calls its model asked for (with their ids, read from
+    the reply) and the tool runs the tracer saw, filled from the tool threads."""
+
+    calls: list[Any] = field(default_factory=list)
+    tools: list[ToolFrame] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self, tool: ToolFrame) -> str:
+        """The id of the first call of this step with ``tool``'s name and arguments that no
+        other tool run claimed yet (a generated one when the reply named none)."""
+        with self.lock:
+            taken = {t.claimed for t in self.tools if t is not tool}
+            for call in self.calls:
+                if (
+                    call.id is not None
+                    and str(call.id) not in taken
+                    and call.tool_name == tool.name
+                    and call.arguments == tool.arguments()
+                ):
+                    return str(call.id)
+        return f"{tool.name}:{uuid.uuid4().hex[:12]}"
+
+
+class ToolFrame:
+    """A tool run of an Agent step in flight: the scope of the run that called it, its name,
+    its timing, and its call id (claimed from the step's reply once the tool's arguments are
+    known)."""
+
+    def __init__(
+        self, scope: Scope, name: str, tags: dict[str, Any], step: StepFrame | None
+    ) -> None:
+        self.scope = scope
+        self.name = name
+        self.started = time.time()
+        self.ended: float | None = None
+        self.claimed: str | None = None
+        self._tags = tags
+        self._step = step
+
+    def arguments(self) -> Any:
+        return self._tags.get("haystack.agent.step.tool.input")
+
+    @property
+    def call_id(self) -> str:
+        if self.claimed is None:
+            self.claimed = (
+                self._step.claim(self)
+                if self._step is not None
+                else f"{self.name}:{uuid.uuid4().hex[:12]}"
+            )
+        return self.claimed
+
+
+run_frame: ContextVar[RunFrame | None] = ContextVar("ce_haystack_run", default=None)
+step_frame: ContextVar[StepFrame | None] = ContextVar("ce_haystack_step", default=None)
+tool_frame: ContextVar[ToolFrame | None] = ContextVar("ce_haystack_tool", default=None)
+component_name: ContextVar[str | None] = ContextVar("ce_haystack_component", default=None)
+"""The name of the pipeline component running (an Agent's name in its pipeline)."""
+in_call: ContextVar[bool] = ContextVar("ce_haystack_in_call", default=False)
+"""Set while a wrapped chat generator runs: a generator it calls (a fallback's, a
+subclass's ``super().run``) passes through."""
+
+
+@contextlib.contextmanager
+def bound(var: ContextVar[Any], value: Any) -> Iterator[None]:
+    """``var`` set to ``value`` for the block (a reset from another context is ignored)."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            var.reset(token)
+
+
+def open_run(plugin: Plugin, explicit: object = None, agent: str | None = None) -> RunFrame:
+    """The frame of a run starting now: nested in the tool run in flight, else the enclosing
+    run's own frame (unless ``explicit`` names another session), else a new top-level run."""
+    tool = tool_frame.get()
+    outer = run_frame.get()
+    if tool is not None:
+        scope = resolve_scope(
+            plugin,
+            run_id=uuid.uuid4().hex,
+            explicit=explicit,
+            parent=tool.scope,
+            parent_call_id=tool.call_id,
+        )
+        return RunFrame(scope, agent=agent or tool.name)
+    if outer is not None:
+        named = explicit if isinstance(explicit, (str, int)) and explicit != "" else None
+        if named is None or str(named) == outer.scope.session_id:
+            return outer if agent is None or outer.agent == agent else _with_agent(outer, agent)
+        return RunFrame(Scope(str(named), "explicit"), agent=agent)
+    return RunFrame(resolve_scope(plugin, run_id=uuid.uuid4().hex, explicit=explicit), agent=agent)
+
+
+def _with_agent(outer: RunFrame, agent: str) -> RunFrame:
+    """The enclosing run's frame as seen by one of its Agents (the retrieved documents are
+    shared)."""
+    frame = RunFrame(outer.scope, agent=agent)
+    frame.hits = outer.hits
+    return frame

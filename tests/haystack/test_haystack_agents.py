@@ -1,0 +1,76 @@
+"""Several Agents in one Pipeline run share its session: every model call of each Agent's
+tool loop starts with that Agent's own system prompt, keeps its tool pairs intact and has
+the newest user input; each Agent's messages are stored with the Agent (its component name)
+as author."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from haystack import Pipeline
+from haystack.components.agents import Agent
+from haystack.dataclasses import ChatMessage
+from hs_apps import LOOKUP, generator
+
+import ce.haystack
+from ce.core.engine import ContextEngine
+from ce.core.formats import from_openai_messages
+from ce.core.integration import SESSION_KEY
+from ce.core.schema import AuthorKind, Role
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing.assertions import assert_tool_pairs_intact
+
+PROMPTS = {"researcher": "You research facts.", "writer": "You write the answer."}
+
+
+def script(body: dict[str, Any]) -> ScriptedResponse:
+    system = body["messages"][0]["content"]
+    agent = "researcher" if system.startswith(PROMPTS["researcher"]) else "writer"
+    if body["messages"][-1]["role"] == "tool":
+        return ScriptedResponse(text=f"{agent} is done.")
+    args = json.dumps({"q": agent})
+    return ScriptedResponse(tool_calls=[(f"call_{agent}", "lookup", args)])
+
+
+async def test_each_agent_gets_its_own_prompt_and_authors_its_messages(
+    engine: ContextEngine,
+) -> None:
+    with ScriptedOpenAIServer(script) as server:
+        pipeline = Pipeline(metadata={SESSION_KEY: "s-team"})
+        for name, prompt in PROMPTS.items():
+            agent = Agent(chat_generator=generator(server), tools=[LOOKUP], system_prompt=prompt)
+            pipeline.add_component(name, agent)
+        ce.haystack.install(engine)
+        question = [ChatMessage.from_user("Weather in Oslo?")]
+        result = pipeline.run({name: {"messages": question} for name in PROMPTS})
+        requests = server.requests
+    assert {result[name]["last_message"].text for name in PROMPTS} == {
+        "researcher is done.",
+        "writer is done.",
+    }
+    assert len(requests) == 4
+    for request in requests:
+        first = request["messages"][0]["content"]
+        own = [p for p in PROMPTS.values() if first.startswith(p)]
+        assert len(own) == 1
+        other = next(p for p in PROMPTS.values() if p not in own)
+        assert other not in json.dumps(request["messages"])
+        parts = from_openai_messages(request["messages"])
+        assert [p.role for p in parts].count(Role.SYSTEM) == 1
+        assert_tool_pairs_intact(parts)
+        assert "Weather in Oslo?" in json.dumps(request["messages"])
+    doc = await engine.get_session("s-team")
+    replies = [m for m in doc.session.messages if m.role is Role.ASSISTANT]
+    assert replies and all(m.author is not None for m in replies)
+    assert all(m.author.kind is AuthorKind.AGENT for m in replies if m.author)
+    by_author = {m.author.id for m in replies if m.author}
+    assert by_author == set(PROMPTS)
+    for message in replies:
+        assert message.author is not None
+        if message.content:
+            assert message.content == f"{message.author.id} is done."
+    assert {c.tool_call_id for c in doc.session.tool_state.tool_calls} == {
+        "call_researcher",
+        "call_writer",
+    }

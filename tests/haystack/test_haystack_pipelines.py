@@ -1,0 +1,205 @@
+"""ce-haystack in Pipelines: a retriever's documents are ``rag_doc`` evidence (source, score,
+id, metadata) and reach the model once, fenced with their evidence id, also when a
+``ChatPromptBuilder`` inlines them; ``Pipeline.run`` and ``run_async`` alike, streamed with
+usage; a generator called on its own with a ``str``; a model call inside a tool is nested."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from haystack import Pipeline
+from haystack.components.agents import Agent
+from haystack.components.builders import ChatPromptBuilder
+from haystack.dataclasses import ChatMessage
+from haystack.tools import Tool
+from hs_apps import FixedRetriever, generator, wire
+
+import ce.haystack
+from ce.core.engine import ContextEngine
+from ce.core.integration import SESSION_KEY
+from ce.core.schema import EvidenceType, Role
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, no_blocking
+
+SYSTEM = "Answer from the documents."
+DOCS = (
+    ("doc://oslo", "Oslo gets 9 C and light rain this weekend.", 0.8),
+    ("doc://bergen", "Bergen expects strong wind on Saturday.", 0.3),
+)
+TEMPLATE = [
+    ChatMessage.from_system(SYSTEM),
+    ChatMessage.from_user(
+        "Documents:\n{% for d in documents %}{{ d.content }}\n{% endfor %}Question: {{ query }}"
+    ),
+]
+
+
+def _rag(server: ScriptedOpenAIServer, session_id: str, **llm: Any) -> Pipeline:
+    pipeline = Pipeline(metadata={SESSION_KEY: session_id})
+    pipeline.add_component("retriever", FixedRetriever(DOCS))
+    pipeline.add_component(
+        "prompt", ChatPromptBuilder(template=TEMPLATE, required_variables=["documents", "query"])
+    )
+    pipeline.add_component("llm", generator(server, **llm))
+    pipeline.connect("retriever.documents", "prompt.documents")
+    pipeline.connect("prompt.prompt", "llm.messages")
+    return pipeline
+
+
+def _data(query: str) -> dict[str, Any]:
+    return {"retriever": {"query": query}, "prompt": {"query": query}}
+
+
+def _answer(_: dict[str, Any]) -> ScriptedResponse:
+    return ScriptedResponse(text="Rain in Oslo.", prompt_tokens=42, completion_tokens=4)
+
+
+@pytest.mark.parametrize("path", ["run", "run_async", "run_stream"])
+async def test_inlined_documents_reach_the_model_once_fenced_with_their_id(
+    path: str, engine: ContextEngine
+) -> None:
+    chunks: list[str] = []
+    with ScriptedOpenAIServer(_answer) as server:
+        llm = (
+            {"streaming_callback": lambda c: chunks.append(c.content)}
+            if path.endswith("stream")
+            else {}
+        )
+        pipeline = _rag(server, "s-rag", **llm)
+        ce.haystack.install(engine)
+        if path == "run_async":
+            with no_blocking(engine) as blocking:
+                result = await pipeline.run_async(_data("Weather in Oslo?"))
+            assert blocking.used == []
+        else:
+            result = pipeline.run(_data("Weather in Oslo?"))
+        (request,) = server.requests
+    assert result["llm"]["replies"][0].text == "Rain in Oslo."
+    if chunks:
+        assert "".join(chunks) == "Rain in Oslo."
+        assert request["stream_options"] == {"include_usage": True}
+    doc = await engine.get_session("s-rag")
+    hits = {e.source.uri: e for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC}
+    assert set(hits) == {uri for uri, _, _ in DOCS}
+    for uri, content, score in DOCS:
+        evidence = hits[uri]
+        assert evidence.content == content and evidence.confidence == pytest.approx(score)
+        assert evidence.metadata["doc_id"]
+        assert wire(request).count(content) == 1  # once, inside its fenced evidence block
+        system = request["messages"][0]["content"]
+        block = re.search(
+            rf'<evidence id="{evidence.evidence_id}"[^>]*>\n(.*?)\n</evidence>', system, re.S
+        )
+        assert block is not None and block.group(1) == content
+        assert f"see evidence {evidence.evidence_id}" in request["messages"][-1]["content"]
+    assert system.startswith(SYSTEM)
+    assert request["messages"][-1]["content"].endswith("Question: Weather in Oslo?")
+    (usage,) = doc.session.model_usage
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.provider) == (42, 4, "openai")
+    (user,) = [m for m in doc.session.messages if m.role is Role.USER]
+    assert all(content not in user.content for _, content, _ in DOCS)  # stored once too
+
+
+async def test_without_the_plugin_the_prompt_inlines_the_documents(engine: ContextEngine) -> None:
+    with ScriptedOpenAIServer(_answer) as server:
+        _rag(server, "s-plain").run(_data("Weather in Oslo?"))
+        (request,) = server.requests
+    assert all(content in request["messages"][-1]["content"] for _, content, _ in DOCS)
+
+
+async def test_a_generator_called_on_its_own_with_a_str_is_its_own_run(
+    engine: ContextEngine,
+) -> None:
+    with ScriptedOpenAIServer(_answer) as server:
+        llm = generator(server)
+        ce.haystack.install(engine)
+        await engine.update_notebook("s-own", "MARK-OWN")
+        with engine.session("s-own"):
+            llm.run(messages="Weather?")
+            await llm.run_async(messages="And tomorrow?")
+        llm.run(messages="Unscoped?")
+        requests = server.requests
+    assert [r["messages"][-1]["content"] for r in requests] == [
+        "Weather?",
+        "And tomorrow?",
+        "Unscoped?",
+    ]
+    assert all("MARK-OWN" in r["messages"][0]["content"] for r in requests[:2])
+    assert "Weather?" in wire(requests[1]) and "Weather?" not in wire(requests[2])
+    doc = await engine.get_session("s-own")
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
+        "Weather?",
+        "And tomorrow?",
+    ]
+    assert len(doc.session.model_usage) == 2
+
+
+async def test_a_model_call_inside_a_tool_is_nested(engine: ContextEngine) -> None:
+    """An LLM-backed tool: its model call goes to ``<outer>/<call id>``, never gets the outer
+    conversation and never adds to it."""
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        last = body["messages"][-1]
+        if last["role"] == "user" and str(last["content"]).startswith("Summarise"):
+            return ScriptedResponse(text="A short summary.")
+        if last["role"] == "tool":
+            return ScriptedResponse(text="Done.")
+        args = json.dumps({"topic": "rain"})
+        return ScriptedResponse(tool_calls=[("call_sum", "summarise", args)])
+
+    with ScriptedOpenAIServer(script) as server:
+        inner = generator(server)
+
+        def summarise(topic: str) -> str:
+            """Summarise a topic."""
+            return str(inner.run(messages=f"Summarise {topic}")["replies"][0].text)
+
+        tool = Tool(
+            name="summarise",
+            description="Summarise a topic.",
+            parameters={"type": "object", "properties": {"topic": {"type": "string"}}},
+            function=summarise,
+        )
+        agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
+        ce.haystack.install(engine)
+        agent.run([ChatMessage.from_user("Outer question")], hook_context={SESSION_KEY: "s-out"})
+        requests = server.requests
+    nested = [r for r in requests if r["messages"][-1]["content"] == "Summarise rain"]
+    (request,) = nested
+    assert "Outer question" not in wire(request)
+    outer = await engine.get_session("s-out")
+    assert all("Summarise" not in (m.content or "") for m in outer.session.messages)
+    assert len(outer.session.model_usage) == 2
+    (run,) = outer.session.tool_state.tool_calls
+    assert run.tool_call_id == "call_sum"
+    child = await engine.get_session("s-out/call_sum")
+    assert [m.content for m in child.session.messages if m.role is Role.USER] == ["Summarise rain"]
+    assert len(child.session.model_usage) == 1
+
+
+async def test_a_retriever_behind_a_component_tool_is_linked_to_its_call(
+    engine: ContextEngine,
+) -> None:
+    from haystack.tools import ComponentTool
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="Rain in Oslo.")
+        args = json.dumps({"query": "Oslo"})
+        return ScriptedResponse(tool_calls=[("call_docs", "search_docs", args)])
+
+    with ScriptedOpenAIServer(script) as server:
+        tool = ComponentTool(
+            component=FixedRetriever(DOCS), name="search_docs", description="Search."
+        )
+        agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
+        ce.haystack.install(engine)
+        agent.run([ChatMessage.from_user("Weather?")], hook_context={SESSION_KEY: "s-tool"})
+    doc = await engine.get_session("s-tool")
+    hits = [e for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC]
+    assert {h.source.uri for h in hits} == {uri for uri, _, _ in DOCS}
+    assert all(h.links.tool_call_id == "call_docs" for h in hits)
+    (run,) = doc.session.tool_state.tool_calls
+    assert (run.tool_call_id, run.tool, run.status.value) == ("call_docs", "search_docs", "success")
