@@ -29,12 +29,13 @@ from ce.core.integration import (
     prepare_openai_sync,
     record_sync,
 )
-from ce.core.schema import ModelInvocation, Role
+from ce.core.schema import Message, ModelInvocation, Role, ToolCallRequest
 from ce.core.stores import MemoryStore
 from ce.core.testing import deterministic_engine
 from ce.core.testing.assertions import unfenced
 
 CANARY_MAIL = "carol.canary@example.com"
+INV = ModelInvocation(provider="openai", model="gpt-4o")
 
 
 class IdsPlugin(Plugin):
@@ -150,6 +151,41 @@ def test_reused_id_through_the_recorder_paths() -> None:
     assert len(records) == 2 and len({r.tool_call_id for r in records}) == 2
     results = {e.links.tool_call_id: e.content for e in doc.evidences.values() if e.links}
     assert sorted(v for v in results.values() if v in ("sunny", "rainy")) == ["rainy", "sunny"]
+    plugin.uninstall()
+
+
+def test_a_reused_id_with_the_same_result_is_answered_when_only_the_new_turn_is_sent() -> None:
+    """A framework that sends only the new turn (the session holds the rest) and a server
+    that names every turn's call ``call_0``: the same tool, the same result text. The new
+    result answers the new call (it is not taken for the stored result of the old one), so
+    the model sees its call answered and does not ask again."""
+    engine = deterministic_engine()
+    plugin = _install(engine)
+    assert prepare_openai_sync(plugin, "s", _turn("first question", "call_0", "same")) is not None
+    engine.sync.commit_assistant_message(
+        "s", Message(role=Role.ASSISTANT, content="first answer", invocation=INV)
+    )
+    assert prepare_openai_sync(plugin, "s", [{"role": "user", "content": "again?"}])
+    # the model's reply is recorded as it arrives (the reused id is stored renamed) ...
+    engine.sync.commit_assistant_message(
+        "s",
+        Message(
+            role=Role.ASSISTANT,
+            content="",
+            tool_calls=[ToolCallRequest(tool_call_id="call_0", name="lookup", raw_arguments="{}")],
+            invocation=INV,
+        ),
+    )
+    # ... and the framework's next call sends the new turn with the same result text
+    sent = prepare_openai_sync(plugin, "s", _turn("again?", "call_0", "same"))
+    assert sent is not None and not plugin.failures
+    _assert_pairs(sent)
+    assert [m["role"] for m in sent[-2:]] == ["assistant", "tool"]  # the new call, answered
+    assert unfenced(sent[-1]["content"]) == "same"
+    doc = engine.sync.get_session("s")
+    assert not engine.sync.run(engine.prepare_call("s", [])).report.errors
+    tools = [m for m in doc.session.messages if m.role is Role.TOOL]
+    assert len(tools) == 2 and tools[0].tool_call_id != tools[1].tool_call_id
     plugin.uninstall()
 
 

@@ -75,6 +75,13 @@ def _unchanged_prefix(
     return count, dict(seen), system
 
 
+def _answers_waiting_call(entry: SessionEntry, framework_id: str) -> bool:
+    """Whether a tool result under ``framework_id`` would answer a call of the session that
+    has no result yet (the id itself, or the id a reused framework id was stored under)."""
+    waiting = {c.tool_call_id for c in entry.state.pending_tool_calls}
+    return framework_id in waiting or entry.call_aliases.get(framework_id) in waiting
+
+
 _QUOTED_MIN_CHARS = 32  # shorter evidence could match ordinary instruction text
 _QUOTED_RECENT = 64  # the newest retrieved documents a framework's prompt may quote
 
@@ -394,6 +401,14 @@ class HistoryWriter:
         # already end with it, it is new even if the same text was asked before (a framework
         # that passes only the new question, e.g. a fresh memory on a named session).
         asked = pending[-1] if pending and pending[-1].role is Role.USER else None
+        # the last result the framework sends for each tool call id: when that id names a call
+        # still waiting for its result, the message is that result, even if the same text
+        # answered an earlier call under the same id (servers that reuse ids per turn)
+        last_result = {
+            pending[i].tool_call_id: i
+            for i in range(start, len(pending))
+            if pending[i].role is Role.TOOL and not pending[i].message_id
+        }
         for position in range(start, len(pending)):
             message = pending[position]
             if position == last:
@@ -412,8 +427,13 @@ class HistoryWriter:
             if not message.message_id:
                 key = message_key(message, self._stored_text(message.content, cfg))
                 seen[key] = seen.get(key, 0) + 1
-                if seen[key] <= entry.key_counts.get(key, 0) and not (
-                    message is asked and entry.last_key != key
+                if (
+                    seen[key] <= entry.key_counts.get(key, 0)
+                    and not (message is asked and entry.last_key != key)
+                    and not (
+                        last_result.get(message.tool_call_id) == position
+                        and _answers_waiting_call(entry, message.tool_call_id or "")
+                    )
                 ):
                     continue
             if message.role is Role.USER:
