@@ -163,7 +163,8 @@ def main() -> None:
         "",
         f"{args.histories:,} random histories (1-8 turns: answers, parallel tool calls answered "
         "by tool messages or by recorded runs with result evidence, failed runs, calls never "
-        f"answered{pictures}), each assembled under {args.budgets} random budgets (200-6,000 input "
+        "answered, text tool use: ReAct steps and their observations; tool results fenced"
+        f"{pictures}), each assembled under {args.budgets} random budgets (200-6,000 input "
         f"tokens, {RESERVE} reserved for the reply); each assembled input converted to an "
         "OpenAI chat request, an Anthropic Messages request and a Gemini `contents` request "
         "and checked (`ce.core.testing.payloads`).",
