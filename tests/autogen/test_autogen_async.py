@@ -35,7 +35,7 @@ from ce.core.testing import (
     deterministic_engine,
     no_blocking,
 )
-from ce.core.testing.assertions import assert_tool_pairs_intact
+from ce.core.testing.assertions import assert_tool_pairs_intact, fenced
 from ce.core.tokens import TiktokenEstimator
 
 SYSTEM = "You answer from the knowledge base."
@@ -116,6 +116,9 @@ async def test_the_async_path_awaits_the_engine_and_never_blocks(
             assert canary not in wire(request)
     assert requests[1]["messages"][-1]["role"] == "tool"
     doc = await engine.get_session("s-async")
+    # the tool's output reached the model fenced with its recorded run's evidence id
+    fence = fenced(requests[1]["messages"][-1]["content"]) or {}
+    assert fence.get("status") == "success" and fence.get("id") in doc.evidences
     usage = doc.session.model_usage
     assert [(u.prompt_tokens, u.completion_tokens) for u in usage] == [(77, 9), (123, 5)]
     assert all(u.provider == "openai" and u.model.startswith("gpt-4o") for u in usage)
