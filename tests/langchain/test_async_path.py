@@ -263,3 +263,35 @@ async def test_concurrent_sessions_on_one_loop_keep_their_own_context(
         users = [m.content for m in doc.session.messages if m.role is Role.USER]
         assert users == [f"My word is {canary(n)}.", "What is my word?", "Say it again."]
         assert len(doc.session.model_usage) == 3
+
+
+@pytest.mark.parametrize("entry", ["invoke", "stream"])
+async def test_blocking_calls_from_async_code_keep_their_history(entry: str) -> None:
+    """An app calling the blocking API from async code (a sync helper in an async handler,
+    a notebook cell), yielding to its loop between calls: each call's records are written
+    inline, so none is left queued on the loop the next call blocks, and every call gets
+    the session's history (a queued write held the session and the next call failed open
+    without it)."""
+    pytest.importorskip("langchain_openai")
+    from langchain_openai import ChatOpenAI
+
+    from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+
+    engine = deterministic_engine()
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="noted")) as server:
+        model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-test")
+        plugin = ce.langchain.install(engine)
+        with engine.session("notebook"):
+            for i in range(4):
+                if entry == "invoke":
+                    model.invoke(f"question {i}")
+                else:
+                    list(model.stream(f"question {i}"))
+                await asyncio.sleep(0)  # the loop runs whatever is ready
+        requests = server.requests
+    assert failures(plugin)["integration_failed"] == 0
+    assert [len(r["messages"]) for r in requests] == [1, 3, 5, 7]
+    doc = await engine.get_session("notebook")
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
+        f"question {i}" for i in range(4)
+    ]

@@ -474,3 +474,26 @@ async def test_an_async_chat_engine_on_the_engines_memory_never_blocks(
     assert blocking.used == []
     assert history == [f"first, mail {REDACTED}", "the answer", "second", "the answer"]
     assert CANARY not in str(llm.seen[-1])
+
+
+@pytest.mark.parametrize("entry", ["chat", "stream_chat"])
+async def test_blocking_calls_from_async_code_keep_their_history(entry: str) -> None:
+    """An app calling ``chat`` / ``stream_chat`` from async code, yielding to its loop
+    between calls: each call's records are written inline (none left queued on the loop the
+    next call blocks), so every call gets the session's history."""
+    engine = deterministic_engine()
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="noted")) as server:
+        llm = _openai(server)
+        plugin = ce.llamaindex.install(engine)
+        with instrument_tags({"ce_session_id": "notebook"}):
+            for i in range(4):
+                messages = [ChatMessage(role="user", content=f"question {i}")]
+                if entry == "chat":
+                    llm.chat(messages)
+                else:
+                    list(llm.stream_chat(messages))
+                await asyncio.sleep(0)  # the loop runs whatever is ready
+        ce.llamaindex.uninstall()
+        requests = server.requests
+    assert not plugin.failures
+    assert [len(r["messages"]) for r in requests] == [1, 3, 5, 7]

@@ -36,7 +36,6 @@ from ce.core.integration import (
     SESSION_KEY,
     Recorder,
     ToolRun,
-    guarded_sync,
     is_suppressed,
     record_awaited,
     record_sync,
@@ -79,15 +78,10 @@ def write(
     inline: bool | None = None,
 ) -> None:
     """Record with ``work`` from sync code: inline on a blocking path (``inline``, default:
-    the current run's), else through :func:`ce.core.integration.record_sync`."""
-    if not (blocking.get() if inline is None else inline):
-        record_sync(plugin, session_id, what, work)
-        return
-    if not plugin.installed:
-        return
-    engine = plugin.engine
-    recorder = Recorder(engine, session_id)
-    guarded_sync(plugin, lambda: engine.sync.run(work(recorder)), session_id=session_id, what=what)
+    the current run's), else queued (:func:`ce.core.integration.record_sync`)."""
+    record_sync(
+        plugin, session_id, what, work, blocking=blocking.get() if inline is None else inline
+    )
 
 
 class SpanObserver:

@@ -46,7 +46,7 @@ from ce.langchain._inject import (
     new_run_id,
     should_skip,
 )
-from ce.langchain._scopes import messages_key
+from ce.langchain._scopes import messages_key, set_blocking
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -138,6 +138,7 @@ def make_convert_input(
             value = original(self, model_input)
             if _leave_alone(plugin, self) or model_input is _prepared.get():
                 return value
+            set_blocking(True)  # a blocking entry point: its records are written inline
             messages = value.to_messages()
             entry, tools, config = _caller(self)
             if not entry and _handed(messages):
@@ -172,6 +173,7 @@ async def _prepare(
     the ensured config naming the call's run id; ``None`` to pass the call through."""
     if _leave_alone(plugin, model) or model_input is _prepared.get():
         return None
+    set_blocking(False)  # an async entry point: its records are queued on the loop
     try:
         with already_injected():  # the conversion patch stays out of this one
             messages = model._convert_input(model_input).to_messages()

@@ -31,7 +31,12 @@ from ce.core.integration import (
 )
 from ce.langchain._convert import ai_to_message, message_text
 from ce.langchain._inject import should_skip
-from ce.langchain._scopes import ScopeTracker, messages_key, tool_call_in_flight
+from ce.langchain._scopes import (
+    ScopeTracker,
+    in_blocking_call,
+    messages_key,
+    tool_call_in_flight,
+)
 
 if TYPE_CHECKING:
     from langchain_core.documents import Document
@@ -116,7 +121,7 @@ class RecordingHandler(BaseCallbackHandler):
     def _write(
         self, session_id: str, what: str, work: Callable[[Recorder], Coroutine[Any, Any, Any]]
     ) -> None:
-        record_sync(self.plugin, session_id, what, work)
+        record_sync(self.plugin, session_id, what, work, blocking=in_blocking_call())
 
     # -- chains: followed for their scope only --------------------------------------------
 

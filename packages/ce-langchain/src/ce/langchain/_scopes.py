@@ -41,11 +41,13 @@ __all__ = [
     "ScopeTracker",
     "explicit_session",
     "framework_identity",
+    "in_blocking_call",
     "make_history_merge",
     "make_tool_arun",
     "make_tool_run",
     "messages_key",
     "parent_run_id",
+    "set_blocking",
     "tool_call_in_flight",
 ]
 
@@ -101,6 +103,22 @@ def parent_run_id(config: Mapping[str, Any] | None) -> UUID | None:
     callbacks = (config or {}).get("callbacks")
     parent = getattr(callbacks, "parent_run_id", None)
     return parent if isinstance(parent, UUID) else None
+
+
+_blocking: ContextVar[bool] = ContextVar("ce_langchain_blocking", default=False)
+
+
+def set_blocking(blocking: bool) -> None:
+    """Say whether the chat-model call this context starts now is a blocking one (``invoke``,
+    ``stream``: its callbacks write their records inline) or an async one (``ainvoke``,
+    ``astream``: they queue them on the loop). Each entry point sets it as it starts."""
+    _blocking.set(blocking)
+
+
+def in_blocking_call() -> bool:
+    """Whether this context's latest chat-model call is a blocking one (see
+    :func:`set_blocking`)."""
+    return _blocking.get()
 
 
 def tool_call_in_flight() -> str | None:

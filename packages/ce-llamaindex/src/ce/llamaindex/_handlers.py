@@ -225,6 +225,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
                 model=model,
                 params=params,
                 skip=is_suppressed(),
+                blocking=method not in ASYNC_CHAT_METHODS,
             )
             wrapper = getattr(llm, "ce_injects", False)  # wrap(): it injects itself
             if self._inject and not (call.skip or wrapper):

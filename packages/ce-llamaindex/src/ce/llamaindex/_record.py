@@ -62,6 +62,9 @@ class LlmCall:
     original: list[Any] | None = None
     deferred: Mapping[str, Any] | None = None
     """The chat span's arguments, until the async seam injects them."""
+    blocking: bool = False
+    """A blocking call (``chat``, ``stream_chat``): its records are written inline, also on
+    an event loop's thread (see :func:`ce.core.integration.record_sync`)."""
 
 
 def tokens_of(response: ChatResponse) -> tuple[int, int]:
@@ -164,9 +167,13 @@ class Tracker:
             return info
 
     def write(
-        self, session_id: str, what: str, work: Callable[[Recorder], Coroutine[Any, Any, Any]]
+        self,
+        session_id: str,
+        what: str,
+        work: Callable[[Recorder], Coroutine[Any, Any, Any]],
+        blocking: bool = False,
     ) -> None:
-        record_sync(self.plugin, session_id, what, work)
+        record_sync(self.plugin, session_id, what, work, blocking=blocking)
 
     def asked_call_id(self, session_id: str, name: str, args: Any) -> str | None:
         """The id of the first call of the session's latest model reply with this tool name
@@ -236,7 +243,10 @@ class Tracker:
                 self._asked.pop(call.session_id, None)
 
         self.write(
-            call.session_id, "record model call", lambda r: r.record_model_call(model_call, reply)
+            call.session_id,
+            "record model call",
+            lambda r: r.record_model_call(model_call, reply),
+            call.blocking,
         )
 
     def record_completion(self, span_id: str, info: SpanInfo, response: Any) -> None:
@@ -270,7 +280,12 @@ class Tracker:
             params=call.params,
             error=text,
         )
-        self.write(call.session_id, "record model call", lambda r: r.record_model_call(model_call))
+        self.write(
+            call.session_id,
+            "record model call",
+            lambda r: r.record_model_call(model_call),
+            call.blocking,
+        )
 
     # -- tools and retrieval ----------------------------------------------------------------
 

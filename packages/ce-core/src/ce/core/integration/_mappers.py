@@ -352,20 +352,26 @@ def record_sync(
     session_id: str,
     what: str,
     work: Callable[[Recorder], Coroutine[Any, Any, Any]],
+    *,
+    blocking: bool = False,
 ) -> None:
     """From a framework hook (a callback or event handler): record with ``work`` and a
     :class:`Recorder` on ``plugin.engine``'s session ``session_id``, fail-open like
     :func:`~ce.core.integration.guarded` (``what`` names it in the log and the ``Degraded``
     event). The write joins the session's ordered queue (:meth:`ContextEngine.defer`): from a
     hook on an event loop's thread it is written by a task on that loop (the hook never
-    blocks the loop), from a plain thread it is written now, inline. With
-    ``plugin.fail_closed`` it is written now and its error raised. Does nothing when the
-    plugin is not installed (a hook still running after ``uninstall()``)."""
+    blocks the loop), from a plain thread it is written now, inline. ``blocking``: the hook
+    runs inside a blocking framework call (``invoke``, ``chat``, ``run``), which holds the
+    thread anyway: it is written now, inline, also on an event loop's thread (an app calling
+    the blocking API from async code) — a task queued on the loop that call blocks would hold
+    the session while the call's next engine call waits for it. With ``plugin.fail_closed``
+    it is written now and its error raised. Does nothing when the plugin is not installed (a
+    hook still running after ``uninstall()``)."""
     if not plugin.installed:
         return
     engine = plugin.engine
     recorder = Recorder(engine, session_id)
-    if plugin.fail_closed:
+    if plugin.fail_closed or blocking:
         guarded_sync(
             plugin, lambda: engine.sync.run(work(recorder)), session_id=session_id, what=what
         )
