@@ -1,10 +1,11 @@
 """Overhead of ``ce.langchain.install(engine)`` per chat-model call.
 
 A LangChain chat model that answers instantly (no network, no tokenizer of its own) is called
-with a 50-message conversation (``history.py``, seed 20240601): the same ``invoke`` /
-``ainvoke`` without the plugin, then with the plugin installed, whose history is already in the
-engine's SQLite store. The difference of the medians is what the plugin adds to every model
-call: ``prepare_call`` (what is new recorded, the assembled input built within the budget) and
+the way a chat app calls it: with its conversation so far (a 50-message history from
+``history.py``, seed 20240601, already in the engine's SQLite store, plus the turns since) and
+a new user question; the reply joins the conversation. The same calls without the plugin, then
+with it installed. The difference of the medians is what the plugin adds to every model call:
+``prepare_call`` (the new question recorded, the assembled input built within the budget) and
 the recording of the run (model usage, the committed reply).
 
     python benchmarks/bench_langchain.py [--calls 300] [--write docs/benchmarks.md]
@@ -185,19 +186,21 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
             [
                 "A LangChain chat model that answers at once (a `BaseChatModel` whose",
                 "`_generate` / `_agenerate` return `AIMessage('ok')` with usage metadata) is",
-                f"called with a {MESSAGES}-message conversation (`benchmarks/history.py`, seed",
-                f"{history.SEED}: system prompt, user and assistant turns, tool calls and their",
-                f"results; {chars:,} characters). Without the plugin that is LangChain's own",
+                "called the way a chat app calls it: with its conversation so far (a",
+                f"{MESSAGES}-message history from `benchmarks/history.py`, seed {history.SEED}:",
+                "system prompt, user and assistant turns, tool calls and their results;",
+                f"{chars:,} characters; plus the turns since) and a new user question, whose",
+                "reply then joins the conversation. Without the plugin that is LangChain's own",
                 "cost of a call. With `ce.langchain.install(engine)` (engine on an `SQLiteStore`",
                 f"file, `gpt-4o` tokenizer `o200k_base`, budget {BUDGET:,} input tokens) the same",
-                "call also runs the plugin: `prepare_call` of the app's messages (all already",
-                "stored, nothing new to record; the assembled input replaces the model's input),",
-                "and the",
-                "recording of the run (model usage, the reply committed to the store). The",
+                "call also runs the plugin: `prepare_call` of the app's messages (the new",
+                "question is the one new record; the assembled input replaces the model's",
+                "input), and the recording of the run (model usage, the committed reply). The",
                 f"history is already in the store: {len(bench.sessions)} sessions each got the",
-                f"{MESSAGES} messages through the plugin beforehand; the timed calls go",
-                "round-robin over them (named with `engine.session(...)`), so a session holds",
-                f"{held} messages at the end. Blocks of {BLOCK} calls alternate without and with",
+                f"{MESSAGES} messages and a first reply through the plugin beforehand; the timed",
+                "calls go round-robin over them (named with `engine.session(...)`; each variant",
+                f"continues its own copy of every conversation), so a session holds {held}",
+                f"messages at the end. Blocks of {BLOCK} calls alternate without and with",
                 "the plugin (install / uninstall between blocks, untimed; the first block of",
                 f"each is a warm-up); {bench.calls} timed calls each; `time.perf_counter()`",
                 "around the call; p95 interpolated. `invoke` runs the engine inline on the",
