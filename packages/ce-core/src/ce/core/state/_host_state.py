@@ -1,0 +1,153 @@
+"""AgentState writers for what the host sets beside the history: the notebook and context
+blocks, tasks, the rolling summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ce.core.errors import InvariantViolationError
+from ce.core.primitives import Clock
+from ce.core.schema import (
+    BlockType,
+    ContextBlock,
+    MessageIndexRange,
+    Priority,
+    SessionDocument,
+    Summary,
+    Task,
+    TaskStatus,
+)
+from ce.core.state._changes import ChangeBuffer
+from ce.core.state._widgets import NOTEBOOK_BLOCK_ID
+
+__all__ = ["HostStateWriters"]
+
+
+class HostStateWriters:
+    """Replace-by-id writers; the same content again writes nothing."""
+
+    _doc: SessionDocument
+    _changes: ChangeBuffer
+    _clock: Clock
+
+    # ----------------------------------------------------------------- widget state
+
+    def update_notebook(self, content: str) -> ContextBlock:
+        """Replace the memory notebook content (the ``widget:notebook`` memory block, priority
+        high) and return a copy of the block. The same content again writes nothing."""
+        block = self._notebook_block()
+        if block is not None and block.content == content:
+            return block.model_copy(deep=True)
+        new = ContextBlock(
+            block_id=NOTEBOOK_BLOCK_ID,
+            block_type=BlockType.MEMORY,
+            priority=Priority.HIGH,
+            content=content,
+        )
+        blocks = self._doc.context_blocks
+        if block is None:
+            blocks.append(new)
+        else:
+            blocks[blocks.index(block)] = new
+        self._changes.block_ids[NOTEBOOK_BLOCK_ID] = None
+        return new.model_copy(deep=True)
+
+    def put_context_block(self, block: ContextBlock) -> ContextBlock:
+        """Insert or replace a host-provided context block (an instruction snippet, a plan, a
+        block citing evidence through ``refs``) by ``block_id``; the notebook's id is
+        reserved for :meth:`update_notebook`."""
+        if block.block_id == NOTEBOOK_BLOCK_ID:
+            raise InvariantViolationError(f"{NOTEBOOK_BLOCK_ID!r} is written by update_notebook")
+        blocks = self._doc.context_blocks
+        copied = block.model_copy(deep=True)
+        for i, existing in enumerate(blocks):
+            if existing.block_id == block.block_id:
+                if existing == copied:
+                    return copied.model_copy(deep=True)
+                blocks[i] = copied
+                break
+        else:
+            blocks.append(copied)
+        self._changes.block_ids[copied.block_id] = None
+        return copied.model_copy(deep=True)
+
+    def _notebook_block(self) -> ContextBlock | None:
+        for block in self._doc.context_blocks:
+            if block.block_id == NOTEBOOK_BLOCK_ID:
+                return block
+        return None
+
+    def upsert_tasks(self, tasks: Sequence[Task]) -> list[Task]:
+        """Insert or replace tasks by ``task_id`` (new ones are appended, replaced ones keep
+        their position) and return copies of them. Ids must be non-empty and unique."""
+        seen: set[str] = set()
+        for task in tasks:
+            if not task.task_id:
+                raise InvariantViolationError("a task needs a non-empty task_id")
+            if task.task_id in seen:
+                raise InvariantViolationError(f"task {task.task_id!r} appears twice")
+            seen.add(task.task_id)
+        todo = self._doc.session.task_state.todo_list.tasks
+        position = {t.task_id: i for i, t in enumerate(todo)}
+        for task in tasks:
+            copied = task.model_copy(deep=True)
+            if task.task_id in position:
+                todo[position[task.task_id]] = copied
+            else:
+                position[task.task_id] = len(todo)
+                todo.append(copied)
+            self._changes.task_ids[task.task_id] = None
+        return [t.model_copy(deep=True) for t in tasks]
+
+    def set_task_status(
+        self,
+        task_id: str,
+        status: TaskStatus,
+        *,
+        error: str | None = None,
+        result_evidence_ids: Sequence[str] | None = None,
+    ) -> Task:
+        """Set the status of a known task (and its error / result evidence ids when given);
+        an unknown id raises :class:`~ce.core.errors.InvariantViolationError`."""
+        for task in self._doc.session.task_state.todo_list.tasks:
+            if task.task_id == task_id:
+                break
+        else:
+            raise InvariantViolationError(f"no task {task_id!r}")
+        update: dict[str, Any] = {"status": TaskStatus(status)}
+        if error is not None:
+            update["error"] = error
+        if result_evidence_ids is not None:
+            update["result_evidence_ids"] = list(result_evidence_ids)
+        return self.upsert_tasks([task.model_copy(update=update)])[0]
+
+    # ----------------------------------------------------------------- summary
+
+    def set_summary(
+        self,
+        content: str,
+        *,
+        from_index: int,
+        to_index: int,
+        evidence_ids: Sequence[str] | None = None,
+    ) -> Summary:
+        """Replace the rolling summary, which stands for ``messages[from_index:to_index+1]``
+        when rendering (the messages themselves stay). The range must lie within the history
+        and the content must not be blank."""
+        if not content.strip():
+            raise InvariantViolationError("a summary must not be blank")
+        count = len(self._doc.session.messages)
+        if not 0 <= from_index <= to_index < count:
+            raise InvariantViolationError(
+                f"summary range {from_index}..{to_index} is not within the {count} messages"
+            )
+        summary = Summary(
+            content=content,
+            updated_at=self._clock.now_iso(),
+            message_index_range=MessageIndexRange(from_index=from_index, to_index=to_index),
+            evidence_ids=list(evidence_ids or []),
+        )
+        self._doc.session.summary = summary
+        self._changes.summary = True
+        return summary.model_copy(deep=True)
