@@ -1,12 +1,13 @@
 """Overhead of ``ce.llamaindex.install(engine)`` per LLM chat call.
 
-A LlamaIndex LLM that answers instantly (no network, no tokenizer of its own) is called with a
-50-message conversation (``history.py``, seed 20240601): the same ``chat`` / ``achat`` without
-the plugin, then with the plugin installed, whose history is already in the engine's SQLite
-store. The difference of the medians is what the plugin adds to every LLM chat call: the span
-handler's ``prepare_call`` (what is new recorded, the assembled input built within the budget
-and put into the call's ``messages``) and the event handler's recording of the call (model
-usage, the committed reply).
+A LlamaIndex LLM that answers instantly (no network, no tokenizer of its own) is called the way
+a chat app calls it: with its conversation so far (a 50-message history from ``history.py``,
+seed 20240601, already in the engine's SQLite store, plus the turns since) and a new user
+question; the reply joins the conversation. The same ``chat`` / ``achat`` without the plugin,
+then with it installed. The difference of the medians is what the plugin adds to every LLM
+chat call: the span handler's ``prepare_call`` (the new question recorded, the assembled input
+built within the budget and put into the call's ``messages``) and the event handler's
+recording of the call (model usage, the committed reply).
 
     python benchmarks/bench_llamaindex.py [--calls 300] [--write docs/benchmarks.md]
 """
@@ -141,11 +142,23 @@ class Bench:
         )
         self.llm = InstantLLM()
         self.messages = history.to_llamaindex(history.generate(MESSAGES, evidences=0))
+        self.questions = iter(q for q, _ in history.next_turns(100_000))
+        # each variant's own copy of every conversation, as the app holds it
+        self.apps: dict[bool, dict[str, list[ChatMessage]]] = {
+            installed: {s: list(self.messages) for s in self.sessions}
+            for installed in (False, True)
+        }
+        self.installed = False
         self.turn = 0
 
-    def next_session(self) -> str:
+    def next_call(self) -> tuple[str, list[ChatMessage]]:
+        """The next session (round-robin) and its conversation with a new user question
+        appended (the app's list, which gets the reply after the call)."""
         self.turn += 1
-        return self.sessions[self.turn % len(self.sessions)]
+        session_id = self.sessions[self.turn % len(self.sessions)]
+        conversation = self.apps[self.installed][session_id]
+        conversation.append(ChatMessage(role=MessageRole.USER, content=next(self.questions)))
+        return session_id, conversation
 
     def populate(self) -> None:
         """Every session gets the 50 messages (and one reply) through the plugin, untimed."""
@@ -153,7 +166,9 @@ class Bench:
         try:
             for session_id in self.sessions:
                 with _tags(session_id):
-                    self.llm.chat(self.messages)
+                    reply = self.llm.chat(self.messages).message
+                for installed in (False, True):
+                    self.apps[installed][session_id].append(reply)
         finally:
             ce.llamaindex.uninstall()
 
@@ -162,7 +177,7 @@ class Bench:
         input the engine assembles for the session (not the app's 50 messages, which exceed
         the budget), starting with the engine's system message; each records one model usage
         and the reply; the app's list is the same afterwards."""
-        session_id = self.sessions[0]
+        session_id = "bench-check"  # a session of its own: the timed ones go on unchanged
         engine = self.engine
         app = list(self.messages)
         pending = openai_to_messages([_as_openai(m) for m in self.messages])
@@ -206,16 +221,22 @@ class Bench:
         assert self.llm.received == app, "without the plugin the LLM gets the app's messages"
 
     def time_sync(self) -> float:
-        with _tags(self.next_session()):
+        session_id, conversation = self.next_call()
+        with _tags(session_id):
             start = time.perf_counter()
-            self.llm.chat(self.messages)
-            return time.perf_counter() - start
+            reply = self.llm.chat(conversation)
+            elapsed = time.perf_counter() - start
+        conversation.append(reply.message)
+        return elapsed
 
     async def time_async(self) -> float:
-        with _tags(self.next_session()):
+        session_id, conversation = self.next_call()
+        with _tags(session_id):
             start = time.perf_counter()
-            await self.llm.achat(self.messages)
-            return time.perf_counter() - start
+            reply = await self.llm.achat(conversation)
+            elapsed = time.perf_counter() - start
+        conversation.append(reply.message)
+        return elapsed
 
     def sync_block(self) -> list[float]:
         """``BLOCK`` calls of ``chat``, outside any event loop (as a script or a worker
@@ -238,6 +259,7 @@ class Bench:
         blocks = -(-self.calls // BLOCK)
         for block in range(blocks + 1):
             for installed, sink in ((False, without), (True, with_plugin)):
+                self.installed = installed
                 if installed:
                     ce.llamaindex.install(self.engine)
                 try:
@@ -290,22 +312,25 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
                 "A LlamaIndex LLM that answers at once (an `LLM` subclass whose `chat` /",
                 "`achat`, decorated with `llm_chat_callback` like LlamaIndex's own LLMs, return",
                 "`ChatResponse('ok')` with usage in `raw['usage']` and `additional_kwargs`) is",
-                f"called with a {MESSAGES}-message conversation (`benchmarks/history.py`, seed",
-                f"{history.SEED}: system prompt, user and assistant turns, tool calls and their",
-                f"results; {chars:,} characters) as LlamaIndex `ChatMessage`s: tool calls as",
+                "called the way a chat app calls it: with its conversation so far (a",
+                f"{MESSAGES}-message history from `benchmarks/history.py`, seed {history.SEED}:",
+                "system prompt, user and assistant turns, tool calls and their results;",
+                f"{chars:,} characters; plus the turns since) and a new user question, whose",
+                "reply then joins the conversation, as LlamaIndex `ChatMessage`s: tool calls as"
                 "`ToolCallBlock`s of the assistant message, results as `tool` messages with",
                 "`tool_call_id` in `additional_kwargs`, as `FunctionAgent` writes them.",
                 "Without the plugin that is LlamaIndex's own cost of a call (its span and",
                 "event dispatch included). With `ce.llamaindex.install(engine)` (engine on an",
                 "`SQLiteStore` file, `gpt-4o` tokenizer `o200k_base`, budget",
                 f"{BUDGET:,} input tokens) the same call also runs the plugin: its span",
-                "handler's `prepare_call` of the app's messages (all already stored, nothing",
-                "new to record; the assembled input replaces the call's `messages`, put back",
+                "handler's `prepare_call` of the app's messages (the new question is the one",
+                "new record; the assembled input replaces the call's `messages`, put back",
                 "when the call is over), and its event handler's recording of the call (model",
                 "usage, the reply committed to the store). The history is already in the",
-                f"store: {len(bench.sessions)} sessions each got the {MESSAGES} messages",
-                "through the plugin beforehand; the timed calls go round-robin over them",
-                '(named with `instrument_tags({"ce_session_id": ...})`), so a session holds',
+                f"store: {len(bench.sessions)} sessions each got the {MESSAGES} messages and a",
+                "first reply through the plugin beforehand; the timed calls go round-robin",
+                'over them (named with `instrument_tags({"ce_session_id": ...})`; each variant',
+                "continues its own copy of every conversation), so a session holds",
                 f"{held} messages at the end. An untimed check first asserts that a `chat`",
                 "and an `achat` with the plugin hand the LLM the engine's assembled input",
                 "(its system message first) and record one model usage each. Blocks of",
