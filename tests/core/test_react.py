@@ -72,3 +72,30 @@ async def test_an_observation_is_never_the_newest_question() -> None:
     assert prepared.report.token_used <= prepared.report.token_budget
     dropped = [d for d in prepared.report.prune_decisions if d.action == "dropped"]
     assert sum(d.block_count for d in dropped) == 6  # two turns of three blocks each
+
+
+async def test_a_finished_run_kept_as_one_scratchpad_message_is_not_stored_again() -> None:
+    """Some framework versions keep a finished ReAct run in their memory as ONE assistant
+    message (every step, its observation and the answer, with the input re-printed): the
+    session holds those one by one, so it is not stored (nor sent) a second time."""
+    engine = deterministic_engine()
+    await engine.prepare_call("s", [_user("Cats?")])
+    await engine.commit_assistant_message("s", _assistant(STEP))
+    await engine.prepare_call("s", [_user("Cats?"), _assistant(STEP), _user("Observation: purr ")])
+    await engine.commit_assistant_message("s", _assistant("Thought: done.\nAnswer: they purr"))
+    scratchpad = f"{REPRINTED}\nObservation: purr \nThought: done.\nAnswer: they purr"
+    prepared = await engine.prepare_call(
+        "s", [_user("Cats?"), _assistant(scratchpad), _user("And dogs?")]
+    )
+    sent = [str(m["content"]) for m in to_openai_messages(prepared.assembled_input.parts)]
+    assert sent == [
+        "Cats?",
+        STEP,
+        "Observation: purr ",
+        "Thought: done.\nAnswer: they purr",
+        "And dogs?",
+    ]
+    # a scratchpad the session does not hold step by step is an ordinary message
+    other = "Thought: x\nAction: kb\nAction Input: {}\nObservation: new\nThought: y\nAnswer: z"
+    prepared = await engine.prepare_call("s", [_assistant(other), _user("Next?")])
+    assert other in [p.content for p in prepared.assembled_input.parts]

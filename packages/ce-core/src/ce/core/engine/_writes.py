@@ -17,6 +17,7 @@ from ce.core.engine._session import (
     message_key,
 )
 from ce.core.errors import InvariantViolationError, RedactionError
+from ce.core.pipeline import canonical_step, transcript_parts
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
     EvidenceType,
@@ -73,6 +74,20 @@ def _unchanged_prefix(
     if not all(map(operator.is_, pending[:count], before)):
         return 0, {}, None
     return count, dict(seen), system
+
+
+def _holds_transcript(entry: SessionEntry, text: str) -> bool:
+    """Whether ``text`` is a whole ReAct scratchpad (see :func:`transcript_parts`) whose
+    steps, observations and answer the session holds already, one message each."""
+    parts = transcript_parts(text)
+    if parts is None:
+        return False
+    held = {
+        (m.role.value, canonical_step(m.content).strip())
+        for m in entry.doc.session.messages
+        if m.role in (Role.USER, Role.ASSISTANT)
+    }
+    return all((role, canonical_step(part)) in held for role, part in parts)
 
 
 def _answers_waiting_call(entry: SessionEntry, framework_id: str) -> bool:
@@ -444,6 +459,8 @@ class HistoryWriter:
                     self._begin_run(entry.state)
                 self._write_user(entry, message, cfg, call)
             elif message.role is Role.ASSISTANT:
+                if not message.tool_calls and _holds_transcript(entry, message.content):
+                    continue  # a finished ReAct run written as one message: stored step by step
                 if message.content.strip() or message.tool_calls:
                     self._write_assistant(entry, message, cfg, call)
             else:

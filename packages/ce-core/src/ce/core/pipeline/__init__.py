@@ -32,7 +32,12 @@ from ce.core.pipeline._prune import (
     PruneResult,
     PruneRules,
 )
-from ce.core.pipeline._react import canonical_step, is_observation, is_react_step
+from ce.core.pipeline._react import (
+    canonical_step,
+    is_observation,
+    is_react_step,
+    transcript_parts,
+)
 from ce.core.pipeline._render import (
     Assembler,
     DefaultRenderer,
@@ -95,4 +100,5 @@ __all__ = [
     "shorten",
     "should_summarize",
     "summary_range_end",
+    "transcript_parts",
 ]

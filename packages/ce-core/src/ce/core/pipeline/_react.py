@@ -14,11 +14,12 @@ import json
 import re
 from typing import Any
 
-__all__ = ["canonical_step", "is_observation", "is_react_step"]
+__all__ = ["canonical_step", "is_observation", "is_react_step", "transcript_parts"]
 
 _ACTION = re.compile(r"^[ \t]*Action[ \t]*:[ \t]*\S", re.M)
 _INPUT = re.compile(r"^([ \t]*Action Input[ \t]*:[ \t]*)(.*)\Z", re.M | re.S)
 _OBSERVATION = re.compile(r"\A\s*Observation[ \t]*:")
+_TRANSCRIPT_CUT = re.compile(r"^(?=[ \t]*(?:Thought|Observation)[ \t]*:)", re.M)
 _MAX_INPUT_CHARS = 20_000  # a longer input is compared as written
 
 
@@ -60,3 +61,17 @@ def canonical_step(text: str) -> str:
     except (TypeError, ValueError):  # a literal JSON cannot write (a set, bytes)
         return text
     return text[: match.start(2)] + canonical
+
+
+def transcript_parts(text: str) -> list[tuple[str, str]] | None:
+    """A whole ReAct scratchpad written as one message (steps, their ``Observation:`` lines,
+    maybe the final ``Answer``: how some framework versions keep a finished run in memory)
+    cut into its messages, ``("assistant", step)`` and ``("user", observation)`` in order;
+    ``None`` when ``text`` is not such a transcript (no step answered by an observation)."""
+    if "Observation" not in text or not is_react_step(text):
+        return None
+    pieces = [p.strip() for p in _TRANSCRIPT_CUT.split(text) if p.strip()]
+    parts = [("user" if is_observation(p) else "assistant", p) for p in pieces]
+    if len(parts) < 2 or parts[0][0] != "assistant" or all(r != "user" for r, _ in parts):
+        return None
+    return parts
