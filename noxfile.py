@@ -26,6 +26,7 @@ nox.options.sessions = [
     "tests-llamaindex",
     "tests-autogen",
     "tests-semantic-kernel",
+    "tests-crewai",
     "tests-mixed",
 ]
 
@@ -158,6 +159,27 @@ def tests_semantic_kernel(session: nox.Session, semantic_kernel: str) -> None:
         *SEMANTIC_KERNEL_VERSIONS[semantic_kernel],
     )
     session.run("pytest", "tests/semantic_kernel", *session.posargs, env=_env())
+
+
+CREWAI = "packages/ce-crewai"
+CREWAI_VERSIONS = {
+    "lowest": ["crewai==1.15.0"],
+    "latest": ["crewai>=1.15,<2"],
+}
+
+
+@nox.session(name="tests-crewai")
+@nox.parametrize("crewai", list(CREWAI_VERSIONS))
+def tests_crewai(session: nox.Session, crewai: str) -> None:
+    """ce-crewai against the real CrewAI (crews, agents, tasks and its OpenAI provider on the
+    scripted server), in its own virtualenv, telemetry and tracing off."""
+    session.install(*TEST_DEPS, "-e", f"{CORE}[tiktoken]", "-e", CREWAI, *CREWAI_VERSIONS[crewai])
+    env = _env() | {
+        "CREWAI_DISABLE_TELEMETRY": "true",
+        "CREWAI_TRACING_ENABLED": "false",
+        "OTEL_SDK_DISABLED": "true",
+    }
+    session.run("pytest", "tests/crewai", *session.posargs, env=env)
 
 
 @nox.session(name="tests-mixed")
