@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 os.environ.setdefault("OPENAI_API_KEY", "sk-scripted")
+# CrewAI's own storage (its kickoff task outputs, memory) under a directory of this run only
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="ce-crewai-tests-")
 
 pytest.importorskip("crewai")
 
