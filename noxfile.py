@@ -163,7 +163,7 @@ def tests_semantic_kernel(session: nox.Session, semantic_kernel: str) -> None:
 
 CREWAI = "packages/ce-crewai"
 CREWAI_VERSIONS = {
-    "lowest": ["crewai==1.15.0"],
+    "lowest": ["crewai==1.15.0"],  # keep equal to ce.crewai.package.LOWEST
     "latest": ["crewai>=1.15,<2"],
 }
 

@@ -93,3 +93,26 @@ async def test_akickoff_awaits_the_engine_and_never_blocks(engine: ContextEngine
     assert output.raw == "Sunny Paris today."
     _check_requests(requests)
     await _check_store(engine, "s-async")
+
+
+async def test_a_failed_task_is_recorded_failed_with_its_error(engine: ContextEngine) -> None:
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        return ScriptedResponse(text="model down", status=400)
+
+    ce.crewai.install(engine, session_id="s-fail")
+    with ScriptedOpenAIServer(script) as server:
+        crew, _, _ = two_task_crew(server)
+        for agent in crew.agents:
+            agent.max_retry_limit = 0
+        try:
+            await asyncio.to_thread(crew.kickoff)
+        except Exception as exc:  # CrewAI raises the provider's error
+            assert "model down" in str(exc)
+        else:
+            raise AssertionError("the kickoff should fail")
+        crewai_event_bus.flush()
+    doc = await engine.get_session("s-fail")
+    assert doc is not None
+    tasks = {t.name: t for t in doc.session.task_state.todo_list.tasks}
+    assert tasks["research"].status.value == "failed" and "model down" in tasks["research"].error
+    assert tasks["write"].status.value == "pending"
