@@ -116,3 +116,27 @@ async def test_a_failed_task_is_recorded_failed_with_its_error(engine: ContextEn
     tasks = {t.name: t for t in doc.session.task_state.todo_list.tasks}
     assert tasks["research"].status.value == "failed" and "model down" in tasks["research"].error
     assert tasks["write"].status.value == "pending"
+
+
+async def test_an_engine_failure_sends_the_crews_own_messages(
+    engine: ContextEngine, monkeypatch: Any
+) -> None:
+    """Fail-open: ``prepare_call`` raising leaves the request as CrewAI built it, the kickoff
+    completes and is still recorded."""
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("engine down")
+
+    monkeypatch.setattr(engine, "prepare_call", broken)
+    with ScriptedOpenAIServer(_script) as server:
+        crew, _, _ = two_task_crew(server)
+        ce.crewai.install(engine, session_id="s-open")
+        output = await asyncio.to_thread(crew.kickoff)
+        crewai_event_bus.flush()
+        requests = server.requests
+    assert output.raw == "Sunny Paris today."
+    assert len(requests) == 3
+    assert requests[0]["messages"][0]["content"].startswith("You are Researcher.")
+    doc = await engine.get_session("s-open")
+    assert doc is not None
+    assert len(doc.session.task_state.todo_list.tasks) == 2
