@@ -27,6 +27,7 @@ nox.options.sessions = [
     "tests-autogen",
     "tests-semantic-kernel",
     "tests-haystack",
+    "tests-crewai",
     "tests-mixed",
 ]
 
@@ -183,6 +184,27 @@ def tests_haystack(session: nox.Session, haystack: str) -> None:
         *session.posargs,
         env={**_env(), "HAYSTACK_TELEMETRY_ENABLED": "False"},
     )
+
+
+CREWAI = "packages/ce-crewai"
+CREWAI_VERSIONS = {
+    "lowest": ["crewai==1.15.0"],  # keep equal to ce.crewai.package.LOWEST
+    "latest": ["crewai>=1.15,<2"],
+}
+
+
+@nox.session(name="tests-crewai")
+@nox.parametrize("crewai", list(CREWAI_VERSIONS))
+def tests_crewai(session: nox.Session, crewai: str) -> None:
+    """ce-crewai against the real CrewAI (crews, agents, tasks and its OpenAI provider on the
+    scripted server), in its own virtualenv, telemetry and tracing off."""
+    session.install(*TEST_DEPS, "-e", f"{CORE}[tiktoken]", "-e", CREWAI, *CREWAI_VERSIONS[crewai])
+    env = _env() | {
+        "CREWAI_DISABLE_TELEMETRY": "true",
+        "CREWAI_TRACING_ENABLED": "false",
+        "OTEL_SDK_DISABLED": "true",
+    }
+    session.run("pytest", "tests/crewai", *session.posargs, env=env)
 
 
 @nox.session(name="tests-mixed")

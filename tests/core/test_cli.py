@@ -697,3 +697,33 @@ def test_report_says_what_each_block_is(store_url: str, capsys: pytest.CaptureFi
     assert (code, err) == (0, "")
     label = _row(out, "msg:m0..msg:m3")[6]
     assert label.startswith("system: You are terse.")
+
+
+def test_show_sums_model_usage_per_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def usage(usage_id: str, task_id: str | None, prompt: int) -> ModelUsage:
+        return ModelUsage(
+            model_usage_id=usage_id,
+            provider="openai",
+            model="gpt-4o",
+            prompt_tokens=prompt,
+            completion_tokens=5,
+            total_tokens=prompt + 5,
+            task_id=task_id,
+        )
+
+    url = _url(tmp_path / "ce.db")
+    records = [usage("u1", "k1:research", 30), usage("u2", "k1:research", 40)]
+    records += [usage("u3", "k1:write", 50), usage("u4", None, 7)]
+    _fill(url, {"s-tasks": SessionChanges(model_usage=records)})
+    code, out, err = _run(capsys, "--store", url, "show", "s-tasks")
+    assert (code, err) == (0, "")
+    assert "model usage per task" in out
+    assert _row(out, "k1:research")[1:] == ["2", "70", "10", "80"]
+    assert _row(out, "k1:write")[1:] == ["1", "50", "5", "55"]
+
+
+def test_show_has_no_per_task_table_without_task_ids(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _run(capsys, "--store", store_url, "show", "s1")
+    assert code == 0 and "model usage per task" not in out

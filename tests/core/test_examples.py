@@ -40,6 +40,10 @@ def _needs_haystack(block: str) -> bool:
     return re.search(r"^\s*(?:import|from)\s+ce\.haystack\b", block, flags=re.M) is not None
 
 
+def _needs_crewai(block: str) -> bool:
+    return re.search(r"^\s*(?:import|from)\s+ce\.crewai\b", block, flags=re.M) is not None
+
+
 def _installed(*modules: str) -> bool:
     """Whether every module (and its parent packages) can be imported."""
     for module in modules:
@@ -65,6 +69,7 @@ def test_readme_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     autogen = _installed("autogen_agentchat", "ce.autogen")
     semantic_kernel = _installed("semantic_kernel", "ce.semantic_kernel")
     haystack = _installed("haystack", "ce.haystack")
+    crewai = _installed("crewai", "ce.crewai")
     monkeypatch.chdir(tmp_path)
     ran = 0
     for block in blocks:
@@ -77,6 +82,8 @@ def test_readme_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         if _needs_semantic_kernel(block) and not semantic_kernel:
             continue
         if _needs_haystack(block) and not haystack:
+            continue
+        if _needs_crewai(block) and not crewai:
             continue
         exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
         ran += 1

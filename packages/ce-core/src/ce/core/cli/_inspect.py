@@ -14,6 +14,7 @@ from ce.core.cli._common import first_line, session_or_fail, turn_or_fail
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
     Message,
+    ModelUsage,
     PruneDecision,
     Role,
     SessionDocument,
@@ -121,6 +122,27 @@ def _tools(message: Message, calls: dict[str, ToolCall]) -> Text:
     return text
 
 
+def _usage_per_task(console: Console, records: list[ModelUsage]) -> None:
+    """Tokens and calls summed per task, for usage records that name one (``task_id``)."""
+    totals: dict[str, list[int]] = {}
+    for record in records:
+        if record.task_id:
+            row = totals.setdefault(record.task_id, [0, 0, 0, 0])
+            row[0] += 1
+            row[1] += record.prompt_tokens
+            row[2] += record.completion_tokens
+            row[3] += record.total_tokens
+    if not totals:
+        return
+    table = Table(title="model usage per task", title_justify="left")
+    table.add_column("task", overflow="fold")
+    for name in ("calls", "prompt", "completion", "total"):
+        table.add_column(name, justify="right")
+    for task_id, row in totals.items():
+        table.add_row(Text(task_id), *(_number(n) for n in row))
+    console.print(table)
+
+
 async def show(store: Store, console: Console, session_id: str) -> None:
     """The session's timeline: messages with their tool calls and results, other tool calls,
     model usage, evidences, turn records and the run status."""
@@ -195,6 +217,7 @@ async def show(store: Store, console: Console, session_id: str) -> None:
                 ),
             )
         console.print(usage)
+        _usage_per_task(console, session.model_usage)
 
     by_type = Counter(e.type.value for e in doc.evidences.values())
     kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(by_type.items()))

@@ -1,0 +1,142 @@
+"""A real crew on the scripted server: what every request carried and what the store holds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from crew_apps import two_task_crew
+from crewai.events import crewai_event_bus
+
+import ce.crewai
+from ce.core.engine import ContextEngine
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, no_blocking
+
+MARK = "NOTEBOOK-MARK-7731"
+
+
+def _script(body: dict[str, Any]) -> ScriptedResponse:
+    messages = body["messages"]
+    if messages[-1]["role"] == "tool":
+        return ScriptedResponse(text="Paris is sunny.", prompt_tokens=40, completion_tokens=4)
+    if "weather" in json.dumps(body.get("tools", [])):
+        args = json.dumps({"city": "Paris"})
+        return ScriptedResponse(
+            tool_calls=[("call_w", "weather", args)], prompt_tokens=30, completion_tokens=3
+        )
+    return ScriptedResponse(text="Sunny Paris today.", prompt_tokens=50, completion_tokens=6)
+
+
+def _check_requests(requests: list[dict[str, Any]]) -> None:
+    assert len(requests) == 3
+    for request in requests:
+        first = request["messages"][0]
+        assert first["role"] == "system" and MARK in first["content"]
+    assert requests[1]["messages"][-1]["role"] == "tool"
+    assert "sunny in Paris" in requests[1]["messages"][-1]["content"]
+    assert "Write one line" in json.dumps(requests[2]["messages"])
+
+
+async def _check_store(engine: ContextEngine, session_id: str) -> None:
+    doc = await engine.get_session(session_id)
+    assert doc is not None
+    tasks = {t.name: t for t in doc.session.task_state.todo_list.tasks}
+    assert set(tasks) == {"research", "write"}
+    research, write = tasks["research"], tasks["write"]
+    assert write.depends_on == [research.task_id]
+    assert research.task_id.split(":")[0] == write.task_id.split(":")[0]
+    assert research.status.value == write.status.value == "completed"
+    evidence = doc.evidences
+    (result,) = write.result_evidence_ids
+    assert evidence[result].content == "Sunny Paris today."
+    (run,) = doc.session.tool_state.tool_calls
+    assert (run.tool, run.status.value, run.task_id) == ("weather", "success", research.task_id)
+    assert run.duration_ms >= 0
+    assert evidence[run.result_evidence_ids[0]].content == "sunny in Paris"
+    usage = doc.session.model_usage
+    by_task = {}
+    for u in usage:
+        by_task[u.task_id] = by_task.get(u.task_id, 0) + u.prompt_tokens
+    assert by_task == {research.task_id: 70, write.task_id: 50}
+    assert all(u.provider == "openai" for u in usage)
+
+
+async def test_kickoff_gets_the_engine_input_every_call_and_is_recorded(
+    engine: ContextEngine,
+) -> None:
+    """Sync ``kickoff`` (run on a worker thread, as an app would): the engine's input before
+    each of the three model calls (the tool round too), tasks with their dependency and
+    result, the tool run and usage per task in the store."""
+    with ScriptedOpenAIServer(_script) as server:
+        crew, _, _ = two_task_crew(server)
+        ce.crewai.install(engine, session_id="s-crew")
+        await engine.update_notebook("s-crew", MARK)
+        output = await asyncio.to_thread(crew.kickoff)
+        crewai_event_bus.flush()
+        requests = server.requests
+    assert output.raw == "Sunny Paris today."
+    _check_requests(requests)
+    await _check_store(engine, "s-crew")
+
+
+async def test_akickoff_awaits_the_engine_and_never_blocks(engine: ContextEngine) -> None:
+    with ScriptedOpenAIServer(_script) as server:
+        crew, _, _ = two_task_crew(server)
+        ce.crewai.install(engine, session_id="s-async")
+        await engine.update_notebook("s-async", MARK)
+        with no_blocking(engine) as blocking:
+            output = await crew.akickoff()
+        crewai_event_bus.flush()
+        requests = server.requests
+    assert blocking.used == []
+    assert output.raw == "Sunny Paris today."
+    _check_requests(requests)
+    await _check_store(engine, "s-async")
+
+
+async def test_a_failed_task_is_recorded_failed_with_its_error(engine: ContextEngine) -> None:
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        return ScriptedResponse(text="model down", status=400)
+
+    ce.crewai.install(engine, session_id="s-fail")
+    with ScriptedOpenAIServer(script) as server:
+        crew, _, _ = two_task_crew(server)
+        for agent in crew.agents:
+            agent.max_retry_limit = 0
+        try:
+            await asyncio.to_thread(crew.kickoff)
+        except Exception as exc:  # CrewAI raises the provider's error
+            assert "model down" in str(exc)
+        else:
+            raise AssertionError("the kickoff should fail")
+        crewai_event_bus.flush()
+    doc = await engine.get_session("s-fail")
+    assert doc is not None
+    tasks = {t.name: t for t in doc.session.task_state.todo_list.tasks}
+    assert tasks["research"].status.value == "failed" and "model down" in tasks["research"].error
+    assert tasks["write"].status.value == "pending"
+
+
+async def test_an_engine_failure_sends_the_crews_own_messages(
+    engine: ContextEngine, monkeypatch: Any
+) -> None:
+    """Fail-open: ``prepare_call`` raising leaves the request as CrewAI built it, the kickoff
+    completes and is still recorded."""
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("engine down")
+
+    monkeypatch.setattr(engine, "prepare_call", broken)
+    with ScriptedOpenAIServer(_script) as server:
+        crew, _, _ = two_task_crew(server)
+        ce.crewai.install(engine, session_id="s-open")
+        output = await asyncio.to_thread(crew.kickoff)
+        crewai_event_bus.flush()
+        requests = server.requests
+    assert output.raw == "Sunny Paris today."
+    assert len(requests) == 3
+    assert requests[0]["messages"][0]["content"].startswith("You are Researcher.")
+    doc = await engine.get_session("s-open")
+    assert doc is not None
+    assert len(doc.session.task_state.todo_list.tasks) == 2
