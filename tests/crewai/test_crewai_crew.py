@@ -11,6 +11,7 @@ from crewai.events import crewai_event_bus
 
 import ce.crewai
 from ce.core.engine import ContextEngine
+from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, no_blocking
 
 MARK = "NOTEBOOK-MARK-7731"
@@ -36,6 +37,12 @@ def _check_requests(requests: list[dict[str, Any]]) -> None:
     assert requests[1]["messages"][-1]["role"] == "tool"
     assert "sunny in Paris" in requests[1]["messages"][-1]["content"]
     assert "Write one line" in json.dumps(requests[2]["messages"])
+    # the writer's request carries the researcher's answer before its own task
+    texts = [m.get("content") for m in requests[2]["messages"]]
+    assert "Paris is sunny." in texts
+    assert texts.index("Paris is sunny.") < max(
+        i for i, t in enumerate(texts) if "Write one line" in str(t)
+    )
 
 
 async def _check_store(engine: ContextEngine, session_id: str) -> None:
@@ -60,6 +67,13 @@ async def _check_store(engine: ContextEngine, session_id: str) -> None:
         by_task[u.task_id] = by_task.get(u.task_id, 0) + u.prompt_tokens
     assert by_task == {research.task_id: 70, write.task_id: 50}
     assert all(u.provider == "openai" for u in usage)
+    # each agent's final answer is its message, authored by its role, stored once
+    answers = [
+        (m.author.id if m.author else None, m.content)
+        for m in doc.session.messages
+        if m.role is Role.ASSISTANT and m.content
+    ]
+    assert answers == [("Researcher", "Paris is sunny."), ("Writer", "Sunny Paris today.")]
 
 
 async def test_kickoff_gets_the_engine_input_every_call_and_is_recorded(

@@ -35,7 +35,19 @@ from ce.core.integration import (
     tool_call_from_run,
     tool_result_evidence,
 )
-from ce.core.schema import EvidenceSource, EvidenceType, SourceKind, Task, TaskStatus
+from ce.core.pipeline import is_react_step
+from ce.core.schema import (
+    Author,
+    AuthorKind,
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    ModelInvocation,
+    Role,
+    SourceKind,
+    Task,
+    TaskStatus,
+)
 
 if TYPE_CHECKING:
     from ce.core.integration import PatchLedger, Plugin
@@ -370,10 +382,21 @@ class Seams:
             output_text=response if isinstance(response, str) else "",
         )
         task_id = kickoff.task_id(str(event.task_id))
+        # a final text answer is the agent's message (its executor ends with it: no later
+        # request carries it); a tool request or a ReAct step comes back in the next request
+        reply = None
+        if isinstance(response, str) and response.strip() and not is_react_step(response):
+            role = str(getattr(event, "agent_role", "") or "")
+            reply = Message(
+                role=Role.ASSISTANT,
+                content=response,
+                author=Author(kind=AuthorKind.AGENT, id=role) if role else None,
+                invocation=ModelInvocation(provider=call.provider, model=call.model or "unknown"),
+            )
 
         async def work(recorder: Recorder) -> None:
             usage_record = model_usage_from_call(call).model_copy(update={"task_id": task_id})
-            await recorder.engine.record_model_call(recorder.session_id, usage_record)
+            await recorder.engine.record_model_call(recorder.session_id, usage_record, reply=reply)
 
         self._record(kickoff, "record model call", work)
 
