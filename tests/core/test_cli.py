@@ -722,6 +722,31 @@ def test_show_sums_model_usage_per_task(tmp_path: Path, capsys: pytest.CaptureFi
     assert _row(out, "k1:write")[1:] == ["1", "50", "5", "55"]
 
 
+def test_report_sums_the_sessions_model_usage_per_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def usage(usage_id: str, task_id: str | None, prompt: int) -> ModelUsage:
+        return ModelUsage(
+            model_usage_id=usage_id,
+            provider="openai",
+            model="gpt-4o",
+            prompt_tokens=prompt,
+            completion_tokens=5,
+            total_tokens=prompt + 5,
+            task_id=task_id,
+        )
+
+    url = _url(tmp_path / "ce.db")
+    records = [usage("u1", "k1:research", 30), usage("u2", "k1:write", 50)]
+    turn = _turn("t1", "call", 0)
+    _fill(url, {"s-tasks": SessionChanges(model_usage=records, turns=[turn])})
+    code, out, err = _run(capsys, "--store", url, "report", "s-tasks")
+    assert (code, err) == (0, "")
+    assert "model usage per task" in out
+    assert _row(out, "k1:research")[1:] == ["1", "30", "5", "35"]
+    assert _row(out, "k1:write")[1:] == ["1", "50", "5", "55"]
+
+
 def test_show_has_no_per_task_table_without_task_ids(
     store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

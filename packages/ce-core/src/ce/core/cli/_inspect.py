@@ -21,6 +21,7 @@ from ce.core.schema import (
     ToolCall,
     ToolCallStatus,
 )
+from ce.core.state import usage_by_task
 from ce.core.stores import Store
 
 __all__ = ["action_totals", "block_labels", "report", "sessions", "show", "turns"]
@@ -124,14 +125,7 @@ def _tools(message: Message, calls: dict[str, ToolCall]) -> Text:
 
 def _usage_per_task(console: Console, records: list[ModelUsage]) -> None:
     """Tokens and calls summed per task, for usage records that name one (``task_id``)."""
-    totals: dict[str, list[int]] = {}
-    for record in records:
-        if record.task_id:
-            row = totals.setdefault(record.task_id, [0, 0, 0, 0])
-            row[0] += 1
-            row[1] += record.prompt_tokens
-            row[2] += record.completion_tokens
-            row[3] += record.total_tokens
+    totals = usage_by_task(records)
     if not totals:
         return
     table = Table(title="model usage per task", title_justify="left")
@@ -139,7 +133,8 @@ def _usage_per_task(console: Console, records: list[ModelUsage]) -> None:
     for name in ("calls", "prompt", "completion", "total"):
         table.add_column(name, justify="right")
     for task_id, row in totals.items():
-        table.add_row(Text(task_id), *(_number(n) for n in row))
+        numbers = (row.calls, row.prompt_tokens, row.completion_tokens, row.total_tokens)
+        table.add_row(Text(task_id), *(_number(n) for n in numbers))
     console.print(table)
 
 
@@ -370,6 +365,8 @@ async def report(store: Store, console: Console, session_id: str, turn_id: str |
     )
     doc = await store.get_session(session_id)
     console.print(_decision_table(rep.prune_decisions, block_labels(doc)))
+    if doc is not None:  # what each task of the session cost so far
+        _usage_per_task(console, doc.session.model_usage)
     totals = action_totals(rep.prune_decisions)
     if totals:
         console.print(totals)

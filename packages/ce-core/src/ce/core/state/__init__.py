@@ -13,6 +13,7 @@ from ce.core.state._render import (
 )
 from ce.core.state._runs import RUN_TRANSITIONS, can_transition
 from ce.core.state._tool_calls import parse_tool_arguments
+from ce.core.state._usage import TaskUsage, usage_by_task
 from ce.core.state._widgets import (
     LIVE_SCREEN_HEADING,
     NOTEBOOK_BLOCK_ID,
@@ -39,6 +40,7 @@ __all__ = [
     "RenderOptions",
     "StateView",
     "TaskListWidget",
+    "TaskUsage",
     "TokenUsage",
     "ToolResult",
     "Widget",
@@ -47,5 +49,6 @@ __all__ = [
     "parse_tool_arguments",
     "render_live_context",
     "render_live_screen",
+    "usage_by_task",
     "validate_meta",
 ]
