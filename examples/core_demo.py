@@ -1,6 +1,6 @@
 """ce.core demo: an agent run through the ContextEngine on the embedded SQLite store.
 
-Runs offline. The "model" is a scripted stream of seed-002 deltas. Each turn, the engine
+Runs offline. The "model" is a scripted stream of streaming deltas. Each turn, the engine
 records what happened and assembles the next model input within a small token budget; the demo
 prints what the model would receive and the report of what was kept, degraded or dropped.
 

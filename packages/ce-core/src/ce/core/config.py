@@ -1,4 +1,4 @@
-"""Runtime configuration of the engine (seed 004 §15).
+"""Runtime configuration of the engine.
 
 Policies live here, never in the persisted schema. Every field has a default; override what you
 need, e.g. ``RuntimeConfig(model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=16_000))``.

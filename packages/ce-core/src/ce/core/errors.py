@@ -1,4 +1,4 @@
-"""The typed errors of Context Engine (seed 004 §18.1).
+"""The typed errors of Context Engine.
 
 Every error the SDK raises on purpose derives from :class:`ContextEngineError`, so an
 application can catch the whole family with one ``except``. Errors that mean "the caller

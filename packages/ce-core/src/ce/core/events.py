@@ -1,4 +1,4 @@
-"""Structured events (seed 004 §9): what the engine did, for logs, metrics and audits.
+"""Structured events: what the engine did, for logs, metrics and audits.
 
 Handlers may be plain functions or coroutine functions. A handler that raises is logged and
 skipped: observability never breaks a turn.

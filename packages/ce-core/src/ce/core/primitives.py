@@ -1,4 +1,4 @@
-"""Injectable primitives (seed 004 §6.8): ids, time and content hashes.
+"""Injectable primitives: ids, time and content hashes.
 
 Everything in the SDK that needs a fresh id, the current time or a digest takes one of these,
 so tests can make a run fully deterministic.

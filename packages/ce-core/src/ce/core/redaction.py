@@ -1,4 +1,4 @@
-"""Redaction of sensitive text (seed 004 §6.8 ``Redactor``, §8.4, §18.2).
+"""Redaction of sensitive text.
 
 :class:`RegexRedactor` replaces every match of its rules with ``[REDACTED:<rule>]``. Built-in
 rules (all on by default; where matches overlap, the marker names the leftmost, then the
@@ -101,7 +101,7 @@ class Redactor(Protocol):
     """Removes sensitive content from text. Async because an implementation may call an
     external service (a PII-detection API); ``rules``, when given, replace the
     implementation's own user rules for this call. Raises :class:`RedactionError` when it
-    cannot redact (the caller then degrades, seed 004 §18.2)."""
+    cannot redact (the caller then degrades)."""
 
     async def redact(self, text: str, rules: RedactionRules | None = None) -> RedactResult: ...
 

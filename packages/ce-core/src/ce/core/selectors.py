@@ -1,4 +1,4 @@
-"""Ref selectors: narrow an evidence's content to the part a block cites (seed 004 §6.8).
+"""Ref selectors: narrow an evidence's content to the part a block cites.
 
 Grammar (one selector, or several joined by commas)::
 
@@ -15,15 +15,15 @@ Grammar (one selector, or several joined by commas)::
                        whole match when the pattern has exactly one group.
 
 Selectors joined by commas apply in order, each to the result of the one before, so
-``lines:12-18,chars:0-80`` is the first 80 characters of lines 12-18 (the seed's
-"intersection"). A comma splits only where the next selector's ``type:`` follows it, so
+``lines:12-18,chars:0-80`` is the first 80 characters of lines 12-18 (their
+intersection). A comma splits only where the next selector's ``type:`` follows it, so
 patterns and JSON keys may contain commas; write ``\\,`` inside a regex to keep a comma that
 is followed by such a prefix.
 
 Every failure (malformed selector, out of range, no match, content that is not JSON, a
 pattern that runs out of time, content or selector over the size limits) raises
 :class:`~ce.core.errors.SelectorResolveError`, which the renderer degrades to the block's own
-content (seed 004 §18.2).
+content.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Token estimation (seed 004 §6.2, DESIGN.md §5).
+"""Token estimation.
 
 Two estimators implement :class:`TokenEstimator`:
 
@@ -338,9 +338,8 @@ class CharBasedEstimator:
     free. Never 0 for non-empty text. Message and tool overheads follow OpenAI's chat format.
 
     Calibrated to err slightly high: on English prose, Python code and Chinese text it gives
-    5-15% more than tiktoken's cl100k_base. (Seed 004 suggests 2 tokens per Chinese
-    character and 0.75 per English word; measured BPE vocabularies need 0.7-1.05 per Chinese
-    character and about 1.3 per English word.)
+    5-15% more than tiktoken's cl100k_base. (Measured BPE vocabularies need 0.7-1.05 tokens
+    per Chinese character and about 1.3 per English word.)
     """
 
     def __init__(self, *, cache_size: int = 100_000) -> None:

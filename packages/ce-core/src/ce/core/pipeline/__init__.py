@@ -1,4 +1,4 @@
-"""The context pipeline (seed 004 §6.3–6.6, §6.9): ingest -> derive -> prune -> render ->
+"""The context pipeline: ingest -> derive -> prune -> render ->
 assemble, plus the rolling summarizer. Pure computation is synchronous; I/O is async."""
 
 from ce.core.pipeline._conflicts import (

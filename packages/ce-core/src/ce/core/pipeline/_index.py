@@ -1,4 +1,4 @@
-"""The incremental derivation of candidate blocks from a session (seed 004 §6.4).
+"""The incremental derivation of candidate blocks from a session.
 
 A :class:`SessionIndex` turns a session's history and evidence into candidate blocks and keeps
 them, with their token counts, as the session grows: adding a message or an evidence costs work
@@ -302,7 +302,7 @@ class SessionIndex:
         try:
             candidate = self._evidence_candidate(evidence, tier)
             tokens = candidate.live.tokens
-        except Exception as exc:  # one bad evidence must not stop the turn (seed §18.2)
+        except Exception as exc:  # one bad evidence must not stop the turn
             self._errors.append(
                 ("evidence_derive_failed", f"evidence {evidence.evidence_id}: {exc!r}")
             )

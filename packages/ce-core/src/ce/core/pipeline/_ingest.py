@@ -1,4 +1,4 @@
-"""Evidence ingestion (seed 004 §6.3): redaction, dedup key, confidence."""
+"""Evidence ingestion: redaction, dedup key, confidence."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class PreparedEvidence:
 class EvidenceIngestor:
     """Turns raw content into an :class:`Evidence`: redacts content and metadata (unless
     redaction is off), computes the dedup key from ``source.uri`` + content hash (or the
-    tool's args digest) and the confidence. On failure it degrades per seed §18.2: a failed
+    tool's args digest) and the confidence. On failure it degrades: a failed
     redaction stores the text unredacted with ``metadata.has_sensitive = true``
     (``redaction_failed``); a failed hash skips dedup (``dedup_skipped``)."""
 

@@ -1,4 +1,4 @@
-"""GreedyPriorityPruner (seed 004 §6.5, §8.2): spend a token budget on candidate blocks.
+"""GreedyPriorityPruner: spend a token budget on candidate blocks.
 
 Rules, in order:
 

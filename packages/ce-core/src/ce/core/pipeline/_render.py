@@ -1,4 +1,4 @@
-"""Rendering blocks with their evidence refs, and assembling the final input (seed 004 §6.6)."""
+"""Rendering blocks with their evidence refs, and assembling the final input."""
 
 from __future__ import annotations
 

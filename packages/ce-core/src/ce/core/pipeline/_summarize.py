@@ -1,4 +1,4 @@
-"""Rolling summary (seed 004 §6.9, §6.10) through an injected LLM adapter."""
+"""Rolling summary through an injected LLM adapter."""
 
 from __future__ import annotations
 

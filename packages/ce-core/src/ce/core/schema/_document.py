@@ -1,4 +1,4 @@
-"""The persisted session document (seed 004 §5.1.2–5.1.3 plus the history blueprint fields)."""
+"""The persisted session document."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class Ref(_Model):
 
 
 class Section(_Model):
-    """One titled piece of a message at one level of detail (seed 003)."""
+    """One titled piece of a message at one level of detail."""
 
     title: str = ""
     body: str
@@ -92,7 +92,7 @@ def sections_to_text(sections: list[Section]) -> str:
 
 
 class LodSections(_Model):
-    """Live / Summary / Gist renderings of one history entry (seed 003).
+    """Live / Summary / Gist renderings of one history entry.
 
     ``live`` is the full content; ``summary`` and ``gist`` are cheaper renderings. A level that
     is not given falls back to the next richer one.
@@ -115,7 +115,7 @@ class ToolCallRequest(_Model):
     """A tool call declared by an assistant message.
 
     ``raw_arguments`` always keeps the text the model produced; ``arguments`` holds the parsed
-    JSON object when it parsed, else ``parse_error`` says why it did not (seed 000).
+    JSON object when it parsed, else ``parse_error`` says why it did not.
     """
 
     tool_call_id: str
@@ -243,7 +243,7 @@ def without_media(text: str, parts: list[ContentPart]) -> str:
 
 
 class ModelInvocation(_Model):
-    """Which model produced an output (seed 000 ``ModelInvocationDescriptor``)."""
+    """Which model produced an output."""
 
     provider: str
     model: str
@@ -253,8 +253,8 @@ class ModelInvocation(_Model):
 class Message(_Model):
     """One entry of the conversation history.
 
-    Seed 004 fields (``role``, ``content``, ``author``, ``at``, ``refs``) plus what the history
-    blueprint needs: a stable ``message_id``; ``tool_calls`` on assistant messages;
+    ``role``, ``content``, ``author``, ``at`` and ``refs``, plus what the history needs: a
+    stable ``message_id``; ``tool_calls`` on assistant messages;
     ``tool_call_id`` (and the tool ``name``) on tool messages; optional Level-of-Detail
     sections; the ``invocation`` that produced an assistant message; small ``meta`` data;
     ``parts``, the images, files and audio that go with the text, in order (see
@@ -365,7 +365,7 @@ class ModelUsage(_Model):
 
 
 class RunState(_Model):
-    """The current run of the session (seed 002)."""
+    """The current run of the session."""
 
     run_id: str | None = None
     status: RunStatus = RunStatus.IDLE

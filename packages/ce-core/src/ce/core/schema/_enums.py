@@ -1,4 +1,4 @@
-"""Enumerations of the session schema (seed 004 §5.1.1, seed 002, seed 003).
+"""Enumerations of the session schema.
 
 Every enum is a ``str`` enum and serializes as its string value.
 """
@@ -116,7 +116,7 @@ class TaskStatus(str, Enum):
 
 
 class RunStatus(str, Enum):
-    """The run status of seed 002."""
+    """The status of a session's current run."""
 
     IDLE = "idle"
     PREPARING = "preparing"
@@ -129,7 +129,7 @@ class RunStatus(str, Enum):
 
 
 class LevelOfDetail(str, Enum):
-    """How much of a history entry to show (seed 003): Live > Summary > Gist."""
+    """How much of a history entry to show: Live > Summary > Gist."""
 
     LIVE = "live"
     SUMMARY = "summary"

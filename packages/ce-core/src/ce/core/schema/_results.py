@@ -1,4 +1,4 @@
-"""Result types returned by stores and the engine (seed 004 §5.1.3)."""
+"""Result types returned by stores and the engine."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Upgrading older session documents to the current schema (seed 004 §6.8, §10).
+"""Upgrading older session documents to the current schema.
 
 Change log
 ----------

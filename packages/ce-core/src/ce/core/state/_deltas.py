@@ -1,4 +1,4 @@
-"""Streaming deltas of one model call (seed 002) and their aggregation into a ModelOutput."""
+"""Streaming deltas of one model call and their aggregation into a ModelOutput."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ __all__ = ["DeltaAccumulator", "DeltaKind", "MessageDelta"]
 
 
 class DeltaKind(str, Enum):
-    """The kinds of streaming delta (seed 002, minimal set)."""
+    """The kinds of streaming delta."""
 
     START = "start"
     TEXT = "text"

@@ -1,4 +1,4 @@
-"""render_live_context: the provider-neutral projection of a session's history (seed 000/003)."""
+"""render_live_context: the provider-neutral projection of a session's history."""
 
 from __future__ import annotations
 

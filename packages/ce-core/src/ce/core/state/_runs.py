@@ -1,4 +1,4 @@
-"""The run-status state machine of seed 002."""
+"""The run-status state machine: which status may follow which."""
 
 from __future__ import annotations
 

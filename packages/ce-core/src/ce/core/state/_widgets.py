@@ -1,4 +1,4 @@
-"""Widgets (seed 000): components that render a fragment of the LiveScreen from the state."""
+"""Widgets: components that render a fragment of the LiveScreen from the state."""
 
 from __future__ import annotations
 

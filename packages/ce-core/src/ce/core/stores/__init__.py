@@ -1,4 +1,4 @@
-"""Session stores (seed 004 §6.1): the ``Store`` protocol, its implementations and
+"""Session stores: the ``Store`` protocol, its implementations and
 :func:`open_store`.
 
 ========================  =====================================================================

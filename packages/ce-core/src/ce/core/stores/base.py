@@ -1,4 +1,4 @@
-"""The ``Store`` protocol (seed 004 §6.1) and what every store implementation shares.
+"""The ``Store`` protocol and what every store implementation shares.
 
 A store persists session documents. Writes go through :meth:`Store.commit`, which applies one
 :class:`SessionChanges` atomically: either every record of it is stored or none is. Appends are
@@ -29,10 +29,10 @@ raises :class:`~ce.core.errors.SchemaValidationError` and the commit stores noth
 store keeps is that JSON form: values JSON cannot represent (tuples, datetimes in ``meta``)
 come back the way JSON returns them, from every store alike.
 
-Compliance deletes (seed 004 §13) remove data for good and append an :class:`AuditRecord`
+Compliance deletes remove data for good and append an :class:`AuditRecord`
 that outlives it.
 
-The seed's convenience methods (``append_messages``, ``put_evidence``, ``append_tool_calls``,
+The convenience methods (``append_messages``, ``put_evidence``, ``append_tool_calls``,
 …) are all expressed through ``commit`` by :class:`BaseStore`.
 """
 
@@ -336,7 +336,7 @@ class AuditRecord:
 
 @runtime_checkable
 class Store(Protocol):
-    """Persistence of session documents with optimistic versions (seed 004 §6.1)."""
+    """Persistence of session documents with optimistic versions."""
 
     async def get_session(self, session_id: str) -> SessionDocument | None: ...
     async def get_version(self, session_id: str) -> int: ...
@@ -404,7 +404,7 @@ class Store(Protocol):
 
 
 class BaseStore(abc.ABC):
-    """Implements the seed's convenience methods on top of :meth:`commit`.
+    """Implements the convenience methods on top of :meth:`commit`.
 
     Subclasses implement ``_commit`` and ``_put_session`` (which receive records already
     validated, owned by the store and never shared with the caller) plus the read and delete

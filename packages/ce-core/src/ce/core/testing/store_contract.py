@@ -434,4 +434,4 @@ class StoreContract(RecordContract):
         self._assert_all_kept(await message_ids_of(store, "s1"), [*writers, "loop"], 25)
         assert await store.get_version("s1") == 125
 
-    # -- the seed's convenience methods ---------------------------------------------------------
+    # -- the convenience methods ---------------------------------------------------------------
