@@ -4,7 +4,7 @@ on SQLite and on PostgreSQL, checked afterwards: nothing lost, nothing duplicate
 Each figure is one run of the load harness :mod:`ce.core.testing.load`: N worker processes
 ("spawn"), each with its own ``ContextEngine`` on the store, start together and run
 ``--turns`` turns each over S shared sessions (turn t of worker w on session (w + t) mod S),
-S = 4 and S = N (``--sessions``, ``w`` standing for N). A turn is six engine calls, as the
+S = 1, 4 and 16 (``--sessions``; ``w`` stands for N). A turn is six engine calls, as the
 plugins make them (``prepare_turn``, ``record_model_call`` with the tool call,
 ``ingest_evidence`` of the tool's output, ``record_tool_call``, ``prepare_call`` with the
 tool message, ``record_model_call`` with the answer). Then the
@@ -162,11 +162,13 @@ def report(
         "store's cost alone. Each worker logs every acknowledged call (one JSON line, "
         "fsync'd). Turns/s is all workers' completed turns over the wall time from the "
         "start barrier to the last worker's exit; latency is one turn's wall time in its "
-        "worker. A version conflict is counted each time a commit was refused because "
-        "another process wrote the session since this engine read it (the engine redoes the "
-        "call on the fresh session up to `conflict_retries` = 4 times, the first at once, "
-        "the later ones after a short random pause; then it raises "
-        "`VersionConflictError`, which the worker retries at once). A full "
+        "worker. A version conflict is counted each time an optimistic commit was refused "
+        "because another process wrote the session since this engine read it; the engine "
+        "then reads the session afresh and does the call once more holding the session in "
+        "the store from the catch-up read to the commit (SQLite: a `BEGIN IMMEDIATE` "
+        "transaction; PostgreSQL: the session row's lock), a commit no other writer can get "
+        "ahead of. Had the engine raised `VersionConflictError` anyway, the worker would "
+        "count it (in parentheses) and retry at once. A full "
         "load is the engine reading a whole session (its first use, and after every "
         "conflict); between conflicts a stale cached session catches up with only the new "
         "records. Afterwards the checker reads every session back and compares it with the "
@@ -258,7 +260,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,4,16", help="comma-separated worker counts")
     parser.add_argument("--turns", type=int, default=20, help="turns per worker")
     parser.add_argument(
-        "--sessions", default="4,w", help="comma-separated session counts; w: one per worker"
+        "--sessions", default="1,4,16", help="comma-separated session counts; w: one per worker"
     )
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="server to use")
     parser.add_argument("--skip-postgres", action="store_true", help="SQLite only")

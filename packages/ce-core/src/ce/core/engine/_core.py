@@ -35,12 +35,16 @@ from ce.core.schema import (
     TurnRecord,
 )
 from ce.core.state import AgentState, ModelOutput
-from ce.core.stores import SessionChanges, Store
+from ce.core.stores import SessionChanges, SessionWriter, Store, WriterStore
 from ce.core.tokens import TokenEstimator
 
 __all__ = ["EngineCore"]
 
 _T = TypeVar("_T")
+
+CONTENDED_SECONDS = 2.0
+"""How long after a refused commit an engine's writes to that session hold it from the start
+(on a store that can hold a session), rather than try optimistically first."""
 
 
 class EngineCore(HistoryWriter):
@@ -63,6 +67,7 @@ class EngineCore(HistoryWriter):
     _locks: SessionLocks
     _deferred: DeferredWrites
     _carried: dict[str, list[TurnRecord]]  # turn records waiting for their session's next commit
+    _contention: dict[str, float]  # session -> until when its writes hold it (monotonic)
 
     def _cfg(self, runtime_config: RuntimeConfig | None) -> RuntimeConfig:
         return runtime_config or self.config
@@ -96,15 +101,20 @@ class EngineCore(HistoryWriter):
             if session_id in self._entries:
                 self._entries.move_to_end(session_id)
 
-    async def _entry(self, session_id: str) -> SessionEntry:
+    async def _entry(self, session_id: str, writer: SessionWriter | None = None) -> SessionEntry:
         """The cached entry of the session, brought up to the stored version: a stale entry
         absorbs only what other writers stored since (when the store can read that), so a
-        turn costs what is new, not the whole history."""
+        turn costs what is new, not the whole history. Read through ``writer`` when the
+        session is held."""
         entry = self._entries.get(session_id)
         if entry is None:
-            update = await self.store.read_since(session_id)
+            update = await (writer.read_since() if writer else self.store.read_since(session_id))
         else:
-            update = await self.store.read_since(session_id, entry.version, entry.epoch)
+            update = await (
+                writer.read_since(entry.version, entry.epoch)
+                if writer
+                else self.store.read_since(session_id, entry.version, entry.epoch)
+            )
             current = entry.version == 0 if update is None else not update.complete
             if current:
                 if update is not None and update.version != entry.version:
@@ -147,7 +157,11 @@ class EngineCore(HistoryWriter):
         self, session_id: str, call: WriteLog, op: Callable[[SessionEntry], Awaitable[_T]]
     ) -> _T:
         """Run ``op`` on the session; on a version conflict read the session again and redo
-        it, up to ``conflict_retries`` times (see the class docstring)."""
+        it: holding the session when the store can (then the redo is not refused), else up
+        to ``conflict_retries`` times (see the class docstring)."""
+        store = self.store
+        if isinstance(store, WriterStore) and self._contended(session_id):
+            return await self._attempt_held(store, session_id, call, op)
         retry = 0
         while True:
             entry = await self._entry(session_id)
@@ -161,6 +175,9 @@ class EngineCore(HistoryWriter):
                 await self._emit(
                     "Error", session_id, call.turn_id, reason="version_conflict", detail=str(exc)
                 )
+                if isinstance(store, WriterStore):
+                    self._contention[session_id] = time.monotonic() + CONTENDED_SECONDS
+                    return await self._attempt_held(store, session_id, call, op)
                 retry += 1
                 if retry > self.conflict_retries:
                     raise
@@ -175,6 +192,42 @@ class EngineCore(HistoryWriter):
                 self._entries.pop(session_id, None)
                 raise
 
+    def _contended(self, session_id: str) -> bool:
+        """Whether another process wrote the session under this engine's feet less than
+        :data:`CONTENDED_SECONDS` ago: then its writes hold the session from the start
+        rather than meet a refused commit (and a full read) again."""
+        until = self._contention.get(session_id)
+        if until is None:
+            return False
+        if until > time.monotonic():
+            return True
+        self._contention.pop(session_id, None)
+        return False
+
+    async def _attempt_held(
+        self,
+        store: WriterStore,
+        session_id: str,
+        call: WriteLog,
+        op: Callable[[SessionEntry], Awaitable[_T]],
+    ) -> _T:
+        """Run ``op`` holding the session in the store, from the read to the commit: no
+        other writer can store anything in between, so its commit is not refused. A session
+        not cached is read before it is held, so holding it costs only a catch-up."""
+        if session_id not in self._entries:
+            await self._entry(session_id)
+        async with store.writer(session_id) as writer:
+            call.writer = writer
+            try:
+                entry = await self._entry(session_id, writer)
+                async with engine_turn():
+                    return await op(entry)
+            except BaseException:
+                self._entries.pop(session_id, None)
+                raise
+            finally:
+                call.writer = None
+
     async def _persist(
         self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None
     ) -> PutResult:
@@ -187,8 +240,12 @@ class EngineCore(HistoryWriter):
             changes.turns.append(turn)
         try:
             async with turn_released():  # a store may wait on I/O: not in the loop's turn
-                result = await self.store.commit(
-                    entry.session_id, changes, expected_version=entry.version
+                result = await (
+                    call.writer.commit(changes)
+                    if call.writer is not None
+                    else self.store.commit(
+                        entry.session_id, changes, expected_version=entry.version
+                    )
                 )
         except BaseException:
             if carried:  # not stored: the session's next commit takes them (or a flush)

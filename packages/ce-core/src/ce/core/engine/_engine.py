@@ -80,12 +80,14 @@ class ContextEngine(Preparer):
     summaries (``SummaryConfig.blocks``). Calls for one session are serialized; different
     sessions run concurrently. Every coroutine method has a blocking twin under :attr:`sync`.
 
-    ``conflict_retries``: how often a write the store refused because another process wrote
-    the session first (:class:`VersionConflictError`) is redone on the fresh session. The
-    first retry is immediate; the later ones wait a short random
-    pause first (at most 10 ms, 20 ms, 40 ms, … up to 200 ms), so many workers writing one
-    session at once do not lose a write that a plugin has no way to redo. The error reaches
-    the caller after that many retries (0: at once).
+    A write the store refused because another process wrote the session first
+    (:class:`VersionConflictError`) is done again on the fresh session. On a store that can
+    hold a session for one writer (:class:`~ce.core.stores.WriterStore`: SQLite, PostgreSQL)
+    it is done once more holding the session from the read to the commit, and that commit is
+    not refused. On other stores ``conflict_retries`` says how often it is redone: the first
+    retry is immediate; the later ones wait a short random pause first (at most 10 ms, 20 ms,
+    40 ms, … up to 200 ms), and the error reaches the caller after that many retries (0: at
+    once).
     """
 
     def __init__(
@@ -133,6 +135,7 @@ class ContextEngine(Preparer):
         self._locks = SessionLocks()
         self._deferred = DeferredWrites()
         self._carried: dict[str, list[TurnRecord]] = {}
+        self._contention: dict[str, float] = {}
         self._snapshots: dict[int, tuple[RuntimeConfig, str, dict[str, Any]]] = {}
         from ce.core.engine._sync import SyncEngine
 

@@ -30,6 +30,7 @@ from ce.core.schema import (
     ToolCallRequest,
 )
 from ce.core.state import AgentState, ModelOutput, ToolResult, can_transition
+from ce.core.stores import SessionWriter
 
 __all__ = ["ACTIVE_RUN", "HistoryWriter", "WriteLog"]
 
@@ -54,6 +55,7 @@ class WriteLog:
         self.degradations: list[tuple[str, str]] = []
         self.degradations_emitted = 0
         self.errors: list[tuple[str, str]] = []
+        self.writer: SessionWriter | None = None  # the session held for this call, if so
 
 
 def _unchanged_prefix(

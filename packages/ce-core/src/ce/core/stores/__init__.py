@@ -23,6 +23,7 @@ from collections.abc import Callable
 from urllib.parse import unquote
 
 from ce.core.errors import StoreError
+from ce.core.stores._writers import SessionWriter, WriterStore
 from ce.core.stores.base import (
     AuditRecord,
     BaseStore,
@@ -53,7 +54,9 @@ __all__ = [
     "SQLiteStore",
     "SessionChanges",
     "SessionUpdate",
+    "SessionWriter",
     "Store",
+    "WriterStore",
     "default_store_url",
     "filter_blocks",
     "filter_evidences",

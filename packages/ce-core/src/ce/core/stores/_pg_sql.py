@@ -242,6 +242,14 @@ def _lock_head(conn: Conn, s: str, session_id: str) -> tuple[int, dict[str, str 
     return int(row[0]), dict(zip(HEAD_COLUMNS, row[1:4], strict=True)), str(row[4])
 
 
+def hold(conn: Conn, s: str, session_id: str) -> None:
+    """Begin a transaction on ``conn`` (an autocommit connection) holding the session's row
+    lock until it ends: commits of other writers to the session wait for it. A new session
+    gets its version-0 row, removed again when the transaction rolls back."""
+    conn.execute("BEGIN")
+    _lock_head(conn, s, session_id)
+
+
 def commit(
     conn: Conn, s: str, session_id: str, changes: SessionChanges, expected_version: int | None
 ) -> tuple[int, str | None]:

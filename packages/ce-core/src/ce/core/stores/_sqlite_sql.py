@@ -200,19 +200,26 @@ def read_since(
     conn: sqlite3.Connection, session_id: str, version: int, epoch: str
 ) -> SessionUpdate | None:
     with transaction(conn, "BEGIN"):  # one read snapshot across the tables
-        head = conn.execute(
-            "SELECT version, epoch, schema_version, summary, run_state, meta FROM sessions"
-            " WHERE session_id = ?",
-            (session_id,),
-        ).fetchone()
-        if head is None:
-            return None
-        stored, stored_epoch, schema_version, summary, run_state, meta = head
-        check_schema_version(session_id, schema_version)
-        same_history = stored_epoch == epoch and 0 < version <= stored
-        if same_history and version == stored:
-            return SessionUpdate(stored, stored_epoch, complete=False, changes=SessionChanges())
-        rows = _rows(conn, session_id, version if same_history else 0)
+        return read_since_in(conn, session_id, version, epoch)
+
+
+def read_since_in(
+    conn: sqlite3.Connection, session_id: str, version: int, epoch: str
+) -> SessionUpdate | None:
+    """:func:`read_since` inside a transaction the caller holds."""
+    head = conn.execute(
+        "SELECT version, epoch, schema_version, summary, run_state, meta FROM sessions"
+        " WHERE session_id = ?",
+        (session_id,),
+    ).fetchone()
+    if head is None:
+        return None
+    stored, stored_epoch, schema_version, summary, run_state, meta = head
+    check_schema_version(session_id, schema_version)
+    same_history = stored_epoch == epoch and 0 < version <= stored
+    if same_history and version == stored:
+        return SessionUpdate(stored, stored_epoch, complete=False, changes=SessionChanges())
+    rows = _rows(conn, session_id, version if same_history else 0)
     changes = changes_from_rows(session_id, (summary, run_state, meta), rows)
     return SessionUpdate(stored, stored_epoch, complete=not same_history, changes=changes)
 

@@ -426,13 +426,18 @@ class BaseStore(abc.ABC):
         Generated message ids are written back into ``changes.messages``. Raises
         :class:`SchemaValidationError` for an empty ``session_id`` or an invalid record.
         """
+        return await self._commit(session_id, self._checked(session_id, changes), expected_version)
+
+    def _checked(self, session_id: str, changes: SessionChanges) -> CheckedChanges:
+        """``changes`` as :meth:`commit` stores them: ids filled in, validated again into
+        records of the store's own (raises :class:`SchemaValidationError`)."""
         _check_session_id(session_id)
         if any(m.message_id is None for m in changes.messages):
             changes.messages = [
                 m if m.message_id else m.model_copy(update={"message_id": self._ids.generate()})
                 for m in changes.messages
             ]
-        return await self._commit(session_id, _revalidated_changes(changes), expected_version)
+        return _revalidated_changes(changes)
 
     @abc.abstractmethod
     async def _commit(

@@ -46,7 +46,8 @@ import functools
 import getpass
 import os
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import unquote
 
@@ -56,6 +57,7 @@ from ce.core.primitives import Clock, IdGenerator
 from ce.core.schema import ContextBlock, Evidence, PutResult, SessionDocument, TurnRecord
 from ce.core.stores import _pg_sql
 from ce.core.stores._pg_sql import LAYOUT_VERSION
+from ce.core.stores._writers import SessionWriter
 from ce.core.stores.base import (
     AuditRecord,
     BaseStore,
@@ -274,6 +276,48 @@ class PostgresStore(BaseStore):
         except (psycopg.Error, StoreError) as exc:
             raise StoreError(f"{self._where}: {exc}") from exc
 
+    def _on(
+        self,
+        conn: Conn,
+        fn: Callable[Concatenate[Conn, str, _P], _T],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        """Run ``fn`` on a connection the caller holds; driver errors become
+        :class:`StoreError` naming the server."""
+        import psycopg
+
+        try:
+            return fn(conn, self._s, *args, **kwargs)
+        except (psycopg.Error, StoreError) as exc:
+            raise StoreError(f"{self._where}: {exc}") from exc
+
+    # -- a session held for one writer -------------------------------------------------------
+
+    @asynccontextmanager
+    async def writer(self, session_id: str) -> AsyncIterator[SessionWriter]:
+        """Hold the session for one writer (see :class:`~ce.core.stores.WriterStore`): a
+        transaction on a pooled connection holding the session's row lock from the read to
+        the commit; other writers of the session wait for it, other sessions do not."""
+        import psycopg
+
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"{self._where}: store is closed")
+        try:
+            conn = await run_blocking(pool.getconn)
+        except psycopg.Error as exc:
+            raise StoreError(f"{self._where}: {exc}") from exc
+        held = _Writer(self, conn, session_id)
+        try:
+            await held.hold()
+            yield held
+        finally:
+            try:
+                await run_blocking(functools.partial(self._on, conn, _end, "ROLLBACK"))
+            finally:
+                pool.putconn(conn)
+
     # -- writes -----------------------------------------------------------------------------
 
     async def _commit(
@@ -343,3 +387,64 @@ class PostgresStore(BaseStore):
         pool, self._pool = self._pool, None
         if pool is not None:
             await run_blocking(pool.close)
+
+
+def _end(conn: Conn, _: str, statement: str) -> None:
+    """End the writer's transaction (``COMMIT`` or ``ROLLBACK``), if it is still open."""
+    from psycopg.pq import TransactionStatus
+
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        conn.execute(statement)
+
+
+class _Writer:
+    """The :class:`SessionWriter` of :meth:`PostgresStore.writer`."""
+
+    def __init__(self, store: PostgresStore, conn: Conn, session_id: str) -> None:
+        self._store = store
+        self._conn = conn
+        self._session_id = session_id
+        self._held = False
+        self._version: int | None = None  # after the block's last commit
+
+    async def hold(self) -> None:
+        await run_blocking(
+            functools.partial(self._store._on, self._conn, _pg_sql.hold, self._session_id)
+        )
+        self._held = True
+
+    async def read_since(self, version: int = 0, epoch: str = "") -> SessionUpdate | None:
+        update = await run_blocking(
+            functools.partial(
+                self._store._on, self._conn, _pg_sql.read_since, self._session_id, version, epoch
+            )
+        )
+        # a session created by this block has only its version-0 row so far
+        return update if update is not None and update.version else None
+
+    async def commit(self, changes: SessionChanges) -> PutResult:
+        checked = self._store._checked(self._session_id, changes)
+        if not self._held:  # a second commit of the block: hold the session again
+            await self.hold()
+        self._held = False
+        version, epoch = await run_blocking(
+            functools.partial(
+                self._store._on, self._conn, _commit_held, self._session_id, checked, self._version
+            )
+        )
+        self._version = version
+        return PutResult(success=True, version=version, epoch=epoch)
+
+
+def _commit_held(
+    conn: Conn, s: str, session_id: str, changes: SessionChanges, expected: int | None
+) -> tuple[int, str | None]:
+    """Apply ``changes`` in the held transaction and end it: ``COMMIT``, or ``ROLLBACK`` when
+    the commit fails or stores nothing (no version-0 row of a new session is left)."""
+    try:
+        version, epoch = _pg_sql.commit(conn, s, session_id, changes, expected)
+    except BaseException:
+        _end(conn, s, "ROLLBACK")
+        raise
+    _end(conn, s, "COMMIT" if version else "ROLLBACK")
+    return version, epoch

@@ -23,7 +23,8 @@ from __future__ import annotations
 import functools
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Concatenate, Literal, ParamSpec, TypeVar
 
@@ -51,6 +52,7 @@ from ce.core.stores._rows import (
     record_json,
     record_rows,
 )
+from ce.core.stores._writers import SessionWriter
 from ce.core.stores.base import (
     AuditRecord,
     BaseStore,
@@ -119,6 +121,9 @@ class SQLiteStore(BaseStore):
             conn.close()
             raise StoreError(f"{self.path}: cannot open SQLite store: {exc}") from exc
         self._conn: sqlite3.Connection | None = conn
+        self._synchronous = synchronous
+        self._busy_timeout = busy_timeout
+        self._idle_writers: list[sqlite3.Connection] = []  # connections of `writer` blocks
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -173,6 +178,68 @@ class SQLiteStore(BaseStore):
                 return fn(self._conn, *args, **kwargs)
             except (sqlite3.Error, StoreError) as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
+
+    # -- a session held for one writer -------------------------------------------------------
+
+    @asynccontextmanager
+    async def writer(self, session_id: str) -> AsyncIterator[SessionWriter]:
+        """Hold the session for one writer (see :class:`~ce.core.stores.WriterStore`): an
+        ``BEGIN IMMEDIATE`` transaction on a connection of the block's own, from the read to
+        the commit. SQLite has one write lock per file, so the block also keeps other writers
+        of the file (of any session, in any process) waiting: keep it short. Waiting for the
+        lock happens in a worker thread, never on the event loop."""
+        with self._lock:
+            if self._conn is None:
+                raise StoreError(f"{self.path}: store is closed")
+            conn = self._idle_writers.pop() if self._idle_writers else None
+        try:
+            if conn is None:
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self._busy_timeout,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+                conn.execute("PRAGMA secure_delete = ON")
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+        held = _Writer(self, conn, session_id)
+        try:
+            await held.hold()
+            yield held
+        finally:
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                conn.close()
+                raise StoreError(f"{self.path}: {exc}") from exc
+            with self._lock:
+                if self._conn is None:
+                    conn.close()
+                else:
+                    self._idle_writers.append(conn)
+
+    async def _begin_immediate(self, conn: sqlite3.Connection) -> None:
+        """``BEGIN IMMEDIATE`` on ``conn``: tried here first, waited for in a worker thread
+        when another writer holds the file's write lock."""
+        try:
+            if inline():
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not sql.busy(exc):
+                    raise
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            await run_blocking(lambda: conn.execute("BEGIN IMMEDIATE"))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -246,8 +313,48 @@ class SQLiteStore(BaseStore):
                 if self._conn is not None:
                     self._conn.close()
                     self._conn = None
+                for idle in self._idle_writers:
+                    idle.close()
+                self._idle_writers.clear()
 
         await run_blocking(close)
+
+
+class _Writer:
+    """The :class:`SessionWriter` of :meth:`SQLiteStore.writer`."""
+
+    def __init__(self, store: SQLiteStore, conn: sqlite3.Connection, session_id: str) -> None:
+        self._store = store
+        self._conn = conn
+        self._session_id = session_id
+        self._version: int | None = None  # after the block's last commit
+
+    async def hold(self) -> None:
+        await self._store._begin_immediate(self._conn)
+
+    async def read_since(self, version: int = 0, epoch: str = "") -> SessionUpdate | None:
+        read = functools.partial(sql.read_since_in, self._conn, self._session_id, version, epoch)
+        try:  # a whole session may be long to read: not on the event loop
+            return read() if version else await run_blocking(read)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._store.path}: {exc}") from exc
+
+    async def commit(self, changes: SessionChanges) -> PutResult:
+        conn = self._conn
+        checked = self._store._checked(self._session_id, changes)
+        if not conn.in_transaction:  # a second commit of the block: hold the session again
+            await self.hold()
+        try:
+            version, epoch, _ = _apply(conn, self._session_id, checked, self._version)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"{self._store.path}: {exc}") from exc
+            raise
+        self._version = version
+        return PutResult(success=True, version=version, epoch=epoch)
 
 
 def _write_records(
@@ -292,51 +399,64 @@ def _commit(
 ) -> tuple[int, str | None]:
     """Apply ``changes``; the version and epoch after the commit."""
     with sql.transaction(conn):
-        row = conn.execute(
-            "SELECT version, summary, run_state, meta, epoch FROM sessions WHERE session_id = ?",
-            (session_id,),
-        ).fetchone()
-        current = row[0] if row else 0
-        BaseStore._check_version(session_id, expected_version, current)
-        version = current + 1
-        changed = sum(
-            _write_records(conn, table, session_id, version, rows)
-            for table, rows in record_rows(changes).items()
-        )
-        stored: dict[str, str | None] = (
-            dict(zip(HEAD_COLUMNS, row[1:4], strict=True))
-            if row
-            else {"summary": None, "run_state": DEFAULT_RUN, "meta": None}
-        )
-        updates = head_updates(changes, stored)
-        if "meta" in updates:
-            updates["user_id"] = user_id_of(changes.meta)
-        epoch: str | None = row[4] if row else None
-        if not changed and not updates:
+        version, epoch, changed = _apply(conn, session_id, changes, expected_version)
+        if not changed:
             conn.execute("ROLLBACK")
-            return current, epoch
-        if row is None:
-            epoch = new_epoch()
-            head = {**stored, "user_id": None, **updates}
-            conn.execute(
-                "INSERT INTO sessions (session_id, version, schema_version, user_id, summary,"
-                " run_state, meta, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    session_id,
-                    version,
-                    SCHEMA_VERSION,
-                    head["user_id"],
-                    *map(head.get, HEAD_COLUMNS),
-                    epoch,
-                ),
-            )
-        else:
-            assignments = "".join(f", {column} = ?" for column in updates)
-            conn.execute(
-                f"UPDATE sessions SET version = ?{assignments} WHERE session_id = ?",
-                (version, *updates.values(), session_id),
-            )
         return version, epoch
+
+
+def _apply(
+    conn: sqlite3.Connection,
+    session_id: str,
+    changes: SessionChanges,
+    expected_version: int | None,
+) -> tuple[int, str | None, bool]:
+    """Apply ``changes`` inside the caller's write transaction; the version and epoch after,
+    and whether anything changed (when not, the caller rolls back what this wrote)."""
+    row = conn.execute(
+        "SELECT version, summary, run_state, meta, epoch FROM sessions WHERE session_id = ?",
+        (session_id,),
+    ).fetchone()
+    current = row[0] if row else 0
+    BaseStore._check_version(session_id, expected_version, current)
+    version = current + 1
+    changed = sum(
+        _write_records(conn, table, session_id, version, rows)
+        for table, rows in record_rows(changes).items()
+    )
+    stored: dict[str, str | None] = (
+        dict(zip(HEAD_COLUMNS, row[1:4], strict=True))
+        if row
+        else {"summary": None, "run_state": DEFAULT_RUN, "meta": None}
+    )
+    updates = head_updates(changes, stored)
+    if "meta" in updates:
+        updates["user_id"] = user_id_of(changes.meta)
+    epoch: str | None = row[4] if row else None
+    if not changed and not updates:
+        return current, epoch, False
+    if row is None:
+        epoch = new_epoch()
+        head = {**stored, "user_id": None, **updates}
+        conn.execute(
+            "INSERT INTO sessions (session_id, version, schema_version, user_id, summary,"
+            " run_state, meta, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                version,
+                SCHEMA_VERSION,
+                head["user_id"],
+                *map(head.get, HEAD_COLUMNS),
+                epoch,
+            ),
+        )
+    else:
+        assignments = "".join(f", {column} = ?" for column in updates)
+        conn.execute(
+            f"UPDATE sessions SET version = ?{assignments} WHERE session_id = ?",
+            (version, *updates.values(), session_id),
+        )
+    return version, epoch, True
 
 
 def _delete_rows(conn: sqlite3.Connection, session_id: str) -> None:

@@ -1,0 +1,276 @@
+"""A session held for one writer (``WriterStore.writer``) on SQLite and PostgreSQL, and the
+engine's use of it: a commit refused because another worker wrote first is done again holding
+the session, and that one is not refused.
+
+The PostgreSQL cases need the ``postgres_dsn`` fixture (tests/core/conftest.py), which skips
+without a server.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ce.core.config import RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.errors import SchemaValidationError, StoreError, VersionConflictError
+from ce.core.events import InMemoryEventBus
+from ce.core.primitives import SequentialIdGenerator
+from ce.core.schema import Message, Role
+from ce.core.stores import (
+    PostgresStore,
+    SessionChanges,
+    SQLiteStore,
+    Store,
+    WriterStore,
+)
+
+Opener = Callable[[], Any]
+"""Opens another store object on the same storage (another worker's)."""
+
+
+def _message(text: str, message_id: str | None = None) -> Message:
+    return Message(role=Role.USER, content=text, message_id=message_id)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Opens store objects on one fresh SQLite file or PostgreSQL schema."""
+    if request.param == "sqlite":
+        path = tmp_path / "shared.db"
+        yield lambda: SQLiteStore(path)
+        return
+    psycopg = pytest.importorskip("psycopg")
+    dsn = request.getfixturevalue("postgres_dsn")
+    schema = f"w_{secrets.token_hex(6)}"
+    yield lambda: PostgresStore(dsn, schema=schema, pool_size=4)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+async def stores(opener: Opener) -> AsyncIterator[tuple[Any, Any]]:
+    """Two workers' store objects on the same storage."""
+    first, second = opener(), opener()
+    yield first, second
+    await first.close()
+    await second.close()
+
+
+def _held_elsewhere(store: Any, session_id: str) -> bool:
+    """Whether a writer that does not wait finds the session held (another connection)."""
+    if isinstance(store, SQLiteStore):
+        conn = sqlite3.connect(store.path, timeout=0, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError as exc:
+            assert "locked" in str(exc)
+            return True
+        finally:
+            conn.close()
+    import psycopg
+    from psycopg import errors
+
+    assert isinstance(store, PostgresStore)
+    with psycopg.connect(store._pool.conninfo, autocommit=True) as conn:  # type: ignore[union-attr]
+        try:
+            with conn.transaction():
+                conn.execute(
+                    f'SELECT 1 FROM "{store.schema}".sessions WHERE session_id = %s'
+                    " FOR UPDATE NOWAIT",
+                    (session_id,),
+                )
+            return False
+        except errors.LockNotAvailable:
+            return True
+
+
+async def test_stores_that_hold_sessions_say_so(stores: tuple[Any, Any]) -> None:
+    assert isinstance(stores[0], WriterStore)
+
+
+async def test_a_writer_reads_and_commits_while_others_wait(stores: tuple[Any, Any]) -> None:
+    first, second = stores
+    await first.commit("s", SessionChanges(messages=[_message("one", "m1")]))
+    assert not _held_elsewhere(first, "s")
+    async with first.writer("s") as writer:
+        assert _held_elsewhere(first, "s")
+        update = await writer.read_since()
+        assert update is not None and update.complete
+        assert [m.content for m in update.changes.messages] == ["one"]
+        caught_up = await writer.read_since(update.version, update.epoch)
+        assert caught_up is not None and not caught_up.changes.messages
+        assert await second.get_version("s") == update.version
+        result = await writer.commit(SessionChanges(messages=[_message("two", "m2")]))
+        assert result.version == update.version + 1
+        # stored when the commit returns, and the hold ends with it
+        assert await second.get_version("s") == update.version + 1
+        assert not _held_elsewhere(first, "s")
+    doc = await second.get_session("s")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages] == ["one", "two"]
+    assert await second.get_version("s") == update.version + 1
+
+
+async def test_a_writer_creates_a_session_and_an_empty_block_creates_none(
+    stores: tuple[Any, Any],
+) -> None:
+    first, second = stores
+    async with first.writer("new") as writer:
+        assert await writer.read_since() is None
+    assert await second.get_version("new") == 0
+    assert await second.list_sessions() == []
+    async with first.writer("new") as writer:
+        assert await writer.read_since() is None
+        result = await writer.commit(SessionChanges(messages=[_message("hi", "m1")]))
+        assert result.version == 1
+        again = await writer.commit(SessionChanges(messages=[_message("hi", "m1")]))
+        assert again.version == 1  # nothing new: no new version
+    assert await second.get_version("new") == 1
+    assert await second.list_sessions() == ["new"]
+
+
+async def test_what_was_committed_stays_when_the_block_raises_after_it(
+    stores: tuple[Any, Any],
+) -> None:
+    first, second = stores
+    with pytest.raises(RuntimeError, match="after the commit"):
+        async with first.writer("s") as writer:
+            await writer.commit(SessionChanges(messages=[_message("kept", "m1")]))
+            raise RuntimeError("after the commit")
+    doc = await second.get_session("s")
+    assert doc is not None and [m.content for m in doc.session.messages] == ["kept"]
+
+
+async def test_a_failed_commit_stores_nothing_and_the_store_goes_on(
+    stores: tuple[Any, Any],
+) -> None:
+    first, second = stores
+    await first.commit("s", SessionChanges(messages=[_message("one", "m1")]))
+    bad = _message("bad", "m3")
+    bad.role = "not a role"  # type: ignore[assignment]
+    with pytest.raises(SchemaValidationError):
+        async with first.writer("s") as writer:
+            await writer.commit(SessionChanges(messages=[_message("two", "m2"), bad]))
+    doc = await second.get_session("s")
+    assert doc is not None and [m.content for m in doc.session.messages] == ["one"]
+    assert not _held_elsewhere(first, "s")
+    async with first.writer("s") as writer:
+        await writer.commit(SessionChanges(messages=[_message("two", "m2")]))
+    assert await second.get_version("s") == 2
+
+
+async def test_a_second_commit_holds_again_and_is_refused_after_another_writer(
+    stores: tuple[Any, Any],
+) -> None:
+    first, second = stores
+    async with first.writer("s") as writer:
+        one = await writer.commit(SessionChanges(messages=[_message("one", "m1")]))
+        two = await writer.commit(SessionChanges(messages=[_message("two", "m2")]))
+        assert two.version == one.version + 1
+        await second.commit("s", SessionChanges(messages=[_message("other", "o1")]))
+        with pytest.raises(VersionConflictError):
+            await writer.commit(SessionChanges(messages=[_message("three", "m3")]))
+    doc = await second.get_session("s")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages] == ["one", "two", "other"]
+
+
+async def test_a_closed_store_holds_nothing(opener: Opener) -> None:
+    store = opener()
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        async with store.writer("s"):
+            pass
+
+
+class _Interleaved:
+    """Wraps a store's ``commit`` so that another worker writes the session just before this
+    worker's first commit: that commit is refused for its version."""
+
+    def __init__(self, store: Any, other: ContextEngine, session_id: str) -> None:
+        self.store = store
+        self.other = other
+        self.session_id = session_id
+        self.real_commit = store.commit
+        self.commits = 0
+        store.commit = self.commit
+
+    async def commit(self, session_id: str, changes: Any, expected_version: Any = None) -> Any:
+        self.commits += 1
+        if self.commits == 1:
+            await self.other.prepare_turn(self.session_id, "from the other worker")
+        return await self.real_commit(session_id, changes, expected_version)
+
+
+@pytest.mark.parametrize("new_session", [False, True])
+async def test_a_refused_commit_is_done_again_holding_the_session(
+    opener: Opener, new_session: bool
+) -> None:
+    config = RuntimeConfig(model_hint="gpt-4o")
+    events: list[Any] = []
+    bus = InMemoryEventBus()
+    bus.on_all(events.append)
+    mine: Store = opener()
+    # no optimistic retries at all: only holding the session can save the call
+    engine = ContextEngine(
+        mine,
+        config=config,
+        conflict_retries=0,
+        event_bus=bus,
+        id_generator=SequentialIdGenerator("a"),
+    )
+    other = ContextEngine(opener(), config=config, id_generator=SequentialIdGenerator("b"))
+    before = [] if new_session else ["first"]
+    if not new_session:
+        await engine.prepare_turn("s", "first")
+    interleaved = _Interleaved(mine, other, "s")
+    result = await engine.prepare_turn("s", "mine")
+    assert interleaved.commits == 1  # the redo committed through the held session
+    assert any("version_conflict" in error for error in result.report.errors)
+    assert [e.payload.get("reason") for e in events if e.event_type == "Error"] == [
+        "version_conflict"
+    ]
+    users = [p.content for p in result.assembled_input.parts if p.role is Role.USER]
+    assert users == [*before, "from the other worker", "mine"]
+    doc = await other.store.get_session("s")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages] == [*before, "from the other worker", "mine"]
+    # its turn record counts the messages the redo saw
+    assert (await other.store.list_turns("s"))[-1].message_count == len(before) + 2
+    # for a while the session counts as contended: the next write holds it from the start
+    follow = await engine.prepare_turn("s", "next")
+    assert [p.content for p in follow.assembled_input.parts if p.role is Role.USER][-1] == "next"
+    assert interleaved.commits == 1 and not follow.report.errors
+    # then the engine goes back to optimistic commits, from the held commits' version
+    engine._contention.clear()
+    last = await engine.prepare_turn("s", "last")
+    assert interleaved.commits == 2 and not last.report.errors
+    assert [p.content for p in last.assembled_input.parts if p.role is Role.USER][-2:] == [
+        "next",
+        "last",
+    ]
+    await engine.close()
+    await other.close()
+
+
+def test_the_blocking_engine_holds_the_session_on_its_own_thread(opener: Opener) -> None:
+    config = RuntimeConfig(model_hint="gpt-4o")
+    mine: Store = opener()
+    engine = ContextEngine(mine, config=config, conflict_retries=0)
+    other = ContextEngine(opener(), config=config, id_generator=SequentialIdGenerator("b"))
+    engine.sync.prepare_turn("s", "first")
+    interleaved = _Interleaved(mine, other, "s")
+    result = engine.sync.prepare_turn("s", "mine")
+    assert interleaved.commits == 1
+    users = [p.content for p in result.assembled_input.parts if p.role is Role.USER]
+    assert users == ["first", "from the other worker", "mine"]
+    engine.sync.close()
+    other.sync.close()
