@@ -1,0 +1,224 @@
+"""CrewAI's event bus -> engine: tasks (status, dependencies, result evidence), model calls
+(usage with their task, an agent's final answer as its message) and tool runs (id, status,
+duration, task).
+
+The bus runs sync handlers on its thread pool, in a copy of the emitting context: a handler
+finds its run there (else by the task's id) and queues its writes on the session
+(:meth:`ContextEngine.defer`), in order and fail-open, never waiting for the engine.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import (
+    ModelCall,
+    Recorder,
+    ToolRun,
+    guarded,
+    is_suppressed,
+    model_usage_from_call,
+    provider_of,
+    tool_call_from_run,
+    tool_result_evidence,
+)
+from ce.core.pipeline import is_react_step
+from ce.core.schema import (
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    ModelInvocation,
+    Role,
+    SourceKind,
+    TaskStatus,
+)
+from ce.crewai._convert import agent_author, task_record
+from ce.crewai._scopes import Run, Runs, Target, current_call
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin
+
+__all__ = ["Recorders"]
+
+
+class Recorders:
+    """The event-bus handlers of one install."""
+
+    def __init__(self, plugin: Plugin, runs: Runs) -> None:
+        self.plugin = plugin
+        self.runs = runs
+        self._lock = threading.Lock()
+        self._started: dict[str, float] = {}  # LLM call id -> start time
+
+    def handlers(self) -> list[tuple[str, Callable[[Any, Any], None]]]:
+        """``(event class name in crewai.events, handler)`` pairs."""
+        return [
+            ("TaskStartedEvent", self.on_task_started),
+            ("TaskCompletedEvent", self.on_task_completed),
+            ("TaskFailedEvent", self.on_task_failed),
+            ("LLMCallStartedEvent", self.on_llm_started),
+            ("LLMCallCompletedEvent", self.on_llm_completed),
+            ("ToolUsageFinishedEvent", self.on_tool_finished),
+        ]
+
+    def _queue(self, session_id: str, what: str, work: Callable[[Recorder], Any]) -> None:
+        """Queue ``work`` on the session (written before its next engine call, in order,
+        fail-open)."""
+        plugin = self.plugin
+        if not plugin.installed or is_suppressed():
+            return
+        recorder = Recorder(plugin.engine, session_id)
+
+        async def deferred() -> None:
+            await guarded(plugin, lambda: work(recorder), session_id=session_id, what=what)
+
+        plugin.engine.defer(session_id, deferred)
+
+    def _crew_task(self, source: Any, event: Any) -> tuple[Run, Any] | None:
+        task = getattr(event, "task", None) or source
+        run = self.runs.run_of(task)
+        if run is None or str(getattr(task, "id", "")) not in run.tasks:
+            return None
+        return run, task
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    def on_task_started(self, source: Any, event: Any) -> None:
+        found = self._crew_task(source, event)
+        if found is None:
+            return
+        run, task = found
+        record = task_record(run, task, TaskStatus.IN_PROGRESS)
+
+        async def work(recorder: Recorder) -> None:
+            await recorder.engine.upsert_tasks(recorder.session_id, [record])
+
+        self._queue(run.session_id, "record task", work)
+
+    def on_task_completed(self, source: Any, event: Any) -> None:
+        found = self._crew_task(source, event)
+        if found is None:
+            return
+        run, task = found
+        output = event.output
+        text = str(getattr(output, "raw", "") or "")
+        agent = str(getattr(output, "agent", "") or "")
+
+        async def work(recorder: Recorder) -> None:
+            ids: list[str] = []
+            if text:
+                evidence = await recorder.engine.ingest_evidence(
+                    recorder.session_id,
+                    text,
+                    EvidenceSource(kind=SourceKind.LLM, name=agent),
+                    EvidenceType.LLM_OUTPUT,
+                    metadata={"task_id": run.task_id(str(task.id))},
+                )
+                ids.append(evidence.evidence_id)
+            record = task_record(run, task, TaskStatus.COMPLETED, result_evidence_ids=ids)
+            await recorder.engine.upsert_tasks(recorder.session_id, [record])
+
+        self._queue(run.session_id, "record task", work)
+
+    def on_task_failed(self, source: Any, event: Any) -> None:
+        found = self._crew_task(source, event)
+        if found is None:
+            return
+        run, task = found
+        record = task_record(run, task, TaskStatus.FAILED, error=str(event.error))
+
+        async def work(recorder: Recorder) -> None:
+            await recorder.engine.upsert_tasks(recorder.session_id, [record])
+
+        self._queue(run.session_id, "record task", work)
+
+    # -- model calls -----------------------------------------------------------------------
+
+    def on_llm_started(self, source: Any, event: Any) -> None:
+        with self._lock:
+            self._started[event.call_id] = event.timestamp.timestamp()
+
+    def _call_target(self, event: Any) -> Target | None:
+        target = current_call.get()
+        if target is not None:
+            return target
+        run = self.runs.run_of(event.task_id)
+        if run is None:
+            return None
+        return self.runs.target(run, event.task_id, getattr(event, "agent_role", None))
+
+    def on_llm_completed(self, source: Any, event: Any) -> None:
+        with self._lock:
+            started = self._started.pop(event.call_id, None)
+        target = self._call_target(event)
+        if target is None:
+            return
+        usage = event.usage or {}
+        ended = event.timestamp.timestamp()
+        response = event.response
+        call = ModelCall(
+            call_id=event.call_id,
+            provider=provider_of(source),
+            model=str(event.model or ""),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            latency_ms=int((ended - started) * 1000) if started is not None else 0,
+            output_text=response if isinstance(response, str) else "",
+        )
+        # a final text answer is the agent's message (its executor ends with it: no later
+        # request carries it); a tool request or a ReAct step comes back in the next request
+        reply = None
+        if isinstance(response, str) and response.strip() and not is_react_step(response):
+            role = target.role or str(getattr(event, "agent_role", "") or "") or None
+            reply = Message(
+                role=Role.ASSISTANT,
+                content=response,
+                author=agent_author(role),
+                invocation=ModelInvocation(provider=call.provider, model=call.model or "unknown"),
+            )
+        task_id = target.task_id
+
+        async def work(recorder: Recorder) -> None:
+            usage_record = model_usage_from_call(call).model_copy(update={"task_id": task_id})
+            await recorder.engine.record_model_call(recorder.session_id, usage_record, reply=reply)
+
+        self._queue(target.session_id, "record model call", work)
+
+    # -- tool runs -------------------------------------------------------------------------
+
+    def on_tool_finished(self, source: Any, event: Any) -> None:
+        run = self.runs.run_of(event.task_id)
+        if run is None:
+            return
+        target = self.runs.target(run, event.task_id, getattr(event, "agent_role", None))
+        failure = getattr(event, "failure", None)
+        call_id = self.runs.take_call_id(target.session_id, event.tool_name)
+        run_record = ToolRun(
+            tool_call_id=call_id or str(event.started_event_id or event.event_id),
+            name=event.tool_name,
+            args=event.tool_args,
+            result=None if failure is not None else str(event.output),
+            error=str(failure) if failure is not None else None,
+            started_at=event.started_at.timestamp(),
+            ended_at=event.finished_at.timestamp(),
+        )
+        task_id = target.task_id
+
+        async def work(recorder: Recorder) -> None:
+            draft = tool_result_evidence(run_record)
+            evidence = await recorder.engine.ingest_evidence(
+                recorder.session_id,
+                draft.content,
+                draft.source,
+                draft.evidence_type,
+                links=draft.links,
+                metadata=draft.metadata,
+            )
+            record = tool_call_from_run(run_record, [evidence.evidence_id])
+            await recorder.engine.record_tool_call(
+                recorder.session_id, record.model_copy(update={"task_id": task_id})
+            )
+
+        self._queue(target.session_id, "record tool run", work)
