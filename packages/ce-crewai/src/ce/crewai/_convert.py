@@ -60,7 +60,9 @@ def reply_tool_calls(reply: Any) -> list[tuple[str, str]]:
         else:
             call_id, function = getattr(call, "id", None), getattr(call, "function", None)
         name = (
-            function.get("name") if isinstance(function, Mapping) else getattr(function, "name", None)
+            function.get("name")
+            if isinstance(function, Mapping)
+            else getattr(function, "name", None)
         )
         if isinstance(call_id, str) and isinstance(name, str):
             calls.append((call_id, name))

@@ -38,14 +38,13 @@ class CrewAIPlugin(Plugin):
         if options:
             raise TypeError(f"unknown install options: {sorted(options)}")
         import crewai.events as events
-        from crewai import Agent, Crew
-        from crewai.events import crewai_event_bus
-        from crewai.llms.base_llm import BaseLLM
-
         from ce.crewai._inject import Injector
         from ce.crewai._patch import Kickoffs
         from ce.crewai._record import Recorders
         from ce.crewai._scopes import Runs
+        from crewai import Agent, Crew
+        from crewai.events import crewai_event_bus
+        from crewai.llms.base_llm import BaseLLM
 
         runs = Runs(self)
         kickoffs = Kickoffs(self, runs, inject)
