@@ -29,10 +29,12 @@ def patched_targets() -> list[tuple[Any, str]]:
     """The ``(owner, attribute)`` pairs an install replaces on CrewAI's own classes (plus
     ``call`` / ``acall`` of every other provider class that defines them)."""
     from crewai import Agent, Crew
+    from crewai.knowledge.knowledge import Knowledge
     from crewai.llms.base_llm import BaseLLM
 
     targets: list[tuple[Any, str]] = [(Crew, "kickoff"), (Crew, "akickoff")]
     targets += [(Agent, name) for name in ("kickoff", "kickoff_async", "akickoff")]
+    targets += [(Knowledge, "query"), (Knowledge, "aquery")]
     for cls in _subclasses(BaseLLM):
         targets += [(cls, name) for name in ("call", "acall") if name in vars(cls)]
     return targets

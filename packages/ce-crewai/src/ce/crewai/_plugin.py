@@ -44,6 +44,7 @@ class CrewAIPlugin(Plugin):
         from ce.crewai._scopes import Runs
         from crewai import Agent, Crew
         from crewai.events import crewai_event_bus
+        from crewai.knowledge.knowledge import Knowledge
         from crewai.llms.base_llm import BaseLLM
 
         runs = Runs(self)
@@ -56,6 +57,10 @@ class CrewAIPlugin(Plugin):
         ledger.wrap(Agent, "kickoff", kickoffs.sync)
         ledger.wrap(Agent, "kickoff_async", kickoffs.asynchronous)
         ledger.wrap(Agent, "akickoff", kickoffs.asynchronous)
+        # knowledge hits: CrewAI's retrieval events carry only the joined text, so the
+        # query is wrapped for each hit's content, score and source
+        ledger.wrap(Knowledge, "query", recorders.knowledge_query)
+        ledger.wrap(Knowledge, "aquery", recorders.knowledge_aquery)
         ledger.for_subclasses(BaseLLM, lambda cls: injector.wrap_llm_class(ledger, cls))
         for name, handler in recorders.handlers():
             event = getattr(events, name)

@@ -10,12 +10,13 @@ finds its run there (else by the task's id) and queues its writes on the session
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ce.core.integration import (
     ModelCall,
     Recorder,
+    RetrievalHit,
     ToolRun,
     guarded,
     is_suppressed,
@@ -35,12 +36,42 @@ from ce.core.schema import (
     TaskStatus,
 )
 from ce.crewai._convert import agent_author, task_record
-from ce.crewai._scopes import Run, Runs, Target, current_call
+from ce.crewai._scopes import Run, Runs, Target, current_call, current_run
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
 
-__all__ = ["Recorders"]
+__all__ = ["Recorders", "knowledge_hits"]
+
+
+def _small(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) and len(str(value)) <= 256
+
+
+def knowledge_hits(collection: str, results: Any) -> list[RetrievalHit]:
+    """CrewAI knowledge search results (``SearchResult`` dicts: id, content, metadata,
+    score) as retrieval hits; the uri is the document's ``source`` / ``uri`` metadata, else
+    ``crewai-knowledge:<collection>/<id>`` (``crewai-knowledge:<id>`` without a collection)."""
+    hits: list[RetrievalHit] = []
+    for result in results or []:
+        if not isinstance(result, Mapping) or not result.get("content"):
+            continue
+        metadata = result.get("metadata") or {}
+        doc_id = str(result.get("id") or "") or None
+        uri = metadata.get("source") or metadata.get("uri")
+        if not isinstance(uri, str) or not uri:
+            uri = f"crewai-knowledge:{collection + '/' if collection else ''}{doc_id or ''}"
+        score = result.get("score")
+        hits.append(
+            RetrievalHit(
+                content=str(result["content"]),
+                uri=uri,
+                score=float(score) if isinstance(score, (int, float)) else None,
+                doc_id=doc_id,
+                metadata={"collection": collection} if collection and _small(collection) else {},
+            )
+        )
+    return hits
 
 
 class Recorders:
@@ -222,3 +253,43 @@ class Recorders:
             )
 
         self._queue(target.session_id, "record tool run", work)
+
+    # -- knowledge retrieval ---------------------------------------------------------------
+
+    def record_hits(self, knowledge: Any, results: Any) -> None:
+        """One ``rag_doc`` evidence per hit of a knowledge query made inside a run."""
+        run = current_run.get()
+        if run is None:
+            return
+        storage = getattr(knowledge, "storage", None)
+        collection = getattr(knowledge, "collection_name", None) or getattr(
+            storage, "collection_name", None
+        )
+        hits = knowledge_hits(str(collection or ""), results)
+        if not hits:
+            return
+
+        async def work(recorder: Recorder) -> None:
+            await recorder.record_retrieval(hits)
+
+        self._queue(run.session_id, "record knowledge retrieval", work)
+
+    def knowledge_query(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorders = self
+
+        def query(knowledge: Any, *args: Any, **kwargs: Any) -> Any:
+            results = original(knowledge, *args, **kwargs)
+            recorders.record_hits(knowledge, results)
+            return results
+
+        return query
+
+    def knowledge_aquery(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorders = self
+
+        async def aquery(knowledge: Any, *args: Any, **kwargs: Any) -> Any:
+            results = await original(knowledge, *args, **kwargs)
+            recorders.record_hits(knowledge, results)
+            return results
+
+        return aquery
