@@ -22,13 +22,15 @@ class CrewAIPlugin(Plugin):
     direct ``LLM.call`` / ``acall``, and records the runs from CrewAI's event bus: a crew's
     tasks with their dependencies, status and result evidence (task ids scoped per kickoff),
     each model call's usage with its task and an agent's final answer authored by its role,
-    each tool run with its id, task, status and duration. While the engine keeps the budget,
+    each tool run with its id, task, status and duration; and each knowledge or memory hit
+    retrieved inside a run as ``rag_doc`` evidence. While the engine keeps the budget,
     each crew agent's ``respect_context_window`` summariser is off for the kickoff.
 
     A kickoff is its own scope unless a session is named (``with engine.session(...)``, the
     ``session_id`` of :meth:`install`); a kickoff inside another run, the work a
     hierarchical crew's manager delegates and CrewAI's own model calls inside a run (memory,
-    planning) get a child scope. Options of :meth:`install`: ``inject=False`` records only.
+    the knowledge query rewrite, planning) get a child scope. Options of :meth:`install`:
+    ``inject=False`` records only.
     """
 
     name: ClassVar[str] = "crewai"
@@ -46,6 +48,7 @@ class CrewAIPlugin(Plugin):
         from crewai.events import crewai_event_bus
         from crewai.knowledge.knowledge import Knowledge
         from crewai.llms.base_llm import BaseLLM
+        from crewai.memory.unified_memory import Memory
 
         runs = Runs(self)
         kickoffs = Kickoffs(self, runs, inject)
@@ -57,10 +60,12 @@ class CrewAIPlugin(Plugin):
         ledger.wrap(Agent, "kickoff", kickoffs.sync)
         ledger.wrap(Agent, "kickoff_async", kickoffs.asynchronous)
         ledger.wrap(Agent, "akickoff", kickoffs.asynchronous)
-        # knowledge hits: CrewAI's retrieval events carry only the joined text, so the
-        # query is wrapped for each hit's content, score and source
+        # knowledge and memory hits: CrewAI's retrieval events carry only the joined text,
+        # so the query / recall is wrapped for each hit's content, score and source
         ledger.wrap(Knowledge, "query", recorders.knowledge_query)
         ledger.wrap(Knowledge, "aquery", recorders.knowledge_aquery)
+        ledger.wrap(Memory, "recall", recorders.memory_recall)
+        ledger.wrap(Memory, "arecall", recorders.memory_arecall)
         ledger.for_subclasses(BaseLLM, lambda cls: injector.wrap_llm_class(ledger, cls))
         for name, handler in recorders.handlers():
             event = getattr(events, name)

@@ -41,7 +41,7 @@ from ce.crewai._scopes import Run, Runs, Target, current_call, current_run
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
 
-__all__ = ["Recorders", "knowledge_hits"]
+__all__ = ["Recorders", "knowledge_hits", "memory_hits"]
 
 
 def _small(value: Any) -> bool:
@@ -69,6 +69,30 @@ def knowledge_hits(collection: str, results: Any) -> list[RetrievalHit]:
                 score=float(score) if isinstance(score, (int, float)) else None,
                 doc_id=doc_id,
                 metadata={"collection": collection} if collection and _small(collection) else {},
+            )
+        )
+    return hits
+
+
+def memory_hits(matches: Any) -> list[RetrievalHit]:
+    """CrewAI memory recall results (``MemoryMatch``: a record and its relevance score) as
+    retrieval hits; the uri is ``crewai-memory:<scope>/<record id>``."""
+    hits: list[RetrievalHit] = []
+    for match in matches or []:
+        record = getattr(match, "record", None)
+        content = getattr(record, "content", None)
+        if not isinstance(content, str) or not content:
+            continue
+        scope = str(getattr(record, "scope", "") or "/").rstrip("/")
+        record_id = str(getattr(record, "id", "") or "")
+        score = getattr(match, "score", None)
+        hits.append(
+            RetrievalHit(
+                content=content,
+                uri=f"crewai-memory:{scope}/{record_id}",
+                score=float(score) if isinstance(score, (int, float)) else None,
+                doc_id=record_id or None,
+                metadata={"memory_scope": scope or "/"} if _small(scope or "/") else {},
             )
         )
     return hits
@@ -254,19 +278,12 @@ class Recorders:
 
         self._queue(target.session_id, "record tool run", work)
 
-    # -- knowledge retrieval ---------------------------------------------------------------
+    # -- knowledge and memory retrieval ---------------------------------------------------
 
-    def record_hits(self, knowledge: Any, results: Any) -> None:
-        """One ``rag_doc`` evidence per hit of a knowledge query made inside a run."""
+    def record_hits(self, hits: list[RetrievalHit]) -> None:
+        """One ``rag_doc`` evidence per hit of a retrieval made inside a run."""
         run = current_run.get()
-        if run is None:
-            return
-        storage = getattr(knowledge, "storage", None)
-        collection = getattr(knowledge, "collection_name", None) or getattr(
-            storage, "collection_name", None
-        )
-        hits = knowledge_hits(str(collection or ""), results)
-        if not hits:
+        if run is None or not hits:
             return
 
         async def work(recorder: Recorder) -> None:
@@ -279,7 +296,7 @@ class Recorders:
 
         def query(knowledge: Any, *args: Any, **kwargs: Any) -> Any:
             results = original(knowledge, *args, **kwargs)
-            recorders.record_hits(knowledge, results)
+            recorders.record_hits(knowledge_hits(_collection(knowledge), results))
             return results
 
         return query
@@ -289,7 +306,33 @@ class Recorders:
 
         async def aquery(knowledge: Any, *args: Any, **kwargs: Any) -> Any:
             results = await original(knowledge, *args, **kwargs)
-            recorders.record_hits(knowledge, results)
+            recorders.record_hits(knowledge_hits(_collection(knowledge), results))
             return results
 
         return aquery
+
+    def memory_recall(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorders = self
+
+        def recall(memory: Any, *args: Any, **kwargs: Any) -> Any:
+            matches = original(memory, *args, **kwargs)
+            recorders.record_hits(memory_hits(matches))
+            return matches
+
+        return recall
+
+    def memory_arecall(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        recorders = self
+
+        async def arecall(memory: Any, *args: Any, **kwargs: Any) -> Any:
+            matches = await original(memory, *args, **kwargs)
+            recorders.record_hits(memory_hits(matches))
+            return matches
+
+        return arecall
+
+
+def _collection(knowledge: Any) -> str:
+    storage = getattr(knowledge, "storage", None)
+    name = getattr(knowledge, "collection_name", None) or getattr(storage, "collection_name", None)
+    return str(name or "")
