@@ -172,7 +172,9 @@ async def test_a_hierarchical_crews_delegated_work_runs_in_a_child_scope(
 
 
 def _echo(body: dict[str, Any]) -> ScriptedResponse:
-    text = _text(body)
+    """Answers the question of the last user message."""
+    users = [m for m in body["messages"] if m["role"] == "user"]
+    text = json.dumps(users[-1]["content"]) if users else ""
     for word in ("alpha", "bravo", "charlie", "delta"):
         if f"Question {word}" in text:
             return ScriptedResponse(text=f"Answer {word}.")
@@ -287,3 +289,31 @@ async def test_concurrent_kickoffs_for_two_users_never_mix(engine: ContextEngine
         contents = " ".join(m.content for m in doc.session.messages).lower()
         assert all(w in contents for w in words)
         assert not any(w in contents for w in (two if words is one else one))
+
+
+async def test_a_chat_with_history_per_user(engine: ContextEngine) -> None:
+    """A chat app: one agent answers each new question of a user (``Agent.kickoff`` with
+    that question only) inside the user's ``engine.session``; the engine hands the model the
+    user's earlier turns, never another user's."""
+    ce.crewai.install(engine)
+    with ScriptedOpenAIServer(_echo) as server:
+
+        def turn(session_id: str, word: str) -> str:
+            agent = Agent(role="Chat", goal="answer", backstory="brief", llm=llm(server))
+            with engine.session(session_id):
+                return str(agent.kickoff(f"Question {word}?").raw)
+
+        for session_id, word in (
+            ("u-ann", "alpha"),
+            ("u-bob", "charlie"),
+            ("u-ann", "bravo"),
+            ("u-bob", "delta"),
+        ):
+            assert await asyncio.to_thread(turn, session_id, word) == f"Answer {word}."
+        crewai_event_bus.flush()
+        requests = server.requests
+    ann_second, bob_second = _text(requests[2]), _text(requests[3])
+    assert "Question alpha?" in ann_second and "Answer alpha." in ann_second
+    assert "charlie" not in ann_second and "delta" not in ann_second
+    assert "Question charlie?" in bob_second and "Answer charlie." in bob_second
+    assert "alpha" not in bob_second and "bravo" not in bob_second

@@ -68,7 +68,7 @@ class Kickoffs:
     def _passes(self, owner: Any) -> bool:
         if not self.plugin.installed or is_suppressed():
             return True
-        if getattr(owner, "stream", False) is True:
+        if _is_crew(owner) and getattr(owner, "stream", False) is True:
             return True  # the kickoff streams: the run opens in the kickoff it runs inside
         run = current_run.get()
         return run is not None and run.owner == id(owner)  # a kickoff calling its twin
@@ -120,6 +120,7 @@ class Kickoffs:
                 return original(owner, *args, **kwargs)
             finally:
                 current_run.reset(token)
+                kickoffs.runs.end(run)
                 kickoffs._window_back(owner, saved)
 
         return kickoff
@@ -146,6 +147,7 @@ class Kickoffs:
                 return await original(owner, *args, **kwargs)
             finally:
                 current_run.reset(token)
+                kickoffs.runs.end(run)
                 kickoffs._window_back(owner, saved)
 
         return akickoff

@@ -130,6 +130,14 @@ class Runs:
                 self._by_task[key] = run
         return run
 
+    def end(self, run: Run) -> None:
+        """Forget ``run``'s tasks (what CrewAI reports on them later carries the run in its
+        context)."""
+        with self._lock:
+            for key in run.tasks:
+                if self._by_task.get(key) is run:
+                    del self._by_task[key]
+
     def run_of(self, task: Any) -> Run | None:
         """The run of the current context, else the latest run of ``task``'s crew."""
         run = current_run.get()
