@@ -317,3 +317,22 @@ async def test_a_chat_with_history_per_user(engine: ContextEngine) -> None:
     assert "charlie" not in ann_second and "delta" not in ann_second
     assert "Question charlie?" in bob_second and "Answer charlie." in bob_second
     assert "alpha" not in bob_second and "bravo" not in bob_second
+
+
+async def test_an_agent_on_its_own_has_its_context_window_summariser_off_during_kickoff(
+    engine: ContextEngine,
+) -> None:
+    seen: list[bool] = []
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        seen.append(agent.respect_context_window)
+        return ScriptedResponse(text="ok")
+
+    ce.crewai.install(engine, session_id="s-window")
+    with ScriptedOpenAIServer(script) as server:
+        agent = Agent(role="Solo", goal="g", backstory="b", llm=llm(server))
+        assert agent.respect_context_window
+        await asyncio.to_thread(agent.kickoff, "hello")
+        await agent.kickoff_async("again")
+    assert seen == [False, False]
+    assert agent.respect_context_window

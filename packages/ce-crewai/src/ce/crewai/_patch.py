@@ -77,19 +77,20 @@ class Kickoffs:
         tasks = list(getattr(owner, "tasks", None) or []) if _is_crew(owner) else []
         return self.runs.begin(owner, tasks, loop)
 
-    def _window_off(self, crew: Any) -> dict[int, bool]:
+    def _window_off(self, owner: Any) -> dict[int, bool]:
         """While the engine keeps the budget CrewAI's own summariser must not rewrite the
         engine's input: each agent's ``respect_context_window`` is off during the kickoff."""
         saved: dict[int, bool] = {}
-        if self.inject and _is_crew(crew):
-            for agent in getattr(crew, "agents", None) or []:
-                saved[id(agent)] = bool(agent.respect_context_window)
-                agent.respect_context_window = False
+        if self.inject:
+            for agent in _agents(owner):
+                if hasattr(agent, "respect_context_window"):
+                    saved[id(agent)] = bool(agent.respect_context_window)
+                    agent.respect_context_window = False
         return saved
 
     @staticmethod
-    def _window_back(crew: Any, saved: dict[int, bool]) -> None:
-        for agent in getattr(crew, "agents", None) or []:
+    def _window_back(owner: Any, saved: dict[int, bool]) -> None:
+        for agent in _agents(owner):
             if id(agent) in saved:
                 agent.respect_context_window = saved[id(agent)]
 
@@ -155,3 +156,8 @@ class Kickoffs:
 
 def _is_crew(owner: Any) -> bool:
     return hasattr(owner, "tasks") and hasattr(owner, "agents")
+
+
+def _agents(owner: Any) -> list[Any]:
+    """The agents of a crew, or the agent kicked off on its own."""
+    return list(getattr(owner, "agents", None) or []) if _is_crew(owner) else [owner]

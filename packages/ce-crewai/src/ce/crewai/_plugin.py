@@ -24,7 +24,7 @@ class CrewAIPlugin(Plugin):
     each model call's usage with its task and an agent's final answer authored by its role,
     each tool run with its id, task, status and duration; and each knowledge or memory hit
     retrieved inside a run as ``rag_doc`` evidence. While the engine keeps the budget,
-    each crew agent's ``respect_context_window`` summariser is off for the kickoff.
+    the ``respect_context_window`` summariser of each agent of a kickoff is off for it.
 
     A kickoff is its own scope unless a session is named (``with engine.session(...)``, the
     ``session_id`` of :meth:`install`); a kickoff inside another run, the work a
