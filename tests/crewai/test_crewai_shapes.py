@@ -336,3 +336,48 @@ async def test_an_agent_on_its_own_has_its_context_window_summariser_off_during_
         await agent.kickoff_async("again")
     assert seen == [False, False]
     assert agent.respect_context_window
+
+
+async def test_an_agent_kicked_off_from_a_tool_runs_in_a_child_scope(
+    engine: ContextEngine,
+) -> None:
+    """A sub-agent called as a tool (``Agent.kickoff`` inside a crew agent's tool): its
+    request carries none of the crew's conversation and its records go to a child session;
+    the crew sees its answer as the tool's result."""
+    from crewai.tools import tool
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        text = _text(body)
+        if "Sub question" in text:
+            return ScriptedResponse(text="SUB-ANSWER-7")
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="Crew done.")
+        return ScriptedResponse(tool_calls=[("call_ask", "ask_expert", json.dumps({"q": "x"}))])
+
+    with ScriptedOpenAIServer(script) as server:
+        expert = Agent(role="Expert", goal="g", backstory="b", llm=llm(server))
+
+        @tool("ask_expert")
+        def ask_expert(q: str) -> str:
+            """Ask the expert."""
+            return str(expert.kickoff("Sub question?").raw)
+
+        lead = Agent(role="Lead", goal="g", backstory="b", llm=llm(server), tools=[ask_expert])
+        task = Task(name="lead", description="Top question?", expected_output="x")
+        task.agent = lead
+        ce.crewai.install(engine, session_id="s-nest")
+        await engine.update_notebook("s-nest", MARK)
+        output = await asyncio.to_thread(Crew(agents=[lead], tasks=[task]).kickoff)
+        crewai_event_bus.flush()
+        requests = server.requests
+    assert output.raw == "Crew done."
+    (sub,) = [r for r in requests if "Sub question" in _text(r)]
+    assert "Top question?" not in _text(sub) and MARK not in _text(sub)
+    assert "SUB-ANSWER-7" in _text(requests[-1])
+    doc = await engine.get_session("s-nest")
+    assert doc is not None
+    assert ("Expert", "SUB-ANSWER-7") not in _answers(doc)
+    (child_id,) = [s for s in await engine.list_sessions() if s.startswith("s-nest/")]
+    child = await engine.get_session(child_id)
+    assert child is not None
+    assert _answers(child) == [("Expert", "SUB-ANSWER-7")]
