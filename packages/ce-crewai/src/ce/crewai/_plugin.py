@@ -15,62 +15,65 @@ __all__ = ["CrewAIPlugin", "install", "uninstall"]
 
 
 class CrewAIPlugin(Plugin):
-    """Injects the engine's assembled input into every agent LLM request of a crew's
-    kickoff (``Crew.kickoff`` / ``Crew.akickoff``; each step of the ReAct text loop and of
-    native tool calling; the executor keeps its own history) and records the runs from
-    CrewAI's event bus: the kickoff's tasks with their dependencies, status and result
-    evidence (task ids scoped per kickoff), each model call's usage with its task, each tool
-    run with its task, status and duration. While the engine keeps the budget, each agent's
-    ``respect_context_window`` summariser is off for the kickoff.
+    """Injects the engine's assembled input into every agent LLM request (each step of the
+    ReAct text loop and of native tool calling; the executor keeps its own history) of every
+    crew kickoff (``Crew.kickoff``, ``kickoff_async``, ``akickoff``, streaming), every agent
+    kicked off outside a crew (``Agent.kickoff``, ``kickoff_async``, ``akickoff``) and every
+    direct ``LLM.call`` / ``acall``, and records the runs from CrewAI's event bus: a crew's
+    tasks with their dependencies, status and result evidence (task ids scoped per kickoff),
+    each model call's usage with its task and an agent's final answer authored by its role,
+    each tool run with its id, task, status and duration; and each knowledge or memory hit
+    retrieved inside a run as ``rag_doc`` evidence. While the engine keeps the budget,
+    the ``respect_context_window`` summariser of each agent of a kickoff is off for it.
 
-    Options of :meth:`install`: ``inject=False`` records only.
+    A kickoff is its own scope unless a session is named (``with engine.session(...)``, the
+    ``session_id`` of :meth:`install`); a kickoff inside another run, the work a
+    hierarchical crew's manager delegates and CrewAI's own model calls inside a run (memory,
+    the knowledge query rewrite, planning) get a child scope. Options of :meth:`install`:
+    ``inject=False`` records only.
     """
 
     name: ClassVar[str] = "crewai"
     requirements: ClassVar[tuple[str, ...]] = REQUIREMENTS
 
-    seams: Any = None
-
     def _install(self, *, inject: bool = True, **options: Any) -> None:
         if options:
             raise TypeError(f"unknown install options: {sorted(options)}")
-        from ce.crewai._seams import Seams
-        from crewai import Crew
-        from crewai.events import (
-            LLMCallCompletedEvent,
-            LLMCallStartedEvent,
-            TaskCompletedEvent,
-            TaskFailedEvent,
-            TaskStartedEvent,
-            ToolUsageFinishedEvent,
-            crewai_event_bus,
-        )
+        import crewai.events as events
+        from ce.crewai._inject import Injector
+        from ce.crewai._patch import Kickoffs
+        from ce.crewai._record import Recorders
+        from ce.crewai._scopes import Runs
+        from crewai import Agent, Crew
+        from crewai.events import crewai_event_bus
+        from crewai.knowledge.knowledge import Knowledge
         from crewai.llms.base_llm import BaseLLM
+        from crewai.memory.unified_memory import Memory
 
-        seams = Seams(self, inject)
+        runs = Runs(self)
+        kickoffs = Kickoffs(self, runs, inject)
+        injector = Injector(self, runs, inject)
+        recorders = Recorders(self, runs)
         ledger = self.ledger
-        ledger.wrap(Crew, "kickoff", seams.kickoff_sync)
-        ledger.wrap(Crew, "akickoff", seams.kickoff_async)
-        ledger.for_subclasses(BaseLLM, lambda cls: seams.wrap_llm_class(ledger, cls))
-        handlers = (
-            (TaskStartedEvent, seams.on_task_started),
-            (TaskCompletedEvent, seams.on_task_completed),
-            (TaskFailedEvent, seams.on_task_failed),
-            (LLMCallStartedEvent, seams.on_llm_started),
-            (LLMCallCompletedEvent, seams.on_llm_completed),
-            (ToolUsageFinishedEvent, seams.on_tool_finished),
-        )
-        for event, handler in handlers:
+        ledger.wrap(Crew, "kickoff", kickoffs.sync)
+        ledger.wrap(Crew, "akickoff", kickoffs.asynchronous)
+        ledger.wrap(Agent, "kickoff", kickoffs.sync)
+        ledger.wrap(Agent, "kickoff_async", kickoffs.asynchronous)
+        ledger.wrap(Agent, "akickoff", kickoffs.asynchronous)
+        # knowledge and memory hits: CrewAI's retrieval events carry only the joined text,
+        # so the query / recall is wrapped for each hit's content, score and source
+        ledger.wrap(Knowledge, "query", recorders.knowledge_query)
+        ledger.wrap(Knowledge, "aquery", recorders.knowledge_aquery)
+        ledger.wrap(Memory, "recall", recorders.memory_recall)
+        ledger.wrap(Memory, "arecall", recorders.memory_arecall)
+        ledger.for_subclasses(BaseLLM, lambda cls: injector.wrap_llm_class(ledger, cls))
+        for name, handler in recorders.handlers():
+            event = getattr(events, name)
             crewai_event_bus.on(event)(handler)
             ledger.register(
                 lambda e=event, h=handler: crewai_event_bus.off(e, h),
-                f"crewai_event_bus handler of {event.__name__}",
+                f"crewai_event_bus handler of {name}",
             )
-        self.seams = seams
-        ledger.register(self._forget, "install state")
-
-    def _forget(self) -> None:
-        self.seams = None
 
 
 def install(
@@ -83,9 +86,9 @@ def install(
     strict: bool = False,
     inject: bool = True,
 ) -> CrewAIPlugin:
-    """Inject the assembled input before every agent LLM request of every crew kickoff and
-    record the runs; returns the plugin (``.uninstall()`` puts CrewAI's exact original
-    methods back and removes its event-bus handlers). See
+    """Inject the assembled input before every agent LLM request of every kickoff (and every
+    direct ``LLM.call``) and record the runs; returns the plugin (``.uninstall()`` puts
+    CrewAI's exact original methods back and removes its event-bus handlers). See
     :meth:`ce.core.integration.Plugin.install` for the arguments; ``inject=False`` records
     only. Idempotent."""
     return CrewAIPlugin().install(

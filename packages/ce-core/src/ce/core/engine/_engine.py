@@ -54,7 +54,7 @@ from ce.core.schema import (
     ToolCall,
     TurnRecord,
 )
-from ce.core.state import AgentState, ModelOutput
+from ce.core.state import AgentState, ModelOutput, TaskUsage, usage_by_task
 from ce.core.stores import Store, default_store_url, open_store, turn_config
 from ce.core.tokens import TiktokenEstimator, TokenEstimator
 
@@ -183,6 +183,17 @@ class ContextEngine(Preparer):
         if record is None:
             raise TurnNotFoundError(session_id, turn_id)
         return record.report
+
+    async def get_usage_by_task(self, session_id: str) -> dict[str, TaskUsage]:
+        """The session's model usage summed per task (the usage records that name one,
+        ``ModelUsage.task_id``; in the order each task first appears): what each task of a
+        crew or a plan cost so far, the table ``ce report`` prints beside a turn's report.
+        Raises :class:`SessionNotFoundError` for an unknown session."""
+        await self._drain(session_id)
+        doc = await self.store.get_session(session_id)
+        if doc is None:
+            raise SessionNotFoundError(session_id)
+        return usage_by_task(doc.session.model_usage)
 
     async def close(self) -> None:
         """Run the deferred records, then close the store the engine opened itself."""

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         ToolCall,
         TurnRecord,
     )
-    from ce.core.state import ModelOutput
+    from ce.core.state import ModelOutput, TaskUsage
 
 __all__ = ["SyncEngine"]
 
@@ -77,6 +77,9 @@ class SyncEngine:
 
     def get_report(self, session_id: str, turn_id: str | None = None) -> Report:
         return drive(self._engine.get_report(session_id, turn_id))
+
+    def get_usage_by_task(self, session_id: str) -> dict[str, TaskUsage]:
+        return drive(self._engine.get_usage_by_task(session_id))
 
     def replay_turn(
         self, session_id: str, turn_id: str, runtime_config: RuntimeConfig | None = None

@@ -1,0 +1,138 @@
+"""Engine -> CrewAI: the engine's assembled input instead of the executor's messages, at
+``BaseLLM.call`` / ``acall`` of every provider class that defines them (those created after
+``install()`` too).
+
+Why a patch: CrewAI's global ``before_llm_call`` hooks are copied into each executor when it
+is built and their edits persist in the executor's history, so the request is rewritten at
+the provider's call instead: the model gets the engine's messages, the executor keeps its own.
+The async path awaits the engine inside ``acall``; the sync path calls it from CrewAI's own
+thread (in an ``akickoff``, whose agent steps run on worker threads, the engine is awaited on
+the kickoff's loop while only the worker waits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import is_suppressed, prepare_openai, prepare_openai_sync
+from ce.crewai._convert import authors_of, pending_messages, reply_tool_calls, tool_schemas
+from ce.crewai._scopes import Runs, Target, current_call, current_run
+
+if TYPE_CHECKING:
+    from ce.core.integration import PatchLedger, Plugin
+
+__all__ = ["Injector"]
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _role(agent: Any) -> str | None:
+    role = getattr(agent, "role", None)
+    return str(role) if role else None
+
+
+class Injector:
+    """The LLM call wrappers of one install."""
+
+    def __init__(self, plugin: Plugin, runs: Runs, inject: bool) -> None:
+        self.plugin = plugin
+        self.runs = runs
+        self.inject = inject
+
+    def _passes(self) -> bool:
+        return not self.plugin.installed or current_call.get() is not None or is_suppressed()
+
+    def _target(self, kwargs: dict[str, Any]) -> Target:
+        """The call's target: an agent's call in its task's (or the context's) run; a call
+        of no agent in a run of its own, nested in the current run if any (a direct
+        ``LLM.call`` is top-level)."""
+        task, agent = kwargs.get("from_task"), kwargs.get("from_agent")
+        run = self.runs.run_of(task)
+        if run is None or (task is None and agent is None):
+            # a direct call, or one of CrewAI's own machinery inside a run (memory,
+            # planning, a guardrail): a run of its own, nested in the current one if any
+            run = self.runs.begin()
+        return self.runs.target(run, task, _role(agent))
+
+    def _note(self, target: Target, reply: Any) -> None:
+        for call_id, name in reply_tool_calls(reply):
+            self.runs.note_call_id(target.session_id, name, call_id)
+
+    def _prepare_sync(
+        self,
+        target: Target,
+        messages: list[dict[str, Any]],
+        schemas: list[dict[str, Any]] | None,
+    ) -> list[dict[str, Any]] | None:
+        authors = authors_of(messages, target.role)
+        loop = target.run.loop
+        if loop is not None and loop.is_running() and not _on_loop(loop):
+            work = prepare_openai(self.plugin, target.session_id, messages, schemas, authors)
+            return asyncio.run_coroutine_threadsafe(work, loop).result()
+        return prepare_openai_sync(self.plugin, target.session_id, messages, schemas, authors)
+
+    def call(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        injector = self
+
+        def call(llm: Any, messages: Any, *args: Any, **kwargs: Any) -> Any:
+            if injector._passes():
+                return original(llm, messages, *args, **kwargs)
+            target = injector._target(kwargs)
+            pending = pending_messages(messages)
+            schemas = tool_schemas(kwargs.get("tools", args[0] if args else None))
+            sent = injector._prepare_sync(target, pending, schemas)
+            chosen = messages if sent is None or not injector.inject else sent
+            run_token = current_run.set(target.run)
+            call_token = current_call.set(target)
+            try:
+                reply = original(llm, chosen, *args, **kwargs)
+            finally:
+                current_call.reset(call_token)
+                current_run.reset(run_token)
+            injector._note(target, reply)
+            return reply
+
+        return call
+
+    def acall(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        injector = self
+
+        async def acall(llm: Any, messages: Any, *args: Any, **kwargs: Any) -> Any:
+            if injector._passes():
+                return await original(llm, messages, *args, **kwargs)
+            target = injector._target(kwargs)
+            pending = pending_messages(messages)
+            schemas = tool_schemas(kwargs.get("tools", args[0] if args else None))
+            sent = await prepare_openai(
+                injector.plugin,
+                target.session_id,
+                pending,
+                schemas,
+                authors_of(pending, target.role),
+            )
+            chosen = messages if sent is None or not injector.inject else sent
+            run_token = current_run.set(target.run)
+            call_token = current_call.set(target)
+            try:
+                reply = await original(llm, chosen, *args, **kwargs)
+            finally:
+                current_call.reset(call_token)
+                current_run.reset(run_token)
+            injector._note(target, reply)
+            return reply
+
+        return acall
+
+    def wrap_llm_class(self, ledger: PatchLedger, cls: type) -> None:
+        """Wrap ``call`` / ``acall`` where ``cls`` defines them itself."""
+        if "call" in vars(cls):
+            ledger.wrap(cls, "call", self.call)
+        if "acall" in vars(cls):
+            ledger.wrap(cls, "acall", self.acall)

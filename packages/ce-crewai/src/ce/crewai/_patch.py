@@ -1,0 +1,163 @@
+"""The kickoff wrappers: each ``Crew.kickoff`` / ``akickoff`` and each ``Agent.kickoff`` /
+``kickoff_async`` / ``akickoff`` outside a crew starts a run (its scope, a crew's tasks
+recorded pending with their dependencies) for the calls made inside it.
+
+Why a patch: CrewAI's kickoff events are emitted after the kickoff has begun and carry no
+handle the calls inside it could be tied to from a context, so the run is opened around the
+kickoff itself. ``Crew.kickoff_async`` runs ``kickoff`` on a thread (covered by it); a
+streaming kickoff runs the same kickoff again inside (the run is opened there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import guarded, guarded_sync, is_suppressed
+from ce.core.schema import TaskStatus
+from ce.crewai._convert import task_record
+from ce.crewai._scopes import Run, Runs, current_run
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin
+
+__all__ = ["Kickoffs", "patched_targets"]
+
+
+def patched_targets() -> list[tuple[Any, str]]:
+    """The ``(owner, attribute)`` pairs an install replaces on CrewAI's own classes (plus
+    ``call`` / ``acall`` of every other provider class that defines them)."""
+    from crewai import Agent, Crew
+    from crewai.knowledge.knowledge import Knowledge
+    from crewai.llms.base_llm import BaseLLM
+    from crewai.memory.unified_memory import Memory
+
+    targets: list[tuple[Any, str]] = [(Crew, "kickoff"), (Crew, "akickoff")]
+    targets += [(Agent, name) for name in ("kickoff", "kickoff_async", "akickoff")]
+    targets += [(Knowledge, "query"), (Knowledge, "aquery")]
+    targets += [(Memory, "recall"), (Memory, "arecall")]
+    for cls in _subclasses(BaseLLM):
+        targets += [(cls, name) for name in ("call", "acall") if name in vars(cls)]
+    return targets
+
+
+def _subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return list(dict.fromkeys(found))
+
+
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class Kickoffs:
+    """The kickoff wrappers of one install."""
+
+    def __init__(self, plugin: Plugin, runs: Runs, inject: bool) -> None:
+        self.plugin = plugin
+        self.runs = runs
+        self.inject = inject
+
+    def _passes(self, owner: Any) -> bool:
+        if not self.plugin.installed or is_suppressed():
+            return True
+        if _is_crew(owner) and getattr(owner, "stream", False) is True:
+            return True  # the kickoff streams: the run opens in the kickoff it runs inside
+        run = current_run.get()
+        return run is not None and run.owner == id(owner)  # a kickoff calling its twin
+
+    def _begin(self, owner: Any, loop: asyncio.AbstractEventLoop | None) -> Run:
+        tasks = list(getattr(owner, "tasks", None) or []) if _is_crew(owner) else []
+        return self.runs.begin(owner, tasks, loop)
+
+    def _window_off(self, owner: Any) -> dict[int, bool]:
+        """While the engine keeps the budget CrewAI's own summariser must not rewrite the
+        engine's input: each agent's ``respect_context_window`` is off during the kickoff."""
+        saved: dict[int, bool] = {}
+        if self.inject:
+            for agent in _agents(owner):
+                if hasattr(agent, "respect_context_window"):
+                    saved[id(agent)] = bool(agent.respect_context_window)
+                    agent.respect_context_window = False
+        return saved
+
+    @staticmethod
+    def _window_back(owner: Any, saved: dict[int, bool]) -> None:
+        for agent in _agents(owner):
+            if id(agent) in saved:
+                agent.respect_context_window = saved[id(agent)]
+
+    def _pending(self, run: Run, owner: Any) -> list[Any]:
+        tasks = list(getattr(owner, "tasks", None) or []) if _is_crew(owner) else []
+        return [task_record(run, t, TaskStatus.PENDING) for t in tasks]
+
+    def sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        kickoffs = self
+
+        def kickoff(owner: Any, *args: Any, **kwargs: Any) -> Any:
+            if kickoffs._passes(owner) or (not _is_crew(owner) and _in_loop()):
+                # an agent's kickoff on a running loop hands over to its kickoff_async
+                return original(owner, *args, **kwargs)
+            run = kickoffs._begin(owner, None)
+            records = kickoffs._pending(run, owner)
+            if records:
+                engine = kickoffs.plugin.engine
+                guarded_sync(
+                    kickoffs.plugin,
+                    lambda: engine.sync.upsert_tasks(run.session_id, records),
+                    session_id=run.session_id,
+                    what="upsert_tasks",
+                )
+            saved = kickoffs._window_off(owner)
+            token = current_run.set(run)
+            try:
+                return original(owner, *args, **kwargs)
+            finally:
+                current_run.reset(token)
+                kickoffs.runs.end(run)
+                kickoffs._window_back(owner, saved)
+
+        return kickoff
+
+    def asynchronous(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        kickoffs = self
+
+        async def akickoff(owner: Any, *args: Any, **kwargs: Any) -> Any:
+            if kickoffs._passes(owner):
+                return await original(owner, *args, **kwargs)
+            run = kickoffs._begin(owner, asyncio.get_running_loop())
+            records = kickoffs._pending(run, owner)
+            if records:
+                engine = kickoffs.plugin.engine
+                await guarded(
+                    kickoffs.plugin,
+                    lambda: engine.upsert_tasks(run.session_id, records),
+                    session_id=run.session_id,
+                    what="upsert_tasks",
+                )
+            saved = kickoffs._window_off(owner)
+            token = current_run.set(run)
+            try:
+                return await original(owner, *args, **kwargs)
+            finally:
+                current_run.reset(token)
+                kickoffs.runs.end(run)
+                kickoffs._window_back(owner, saved)
+
+        return akickoff
+
+
+def _is_crew(owner: Any) -> bool:
+    return hasattr(owner, "tasks") and hasattr(owner, "agents")
+
+
+def _agents(owner: Any) -> list[Any]:
+    """The agents of a crew, or the agent kicked off on its own."""
+    return list(getattr(owner, "agents", None) or []) if _is_crew(owner) else [owner]

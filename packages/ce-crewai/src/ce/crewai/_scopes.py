@@ -1,0 +1,170 @@
+"""Which session each CrewAI call belongs to.
+
+A run is one ``Crew.kickoff`` / ``akickoff`` (its tasks, their dependencies), one
+``Agent.kickoff`` / ``kickoff_async`` / ``akickoff`` outside a crew, or one direct
+``LLM.call`` / ``acall`` made while installed. Its session follows the kit's rule
+(:func:`ce.core.integration.resolve_scope`): ``with engine.session(...)``, then the
+``session_id`` given to ``install()``, else the run's own scope. A run started inside another
+(an agent kicked off from a tool, a crew kicked off inside a crew's run) is nested: a child
+scope of the outer run. A model call for a task the crew did not declare (the work a
+hierarchical crew's manager delegates to a coworker through its delegation tool) is a
+sub-agent called as a tool: it runs in a child scope of the crew's session and never sees or
+changes the crew's conversation.
+
+The current run travels in a context variable: CrewAI's event bus runs its sync handlers in
+a copy of the emitting context, so a handler sees the run (and the model call) it reports on.
+Where CrewAI runs work on a thread of its own without that context, a task's run is found by
+the task's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ce.core.integration import Scope, resolve_scope
+
+if TYPE_CHECKING:
+    from ce.core.integration import Plugin
+
+__all__ = ["Run", "Runs", "Target", "current_call", "current_run"]
+
+current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
+    "ce_crewai_run", default=None
+)
+"""The run the code on this context belongs to."""
+
+current_call: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
+    "ce_crewai_call", default=None
+)
+"""Where the model call in flight on this context goes (set while CrewAI's own call runs:
+a nested call inside it is CrewAI's, not the agent's, and passes through)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One kickoff (or direct model call): its id (task ids are scoped by it), its scope, the
+    object that started it, the crew's own tasks with their dependencies (a task without a
+    ``context`` of its own gets every earlier task's output, so it depends on them) and an
+    async kickoff's loop."""
+
+    run_id: str
+    scope: Scope
+    owner: int = 0
+    tasks: frozenset[str] = frozenset()
+    depends: Mapping[str, list[str]] = field(default_factory=dict)
+    loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self.scope.session_id
+
+    def task_id(self, task_id: str) -> str:
+        """A CrewAI task id as the session knows it (scoped by the run)."""
+        return f"{self.run_id}:{task_id}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one model call or tool run is recorded and assembled: its run, its session, its
+    task (scoped) and the role of the agent that made it."""
+
+    run: Run
+    session_id: str
+    task_id: str | None = None
+    role: str | None = None
+
+
+def _key(task: Any) -> str | None:
+    if task is None:
+        return None
+    key = getattr(task, "id", task)
+    return str(key) if key is not None else None
+
+
+class Runs:
+    """The runs of one install: started, looked up by context or task, and the native tool
+    call ids each model call asked for (CrewAI's tool events carry none)."""
+
+    def __init__(self, plugin: Plugin) -> None:
+        self.plugin = plugin
+        self._lock = threading.Lock()
+        self._by_task: dict[str, Run] = {}
+        self._call_ids: dict[tuple[str, str], deque[str]] = {}
+
+    def begin(
+        self,
+        owner: Any = None,
+        tasks: list[Any] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Run:
+        """A new run started by ``owner`` (a crew with its ``tasks``, an agent, or nothing
+        for a direct model call), nested in the current run if there is one."""
+        run_id = uuid.uuid4().hex
+        parent = current_run.get()
+        scope = resolve_scope(
+            self.plugin, run_id=run_id, parent=parent.scope if parent is not None else None
+        )
+        tasks = tasks or []
+        depends: dict[str, list[str]] = {}
+        for index, task in enumerate(tasks):
+            context = getattr(task, "context", None)
+            sources = context if isinstance(context, list) else tasks[:index]
+            depends[str(task.id)] = [f"{run_id}:{t.id}" for t in sources]
+        run = Run(
+            run_id,
+            scope,
+            owner=id(owner) if owner is not None else 0,
+            tasks=frozenset(str(t.id) for t in tasks),
+            depends=depends,
+            loop=loop,
+        )
+        with self._lock:
+            for key in run.tasks:
+                self._by_task[key] = run
+        return run
+
+    def end(self, run: Run) -> None:
+        """Forget ``run``'s tasks (what CrewAI reports on them later carries the run in its
+        context)."""
+        with self._lock:
+            for key in run.tasks:
+                if self._by_task.get(key) is run:
+                    del self._by_task[key]
+
+    def run_of(self, task: Any) -> Run | None:
+        """The run of the current context, else the latest run of ``task``'s crew."""
+        run = current_run.get()
+        if run is not None:
+            return run
+        key = _key(task)
+        if key is None:
+            return None
+        with self._lock:
+            return self._by_task.get(key)
+
+    def target(self, run: Run, task: Any, role: str | None) -> Target:
+        """Where a call of ``task`` (a task object or its id, or None) by the agent ``role``
+        in ``run`` goes: the run's session, or a child scope for a task the crew did not
+        declare (delegated work)."""
+        key = _key(task)
+        task_id = run.task_id(key) if key is not None else None
+        if key is not None and run.tasks and key not in run.tasks:
+            scope = resolve_scope(self.plugin, run_id=key, parent=run.scope)
+            return Target(run, scope.session_id, task_id, role)
+        return Target(run, run.session_id, task_id, role)
+
+    def note_call_id(self, session_id: str, tool: str, call_id: str) -> None:
+        with self._lock:
+            self._call_ids.setdefault((session_id, tool), deque()).append(call_id)
+
+    def take_call_id(self, session_id: str, tool: str) -> str | None:
+        with self._lock:
+            ids = self._call_ids.get((session_id, tool))
+            return ids.popleft() if ids else None
