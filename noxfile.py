@@ -56,14 +56,18 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on ce.core."""
-    session.install("mypy>=1.10", "types-regex", "-e", f"{CORE}[testing,tiktoken,cli,postgres]")
+    session.install(
+        "mypy>=1.10", "types-regex", "-e", f"{CORE}[testing,tiktoken,cli,postgres,otel]"
+    )
     session.run("mypy", "packages/ce-core/src/ce/core")
 
 
 @nox.session(name="tests-core")
 def tests_core(session: nox.Session) -> None:
     """Unit, property and store-contract tests of ce.core (no framework installed)."""
-    session.install(*TEST_DEPS, "-e", f"{CORE}[tiktoken,cli,postgres]")
+    session.install(
+        *TEST_DEPS, "-e", f"{CORE}[tiktoken,cli,postgres,otel]", "opentelemetry-sdk>=1.27"
+    )
     session.run("pytest", "tests/core", *session.posargs, env=_env())
 
 
@@ -273,11 +277,7 @@ def _check_dists(dist: Path, folder: str, package: str) -> Path:
     (sdist,) = dist.glob(f"{name}-*.tar.gz")
     with zipfile.ZipFile(wheel) as zipped:
         names = set(zipped.namelist())
-    missing = [
-        f
-        for f in (f"{package}/__init__.py", f"{package}/py.typed")
-        if f not in names
-    ]
+    missing = [f for f in (f"{package}/__init__.py", f"{package}/py.typed") if f not in names]
     if "ce/__init__.py" in names:
         missing.append("no ce/__init__.py (a namespace package)")
     if not any(n.endswith(".dist-info/licenses/LICENSE") for n in names):
@@ -300,9 +300,11 @@ def build(session: nox.Session) -> None:
     (not editable) in this fresh virtualenv, then run the demo from them and every command it
     prints."""
     session.install("uv>=0.4")
-    dist = Path(session.create_tmp()) / "dist"
+    dist = Path(session.create_tmp()).resolve() / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     for folder in PACKAGES:
+        if (ROOT / folder / "LICENSE").read_bytes() != (ROOT / "LICENSE").read_bytes():
+            session.error(f"{folder}/LICENSE differs from the repository's LICENSE")
         session.run("uv", "build", "--quiet", "--out-dir", str(dist), folder)
     wheels = {folder: _check_dists(dist, folder, pkg) for folder, pkg in PACKAGES.items()}
     core = wheels.pop(CORE)

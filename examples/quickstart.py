@@ -138,11 +138,11 @@ async def main() -> None:
         f"{len(doc.session.tool_state.tool_calls)} tool calls, {len(doc.evidences)} evidences, "
         f"{len(doc.session.model_usage)} model calls, {len(seen)} reports"
     )
-    ce = _ce()
+    command = _ce()
     print("see them again from the store (each line is a command to run from here):")
-    print(f"    {ce} turns {SESSION_ID}")
-    print(f"    {ce} report {SESSION_ID}")
-    print(f"    {ce} report {SESSION_ID} 1")
+    print(f"    {command} turns {SESSION_ID}")
+    print(f"    {command} report {SESSION_ID}")
+    print(f"    {command} report {SESSION_ID} 1")
     await engine.close()
 
 

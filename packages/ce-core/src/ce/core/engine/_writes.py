@@ -54,6 +54,7 @@ class WriteLog:
         self.degradations: list[tuple[str, str]] = []
         self.degradations_emitted = 0
         self.errors: list[tuple[str, str]] = []
+        self.prepare = False  # a prepare_turn / prepare_call: its report holds all of the above
 
 
 def _unchanged_prefix(
