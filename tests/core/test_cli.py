@@ -753,3 +753,38 @@ def test_show_has_no_per_task_table_without_task_ids(
 ) -> None:
     code, out, _ = _run(capsys, "--store", store_url, "show", "s1")
     assert code == 0 and "model usage per task" not in out
+
+
+def test_replay_checks_the_stored_call_and_names_a_different_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ce.core.engine import ContextEngine
+    from ce.core.tokens import CharBasedEstimator, TiktokenEstimator, tokenizer_name
+
+    if tokenizer_name(TiktokenEstimator(), "gpt-4o") != "tiktoken:o200k_base":
+        pytest.skip("tiktoken's o200k_base is not available here (TIKTOKEN_CACHE_DIR)")
+    url = f"sqlite:///{tmp_path / 'ce.db'}"
+    config = RuntimeConfig(model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=4000))
+
+    async def record(estimator: Any, session_id: str) -> str:
+        engine = ContextEngine(open_store(url), config=config, token_estimator=estimator)
+        await engine.set_system_instruction(session_id, "You are terse.")
+        # Chinese text: the character estimate (1.2 a character) is far from o200k_base's
+        prepared = await engine.prepare_turn(
+            session_id, "巴黎今天的天气怎么样？请告诉我温度和降雨概率。"
+        )
+        await engine.close()
+        return prepared.report.turn_id
+
+    exact = asyncio.run(record(TiktokenEstimator(), "exact"))
+    code, out, err = _run(capsys, "--store", url, "replay", "exact", "1", "--budget", "2000")
+    assert (code, err) == (0, "")
+    assert f"{exact} as recorded: " in out
+    assert "note:" not in out  # same tokenizer, same call
+
+    asyncio.run(record(CharBasedEstimator(), "chars"))
+    code, out, err = _run(capsys, "--store", url, "replay", "chars", "1", "--budget", "2000")
+    assert (code, err) == (0, "")
+    text = " ".join(out.split())
+    assert "the call was counted with chars; this machine counts with tiktoken:o200k_base" in text
+    assert "were recorded; the '(stored)' side below is the rebuilt call" in text

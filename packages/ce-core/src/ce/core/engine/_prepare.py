@@ -31,6 +31,7 @@ from ce.core.schema import (
     SourceKind,
     TurnRecord,
 )
+from ce.core.tokens import tokenizer_name
 
 __all__ = ["Preparer"]
 
@@ -89,6 +90,7 @@ class Preparer(BlockSummaries):
                 config_id=config_id,
                 tool_schemas=list(tool_schemas or []),
                 report=report,
+                tokenizer=tokenizer_name(self._estimator_for(cfg.model_hint), cfg.model_hint),
             )
         version = await self._persist_or_carry(entry, call, turn)
         await self._emit_turn_events(
