@@ -274,8 +274,10 @@ def test_show_prints_the_timeline(store_url: str, capsys: pytest.CaptureFixture[
         "What is the weather in Paris? …",
     ]
     assert "→ weather [call-1]" in out and "→ clock [call-2]" in out
-    assert _row(out, "3")[3:] == ["[b]sunny[/b], 21 C", "← [call-1] success 1,234 ms"]
+    assert _row(out, "3")[3:5] == ["[b]sunny[/b], 21 C", "← [call-1] success 1,234 ms"]
     assert _row(out, "4")[4] == "← [call-2] timeout 5,000 ms"
+    # the block ids ce report names the messages by
+    assert [_row(out, str(i))[-1] for i in range(5)] == [f"msg:m{i}" for i in range(5)]
     # a tool call that no message names
     assert _row(out, "call-9")[1:4] == ["indexer", "2026-03-01 10:00:06", "success"]
     assert _row(out, "usage-1")[1:7] == ["openai/gpt-4o", "other", "812", "64", "876", "930"]
