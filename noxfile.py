@@ -7,6 +7,10 @@ holding only that framework, and list it in ``nox.options.sessions``.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import tarfile
+import zipfile
 from pathlib import Path
 
 import nox
@@ -29,6 +33,8 @@ nox.options.sessions = [
     "tests-haystack",
     "tests-crewai",
     "tests-mixed",
+    "docs",
+    "build",
 ]
 
 
@@ -50,14 +56,18 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on ce.core."""
-    session.install("mypy>=1.10", "types-regex", "-e", f"{CORE}[testing,tiktoken,cli,postgres]")
+    session.install(
+        "mypy>=1.10", "types-regex", "-e", f"{CORE}[testing,tiktoken,cli,postgres,otel]"
+    )
     session.run("mypy", "packages/ce-core/src/ce/core")
 
 
 @nox.session(name="tests-core")
 def tests_core(session: nox.Session) -> None:
     """Unit, property and store-contract tests of ce.core (no framework installed)."""
-    session.install(*TEST_DEPS, "-e", f"{CORE}[tiktoken,cli,postgres]")
+    session.install(
+        *TEST_DEPS, "-e", f"{CORE}[tiktoken,cli,postgres,otel]", "opentelemetry-sdk>=1.27"
+    )
     session.run("pytest", "tests/core", *session.posargs, env=_env())
 
 
@@ -238,6 +248,80 @@ def demo(session: nox.Session) -> None:
         *LANGCHAIN_VERSIONS["latest"],
     )
     session.run("python", "examples/quickstart.py", *session.posargs, env=_env())
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site (mkdocs.yml) into site/; any warning fails the build."""
+    session.install("mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10")
+    env = {"NO_MKDOCS_2_WARNING": "1"}
+    session.run("mkdocs", "build", "--strict", "--clean", *session.posargs, env=env)
+
+
+PACKAGES = {  # folder -> import package folder inside the wheel
+    CORE: "ce/core",
+    LANGCHAIN: "ce/langchain",
+    LLAMAINDEX: "ce/llamaindex",
+    AUTOGEN: "ce/autogen",
+    SEMANTIC_KERNEL: "ce/semantic_kernel",
+    HAYSTACK: "ce/haystack",
+    CREWAI: "ce/crewai",
+}
+
+
+def _check_dists(dist: Path, folder: str, package: str) -> Path:
+    """The wheel of ``folder`` in ``dist`` after checking that it and the sdist hold the
+    package, its py.typed, README and LICENSE, and no ``ce/__init__.py`` (a namespace)."""
+    name = Path(folder).name.replace("-", "_")
+    (wheel,) = dist.glob(f"{name}-*.whl")
+    (sdist,) = dist.glob(f"{name}-*.tar.gz")
+    with zipfile.ZipFile(wheel) as zipped:
+        names = set(zipped.namelist())
+    missing = [f for f in (f"{package}/__init__.py", f"{package}/py.typed") if f not in names]
+    if "ce/__init__.py" in names:
+        missing.append("no ce/__init__.py (a namespace package)")
+    if not any(n.endswith(".dist-info/licenses/LICENSE") for n in names):
+        missing.append("LICENSE in .dist-info/licenses")
+    with tarfile.open(sdist) as tar:
+        inside = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    missing += [
+        f"{f} in the sdist"
+        for f in ("README.md", "LICENSE", "pyproject.toml", f"src/{package}/py.typed")
+        if f not in inside
+    ]
+    if missing:
+        raise RuntimeError(f"{wheel.name} / {sdist.name}: missing {', '.join(missing)}")
+    return wheel
+
+
+@nox.session(reuse_venv=False)
+def build(session: nox.Session) -> None:
+    """Build the sdist and wheel of every package, check what they hold, install the wheels
+    (not editable) in this fresh virtualenv, then run the demo from them and every command it
+    prints."""
+    session.install("uv>=0.4")
+    dist = Path(session.create_tmp()).resolve() / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    for folder in PACKAGES:
+        if (ROOT / folder / "LICENSE").read_bytes() != (ROOT / "LICENSE").read_bytes():
+            session.error(f"{folder}/LICENSE differs from the repository's LICENSE")
+        session.run("uv", "build", "--quiet", "--out-dir", str(dist), folder)
+    wheels = {folder: _check_dists(dist, folder, pkg) for folder, pkg in PACKAGES.items()}
+    core = wheels.pop(CORE)
+    session.install(
+        f"ce-core[tiktoken,cli] @ {core.as_uri()}",
+        *(str(w) for w in wheels.values()),
+        *LANGCHAIN_VERSIONS["latest"],
+    )
+    session.run("python", "-c", "import ce.core, ce.langchain, ce.crewai, ce.haystack")
+    out = session.run("python", "examples/quickstart.py", env=_env(), silent=True)
+    print(out)
+    printed = (out or "").partition("see them again from the store")[2].splitlines()[1:]
+    commands = [shlex.split(line) for line in printed if line.startswith("    ")]
+    if not commands:
+        raise RuntimeError("the demo printed no ce command to run")
+    for command in commands:
+        session.run(*command, env=_env(), external=True)
 
 
 @nox.session

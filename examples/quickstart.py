@@ -7,7 +7,8 @@ hands the model its assembled input within a small token budget. For every model
 script prints the report: each block kept, degraded (with its level) or dropped, and its tokens.
 
     python examples/quickstart.py      # store: $CE_STORE_URL or sqlite:///.ce/sessions.db
-    ce report quickstart [TURN]        # a report again, from the store (ce-core[cli])
+    ce turns quickstart                # the model calls, from the store (ce-core[cli])
+    ce report quickstart [TURN]        # a call's report again (default: the last)
 """
 
 from __future__ import annotations
@@ -137,9 +138,11 @@ async def main() -> None:
         f"{len(doc.session.tool_state.tool_calls)} tool calls, {len(doc.evidences)} evidences, "
         f"{len(doc.session.model_usage)} model calls, {len(seen)} reports"
     )
-    print(
-        f"see them again from the store: {_ce()} report {SESSION_ID} [TURN]   (default: the last)"
-    )
+    command = _ce()
+    print("see them again from the store (each line is a command to run from here):")
+    print(f"    {command} turns {SESSION_ID}")
+    print(f"    {command} report {SESSION_ID}")
+    print(f"    {command} report {SESSION_ID} 1")
     await engine.close()
 
 

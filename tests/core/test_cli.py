@@ -274,8 +274,10 @@ def test_show_prints_the_timeline(store_url: str, capsys: pytest.CaptureFixture[
         "What is the weather in Paris? …",
     ]
     assert "→ weather [call-1]" in out and "→ clock [call-2]" in out
-    assert _row(out, "3")[3:] == ["[b]sunny[/b], 21 C", "← [call-1] success 1,234 ms"]
+    assert _row(out, "3")[3:5] == ["[b]sunny[/b], 21 C", "← [call-1] success 1,234 ms"]
     assert _row(out, "4")[4] == "← [call-2] timeout 5,000 ms"
+    # the block ids ce report names the messages by
+    assert [_row(out, str(i))[-1] for i in range(5)] == [f"msg:m{i}" for i in range(5)]
     # a tool call that no message names
     assert _row(out, "call-9")[1:4] == ["indexer", "2026-03-01 10:00:06", "success"]
     assert _row(out, "usage-1")[1:7] == ["openai/gpt-4o", "other", "812", "64", "876", "930"]
@@ -545,8 +547,9 @@ def test_cli_imports_without_rich(
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "rich", None)  # "import rich" now raises ImportError
     cli = importlib.import_module("ce.core.cli")
-    with pytest.raises(ImportError, match=r"pip install 'ce-core\[cli\]'"):
-        cli.main(["--store", store_url, "sessions"])
+    assert cli.main(["--store", store_url, "sessions"]) == 2  # one line, no traceback
+    err = capsys.readouterr().err
+    assert err == "ce: error: this ce command needs rich: pip install 'ce-core[cli]'\n"
     assert cli.main(["schema"]) == 0
     assert capsys.readouterr().out == json_schema_text()
     assert cli.main(["--store", store_url, "export", "s2"]) == 0
@@ -752,3 +755,38 @@ def test_show_has_no_per_task_table_without_task_ids(
 ) -> None:
     code, out, _ = _run(capsys, "--store", store_url, "show", "s1")
     assert code == 0 and "model usage per task" not in out
+
+
+def test_replay_checks_the_stored_call_and_names_a_different_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ce.core.engine import ContextEngine
+    from ce.core.tokens import CharBasedEstimator, TiktokenEstimator, tokenizer_name
+
+    if tokenizer_name(TiktokenEstimator(), "gpt-4o") != "tiktoken:o200k_base":
+        pytest.skip("tiktoken's o200k_base is not available here (TIKTOKEN_CACHE_DIR)")
+    url = f"sqlite:///{tmp_path / 'ce.db'}"
+    config = RuntimeConfig(model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=4000))
+
+    async def record(estimator: Any, session_id: str) -> str:
+        engine = ContextEngine(open_store(url), config=config, token_estimator=estimator)
+        await engine.set_system_instruction(session_id, "You are terse.")
+        # Chinese text: the character estimate (1.2 a character) is far from o200k_base's
+        prepared = await engine.prepare_turn(
+            session_id, "巴黎今天的天气怎么样？请告诉我温度和降雨概率。"
+        )
+        await engine.close()
+        return prepared.report.turn_id
+
+    exact = asyncio.run(record(TiktokenEstimator(), "exact"))
+    code, out, err = _run(capsys, "--store", url, "replay", "exact", "1", "--budget", "2000")
+    assert (code, err) == (0, "")
+    assert f"{exact} as recorded: " in out
+    assert "note:" not in out  # same tokenizer, same call
+
+    asyncio.run(record(CharBasedEstimator(), "chars"))
+    code, out, err = _run(capsys, "--store", url, "replay", "chars", "1", "--budget", "2000")
+    assert (code, err) == (0, "")
+    text = " ".join(out.split())
+    assert "the call was counted with chars; this machine counts with tiktoken:o200k_base" in text
+    assert "were recorded; the '(stored)' side below is the rebuilt call" in text

@@ -136,3 +136,23 @@ def test_ce_report_shows_the_same_decisions(quickstart: tuple[Path, str]) -> Non
         assert [(r[0], r[1], r[4], r[2]) for r in rows] == [
             (block, action, tokens, level) for action, block, tokens, level in decisions
         ]
+
+
+def test_every_command_the_quickstart_prints_works_as_printed(
+    quickstart: tuple[Path, str],
+) -> None:
+    cwd, out = quickstart
+    printed = out.partition("see them again from the store")[2].splitlines()[1:]
+    commands = [line.split() for line in printed if line.startswith("    ")]
+    assert [c[1:] for c in commands] == [
+        ["turns", "quickstart"],
+        ["report", "quickstart"],
+        ["report", "quickstart", "1"],
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "CE_STORE_URL"}
+    for command in commands:
+        done = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert (done.returncode, done.stderr) == (0, ""), command
+        assert "quickstart" in done.stdout

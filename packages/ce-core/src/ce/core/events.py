@@ -47,8 +47,12 @@ EVENT_TYPES: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class Event:
-    """One thing that happened. ``payload`` holds the details (for ``Degraded`` and ``Error``:
-    ``reason`` and ``detail``)."""
+    """One thing that happened. ``payload`` holds the details: for ``Degraded`` and
+    ``Error``, ``reason`` and ``detail`` (and ``prepare: True`` when it belongs to a prepared call,
+    whose report lists it too); for ``Assembled``, the last event of a
+    ``prepare_turn`` / ``prepare_call``, ``parts``, ``total_tokens``, ``budget``, ``kind``
+    (``"turn"`` or ``"call"``), ``model_hint``, ``started_ns`` (``time.time_ns()`` when the
+    call began) and ``report`` (its :class:`~ce.core.schema.Report`, read-only)."""
 
     event_type: str
     session_id: str

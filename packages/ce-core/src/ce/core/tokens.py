@@ -68,6 +68,7 @@ __all__ = [
     "openai_encoding_for",
     "openai_image_tokens",
     "part_tokens",
+    "tokenizer_name",
 ]
 
 TOKENS_PER_MESSAGE = 3
@@ -537,6 +538,25 @@ class TiktokenEstimator:
         if self._counter(model_hint) is None:
             return self._fallback.reply_priming(model_hint)
         return REPLY_PRIMING_TOKENS
+
+    def tokenizer_for(self, model_hint: str | None = None) -> str:
+        """The tokenizer this estimator counts ``model_hint``'s tokens with (see
+        :func:`tokenizer_name`): ``tiktoken:<encoding>``, else its fallback's."""
+        if self._counter(model_hint) is None:
+            return tokenizer_name(self._fallback, model_hint)
+        return f"tiktoken:{self._hints[model_hint]}"
+
+
+def tokenizer_name(estimator: object, model_hint: str | None = None) -> str:
+    """What counts ``model_hint``'s tokens in ``estimator``, as a turn record keeps it:
+    ``tiktoken:<encoding>`` (exact), ``chars`` (:class:`CharBasedEstimator`), or for another
+    estimator its ``tokenizer_for(model_hint)`` when it has one, else its class name."""
+    if isinstance(estimator, CharBasedEstimator):
+        return "chars"
+    describe = getattr(estimator, "tokenizer_for", None)
+    if callable(describe):
+        return str(describe(model_hint))
+    return type(estimator).__name__
 
 
 def _load_encoding(name: str, timeout: float) -> tuple[Encoding | None, str | None]:

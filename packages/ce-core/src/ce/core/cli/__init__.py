@@ -18,7 +18,8 @@ command                                what it does
 
 Every command but ``schema`` takes ``--store URL`` (see :func:`ce.core.stores.open_store`);
 the default is ``$CE_STORE_URL``, else ``sqlite:///.ce/sessions.db``. This package imports
-without rich; the commands that render tables raise :class:`ImportError` naming the extra.
+without rich; the commands that render tables then fail with a one-line error naming the extra
+(every framework plugin depends on ``ce-core[cli]``).
 """
 
 from ce.core.cli._main import main

@@ -139,8 +139,9 @@ def _usage_per_task(console: Console, records: list[ModelUsage]) -> None:
 
 
 async def show(store: Store, console: Console, session_id: str) -> None:
-    """The session's timeline: messages with their tool calls and results, other tool calls,
-    model usage, evidences, turn records and the run status."""
+    """The session's timeline: messages with their tool calls and results and the start of
+    their block id in reports, other tool calls, model usage, evidences, turn records and the
+    run status."""
     doc = await session_or_fail(store, session_id)
     session = doc.session
     run = session.run
@@ -160,6 +161,8 @@ async def show(store: Store, console: Console, session_id: str) -> None:
     timeline.add_column("who")
     timeline.add_column("content", overflow="fold")
     timeline.add_column("tools, sources", overflow="fold")
+    # the start of the block id ce report names the message by (msg:<message id>)
+    timeline.add_column("block")
     for index, message in enumerate(session.messages):
         timeline.add_row(
             str(index),
@@ -167,6 +170,7 @@ async def show(store: Store, console: Console, session_id: str) -> None:
             _who(message),
             Text(first_line(message.content, 60)),
             _tools(message, calls),
+            Text(f"msg:{message.message_id[:8]}" if message.message_id else "-"),
         )
     console.print(timeline)
 

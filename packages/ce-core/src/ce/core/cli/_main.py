@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from ce.core.cli import _transfer
-from ce.core.cli._common import CliError, require_rich
+from ce.core.cli._common import INSTALL_HINT, CliError, require_rich
 from ce.core.errors import (
     ContextEngineError,
     MigrationError,
@@ -164,10 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     0: done. 2: bad usage, or what was asked for is absent, invalid or unreachable (a bad
     store URL or store file, an unknown session or turn, an invalid import file, an existing
-    session without ``--replace``). 1: the engine failed otherwise. Errors are one
+    session without ``--replace``), or a command that renders tables runs without rich (the
+    message names the ``ce-core[cli]`` extra). 1: the engine failed otherwise. Errors are one
     ``ce: error:`` line on stderr.
-    Raises :class:`ImportError` naming the ``ce-core[cli]`` extra when a command that renders
-    tables runs without rich installed.
     """
     try:
         args = build_parser().parse_args(argv)
@@ -176,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(_run(args))
     except _USAGE_ERRORS as exc:
+        return _fail(exc, 2)
+    except ImportError as exc:
+        if INSTALL_HINT not in str(exc):
+            raise
         return _fail(exc, 2)
     except ContextEngineError as exc:
         return _fail(exc, 1)

@@ -14,8 +14,9 @@ from ce.core.cli._common import CliError, turn_or_fail
 from ce.core.cli._inspect import action_totals
 from ce.core.config import RuntimeConfig
 from ce.core.errors import BudgetExceededError, StoreError
-from ce.core.schema import MessagePart, PrepareResult
+from ce.core.schema import MessagePart, PrepareResult, Report, TurnRecord
 from ce.core.stores import Store, turn_config
+from ce.core.tokens import tokenizer_name
 
 __all__ = ["render_parts", "replay", "replay_configs", "show_replay"]
 
@@ -144,6 +145,9 @@ async def replay(
             f"hold the blocks a call must keep (instruction, newest user message, in-flight "
             f"tool chain): {exc}"
         ) from None
+    estimator = getattr(engine, "estimator", None)
+    now = None if estimator is None else tokenizer_name(estimator, before_config.model_hint)
+    _check_stored(console, record, before, now)
     old_budget = before_config.budget.max_input_tokens
     labels = (f"{turn_id} @ {old_budget:,} tokens (stored)", f"{turn_id} @ {budget:,} tokens")
     if after_config.model_hint != before_config.model_hint:
@@ -152,3 +156,51 @@ async def replay(
             f"{labels[1]}, model {after_config.model_hint}",
         )
     show_replay(console, labels, before, after)
+
+
+def _decision_keys(report: Report) -> list[tuple[str, str, str | None, int]]:
+    return [(d.block_id, d.action, d.level, d.block_count) for d in report.prune_decisions]
+
+
+def _check_stored(
+    console: Console, record: TurnRecord, rebuilt: PrepareResult, tokenizer_now: str | None
+) -> None:
+    """Print the recorded call's totals (from its report) and say when the call rebuilt under
+    its stored config differs from it, and when the tokenizer it was counted with is not the
+    one available now (``tokenizer_now``; None: unknown)."""
+    recorded = record.report
+    notes: list[str] = []
+    if tokenizer_now is not None and record.tokenizer is None:
+        notes.append(
+            "the turn record does not say which tokenizer counted it; both sides below are "
+            f"counted with {tokenizer_now}"
+        )
+    elif tokenizer_now is not None and record.tokenizer != tokenizer_now:
+        hint = (
+            " (install ce-core[tiktoken] and set TIKTOKEN_CACHE_DIR for its counts)"
+            if str(record.tokenizer).startswith("tiktoken:")
+            else ""
+        )
+        notes.append(
+            f"the call was counted with {record.tokenizer}; this machine counts with "
+            f"{tokenizer_now}, and so do both sides below{hint}"
+        )
+    if rebuilt.report.token_used != recorded.token_used:
+        notes.append(
+            f"rebuilt under its stored config the call uses {rebuilt.report.token_used:,} "
+            f"tokens where {recorded.token_used:,} were recorded; the '(stored)' side below "
+            "is the rebuilt call"
+        )
+    elif _decision_keys(rebuilt.report) != _decision_keys(recorded):
+        notes.append(
+            "rebuilt under its stored config the call keeps, degrades or drops other blocks "
+            "than recorded; the '(stored)' side below is the rebuilt call"
+        )
+    totals = Text(
+        f"{record.turn_id} as recorded: {recorded.token_used:,} tokens of "
+        f"{recorded.token_budget:,} · "
+    )
+    totals.append_text(action_totals(recorded.prune_decisions))
+    console.print(totals)
+    for note in notes:
+        console.print(Text(f"note: {note}", style="yellow"))

@@ -298,8 +298,12 @@ class EngineCore(HistoryWriter):
             await self._write(session_id, op)
 
     async def _emit_degradations(self, session_id: str, call: WriteLog) -> None:
+        # ``prepare``: the degradation is in that prepared call's report too
+        extra = {"prepare": True} if call.prepare else {}
         for reason, detail in call.degradations[call.degradations_emitted :]:
-            await self._emit("Degraded", session_id, call.turn_id, reason=reason, detail=detail)
+            await self._emit(
+                "Degraded", session_id, call.turn_id, reason=reason, detail=detail, **extra
+            )
         call.degradations_emitted = len(call.degradations)
 
     def _write_reply(

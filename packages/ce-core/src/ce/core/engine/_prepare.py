@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any
 
 from ce.core._drive import checkpoint, settle
@@ -30,6 +31,7 @@ from ce.core.schema import (
     SourceKind,
     TurnRecord,
 )
+from ce.core.tokens import tokenizer_name
 
 __all__ = ["Preparer"]
 
@@ -47,6 +49,8 @@ class Preparer(BlockSummaries):
         kind: str,
         tool_schemas: list[dict[str, Any]] | None,
     ) -> PrepareResult:
+        started_ns = time.time_ns()  # for the events' observers (a tracing span's start)
+        call.prepare = True
         await self._maybe_summarize(entry, cfg, call)
         index = entry.index(cfg.model_hint, cfg.render.fence_tool_results)
         now = self.clock.now_iso()
@@ -86,9 +90,12 @@ class Preparer(BlockSummaries):
                 config_id=config_id,
                 tool_schemas=list(tool_schemas or []),
                 report=report,
+                tokenizer=tokenizer_name(self._estimator_for(cfg.model_hint), cfg.model_hint),
             )
         version = await self._persist_or_carry(entry, call, turn)
-        await self._emit_turn_events(entry.session_id, call, selection)
+        await self._emit_turn_events(
+            entry.session_id, call, selection, report, cfg, kind, started_ns
+        )
         if cfg.summary.blocks and selection.degraded_blocks and self._llm_adapter is not None:
             self._schedule_block_summaries(
                 entry,
@@ -129,12 +136,21 @@ class Preparer(BlockSummaries):
         )
 
     async def _emit_turn_events(
-        self, session_id: str, call: WriteLog, selection: Selection
+        self,
+        session_id: str,
+        call: WriteLog,
+        selection: Selection,
+        report: Report,
+        cfg: RuntimeConfig,
+        kind: str,
+        started_ns: int,
     ) -> None:
         turn = call.turn_id
         for reason, detail in call.errors:
             if reason != "version_conflict":  # emitted when it happened
-                await self._emit("Error", session_id, turn, reason=reason, detail=detail)
+                await self._emit(
+                    "Error", session_id, turn, reason=reason, detail=detail, prepare=True
+                )
         for conflict in selection.conflicts:
             await self._emit(
                 "ConflictDetected",
@@ -161,6 +177,10 @@ class Preparer(BlockSummaries):
             parts=len(selection.assembled.parts),
             total_tokens=selection.assembled.total_tokens,
             budget=selection.budget,
+            kind="turn" if kind == "turn" else "call",
+            model_hint=cfg.model_hint,
+            started_ns=started_ns,
+            report=report,
         )
 
     async def _maybe_summarize(

@@ -56,6 +56,7 @@ class WriteLog:
         self.degradations_emitted = 0
         self.errors: list[tuple[str, str]] = []
         self.writer: SessionWriter | None = None  # the session held for this call, if so
+        self.prepare = False  # a prepare_turn / prepare_call: its report holds all of the above
 
 
 def _unchanged_prefix(

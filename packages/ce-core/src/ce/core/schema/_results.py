@@ -126,7 +126,8 @@ class TurnRecord(_Model):
     ``config_id`` names the config snapshot (a digest of it); the snapshot itself is in
     ``config`` of the first turn record of the session that used it (an engine writes it once
     per session and config), and empty in the others: read it with
-    :func:`ce.core.stores.turn_config`."""
+    :func:`ce.core.stores.turn_config`. ``tokenizer`` names what counted the call's tokens
+    (:func:`ce.core.tokens.tokenizer_name`; None in records written before it was kept)."""
 
     turn_id: str
     kind: Literal["turn", "call"]
@@ -138,3 +139,4 @@ class TurnRecord(_Model):
     config_id: str | None = None
     tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
     report: Report
+    tokenizer: str | None = None
