@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ REDACTION_MARK = "[REDACTED:"
 """How a redacted value starts in stored and assembled text (``[REDACTED:<rule>]``)."""
 
 Json = dict[str, Any]
+_FENCE = re.compile(r'<evidence id="([^"]+)"')
 
 
 async def sessions_json(store: Store, user_id: str | None = None) -> Json:
@@ -192,7 +194,7 @@ def _message_json(
         }
     invocation = message.invocation
     return {
-        "type": "message",
+        "item": "message",
         "index": index,
         "message_id": message.message_id,
         "role": message.role.value,
@@ -215,7 +217,7 @@ def _turn_row(number: int, record: TurnRecord, messages: Sequence[Message]) -> J
     reply = record.message_count
     answered = reply < len(messages) and messages[reply].role is Role.ASSISTANT
     return {
-        "type": "model_call",
+        "item": "model_call",
         "turn": number,
         "turn_id": record.turn_id,
         "kind": record.kind,
@@ -259,13 +261,13 @@ def _timeline(
     for number, record in enumerate(turns, 1):
         place(record.message_count, record.at, _turn_row(number, record, messages))
     for evidence in doc.evidences.values():
-        item = {"type": "evidence", **_evidence_json(evidence, calls)}
+        item = {"item": "evidence", **_evidence_json(evidence, calls)}
         place(slot(evidence.created_at), evidence.created_at, item)
     mentioned = {m.tool_call_id for m in messages if m.role is Role.TOOL}
     mentioned.update(r.tool_call_id for m in messages for r in m.tool_calls or ())
     for call in doc.session.tool_state.tool_calls:
         if call.tool_call_id not in mentioned:
-            item = {"type": "tool_call", **(_call_json(call) or {})}
+            item = {"item": "tool_call", **(_call_json(call) or {})}
             place(slot(call.called_at), call.called_at, item)
     timeline: list[Json] = []
     for index in range(len(messages) + 1):
@@ -353,6 +355,17 @@ def _parts_json(result: PrepareResult) -> list[Json]:
     ]
 
 
+def _fenced(result: PrepareResult, evidences: dict[str, Json]) -> list[Json]:
+    """The stored evidences the input carries in ``<evidence id=...>`` fences (evidence
+    blocks and tool results), each once, with the number of the message it is in."""
+    found: dict[str, Json] = {}
+    for number, part in enumerate(result.assembled_input.parts, 1):
+        for ident in _FENCE.findall(part.content):
+            if ident in evidences and ident not in found:
+                found[ident] = {**evidences[ident], "message": number}
+    return list(found.values())
+
+
 async def _reassemble(
     store: Store, session_id: str, record: TurnRecord
 ) -> tuple[RuntimeConfig | None, PrepareResult | None, str]:
@@ -419,6 +432,7 @@ async def turn_json(store: Store, session_id: str, turn_id: str) -> Json:
             "matches_report": matches,
             "total_tokens": result.assembled_input.total_tokens if result else None,
             "parts": _parts_json(result) if result else [],
+            "evidences": _fenced(result, evidences) if result else [],
             "redactions": sum(p.content.count(REDACTION_MARK) for p in result.assembled_input.parts)
             if result
             else 0,

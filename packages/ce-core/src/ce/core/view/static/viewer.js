@@ -112,7 +112,7 @@ function callStatus(call) {
   return [badge(call.status, call.status), `${num(call.duration_ms)} ms`];
 }
 
-function messageItem(m, sessionId) {
+function messageItem(m, sessionId, withUsage = true) {
   const who = m.role + (m.author ? ` · ${m.author.id}` : m.name ? ` · ${m.name}` : "");
   const calls = m.tool_calls.length
     ? h("ul.calls", {}, m.tool_calls.map((c) =>
@@ -129,7 +129,7 @@ function messageItem(m, sessionId) {
       m.attachments ? badge(`${m.attachments} attachment(s)`) : null),
     m.content ? marked(m.content) : null, calls, result,
     m.refs.length ? h("div.muted", {}, `cites ${m.refs.join(", ")}`) : null,
-    m.usage ? h("div.model-usage", {}, usageLine(m.usage)) : null);
+    m.usage && withUsage ? h("div.model-usage", {}, usageLine(m.usage)) : null);
 }
 
 function actionsText(actions) {
@@ -173,14 +173,16 @@ function toolCallItem(c) {
 async function sessionPage(sessionId) {
   crumbs(["sessions", "#/"], [sessionId, null]);
   const s = await getJson(`/api/sessions/${enc(sessionId)}`);
-  const byIndex = new Map(s.timeline.filter((i) => i.type === "message").map((m) => [m.index, m]));
+  const byIndex = new Map(s.timeline.filter((i) => i.item === "message").map((m) => [m.index, m]));
+  // a reply's usage shows on the model call that prepared its input (on the reply otherwise)
+  const answered = new Set(s.timeline.filter((i) => i.item === "model_call" && i.reply_index !== null).map((c) => c.reply_index));
   const items = s.timeline.map((item) => {
-    if (item.type === "message") return messageItem(item, sessionId);
-    if (item.type === "model_call") {
+    if (item.item === "message") return messageItem(item, sessionId, !answered.has(item.index));
+    if (item.item === "model_call") {
       const reply = item.reply_index === null ? null : byIndex.get(item.reply_index);
       return modelCallItem(item, sessionId, reply && reply.usage);
     }
-    if (item.type === "evidence") return evidenceItem(item);
+    if (item.item === "evidence") return evidenceItem(item);
     return toolCallItem(item);
   });
   const usageRows = s.model_usage.map((u) => h("tr", {},
@@ -232,11 +234,19 @@ function inputSection(t) {
 }
 
 function evidenceSection(t) {
-  const blocks = t.decisions.filter((d) => d.evidence);
-  if (!blocks.length) return h("p.muted", {}, "No evidence blocks in this call.");
-  return h("ul", { id: "evidence-blocks" }, blocks.map((d) => h("li", { "data-evidence": d.evidence.evidence_id },
-    h(`span.${d.action}`, {}, d.action + (d.level ? ` @${d.level}` : "")), " ", provenance(d.evidence),
-    h("div.muted", {}, d.evidence.evidence_id))));
+  // the evidence blocks the pruner decided on, then the evidences the input carries inside
+  // tool results (fenced with their id)
+  const decided = t.decisions.filter((d) => d.evidence);
+  const ids = new Set(decided.map((d) => d.evidence.evidence_id));
+  const carried = t.input.evidences.filter((e) => !ids.has(e.evidence_id));
+  if (!decided.length && !carried.length) return h("p.muted", {}, "No evidence in this call.");
+  return h("ul", { id: "evidence-blocks" },
+    decided.map((d) => h("li", { "data-evidence": d.evidence.evidence_id, "data-action": d.action },
+      h(`span.${d.action}`, {}, d.action + (d.level ? ` @${d.level}` : "")), " ", provenance(d.evidence),
+      h("div.muted", {}, `${d.evidence.evidence_id} · ${num(d.tokens)} tokens · ${d.reason}`))),
+    carried.map((e) => h("li", { "data-evidence": e.evidence_id, "data-action": "in-tool-result" },
+      h("span.kept", {}, `in message ${e.message}`), " ", provenance(e),
+      h("div.muted", {}, e.evidence_id))));
 }
 
 function listSection(title, id, lines) {
