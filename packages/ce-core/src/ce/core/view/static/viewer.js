@@ -149,7 +149,7 @@ function modelCallItem(c, sessionId, replyUsage) {
 
 function provenance(e) {
   const source = [e.source.kind, e.source.name].filter(Boolean).join(":") + (e.source.uri ? ` ${e.source.uri}` : "");
-  return h("span.provenance", {}, badge(e.type), `${source}`,
+  return h("span.provenance", {}, badge(e.type), " ", source,
     e.score !== null && e.score !== undefined ? ` · score ${e.score}` : "",
     e.tool_call ? ` · from tool call ${e.tool_call.tool} [${e.tool_call.tool_call_id}] ${e.tool_call.status}`
       : e.tool_call_id ? ` · from tool call [${e.tool_call_id}]` : "",
