@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from view_demo import EMAIL, SESSION, XSS_SESSION, XSS_TEXT
+from view_demo import EMAIL, SESSION, XSS_SESSION, XSS_TEXT, build
 from view_support import fetch
 
 from ce.core.cli import main
-from ce.core.stores import open_store
+from ce.core.stores import SessionChanges, open_store
+from ce.core.view import turn_json
 
 Api = Callable[[str], Any]
 
@@ -224,3 +225,37 @@ def test_ce_view_on_a_taken_port_says_so(
         assert main(["view", "--store", demo_store_url, "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"cannot serve on 127.0.0.1:{port}" in err and "--port 0" in err
+
+
+async def test_the_page_says_when_the_input_cannot_be_the_one_sent(tmp_path: Path) -> None:
+    """A stored report the reassembly does not reproduce, and a turn whose config is not
+    stored: the input is flagged, or missing with the reason, never silently wrong."""
+    url = f"sqlite:///{tmp_path / 'ce.db'}"
+    await build(url)
+    store = open_store(url)
+    try:
+        [*_, last] = await store.list_turns(SESSION)
+        report = last.report.model_copy(
+            update={
+                "turn_id": "tampered",
+                "prune_decisions": [
+                    d.model_copy(update={"token_estimate": d.token_estimate + 1})
+                    for d in last.report.prune_decisions
+                ],
+            }
+        )
+        tampered = last.model_copy(update={"turn_id": "tampered", "report": report})
+        orphan = last.model_copy(update={"turn_id": "orphan", "config": {}, "config_id": "nowhere"})
+        await store.commit(SESSION, SessionChanges(turns=[tampered, orphan]))
+
+        flagged = await turn_json(store, SESSION, "tampered")
+        assert flagged["input"]["available"] and not flagged["input"]["matches_report"]
+        assert flagged["input"]["parts"]  # still shown, under the warning
+        missing = await turn_json(store, SESSION, "orphan")
+        assert not missing["input"]["available"] and missing["input"]["parts"] == []
+        assert "config" in missing["input"]["problem"]
+        assert missing["decisions"]  # the stored report is shown all the same
+        exact = await turn_json(store, SESSION, last.turn_id)
+        assert exact["input"]["matches_report"]
+    finally:
+        await store.close()

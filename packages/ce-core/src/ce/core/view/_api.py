@@ -379,6 +379,8 @@ async def _reassemble(
     except ImportError as exc:  # pragma: no cover - the engine ships with ce.core
         return config, None, f"ce.core.engine cannot be imported: {exc}"
     try:
+        # a fresh engine per request: a long-lived one would cache sessions that other
+        # processes go on writing to
         result = await ContextEngine(store=store).replay_turn(session_id, record.turn_id, config)
     except Exception as exc:  # the page says why instead of failing
         return config, None, f"reassembling it failed: {type(exc).__name__}: {exc}"
