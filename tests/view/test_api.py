@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -259,3 +262,30 @@ async def test_the_page_says_when_the_input_cannot_be_the_one_sent(tmp_path: Pat
         assert exact["input"]["matches_report"]
     finally:
         await store.close()
+
+
+def test_ce_view_serves_until_interrupted(demo_store_url: str) -> None:
+    """The command itself, in its own process: it prints the page's URL, serves the API,
+    and Ctrl-C stops it with exit code 130 and no traceback."""
+    command = [sys.executable, "-m", "ce.core.cli", "view", "--store", demo_store_url]
+    process = subprocess.Popen(
+        [*command, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith(f"ce view: {demo_store_url} at http://127.0.0.1:")
+        page = line.split(" at ", 1)[1].split()[0]
+        status, body, _ = fetch(page + "api/sessions")
+        assert status == 200 and len(body["sessions"]) == 2
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130 and "Traceback" not in err
