@@ -132,7 +132,9 @@ def test_click_through_a_session_to_a_replay(
     ]
     assert "input 560 of 600 tokens" in calls[4].text
     assert "degraded 1 (59 tok)" in calls[4].text and "dropped 1 (49 tok)" in calls[4].text
-    assert "860 prompt + 38 completion tokens · 1,240 ms" in calls[4].text
+    assert "reply #12: scripted/demo-model · 860 prompt + 38 completion tokens · 1,240 ms" in (
+        calls[4].text
+    )
     friday = browser.find_element(
         By.XPATH, "//li[contains(@class,'evidence')][contains(., 'kb://friday')]"
     )

@@ -144,7 +144,7 @@ function modelCallItem(c, sessionId, replyUsage) {
       h("a.call-link", { href }, "assembled input →")),
     h("div", {}, `input ${num(c.token_used)} of ${num(c.token_budget)} tokens · `, actionsText(c.actions),
       c.redactions ? badge(`${c.redactions} redaction(s)`) : null, c.errors ? badge(`${c.errors} error(s)`, "error") : null),
-    replyUsage ? h("div.model-usage", {}, usageLine(replyUsage)) : null);
+    replyUsage ? h("div.model-usage", {}, `reply #${c.reply_index}: `, usageLine(replyUsage)) : null);
 }
 
 function provenance(e) {
