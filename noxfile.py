@@ -33,6 +33,7 @@ nox.options.sessions = [
     "tests-haystack",
     "tests-crewai",
     "tests-mixed",
+    "tests-view",
     "docs",
     "build",
 ]
@@ -233,6 +234,41 @@ def tests_mixed(session: nox.Session) -> None:
         *LLAMAINDEX_VERSIONS["latest"],
     )
     session.run("pytest", "tests/mixed", *session.posargs, env=_env())
+
+
+BROWSER_PACKAGES = ("chromium", "chromium-driver")
+
+
+def _install_browser(session: nox.Session) -> None:
+    """Debian's chromium and its WebDriver, when missing and apt-get may run (as root); the
+    browser test skips, saying why, when they still are not there."""
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        session.warn("no chromium/chromedriver and no root apt-get: the browser test skips")
+        return
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-q", external=True, success_codes=[0, 100], env=env)
+    session.run(
+        "apt-get",
+        "install",
+        "-y",
+        "-q",
+        "--no-install-recommends",
+        *BROWSER_PACKAGES,
+        external=True,
+        success_codes=[0, 100],
+        env=env,
+    )
+
+
+@nox.session(name="tests-view")
+def tests_view(session: nox.Session) -> None:
+    """``ce view``: its JSON API over a stored demo session, and the page in headless
+    Chromium driven by Selenium (installed here when missing; the test skips without it)."""
+    _install_browser(session)
+    session.install(*TEST_DEPS, "selenium>=4.10", "-e", f"{CORE}[tiktoken]")
+    session.run("pytest", "tests/view", *session.posargs, env=_env())
 
 
 @nox.session

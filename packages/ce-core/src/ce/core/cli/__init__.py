@@ -14,6 +14,8 @@ command                                what it does
 ``ce export SESSION [-o FILE]``        ``{"document": ..., "turns": [...]}`` as JSON
 ``ce import FILE [--session ID]``      store an export (``--replace`` overwrites a session)
 ``ce schema``                          the JSON Schema of the session document
+``ce view [--port N] [--open]``        a local web page over the store: sessions, timelines,
+                                       each model call's input and decisions, replays
 =====================================  =========================================================
 
 Every command but ``schema`` takes ``--store URL`` (see :func:`ce.core.stores.open_store`);

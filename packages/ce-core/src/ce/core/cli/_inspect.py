@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import timezone
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ce.core.cli._common import first_line, session_or_fail, turn_or_fail
+from ce.core.cli._turns import block_labels, last_activity
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
     Message,
     ModelUsage,
     PruneDecision,
     Role,
-    SessionDocument,
     ToolCall,
     ToolCallStatus,
 )
@@ -27,14 +27,6 @@ from ce.core.stores import Store
 __all__ = ["action_totals", "block_labels", "report", "sessions", "show", "turns"]
 
 _ACTION_STYLES = {"kept": "green", "dropped": "red", "degraded": "yellow"}
-_EARLIEST = datetime.min.replace(tzinfo=timezone.utc)
-
-
-def _instant(stamp: str) -> datetime:
-    try:
-        return parse_iso(stamp)
-    except ValueError:  # an unparsable stamp sorts first
-        return _EARLIEST
 
 
 def _time(stamp: str | None) -> Text:
@@ -45,14 +37,6 @@ def _time(stamp: str | None) -> Text:
         return Text(parse_iso(stamp).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"))
     except ValueError:
         return Text(stamp)
-
-
-def _last_activity(doc: SessionDocument) -> str | None:
-    """The latest of the messages' ``at`` and ``meta.updated_at``, as stored (None if none)."""
-    stamps = [m.at for m in doc.session.messages if m.at]
-    if doc.meta is not None and doc.meta.updated_at:
-        stamps.append(doc.meta.updated_at)
-    return max(stamps, key=_instant) if stamps else None
 
 
 def _number(value: int) -> Text:
@@ -87,7 +71,7 @@ async def sessions(store: Store, console: Console, user_id: str | None) -> None:
             _number(len(doc.session.tool_state.tool_calls)),
             _number(len(doc.evidences)),
             _number(len(await store.list_turns(session_id))),
-            _time(_last_activity(doc)),
+            _time(last_activity(doc)),
             _number(await store.get_version(session_id)),
         )
     console.print(table)
@@ -230,40 +214,6 @@ async def show(store: Store, console: Console, session_id: str) -> None:
     turns = await store.list_turns(session_id)
     newest = f" (newest {turns[-1].turn_id})" if turns else ""
     console.print(Text(f"turn records: {len(turns)}{newest}"))
-
-
-def _message_label(message: Message) -> str:
-    who = message.role.value + (f" {message.author.id}" if message.author else "")
-    if message.role is Role.ASSISTANT and message.tool_calls and not message.content.strip():
-        return f"{who} → " + ", ".join(f"{c.name}()" for c in message.tool_calls)
-    return f"{who}: {first_line(message.content, 48)}"
-
-
-def block_labels(doc: SessionDocument | None) -> Callable[[str], str]:
-    """What a report's block id stands for, readable: role (and author) with the first words
-    of a message (``msg:<id>``; a range names its ends), type and source of an evidence."""
-    if doc is None:
-        return lambda block_id: ""
-    messages = {m.message_id: m for m in doc.session.messages if m.message_id}
-
-    def one(block_id: str) -> str:
-        kind, _, ident = block_id.partition(":")
-        if kind == "msg" and ident in messages:
-            return _message_label(messages[ident])
-        if kind in ("ev", "evidence") and ident in doc.evidences:
-            evidence = doc.evidences[ident]
-            source = evidence.source.name or evidence.source.kind.value
-            return f"{evidence.type.value} {source}: {first_line(evidence.content, 40)}"
-        return ""
-
-    def label(block_id: str) -> str:
-        if ".." in block_id:
-            first, _, last = block_id.partition("..")
-            ends = [one(first), one(last)]
-            return " … ".join(e for e in ends if e)
-        return one(block_id)
-
-    return label
 
 
 def _decision_table(

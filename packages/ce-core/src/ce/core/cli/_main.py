@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
+import webbrowser
 from collections.abc import Sequence
 
 from ce.core.cli import _transfer
@@ -20,6 +21,7 @@ from ce.core.errors import (
 from ce.core.stores import (
     DEFAULT_STORE_URL,
     STORE_URL_ENV,
+    Store,
     default_store_url,
     local_store_path,
     open_store,
@@ -61,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog="ce",
-        description="Inspect, report on, replay, export and import Context Engine sessions.",
+        description=(
+            "Inspect, report on, replay, export, import and browse Context Engine sessions."
+        ),
     )
     parser.add_argument("--store", metavar="URL", help=store_help)
     # --store is accepted after the command too; there it overrides the one before it
@@ -111,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--replace", action="store_true", help="overwrite a stored session of that id")
 
     commands.add_parser("schema", help="print the JSON Schema of the session document")
+
+    view = commands.add_parser(
+        "view", parents=[common], help="browse the sessions in a local web page"
+    )
+    view.add_argument(
+        "--port", type=_non_negative, default=8765, metavar="N", help="default 8765; 0: any free"
+    )
+    view.add_argument("--open", action="store_true", help="open the page in a web browser")
     return parser
 
 
@@ -131,6 +143,8 @@ async def _run(args: argparse.Namespace) -> None:
             await _transfer.export(store, args.session, args.output)
         elif args.command == "import":
             await _transfer.import_(store, args.file, args.session, args.replace)
+        elif args.command == "view":
+            await _view(store, url, args.port, args.open)
         else:
             from rich.console import Console
 
@@ -151,6 +165,20 @@ async def _run(args: argparse.Namespace) -> None:
                 )
     finally:
         await store.close()
+
+
+async def _view(store: Store, url: str, port: int, open_page: bool) -> None:
+    from ce.core.view import serve
+
+    def ready(page: str) -> None:
+        print(f"ce view: {url} at {page} (read-only; Ctrl-C stops)", flush=True)
+        if open_page:
+            webbrowser.open(page)
+
+    try:
+        await serve(store, port, ready=ready)
+    except OSError as exc:
+        raise CliError(f"cannot serve on 127.0.0.1:{port}: {exc} (try --port 0)") from None
 
 
 def _fail(exc: BaseException, code: int) -> int:
@@ -182,4 +210,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(exc, 2)
     except ContextEngineError as exc:
         return _fail(exc, 1)
+    except KeyboardInterrupt:  # Ctrl-C ends ce view (or a long command)
+        return 130
     return 0
