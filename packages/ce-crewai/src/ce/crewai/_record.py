@@ -22,8 +22,6 @@ from ce.core.integration import (
     is_suppressed,
     model_usage_from_call,
     provider_of,
-    tool_call_from_run,
-    tool_result_evidence,
 )
 from ce.core.pipeline import is_react_step
 from ce.core.schema import (
@@ -262,19 +260,7 @@ class Recorders:
         task_id = target.task_id
 
         async def work(recorder: Recorder) -> None:
-            draft = tool_result_evidence(run_record)
-            evidence = await recorder.engine.ingest_evidence(
-                recorder.session_id,
-                draft.content,
-                draft.source,
-                draft.evidence_type,
-                links=draft.links,
-                metadata=draft.metadata,
-            )
-            record = tool_call_from_run(run_record, [evidence.evidence_id])
-            await recorder.engine.record_tool_call(
-                recorder.session_id, record.model_copy(update={"task_id": task_id})
-            )
+            await recorder.record_tool_run(run_record, task_id)
 
         self._queue(target.session_id, "record tool run", work)
 

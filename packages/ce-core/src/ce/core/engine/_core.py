@@ -160,7 +160,9 @@ class EngineCore(HistoryWriter):
         it: holding the session when the store can (then the redo is not refused), else up
         to ``conflict_retries`` times (see the class docstring)."""
         store = self.store
-        if isinstance(store, WriterStore) and self._contended(session_id):
+        # only a store that holds sessions ever marks one contended: the protocol check
+        # (slow) runs only then, not on every write
+        if self._contention and self._contended(session_id) and isinstance(store, WriterStore):
             return await self._attempt_held(store, session_id, call, op)
         retry = 0
         while True:

@@ -257,13 +257,14 @@ class Recorder:
             options=draft.options,
         )
 
-    async def record_tool_run(self, run: ToolRun) -> Evidence:
+    async def record_tool_run(self, run: ToolRun, task_id: str | None = None) -> Evidence:
         """Store the run's result as ``tool_result`` evidence and its :class:`ToolCall`
-        record pointing at it; returns the evidence."""
+        record pointing at it (attributed to ``task_id`` when given); returns the evidence."""
         evidence = await self._ingest(tool_result_evidence(run))
-        await self.engine.record_tool_call(
-            self.session_id, tool_call_from_run(run, [evidence.evidence_id])
-        )
+        record = tool_call_from_run(run, [evidence.evidence_id])
+        if task_id is not None:
+            record = record.model_copy(update={"task_id": task_id})
+        await self.engine.record_tool_call(self.session_id, record)
         return evidence
 
     async def record_retrieval(
