@@ -16,13 +16,14 @@ from langchain_core.messages import (
 )
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from ce.core.integration import message_from_openai, reconcile_openai
+from ce.core.integration import History, message_from_openai, reconcile_openai
 from ce.core.schema import Message, ModelInvocation
 
 __all__ = [
     "ai_to_message",
     "from_openai",
     "message_text",
+    "opaque",
     "reconcile",
     "to_openai",
     "tool_schemas",
@@ -192,10 +193,26 @@ def _with_text(message: BaseMessage, text: str, media: bool = True) -> BaseMessa
     return message.model_copy(update={"content": blocks})
 
 
+def _unchanged_since(message: BaseMessage, history: History, position: int) -> bool:
+    """Whether the app's message at ``position`` of ``history`` still reads as it did when
+    the history was converted (it may have been changed in place since)."""
+    held = _converted.get(id(message))
+    if held is not None and held[0] is message and _same(_read(message), held[1]):
+        return True
+    converted = [dict(m) for m in convert_to_openai_messages([message])]
+    return len(converted) == 1 and history.matches(position, converted[0])
+
+
+def opaque(message: BaseMessage) -> bool:
+    """Whether ``message`` holds content the engine cannot read (see :func:`reconcile`)."""
+    return not _as_written(message)
+
+
 def reconcile(
     app: Sequence[BaseMessage],
     pending: Sequence[Mapping[str, Any]],
     sent: Sequence[Mapping[str, Any]],
+    history: History | None = None,
 ) -> list[BaseMessage]:
     """The LangChain messages the model receives for the engine's OpenAI-style ``sent``,
     given the app's own messages ``app`` and their OpenAI dicts ``pending`` (one each, in
@@ -205,14 +222,24 @@ def reconcile(
     for a system, user or tool message whose text alone the engine rewrote, and new messages
     for what the engine added or changed. A message with content blocks the engine cannot
     read but text and media (reasoning, provider-specific blocks) is never handed over as it
-    is."""
+    is. With the ``history`` ``pending`` comes from, the work grows with ``sent``, not with
+    the app's history; an app message that would go as it is but was changed in place since
+    it was converted goes as the engine's input has it."""
     if len(pending) != len(app):
         return from_openai(sent)
-    opaque = [j for j, message in enumerate(app) if not _as_written(message)]
+    if history is None:
+        hidden = [j for j, message in enumerate(app) if not _as_written(message)]
+        origins = reconcile_openai(pending, sent, hidden)
+    else:
+        origins = reconcile_openai(pending, sent, history=history)
     out: list[BaseMessage | None] = []
     built: list[int] = []
-    for i, origin in enumerate(reconcile_openai(pending, sent, opaque)):
-        if origin.source is None:
+    for i, origin in enumerate(origins):
+        if origin.source is None or (
+            origin.text is None
+            and history is not None
+            and not _unchanged_since(app[origin.source], history, origin.source)
+        ):
             out.append(None)
             built.append(i)
         elif origin.text is None:

@@ -29,7 +29,13 @@ from ce.core.integration import (
     prepare_openai,
     prepare_openai_sync,
 )
-from ce.langchain._convert import message_text, reconcile, to_openai, tool_schemas
+from ce.langchain._convert import (
+    message_text,
+    opaque,
+    reconcile,
+    to_openai,
+    tool_schemas,
+)
 from ce.langchain._scopes import parent_run_id
 
 if TYPE_CHECKING:
@@ -173,18 +179,19 @@ def inject_sync(
     the engine or the conversion fails, the app's own ``messages`` come back redacted (as
     they are only when redaction is off or failed too)."""
     try:
-        pending = to_openai(messages)
+        history = plugin.histories.convert(session_id, messages, to_openai, opaque)
+        pending = to_openai(messages) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:
         redacted = fail_open_sync(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
         )
         return messages if redacted is None else redacted
-    sent = prepare_openai_sync(plugin, session_id, pending, schemas)
+    sent = prepare_openai_sync(plugin, session_id, pending, schemas, history=history)
     if sent is None:
         return messages
     try:
-        return reconcile(messages, pending, sent)
+        return reconcile(messages, pending, sent, history)
     except Exception as exc:
         redacted = fail_open_sync(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
@@ -200,18 +207,19 @@ async def inject_async(
 ) -> list[BaseMessage]:
     """The coroutine twin of :func:`inject_sync`."""
     try:
-        pending = to_openai(messages)
+        history = plugin.histories.convert(session_id, messages, to_openai, opaque)
+        pending = to_openai(messages) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:
         redacted = await fail_open(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
         )
         return messages if redacted is None else redacted
-    sent = await prepare_openai(plugin, session_id, pending, schemas)
+    sent = await prepare_openai(plugin, session_id, pending, schemas, history=history)
     if sent is None:
         return messages
     try:
-        return reconcile(messages, pending, sent)
+        return reconcile(messages, pending, sent, history)
     except Exception as exc:
         redacted = await fail_open(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)

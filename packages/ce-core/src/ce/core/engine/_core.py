@@ -121,7 +121,7 @@ class EngineCore(HistoryWriter):
                     entry.catch_up(update)
                 self._touch(session_id)
                 return entry
-        state = AgentState(session_id, clock=self.clock, id_generator=self.ids)
+        state = AgentState(session_id, clock=self.clock, id_generator=self.ids, live_returns=True)
         version, epoch = 0, ""
         if update is not None:
             state.absorb(update.changes)
@@ -355,7 +355,8 @@ class EngineCore(HistoryWriter):
     ) -> tuple[Evidence, tuple[Evidence, bool] | None]:
         """Add one evidence to the entry's state (not persisted yet): the evidence, and the
         ``(evidence, redacted)`` to announce once persisted — None when the same content was
-        stored before (that stored evidence is returned)."""
+        stored before (that stored evidence is returned). The evidence returned is the
+        state's own record: copy it before handing it out."""
         if links is not None and links.tool_call_id:
             stored_id = entry.stored_call_id(links.tool_call_id)
             if stored_id != links.tool_call_id:
@@ -366,7 +367,7 @@ class EngineCore(HistoryWriter):
         if prepared.dedup_key is not None:
             existing = entry.dedup.get(prepared.dedup_key)
             if existing is not None and existing in entry.doc.evidences:
-                return entry.doc.evidences[existing].model_copy(deep=True), None
+                return entry.doc.evidences[existing], None
         stored = entry.state.add_evidence(prepared.evidence)
         if prepared.original is not None:
             entry.state.add_evidence(prepared.original)

@@ -510,7 +510,7 @@ class ContextEngine(Preparer):
             if added is not None:
                 await self._persist(entry, call)
                 await self._emit_ingested(session_id, *added)
-            return evidence
+            return evidence.model_copy(deep=True)
 
         return await self._write(session_id, op)
 

@@ -27,6 +27,7 @@ from ce.core.integration._guard import (
     redacted_or_reported,
     redacted_or_reported_sync,
 )
+from ce.core.integration._history import History, HistoryMemo
 from ce.core.integration._inject import (
     augment_openai,
     prepare_openai,
@@ -75,6 +76,8 @@ __all__ = [
     "RUN_SESSION_PREFIX",
     "SESSION_KEY",
     "EvidenceDraft",
+    "History",
+    "HistoryMemo",
     "InjectMode",
     "LedgerEntry",
     "ModelCall",

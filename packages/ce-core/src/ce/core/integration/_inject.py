@@ -16,6 +16,7 @@ from ce.core.integration._guard import (
 
 if TYPE_CHECKING:
     from ce.core.engine import ContextEngine
+    from ce.core.integration._history import History
     from ce.core.integration._plugin import Plugin
     from ce.core.redaction import RegexRedactor
     from ce.core.schema import AssembledInput, Author, Message, PrepareResult
@@ -143,10 +144,13 @@ def _sent(
 
 
 def _authored(
-    messages: Sequence[Mapping[str, Any]], authors: Sequence[Author | None] | None
+    messages: Sequence[Mapping[str, Any]],
+    authors: Sequence[Author | None] | None,
+    history: History | None = None,
 ) -> list[Message]:
-    """The pending messages of ``messages``, each written by its ``authors`` entry."""
-    pending = openai_to_messages(messages)
+    """The pending messages of ``messages`` (those of ``history``, when given), each written
+    by its ``authors`` entry."""
+    pending = openai_to_messages(messages) if history is None else history.messages
     if not authors:
         return pending
     if len(authors) != len(pending):
@@ -163,6 +167,8 @@ def prepare_openai_sync(
     messages: Sequence[Mapping[str, Any]],
     tool_schemas: list[dict[str, Any]] | None = None,
     authors: Sequence[Author | None] | None = None,
+    *,
+    history: History | None = None,
 ) -> list[dict[str, Any]] | None:
     """Before a model call, from blocking code (with or without a running event loop): hand
     the framework's pending OpenAI-style ``messages`` to ``plugin.engine.prepare_call`` in
@@ -177,11 +183,13 @@ def prepare_openai_sync(
     and reported as a ``Degraded`` event with reason ``redaction_failed``, at WARNING level).
     With ``plugin.fail_closed`` the error is raised instead. ``authors``, one per message
     (``None``: none), is who wrote each message, for frameworks with several agents: a
-    message the session does not hold yet is recorded with it."""
+    message the session does not hold yet is recorded with it. ``history``: the
+    :class:`~ce.core.integration.History` ``messages`` come from (its neutral messages are
+    used, not converted again)."""
     engine = plugin.engine
 
     def prepare() -> list[dict[str, Any]]:
-        pending = _authored(messages, authors)
+        pending = _authored(messages, authors, history)
         result = engine.sync.prepare_call(session_id, pending, plugin.config, tool_schemas)
         return _sent(plugin, engine, messages, result)
 
@@ -199,13 +207,15 @@ async def prepare_openai(
     messages: Sequence[Mapping[str, Any]],
     tool_schemas: list[dict[str, Any]] | None = None,
     authors: Sequence[Author | None] | None = None,
+    *,
+    history: History | None = None,
 ) -> list[dict[str, Any]] | None:
     """The coroutine twin of :func:`prepare_openai_sync` (awaits the engine on the caller's
     loop; fail-open, redacted, the same way)."""
     engine = plugin.engine
 
     async def prepare() -> list[dict[str, Any]]:
-        pending = _authored(messages, authors)
+        pending = _authored(messages, authors, history)
         result = await engine.prepare_call(session_id, pending, plugin.config, tool_schemas)
         return _sent(plugin, engine, messages, result)
 

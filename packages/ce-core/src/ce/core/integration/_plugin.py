@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 from packaging.requirements import InvalidRequirement, Requirement
 
 from ce.core.errors import ContextEngineError
+from ce.core.integration._history import HistoryMemo
 from ce.core.integration._ledger import PatchLedger
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ class Plugin(ABC):
     """How often a hook went on without the engine, by reason: ``"integration_failed"`` (the
     engine could not serve a call: the framework's own input went through, redacted) and
     ``"redaction_failed"`` (that redaction failed too: the input went through unredacted)."""
+    histories: HistoryMemo
+    """The history each session's previous call passed, converted (see
+    :class:`~ce.core.integration.HistoryMemo`); forgotten on :meth:`uninstall`."""
     _engine: ContextEngine | None
     _installed: bool
     _lock: threading.RLock
@@ -98,6 +102,7 @@ class Plugin(ABC):
                 instance.fail_closed = False
                 instance.options = {}
                 instance.failures = Counter()
+                instance.histories = HistoryMemo()
                 instance._engine = None
                 instance._installed = False
                 instance._lock = threading.RLock()
@@ -190,6 +195,7 @@ class Plugin(ABC):
             finally:
                 self._installed = False
                 self._engine = None
+                self.histories.forget()
             logger.debug("plugin %r uninstalled", label)
 
     @abstractmethod

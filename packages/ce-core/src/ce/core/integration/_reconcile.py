@@ -19,15 +19,21 @@ to the engine, and asks :func:`reconcile_openai` which app message each assemble
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Reconciled", "openai_key", "reconcile_openai"]
+if TYPE_CHECKING:
+    from ce.core.integration._history import History
+
+__all__ = ["Reconciled", "index_keys", "openai_key", "reconcile_openai"]
 
 _TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
 
 Key = tuple[Hashable, ...]
+
+_INDEXED_ROLES = ("system", "user", "tool")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,52 +93,99 @@ def openai_key(message: Mapping[str, Any]) -> Key:
     return (role, _text(message.get("content")), call_id, name, calls)
 
 
-def _unchanged(app_keys: Sequence[Key], sent_keys: Sequence[Key]) -> list[int | None]:
+def index_keys(
+    keys: Sequence[Key],
+    start: int = 0,
+    positions: dict[Key, list[int]] | None = None,
+    by_role: dict[str, list[int]] | None = None,
+    results: dict[Hashable, list[int]] | None = None,
+) -> tuple[dict[Key, list[int]], dict[str, list[int]], dict[Hashable, list[int]]]:
+    """The indexes of :class:`History` for ``keys`` at positions ``start``, ``start + 1``,
+    ...: new dicts, extending the given ones (never changed: a touched list is copied)."""
+    positions = dict(positions or {})
+    by_role = dict(by_role or {})
+    results = dict(results or {})
+    touched: set[int] = set()
+    for offset, key in enumerate(keys):
+        at = start + offset
+        held = positions.get(key)
+        positions[key] = [at] if held is None else [*held, at]
+        role = key[0]
+        if isinstance(role, str) and role in _INDEXED_ROLES:
+            held_role = by_role.get(role)
+            if held_role is None or id(held_role) not in touched:
+                held_role = [] if held_role is None else list(held_role)
+                touched.add(id(held_role))
+                by_role[role] = held_role
+            held_role.append(at)
+        if role == "tool":
+            held = results.get(key[2])
+            results[key[2]] = [at] if held is None else [*held, at]
+    return positions, by_role, results
+
+
+def _unchanged(positions: Mapping[Key, list[int]], sent_keys: Sequence[Key]) -> list[int | None]:
     """For each sent message, the index of the app message it is unchanged from, or None:
     matched from the end, keeping the order (the newest messages are the app's pending ones;
-    older ones may come from the store)."""
-    index: dict[Key, list[int]] = {}
-    for j, key in enumerate(app_keys):
-        index.setdefault(key, []).append(j)
+    older ones may come from the store). ``positions``: each app key's indexes, ascending."""
     match: list[int | None] = [None] * len(sent_keys)
-    bound = len(app_keys)
+    bound: int | None = None  # every app index is below it (None: no bound yet)
     for i in range(len(sent_keys) - 1, -1, -1):
-        candidates = index.get(sent_keys[i])
-        while candidates and candidates[-1] >= bound:
-            candidates.pop()
-        if candidates:
-            bound = candidates.pop()
-            match[i] = bound
+        candidates = positions.get(sent_keys[i])
+        if not candidates:
+            continue
+        below = len(candidates) if bound is None else bisect_left(candidates, bound)
+        if below:
+            bound = match[i] = candidates[below - 1]
     return match
 
 
+def _within(positions: Sequence[int], low: int, high: int) -> tuple[int, int]:
+    """The slice of the ascending ``positions`` that lies in ``[low, high)``."""
+    return bisect_left(positions, low), bisect_left(positions, high)
+
+
 def _rewritten(
-    app_keys: Sequence[Key], sent_keys: Sequence[Key], match: Sequence[int | None]
+    app_keys: Sequence[Key],
+    sent_keys: Sequence[Key],
+    match: Sequence[int | None],
+    by_role: Mapping[str, list[int]],
+    results: Mapping[Hashable, list[int]],
 ) -> dict[int, int]:
     """Sent messages whose text alone the engine rewrote, to the app message each stands
     for: between the same unchanged neighbours, a tool result with the same tool call id, and
     the system and user messages in order when both sides have as many of them there (after
     the last unchanged message, the newest user message at least: the app's pending
     question). Assistant messages are never paired (their tool calls go as the engine sent
-    them)."""
+    them). ``by_role`` and ``results``: the app's system / user / tool positions and each
+    tool call id's result positions, ascending (a gap costs what the engine sent in it)."""
     pairs: dict[int, int] = {}
     anchors = [(i, j) for i, j in enumerate(match) if j is not None]
     low_i = low_j = -1
     for high_i, high_j in [*anchors, (len(sent_keys), len(app_keys))]:
         sent_gap = range(low_i + 1, high_i)
-        app_gap = range(low_j + 1, high_j)
-        if sent_gap and app_gap:
+        if sent_gap and high_j > low_j + 1:
             for role in ("system", "user"):
                 sent_role = [i for i in sent_gap if sent_keys[i][0] == role]
-                app_role = [j for j in app_gap if app_keys[j][0] == role]
-                if sent_role and len(sent_role) == len(app_role):
-                    pairs.update(zip(sent_role, app_role, strict=True))
-                elif sent_role and app_role and role == "user" and high_i == len(sent_keys):
-                    pairs[sent_role[-1]] = app_role[-1]
-            results = {app_keys[j][2]: j for j in app_gap if app_keys[j][0] == "tool"}
+                if not sent_role:
+                    continue
+                app_role = by_role.get(role, [])
+                first, stop = _within(app_role, low_j + 1, high_j)
+                if len(sent_role) == stop - first:
+                    pairs.update(zip(sent_role, app_role[first:stop], strict=True))
+                elif stop > first and role == "user" and high_i == len(sent_keys):
+                    pairs[sent_role[-1]] = app_role[stop - 1]
+            used: set[Hashable] = set()
             for i in sent_gap:
-                if sent_keys[i][0] == "tool" and sent_keys[i][2] in results:
-                    pairs[i] = results.pop(sent_keys[i][2])
+                call_id = sent_keys[i][2]
+                if sent_keys[i][0] != "tool" or call_id in used:
+                    continue
+                held = results.get(call_id)
+                if held:
+                    first, stop = _within(held, low_j + 1, high_j)
+                    if stop > first:
+                        used.add(call_id)
+                        pairs[i] = held[stop - 1]
         low_i, low_j = high_i, high_j
     return pairs
 
@@ -141,18 +194,28 @@ def reconcile_openai(
     pending: Sequence[Mapping[str, Any]],
     sent: Sequence[Mapping[str, Any]],
     opaque: Collection[int] = (),
+    *,
+    history: History | None = None,
 ) -> list[Reconciled]:
     """For each message of the engine's input ``sent``, which of the app's messages (their
     OpenAI dicts ``pending``, in the app's order) it stands for (see the module docstring).
     ``opaque`` names app messages that must never go unchanged (they carry content the
-    engine and its redactor could not read): they are rewritten copies or built anew."""
-    app_keys = [openai_key(m) for m in pending]
-    for hidden in opaque:
-        role, _, call_id, name, calls = app_keys[hidden]
-        app_keys[hidden] = (role, object(), call_id, name, calls)
+    engine and its redactor could not read): they are rewritten copies or built anew.
+    ``history``: the :class:`~ce.core.integration.History` ``pending`` comes from (its keys,
+    opaque messages and indexes are used, ``opaque`` is not): the work then grows with
+    ``sent``, not with the app's history."""
+    if history is None:
+        app_keys = [openai_key(m) for m in pending]
+        for hidden in opaque:
+            role, _, call_id, name, calls = app_keys[hidden]
+            app_keys[hidden] = (role, object(), call_id, name, calls)
+        positions, by_role, results = index_keys(app_keys)
+    else:
+        app_keys, positions = history.keys, history.positions
+        by_role, results = history.by_role, history.results
     sent_keys = [openai_key(m) for m in sent]
-    match = _unchanged(app_keys, sent_keys)
-    rewritten = _rewritten(app_keys, sent_keys, match)
+    match = _unchanged(positions, sent_keys)
+    rewritten = _rewritten(app_keys, sent_keys, match, by_role, results)
     out: list[Reconciled] = []
     for i, j in enumerate(match):
         if j is not None:

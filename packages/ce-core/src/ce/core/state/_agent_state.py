@@ -83,6 +83,7 @@ class AgentState(RecordWriters, HostStateWriters):
     _answered: set[str]
     _used_ids: set[str]
     _recorded_calls: dict[str, ToolCall]
+    _live_returns: bool
 
     def __init__(
         self,
@@ -90,12 +91,17 @@ class AgentState(RecordWriters, HostStateWriters):
         *,
         clock: Clock | None = None,
         id_generator: IdGenerator | None = None,
+        live_returns: bool = False,
     ) -> None:
-        """A new, empty session ``session_id`` (status ``idle``)."""
+        """A new, empty session ``session_id`` (status ``idle``). With ``live_returns`` the
+        writers return the records they stored, not copies of them: for an owner that only
+        reads what they return and never hands it on (the engine), which saves a deep copy
+        per record written."""
         if not isinstance(session_id, str) or not session_id:
             raise InvariantViolationError("session_id must be a non-empty string")
         doc = SessionDocument(schema_version=SCHEMA_VERSION, session=Session(session_id=session_id))
         self._attach(doc, clock, id_generator)
+        self._live_returns = live_returns
 
     @classmethod
     def from_document(
@@ -105,18 +111,20 @@ class AgentState(RecordWriters, HostStateWriters):
         clock: Clock | None = None,
         id_generator: IdGenerator | None = None,
         copy: bool = True,
+        live_returns: bool = False,
     ) -> AgentState:
         """Rebuild the state of a stored document (a model, or a dict validated and migrated
         by :func:`~ce.core.schema.load_document`). The document is copied unless ``copy`` is
         False, which hands it over: the caller must not touch it afterwards (the engine does
         this with documents fresh from the store). The result has no pending changes and
-        equals the state that wrote the document."""
+        equals the state that wrote the document. ``live_returns``: see :class:`AgentState`."""
         if isinstance(doc, SessionDocument):
             copied = doc.model_copy(deep=True) if copy else doc
         else:
             copied = load_document(dict(doc))
         state = cls.__new__(cls)
         state._attach(copied, clock, id_generator)
+        state._live_returns = live_returns
         return state
 
     def _attach(
@@ -405,7 +413,7 @@ class AgentState(RecordWriters, HostStateWriters):
             raise InvariantViolationError("a system instruction must not be blank")
         current = self._instruction
         if current is not None and current.content == text:
-            return current.model_copy(deep=True)
+            return self._returned(current)
         message = Message(role=Role.SYSTEM, content=text, message_id=self._fresh_id())
         return self._append(message)
 
@@ -436,7 +444,7 @@ class AgentState(RecordWriters, HostStateWriters):
         self._doc.session.messages.append(message)
         self._changes.messages.append(message)
         self._index(message)
-        return message.model_copy(deep=True)
+        return self._returned(message)
 
     # ----------------------------------------------------------------- run status
 

@@ -199,6 +199,14 @@ def load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
 def read_since(
     conn: sqlite3.Connection, session_id: str, version: int, epoch: str
 ) -> SessionUpdate | None:
+    if version:  # a reader at the stored version (the usual case) needs one statement
+        head = conn.execute(
+            "SELECT version, epoch, schema_version FROM sessions WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        if head is not None and head[0] == version and head[1] == epoch:
+            check_schema_version(session_id, head[2])
+            return SessionUpdate(version, epoch, complete=False, changes=SessionChanges())
     with transaction(conn, "BEGIN"):  # one read snapshot across the tables
         return read_since_in(conn, session_id, version, epoch)
 

@@ -377,17 +377,16 @@ def _write_records(
         if table in UPSERTED
         else "DO NOTHING"
     )
+    # each row takes the session's next seq of the table in the same statement (an index
+    # lookup: the table's key starts with (session_id, seq))
     sql = (
         f"INSERT INTO {table} (session_id, seq, {id_column}, version, body)"
-        f" VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, {id_column}) {on_conflict}"
+        f" SELECT ?1, COALESCE(MAX(seq) + 1, 0), ?2, ?3, ?4 FROM {table} WHERE session_id = ?1"
+        f" ON CONFLICT (session_id, {id_column}) {on_conflict}"
     )
-    (next_seq,) = conn.execute(
-        f"SELECT COALESCE(MAX(seq) + 1, 0) FROM {table} WHERE session_id = ?", (session_id,)
-    ).fetchone()
     changed = 0
-    for offset, (record_id, body) in enumerate(rows):
-        cursor = conn.execute(sql, (session_id, next_seq + offset, record_id, version, body))
-        changed += cursor.rowcount
+    for record_id, body in rows:
+        changed += conn.execute(sql, (session_id, record_id, version, body)).rowcount
     return changed
 
 

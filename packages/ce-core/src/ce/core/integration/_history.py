@@ -1,0 +1,140 @@
+"""A framework's history converted once per session: what a call costs grows with what is new.
+
+A framework passes its whole history again on every model call. Converting every message to an
+OpenAI dict, keying it and building its neutral :class:`~ce.core.schema.Message` on every call
+makes a call's cost grow with the conversation. :class:`HistoryMemo` keeps, per session, the
+previous call's framework messages with those conversions: when a call's messages begin with
+the very objects the previous call passed (the history continued), only the messages after
+them are converted. :func:`~ce.core.integration.reconcile_openai` then finds the app messages
+through the history's indexes, in time that grows with what the engine sends, not with the
+history.
+
+A message object changed in place after a call passed it is not read again: the engine holds
+what it read then. When such a message would reach the model as the app's own object, the
+plugin checks it first (see :meth:`History.matches`) and sends the engine's version instead.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ce.core.integration._convert import openai_to_messages
+from ce.core.integration._reconcile import Key, index_keys, openai_key
+from ce.core.schema import Message, Role
+
+__all__ = ["History", "HistoryMemo"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class History:
+    """One call's framework messages (``app``) with, for each, its OpenAI dict
+    (``pending``, read-only), its key (:func:`~ce.core.integration.openai_key`; an opaque
+    message's key matches nothing) and its neutral message (``messages``, read-only), and
+    the indexes reconciling needs: each key's positions, the positions of system, user and
+    tool messages, and of each tool call id's results (all ascending)."""
+
+    app: list[Any]
+    pending: list[dict[str, Any]]
+    keys: list[Key]
+    messages: list[Message]
+    opaque: list[int]
+    positions: dict[Key, list[int]]
+    by_role: dict[str, list[int]]
+    results: dict[Hashable, list[int]]
+
+    def matches(self, position: int, pending: Mapping[str, Any]) -> bool:
+        """Whether ``pending``, the app message at ``position`` converted now, is still what
+        the history holds for it."""
+        return openai_key(pending) == self.keys[position]
+
+
+def _opaque_key(key: Key) -> Key:
+    role, _, call_id, name, calls = key
+    return (role, object(), call_id, name, calls)
+
+
+def _call_name(call_id: str | None, *histories: Sequence[Message]) -> str | None:
+    """The name of tool call ``call_id``, searched newest first."""
+    for messages in histories:
+        for message in reversed(messages):
+            for call in message.tool_calls or ():
+                if call.tool_call_id == call_id:
+                    return call.name
+    return None
+
+
+class HistoryMemo:
+    """Per session, the :class:`History` of the previous call (the newest ``max_sessions``
+    sessions). Thread-safe: a history is never changed, a call builds a new one."""
+
+    def __init__(self, max_sessions: int = 256) -> None:
+        self._held: OrderedDict[str, History] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max = max_sessions
+
+    def forget(self, session_id: str | None = None) -> None:
+        """Drop what is held for ``session_id`` (default: for every session)."""
+        with self._lock:
+            if session_id is None:
+                self._held.clear()
+            else:
+                self._held.pop(session_id, None)
+
+    def convert(
+        self,
+        session_id: str,
+        app: Sequence[Any],
+        to_openai: Callable[[Sequence[Any]], list[dict[str, Any]]],
+        opaque: Callable[[Any], bool],
+    ) -> History | None:
+        """The history of a call passing ``app`` in ``session_id``: the messages after the
+        previous call's (when ``app`` begins with them) converted with ``to_openai`` (one
+        dict per message), ``opaque`` telling which carry content the engine cannot read.
+        None when ``to_openai`` does not give one dict per message. Raises what
+        ``to_openai`` raises and :class:`ValueError` for a malformed message."""
+        with self._lock:
+            previous = self._held.get(session_id)
+        count = len(previous.app) if previous is not None else 0
+        if (
+            previous is None
+            or len(app) < count
+            or not all(map(operator.is_, app[:count], previous.app))
+        ):
+            previous, count = None, 0
+        new = list(app[count:])
+        pending = to_openai(new)
+        if len(pending) != len(new):
+            return None
+        keys = [openai_key(d) for d in pending]
+        hidden = [offset for offset, message in enumerate(new) if opaque(message)]
+        for offset in hidden:
+            keys[offset] = _opaque_key(keys[offset])
+        messages = openai_to_messages(pending) if pending else []
+        earlier = previous.messages if previous is not None else []
+        for offset, message in enumerate(messages):
+            if message.role is Role.TOOL and message.name is None:
+                name = _call_name(message.tool_call_id, messages[:offset], earlier)
+                if name is not None:
+                    messages[offset] = message.model_copy(update={"name": name})
+        if previous is None:
+            history = History(list(app), pending, keys, messages, hidden, *index_keys(keys))
+        else:
+            history = History(
+                [*previous.app, *new],
+                [*previous.pending, *pending],
+                [*previous.keys, *keys],
+                [*previous.messages, *messages],
+                [*previous.opaque, *(count + offset for offset in hidden)],
+                *index_keys(keys, count, previous.positions, previous.by_role, previous.results),
+            )
+        with self._lock:
+            self._held[session_id] = history
+            self._held.move_to_end(session_id)
+            while len(self._held) > self._max:
+                self._held.popitem(last=False)
+        return history

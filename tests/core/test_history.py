@@ -1,0 +1,187 @@
+"""A framework's history converted once per session (``HistoryMemo``), and the reconciler
+working through its indexes: the same answers as matching every message every call."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ce.core.integration import HistoryMemo, openai_key, reconcile_openai
+from ce.core.integration._reconcile import Key
+from ce.core.schema import Role
+
+# -- an oracle: the reconciler's rules, applied by scanning every app message ---------------
+
+
+def _oracle_unchanged(app_keys: Sequence[Key], sent_keys: Sequence[Key]) -> list[int | None]:
+    match: list[int | None] = [None] * len(sent_keys)
+    bound = len(app_keys)
+    for i in range(len(sent_keys) - 1, -1, -1):
+        for j in range(bound - 1, -1, -1):
+            if app_keys[j] == sent_keys[i]:
+                match[i] = bound = j
+                break
+    return match
+
+
+def _oracle_rewritten(
+    app_keys: Sequence[Key], sent_keys: Sequence[Key], match: Sequence[int | None]
+) -> dict[int, int]:
+    pairs: dict[int, int] = {}
+    anchors = [(i, j) for i, j in enumerate(match) if j is not None]
+    low_i = low_j = -1
+    for high_i, high_j in [*anchors, (len(sent_keys), len(app_keys))]:
+        sent_gap, app_gap = range(low_i + 1, high_i), range(low_j + 1, high_j)
+        if sent_gap and app_gap:
+            for role in ("system", "user"):
+                sent_role = [i for i in sent_gap if sent_keys[i][0] == role]
+                app_role = [j for j in app_gap if app_keys[j][0] == role]
+                if sent_role and len(sent_role) == len(app_role):
+                    pairs.update(zip(sent_role, app_role, strict=True))
+                elif sent_role and app_role and role == "user" and high_i == len(sent_keys):
+                    pairs[sent_role[-1]] = app_role[-1]
+            results: dict[Hashable, int] = {
+                app_keys[j][2]: j for j in app_gap if app_keys[j][0] == "tool"
+            }
+            for i in sent_gap:
+                if sent_keys[i][0] == "tool" and sent_keys[i][2] in results:
+                    pairs[i] = results.pop(sent_keys[i][2])
+        low_i, low_j = high_i, high_j
+    return pairs
+
+
+def _oracle(
+    app: Sequence[Mapping[str, Any]], sent: Sequence[Mapping[str, Any]], opaque: Sequence[int]
+) -> list[tuple[int | None, bool]]:
+    """(source, unchanged) of each sent message."""
+    app_keys = [openai_key(m) for m in app]
+    for hidden in opaque:
+        role, _, call_id, name, calls = app_keys[hidden]
+        app_keys[hidden] = (role, object(), call_id, name, calls)
+    sent_keys = [openai_key(m) for m in sent]
+    match = _oracle_unchanged(app_keys, sent_keys)
+    rewritten = _oracle_rewritten(app_keys, sent_keys, match)
+    return [
+        (j, True) if j is not None else ((rewritten[i], False) if i in rewritten else (None, False))
+        for i, j in enumerate(match)
+    ]
+
+
+# -- random conversations --------------------------------------------------------------------
+
+_TEXTS = ["hi", "ok", "thanks", "mail bob", "[REDACTED]", "the engine's context"]
+
+
+@st.composite
+def _message(draw: st.DrawFn) -> dict[str, Any]:
+    role = draw(st.sampled_from(["system", "user", "assistant", "tool", "user", "assistant"]))
+    text = draw(st.sampled_from(_TEXTS))
+    if role == "tool":
+        return {
+            "role": "tool",
+            "tool_call_id": draw(st.sampled_from(["c1", "c2"])),
+            "content": text,
+        }
+    if role == "assistant" and draw(st.booleans()):
+        call_id = draw(st.sampled_from(["c1", "c2"]))
+        call = {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+    return {"role": role, "content": text}
+
+
+@st.composite
+def _conversation(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[int]]:
+    app = draw(st.lists(_message(), max_size=14))
+    sent: list[dict[str, Any]] = []
+    for message in app:  # the engine keeps, rewrites or drops each; adds its own
+        action = draw(st.sampled_from(["keep", "keep", "rewrite", "drop", "add"]))
+        if action == "keep":
+            sent.append(dict(message))
+        elif action == "rewrite":
+            sent.append({**message, "content": draw(st.sampled_from(_TEXTS))})
+        elif action == "add":
+            sent.append(draw(_message()))
+            sent.append(dict(message))
+    opaque = sorted(draw(st.sets(st.integers(0, max(len(app) - 1, 0)), max_size=2)))
+    return app, sent, [j for j in opaque if j < len(app)]
+
+
+def _origins(
+    app: list[dict[str, Any]], sent: list[dict[str, Any]], **kwargs: Any
+) -> list[tuple[int | None, bool]]:
+    return [
+        (o.source, o.source is not None and o.text is None)
+        for o in reconcile_openai(app, sent, **kwargs)
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_conversation())
+def test_the_reconciler_answers_as_a_scan_of_every_message(case: Any) -> None:
+    app, sent, opaque = case
+    assert _origins(app, sent, opaque=opaque) == _oracle(app, sent, opaque)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_conversation(), st.integers(0, 14))
+def test_a_continued_history_reconciles_as_a_fresh_one(case: Any, cut: int) -> None:
+    app, sent, opaque = case
+    hidden = set(opaque)
+    memo = HistoryMemo()
+    objects = [dict(m) for m in app]  # the framework's message objects
+    ids = {id(m): j for j, m in enumerate(objects)}
+
+    def to_openai(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(m) for m in messages]
+
+    def is_opaque(message: dict[str, Any]) -> bool:
+        return ids[id(message)] in hidden
+
+    memo.convert("s", objects[: min(cut, len(objects))], to_openai, is_opaque)
+    history = memo.convert("s", objects, to_openai, is_opaque)
+    assert history is not None
+    assert history.keys[: len(app)] == [
+        k if j not in hidden else history.keys[j] for j, k in enumerate(openai_key(m) for m in app)
+    ]
+    assert _origins(app, sent, history=history) == _oracle(app, sent, opaque)
+
+
+def test_only_the_messages_after_the_previous_calls_are_converted() -> None:
+    converted: list[str] = []
+
+    def to_openai(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        converted.extend(str(m["content"]) for m in messages)
+        return [dict(m) for m in messages]
+
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    app: list[dict[str, Any]] = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
+    memo = HistoryMemo()
+    first = memo.convert("s", app, to_openai, lambda m: False)
+    app = [*app, {"role": "tool", "tool_call_id": "c1", "content": "r1"}]
+    second = memo.convert("s", app, to_openai, lambda m: False)
+    assert first is not None and second is not None
+    assert converted == ["q1", "", "r1"]
+    # the previous call's neutral messages are the very objects (the engine's prefix memo
+    # relies on it); a result gets the name of its call, made in an earlier call
+    assert second.messages[:2] == first.messages and second.messages[0] is first.messages[0]
+    assert second.messages[2].role is Role.TOOL and second.messages[2].name == "lookup"
+    # another list (not the previous one continued) is converted whole
+    other = [{"role": "user", "content": "q1"}]
+    memo.convert("s", other, to_openai, lambda m: False)
+    assert converted[-1:] == ["q1"]
+    # a conversion that is not one dict per message gives no history
+    assert memo.convert("t", app, lambda ms: [], lambda m: False) is None
+
+
+def test_an_opaque_message_is_never_matched_unchanged() -> None:
+    app = [{"role": "user", "content": "hi"}]
+    history = HistoryMemo().convert("s", app, lambda ms: [dict(m) for m in ms], lambda m: True)
+    assert history is not None and history.opaque == [0]
+    (origin,) = reconcile_openai(app, [dict(app[0])], history=history)
+    assert (origin.source, origin.text) == (0, "hi")
