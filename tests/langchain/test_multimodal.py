@@ -24,7 +24,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_openai import ChatOpenAI
-from scripted import replies
+from scripted import replies, texts
 
 import ce.langchain
 from ce.core.config import BudgetConfig, RuntimeConfig
@@ -170,6 +170,33 @@ async def test_the_same_message_objects_in_a_new_call_are_prepared_again(
     assert all(a is b for seen in model.seen for a, b in zip(seen, messages, strict=True))
     assert len(await engine.list_turns("first")) == 1
     assert len(await engine.list_turns("second")) == 1
+
+
+@pytest.mark.parametrize("path", ["invoke", "ainvoke"])
+async def test_a_message_changed_in_place_after_a_call_never_goes_as_it_now_is(
+    path: str, engine: ContextEngine
+) -> None:
+    # a continued history is not converted again (its cost grows with what is new); an old
+    # message the app changed in place must then not reach the model as the app's object
+    ce.langchain.install(engine, session_id="edited")
+    messages: list[BaseMessage] = [SystemMessage("You are terse."), HumanMessage("Hi!")]
+    model = replies("one", "two")
+
+    async def call() -> None:
+        if path == "invoke":
+            messages.append(await asyncio.to_thread(model.invoke, messages))
+        else:
+            messages.append(await model.ainvoke(messages))
+
+    await call()
+    messages[1].content = f"Hi! Mail {CANARY}"  # changed in place, after the call
+    messages.append(HumanMessage("And now?"))
+    await call()
+    first, second = model.seen
+    assert CANARY not in texts(second)
+    assert [m.content for m in second[1:]] == ["Hi!", "one", "And now?"]
+    assert second[1] is not messages[1]  # the engine's version, not the changed object
+    assert second[2] is messages[2] and second[3] is messages[3]
 
 
 def _engine_text(content: Any) -> str:
