@@ -192,7 +192,7 @@ async def test_a_message_changed_in_place_after_a_call_never_goes_as_it_now_is(
     messages[1].content = f"Hi! Mail {CANARY}"  # changed in place, after the call
     messages.append(HumanMessage("And now?"))
     await call()
-    first, second = model.seen
+    _, second = model.seen
     assert CANARY not in texts(second)
     assert [m.content for m in second[1:]] == ["Hi!", "one", "And now?"]
     assert second[1] is not messages[1]  # the engine's version, not the changed object

@@ -8,6 +8,7 @@ import json
 import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
+from ce.core.integration import HistoryMemo
 from ce.llamaindex._convert import ToolCallBlock, from_openai, to_openai
 
 
@@ -32,3 +33,20 @@ def test_redacted_tool_call_arguments_reach_the_model_redacted() -> None:
     assert "bob@example.com" not in str(second.blocks)
     (block,) = [b for b in second.blocks if isinstance(b, ToolCallBlock)]
     assert block.tool_kwargs == {"to": "[REDACTED:email]"}
+
+
+def test_a_message_changed_in_place_after_its_conversion_goes_as_the_engine_has_it() -> None:
+    # a continued history is not converted again: an app message changed in place since
+    # must not reach the model as the app's object (the engine never read its new text)
+    memo = HistoryMemo()
+    app = [
+        ChatMessage(role=MessageRole.USER, content="hi"),
+        ChatMessage(role=MessageRole.ASSISTANT, content="ok"),
+    ]
+    history = memo.convert("s", app, to_openai, lambda message: False)
+    assert history is not None
+    sent = [dict(d) for d in history.pending]
+    app[0].content = "hi, mail bob@example.com"
+    first, second = from_openai(sent, app, history.pending, history)
+    assert first is not app[0] and first.content == "hi"
+    assert second is app[1]

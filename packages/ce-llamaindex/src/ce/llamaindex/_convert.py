@@ -23,7 +23,7 @@ from llama_index.core.base.llms.types import (
     TextBlock,
 )
 
-from ce.core.integration import message_from_openai, reconcile_openai
+from ce.core.integration import History, message_from_openai, reconcile_openai
 from ce.core.schema import Message, ModelInvocation
 
 __all__ = [
@@ -299,6 +299,7 @@ def from_openai(
     sent: Sequence[Mapping[str, Any]],
     originals: Sequence[ChatMessage],
     original_dicts: Sequence[Mapping[str, Any]],
+    history: History | None = None,
 ) -> list[ChatMessage]:
     """The LlamaIndex messages for what the engine assembled, through the kit's reconciler
     (:func:`ce.core.integration.reconcile_openai`): a message the engine left as it was is
@@ -307,12 +308,19 @@ def from_openai(
     result) is a copy of the app's message with the new text, its other blocks (images,
     audio) kept unless the engine left them out; the rest (the engine's system message,
     history from earlier runs, an assistant message whose calls the engine changed) are new
-    messages."""
+    messages. With the ``history`` ``original_dicts`` comes from, the work grows with
+    ``sent``, not with the app's history; an app message that would go as it is but was
+    changed in place since it was converted goes as the engine's input has it."""
     if len(originals) != len(original_dicts):
         return [_build(message) for message in sent]
     result: list[ChatMessage] = []
-    for message, origin in zip(sent, reconcile_openai(original_dicts, sent), strict=True):
-        if origin.source is None:
+    origins = reconcile_openai(original_dicts, sent, history=history)
+    for message, origin in zip(sent, origins, strict=True):
+        if origin.source is None or (
+            origin.text is None
+            and history is not None
+            and not history.matches(origin.source, to_openai([originals[origin.source]])[0])
+        ):
             result.append(_build(message))
         elif origin.text is None:
             result.append(originals[origin.source])

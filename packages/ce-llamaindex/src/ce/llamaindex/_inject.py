@@ -66,6 +66,12 @@ def redacted_natively(plugin: Plugin, messages: Sequence[ChatMessage]) -> list[C
     return out
 
 
+def _opaque(message: ChatMessage) -> bool:
+    """Whether the engine cannot read ``message``: never (it reads text, images, audio and
+    documents; other blocks are left out of what it is given)."""
+    return False
+
+
 def inject_sync(
     plugin: Plugin, session_id: str, messages: Sequence[ChatMessage], tools: Any = None
 ) -> list[ChatMessage] | None:
@@ -74,17 +80,18 @@ def inject_sync(
     the schemas of ``tools`` are counted against the budget. Raises the error with
     ``plugin.fail_closed``."""
     try:
-        pending = to_openai(messages)
+        history = plugin.histories.convert(session_id, messages, to_openai, _opaque)
+        pending = to_openai(messages) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:
         return fail_open_sync(
             plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
         )
-    sent = prepare_openai_sync(plugin, session_id, pending, schemas)
+    sent = prepare_openai_sync(plugin, session_id, pending, schemas, history=history)
     if sent is None:
         return None
     try:
-        return from_openai(sent, messages, pending)
+        return from_openai(sent, messages, pending, history)
     except Exception as exc:
         return fail_open_sync(
             plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
@@ -96,17 +103,18 @@ async def inject_async(
 ) -> list[ChatMessage] | None:
     """The coroutine twin of :func:`inject_sync`."""
     try:
-        pending = to_openai(messages)
+        history = plugin.histories.convert(session_id, messages, to_openai, _opaque)
+        pending = to_openai(messages) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:
         return await fail_open(
             plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
         )
-    sent = await prepare_openai(plugin, session_id, pending, schemas)
+    sent = await prepare_openai(plugin, session_id, pending, schemas, history=history)
     if sent is None:
         return None
     try:
-        return from_openai(sent, messages, pending)
+        return from_openai(sent, messages, pending, history)
     except Exception as exc:
         return await fail_open(
             plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
