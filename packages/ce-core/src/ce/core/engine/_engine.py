@@ -122,7 +122,7 @@ class ContextEngine(Preparer):
         )
         self._redactor = redactor
         self._redactors: dict[RedactionConfig, RegexRedactor] = {}
-        self._stored_forms: dict[int, dict[str, str]] = {}
+        self._stored_forms: dict[int, dict[str, tuple[str, tuple[str, ...]]]] = {}
         self._summarizer = summarizer or (LlmSummarizer(llm_adapter) if llm_adapter else None)
         self._llm_adapter = llm_adapter
         self._block_jobs = set()

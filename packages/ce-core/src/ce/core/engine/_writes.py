@@ -152,7 +152,7 @@ class HistoryWriter:
     config: RuntimeConfig
     _redactor: RegexRedactor | None
     _redactors: dict[RedactionConfig, RegexRedactor]
-    _stored_forms: dict[int, dict[str, str]]
+    _stored_forms: dict[int, dict[str, tuple[str, tuple[str, ...]]]]
 
     def redactor_for(self, runtime_config: RuntimeConfig | None = None) -> RegexRedactor | None:
         """The redactor that texts written under ``runtime_config`` (default: the engine's
@@ -189,6 +189,9 @@ class HistoryWriter:
         redactor = self._redactor_for(cfg)
         if redactor is None or not text:
             return text, []
+        held = self._stored_forms.get(id(redactor), {}).get(text)
+        if held is not None:  # a pending message's text, redacted when it was matched
+            return held[0], list(held[1])
         try:
             result = redactor.redact_text(text)
         except RedactionError as exc:
@@ -197,22 +200,24 @@ class HistoryWriter:
         return result.redacted_text, list(result.applied_rules)
 
     def _stored_text(self, text: str, cfg: RuntimeConfig) -> str:
-        """``text`` as the store holds it (redacted), memoized: a framework passes the same
-        history again on every call, and each text is redacted once."""
+        """``text`` as the store holds it (redacted), memoized with the rules that applied:
+        a framework passes the same history again on every call, and each text is redacted
+        once (a new message's text then is not redacted again when it is written)."""
         redactor = self._redactor_for(cfg)
         if redactor is None or not text:
             return text
         cache = self._stored_forms.setdefault(id(redactor), {})
-        stored = cache.get(text)
-        if stored is None:
+        held = cache.get(text)
+        if held is None:
             try:
-                stored = redactor.redact_text(text).redacted_text
+                result = redactor.redact_text(text)
             except RedactionError:
-                stored = text
+                return text  # not memoized: writing it reports the failure
+            held = (result.redacted_text, tuple(result.applied_rules))
             if len(cache) >= _STORED_FORMS_MAX:
                 cache.clear()
-            cache[text] = stored
-        return stored
+            cache[text] = held
+        return held[0]
 
     def _redact_value(
         self, value: Any, cfg: RuntimeConfig, call: WriteLog
