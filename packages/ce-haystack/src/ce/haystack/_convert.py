@@ -5,7 +5,9 @@ which Haystack's own ``ChatMessage.to_openai_dict_format()`` writes).
 :func:`from_sent` turns the engine's input back into a NEW list of ``ChatMessage`` for the one
 call: an app message the engine left unchanged is the app's very object, one whose text alone
 it rewrote is a copy with that text (its images and files kept), anything else is built from
-the dict. The app's own list (an Agent's ``State``) is never changed.
+the dict. The app's own list (an Agent's ``State``) is never changed. A history the app
+continues is converted only for its new messages (:func:`to_openai` and :func:`opaque` are
+what ``plugin.histories`` converts with; :class:`Pending` then carries that history).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ce.core.integration import RetrievalHit, message_from_openai, reconcile_openai
+from ce.core.integration import History, RetrievalHit, message_from_openai, reconcile_openai
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 
 __all__ = [
@@ -26,8 +28,11 @@ __all__ = [
     "from_sent",
     "hits_from_documents",
     "normalise_usage",
+    "opaque",
+    "readable",
     "reply_text",
     "reply_to_message",
+    "to_openai",
     "to_pending",
     "tool_schemas",
 ]
@@ -58,11 +63,14 @@ def as_messages(messages: Any) -> list[Any]:
 @dataclass(frozen=True)
 class Pending:
     """The OpenAI-style dicts of a call's messages and the app messages that carry content
-    the engine cannot read (images, files): never sent unchanged."""
+    the engine cannot read (images, files): never sent unchanged. ``history``: the
+    :class:`~ce.core.integration.History` the dicts come from (then shared with the next
+    call: read-only), or None when they were converted for this call alone."""
 
     dicts: list[dict[str, Any]]
     opaque: list[int]
     messages: list[Any]
+    history: History | None = None
 
 
 def _text_of(content: Any) -> str:
@@ -77,32 +85,55 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _entry(message: Any) -> tuple[dict[str, Any], bool]:
+    """One message as the engine reads it (a new dict), and whether it carries content the
+    engine cannot read (images, files in a content-part list)."""
+    entry = dict(message.to_openai_dict_format(require_tool_call_ids=False))
+    entry.pop("name", None)
+    content = entry.get("content")
+    hidden = False
+    if isinstance(content, list):
+        hidden = bool(message.images or message.files)
+        entry["content"] = _text_of(content)
+    elif content is None and entry.get("role") != "assistant":
+        entry["content"] = ""
+    if entry.get("role") == "developer":
+        entry["role"] = "system"
+    return entry, hidden
+
+
+def readable(messages: Sequence[Any]) -> list[Any]:
+    """The call's messages the engine reads: all but those a ``CompactionHook`` compactor
+    wrote, which stand for history the session holds in full."""
+    return [m for m in messages if COMPACTION_META not in (m.meta or {})]
+
+
+def to_openai(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """``messages`` as the engine reads them, one new OpenAI-style dict each (text, tool
+    calls with their ids, tool results; images and files are kept by the app's message, not
+    read)."""
+    return [_entry(message)[0] for message in messages]
+
+
+def opaque(message: Any) -> bool:
+    """Whether ``message`` carries content the engine cannot read (images, files): it is
+    never sent unchanged."""
+    return bool(message.images or message.files) and _entry(message)[1]
+
+
 def to_pending(messages: Sequence[Any]) -> Pending:
-    """The call's messages as the engine reads them (text, tool calls with their ids, tool
-    results; images and files are kept by the app's message, not read). A message a
-    ``CompactionHook`` compactor wrote stands for history the session holds in full: it is
-    left out."""
+    """The call's messages as the engine reads them (see :func:`to_openai`), converted for
+    this call alone. A message a ``CompactionHook`` compactor wrote is left out (see
+    :func:`readable`)."""
     dicts: list[dict[str, Any]] = []
-    opaque: list[int] = []
-    kept: list[Any] = []
-    for message in messages:
-        if COMPACTION_META in (message.meta or {}):
-            continue
-        index = len(kept)
-        kept.append(message)
-        entry = dict(message.to_openai_dict_format(require_tool_call_ids=False))
-        entry.pop("name", None)
-        content = entry.get("content")
-        if isinstance(content, list):
-            if message.images or message.files:
-                opaque.append(index)
-            entry["content"] = _text_of(content)
-        elif content is None and entry.get("role") != "assistant":
-            entry["content"] = ""
-        if entry.get("role") == "developer":
-            entry["role"] = "system"
+    hidden: list[int] = []
+    kept = readable(messages)
+    for index, message in enumerate(kept):
+        entry, media = _entry(message)
+        if media:
+            hidden.append(index)
         dicts.append(entry)
-    return Pending(dicts, opaque, kept)
+    return Pending(dicts, hidden, kept)
 
 
 def _calls(sent: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -171,15 +202,27 @@ def _with_text(message: Any, text: str, media: bool) -> Any:
     return ChatMessage.from_system(text, meta=dict(message.meta), name=message.name)
 
 
+def _unchanged_since(pending: Pending, source: int) -> bool:
+    """Whether the app message ``source`` still reads as the history ``pending`` comes from
+    holds it (the app may have changed it in place since it was converted)."""
+    history = pending.history
+    if history is None:
+        return True
+    return history.matches(source, to_openai([pending.messages[source]])[0])
+
+
 def from_sent(sent: Sequence[Mapping[str, Any]], pending: Pending) -> list[Any]:
     """The ``ChatMessage`` list holding the engine's input ``sent`` for a call whose own
-    messages are ``pending`` (see the module docstring)."""
+    messages are ``pending`` (see the module docstring). With the history ``pending`` comes
+    from, an app message that would go as it is but was changed in place since it was
+    converted goes as ``sent`` has it."""
     calls = _calls(sent)
+    origins = reconcile_openai(pending.dicts, sent, pending.opaque, history=pending.history)
     out: list[Any] = []
-    for entry, where in zip(
-        sent, reconcile_openai(pending.dicts, sent, pending.opaque), strict=True
-    ):
-        if where.source is None:
+    for entry, where in zip(sent, origins, strict=True):
+        if where.source is None or (
+            where.text is None and not _unchanged_since(pending, where.source)
+        ):
             out.append(_build(entry, calls))
         elif where.text is None:
             out.append(pending.messages[where.source])

@@ -18,10 +18,12 @@ through :func:`ce.core.integration.prepare_openai`; blocking in ``run``, through
 engine's input. Documents the run's retrievers returned are the session's ``rag_doc``
 evidence, rendered by the engine fenced with their evidence id; where the app's prompt
 inlines one of them (a ``ChatPromptBuilder`` template), the inline copy is replaced by a
-pointer to that evidence, so the model receives each document once. After the call the
-reply, its usage (``meta["usage"]``; streamed Chat Completions calls ask for it with
-``stream_options.include_usage`` unless the app set ``stream_options``) and its latency
-are recorded.
+pointer to that evidence, so the model receives each document once. A history the app
+continues (an Agent's loop passes its growing message list again each step) is converted only
+for its new messages (``plugin.histories``). After the call the reply, its usage
+(``meta["usage"]``; streamed Chat Completions calls ask for it with
+``stream_options.include_usage`` unless the app set ``stream_options``) and its latency are
+recorded.
 """
 
 from __future__ import annotations
@@ -53,8 +55,11 @@ from ce.haystack._convert import (
     as_messages,
     from_sent,
     normalise_usage,
+    opaque,
+    readable,
     reply_text,
     reply_to_message,
+    to_openai,
     to_pending,
     tool_schemas,
 )
@@ -62,7 +67,7 @@ from ce.haystack._record import write
 from ce.haystack._scopes import RunFrame, bound, in_call, open_run, run_frame, tool_frame
 
 if TYPE_CHECKING:
-    from ce.core.integration import Plugin
+    from ce.core.integration import History, Plugin
     from ce.core.schema import Author, Evidence
 
 __all__ = ["Seam", "inline_evidence"]
@@ -89,6 +94,34 @@ def inline_evidence(
                 entry = {**entry, "content": text}
         out.append(dict(entry))
     return out
+
+
+def _pending(plugin: Plugin, session_id: str, messages: Sequence[Any]) -> Pending:
+    """The call's messages as the engine reads them: through the session's history (only
+    the messages after the previous call's very objects are converted), else converted for
+    this call alone (see :func:`~ce.haystack._convert.to_pending`)."""
+    kept = readable(messages)
+    history = plugin.histories.convert(session_id, kept, to_openai, opaque)
+    if history is None:
+        return to_pending(messages)
+    return Pending(history.pending, history.opaque, kept, history)
+
+
+def _with_evidence(
+    pending: Pending, documents: Sequence[tuple[str, str]]
+) -> tuple[list[dict[str, Any]], History | None]:
+    """The dicts handed to the engine (inline documents replaced, see
+    :func:`inline_evidence`; the pending dicts themselves when there is none: they are
+    read, never changed) and the history whose neutral messages stand for them (None when
+    a document was replaced: the engine then converts the dicts it is given)."""
+    if not documents:
+        return pending.dicts, pending.history
+    dicts = inline_evidence(pending.dicts, documents)
+    same = all(
+        new.get("content") is old.get("content")
+        for new, old in zip(dicts, pending.dicts, strict=True)
+    )
+    return dicts, pending.history if same else None
 
 
 class _Timer:
@@ -244,7 +277,7 @@ class Seam:
         messages = as_messages(arguments.arguments["messages"])
         redact = self._redactor(messages)
         try:
-            pending = to_pending(messages)
+            pending = _pending(plugin, session_id, messages)
             schemas = tool_schemas(arguments.arguments.get("tools"))
         except Exception as exc:
             own = fail_open_sync(plugin, session_id, "convert messages", exc, redact)
@@ -262,9 +295,9 @@ class Seam:
                 what="record retrieval",
             )
             documents = _documents(hits, evidences)
-        dicts = inline_evidence(pending.dicts, documents)
+        dicts, history = _with_evidence(pending, documents)
         sent = prepare_openai_sync(
-            plugin, session_id, dicts, schemas, self._authors(pending, frame)
+            plugin, session_id, dicts, schemas, self._authors(pending, frame), history=history
         )
         self._send(
             arguments,
@@ -278,7 +311,7 @@ class Seam:
         messages = as_messages(arguments.arguments["messages"])
         redact = self._redactor(messages)
         try:
-            pending = to_pending(messages)
+            pending = _pending(plugin, session_id, messages)
             schemas = tool_schemas(arguments.arguments.get("tools"))
         except Exception as exc:
             own = await fail_open(plugin, session_id, "convert messages", exc, redact)
@@ -296,9 +329,9 @@ class Seam:
                 what="record retrieval",
             )
             documents = _documents(hits, evidences)
-        dicts = inline_evidence(pending.dicts, documents)
+        dicts, history = _with_evidence(pending, documents)
         sent = await prepare_openai(
-            plugin, session_id, dicts, schemas, self._authors(pending, frame)
+            plugin, session_id, dicts, schemas, self._authors(pending, frame), history=history
         )
         failed: list[Exception] = []
         self._send(arguments, sent, pending, lambda exc: failed.append(exc))
