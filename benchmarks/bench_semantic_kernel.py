@@ -53,7 +53,7 @@ from ce.core.config import BudgetConfig, RuntimeConfig  # noqa: E402
 from ce.core.engine import ContextEngine  # noqa: E402
 from ce.core.stores import SQLiteStore  # noqa: E402
 
-MESSAGES = 50
+MESSAGES = 50  # the history length, unless --messages says otherwise
 BUDGET = 8_000
 REPLY_TOKENS = 1_024
 PACKAGES = ("ce-core", "ce-semantic-kernel", "semantic-kernel", "tiktoken", "pydantic")
@@ -198,7 +198,8 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
     held = f"{low}" if low == high else f"{low}-{high}"
     chars = sum(len(str(m.content or "")) for m in bench.messages)
     lines = [
-        "## Semantic Kernel plugin: overhead per chat-completion request",
+        "## Semantic Kernel plugin: overhead per chat-completion request"
+        + ("" if MESSAGES == 50 else f", {MESSAGES:,}-message history"),
         "",
         f"Command: `{command}`  ",
         f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
@@ -266,6 +267,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300, help="timed calls per variant")
     parser.add_argument("--sessions", type=int, default=50, help="sessions the calls rotate over")
+    parser.add_argument(
+        "--messages", type=int, default=50, help="messages of the history already stored"
+    )
     parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
     args = parser.parse_args()
     command = "python benchmarks/bench_semantic_kernel.py"
@@ -273,6 +277,10 @@ def main() -> None:
         command += f" --calls {args.calls}"
     if args.sessions != 50:
         command += f" --sessions {args.sessions}"
+    if args.messages != 50:
+        command += f" --messages {args.messages}"
+    global MESSAGES
+    MESSAGES = args.messages
     if args.write:
         command += f" --write {args.write}"
 
@@ -281,7 +289,8 @@ def main() -> None:
     section = report(rows, command, bench, sizes)
     print(section)
     if args.write:
-        write_section(args.write, "semantic-kernel", section)
+        name = "semantic-kernel" if MESSAGES == 50 else f"semantic-kernel-{MESSAGES}"
+        write_section(args.write, name, section)
 
 
 if __name__ == "__main__":

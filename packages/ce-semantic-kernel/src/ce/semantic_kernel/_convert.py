@@ -8,25 +8,40 @@ the engine left unchanged is the app's very object, one whose text alone it rewr
 with that text, anything else is built from the dict. The app's own ``ChatHistory`` (the auto
 function-calling loop grows it round by round, an agent thread copies from it by index) is
 never changed.
+
+A request continuing the session's previous one (the same message objects, then new ones:
+the auto function-calling loop's next round, the app's next turn on the same ``ChatHistory``)
+is converted only for its new messages: :func:`to_openai` (one dict per message, what
+:func:`to_pending` reads) and :func:`opaque` go to the plugin's
+:class:`~ce.core.integration.HistoryMemo`, :class:`AuthorMemo` keeps the authors the same way,
+and :func:`continued` gives the request's :class:`Pending` from both.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import operator
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ce.core.integration import message_from_openai, reconcile_openai
+from ce.core.integration import History, message_from_openai, reconcile_openai
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 
 __all__ = [
+    "AuthorMemo",
+    "Authored",
     "Pending",
+    "continued",
     "from_sent",
     "message_text",
     "normalise_usage",
+    "opaque",
     "reply_to_message",
+    "to_openai",
     "to_pending",
     "tool_schemas",
 ]
@@ -68,43 +83,142 @@ class Pending:
     """The app messages the dicts stand for, one each."""
 
 
+def _entry(message: Any) -> dict[str, Any]:
+    """The OpenAI-style dict the engine reads for ``message``: SK's ``to_dict()`` without
+    the name (an agent's name is the author), ``developer`` read as ``system``, a list of
+    items as their text."""
+    entry = dict(message.to_dict())
+    role = entry.get("role")
+    if role == "developer":
+        entry["role"] = "system"
+    entry.pop("name", None)
+    if isinstance(entry.get("content"), list):
+        entry["content"] = message_text(message)
+    elif entry.get("content") is None and role != "assistant":
+        entry["content"] = ""
+    return entry
+
+
+def to_openai(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """The OpenAI-style dict of each of ``messages``, one per message (what
+    :func:`to_pending` reads for a message it keeps)."""
+    return [_entry(message) for message in messages]
+
+
+def opaque(message: Any) -> bool:
+    """Whether ``message`` carries content the engine cannot read (images, files): SK writes
+    its items as a list, and one of them is neither text nor a function call or result."""
+    if not _has_media(message):
+        return False
+    from semantic_kernel.contents import FunctionCallContent
+
+    # an assistant message with function calls is written as its calls alone
+    return not (
+        _role(message) == "assistant"
+        and any(isinstance(item, FunctionCallContent) for item in message.items)
+    )
+
+
+def author(message: Any) -> Author | None:
+    """Who wrote ``message``: the agent an assistant message is named after, else none."""
+    name = getattr(message, "name", None)
+    return agent_author(str(name)) if name and _role(message) == "assistant" else None
+
+
+def _repeats(kept: Any, message: Any) -> bool:
+    """Whether ``message`` is the agent's reply ``kept`` again, right after it."""
+    name = getattr(message, "name", None)
+    return bool(
+        name
+        and _role(message) == "assistant"
+        and getattr(kept, "name", None) == name
+        and kept.to_dict() == message.to_dict()
+    )
+
+
 def to_pending(messages: Sequence[Any]) -> Pending:
     """The request's messages as the engine reads them. An agent's reply repeated right after
     itself is read once: an ``AgentGroupChat`` channel hands the next agent the previous
     agent's reply twice (SK's own behaviour), which the session holds once."""
-    dicts: list[dict[str, Any]] = []
-    authors: list[Author | None] = []
-    opaque: list[int] = []
     kept: list[Any] = []
     for message in messages:
-        entry = dict(message.to_dict())
+        if not (kept and _repeats(kept[-1], message)):
+            kept.append(message)
+    return Pending(
+        to_openai(kept),
+        [author(message) for message in kept],
+        [index for index, message in enumerate(kept) if opaque(message)],
+        kept,
+    )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Authored:
+    """The authors of a request's messages (one each; ``named``: any of them has one) and
+    whether an agent's reply repeats right after itself among them."""
+
+    app: list[Any]
+    authors: list[Author | None]
+    named: bool
+    repeated: bool
+
+
+class AuthorMemo:
+    """Per session, the :class:`Authored` of the previous request (the newest
+    ``max_sessions`` sessions): a request whose messages begin with the very objects of the
+    previous one's reads only the messages after them. Thread-safe."""
+
+    def __init__(self, max_sessions: int = 256) -> None:
+        self._held: OrderedDict[str, Authored] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max = max_sessions
+
+    def read(self, session_id: str, app: Sequence[Any]) -> Authored:
+        """The :class:`Authored` of a request passing ``app`` in ``session_id``."""
+        with self._lock:
+            previous = self._held.get(session_id)
+        count = len(previous.app) if previous is not None else 0
         if (
-            kept
-            and entry.get("role") == "assistant"
-            and getattr(message, "name", None)
-            and getattr(kept[-1], "name", None) == message.name
-            and kept[-1].to_dict() == entry
+            previous is None
+            or len(app) < count
+            or not all(map(operator.is_, app[:count], previous.app))
         ):
-            continue
-        index = len(kept)
-        kept.append(message)
-        role = entry.get("role")
-        if role == "developer":
-            entry["role"] = "system"
-        name = getattr(message, "name", None)
-        if role == "assistant" and name:
-            authors.append(agent_author(str(name)))
-        else:
-            authors.append(None)
-        entry.pop("name", None)
-        if isinstance(entry.get("content"), list):
-            if _has_media(message):
-                opaque.append(index)
-            entry["content"] = message_text(message)
-        elif entry.get("content") is None and role != "assistant":
-            entry["content"] = ""
-        dicts.append(entry)
-    return Pending(dicts, authors, opaque, kept)
+            previous, count = None, 0
+        new = list(app[count:])
+        authors = [author(message) for message in new]
+        named = any(a is not None for a in authors)
+        repeated = any(_repeats(app[i - 1], app[i]) for i in range(max(count, 1), len(app)))
+        if previous is not None:
+            authors = [*previous.authors, *authors]
+            named = named or previous.named
+            repeated = repeated or previous.repeated
+        app_held = new if previous is None else [*previous.app, *new]
+        read = Authored(app_held, authors, named, repeated)
+        with self._lock:
+            self._held[session_id] = read
+            self._held.move_to_end(session_id)
+            while len(self._held) > self._max:
+                self._held.popitem(last=False)
+        return read
+
+
+def continued(history: History, read: Authored) -> Pending:
+    """The request's :class:`Pending` from its converted ``history`` and its authors
+    ``read`` (the same messages): every message when none repeats (the engine is then handed
+    ``history``), else without the repeats, as :func:`to_pending` reads them."""
+    if not read.repeated:
+        return Pending(history.pending, read.authors, history.opaque, history.app)
+    hidden = set(history.opaque)
+    kept: list[int] = []
+    for index, message in enumerate(history.app):
+        if not (kept and _repeats(history.app[kept[-1]], message)):
+            kept.append(index)
+    return Pending(
+        [history.pending[index] for index in kept],
+        [read.authors[index] for index in kept],
+        [position for position, index in enumerate(kept) if index in hidden],
+        [history.app[index] for index in kept],
+    )
 
 
 def message_text(message: Any) -> str:
@@ -190,18 +304,32 @@ def _with_text(message: Any, text: str) -> Any:
     )
 
 
-def from_sent(sent: Sequence[Mapping[str, Any]], pending: Pending) -> Any:
+def _reads_as_held(message: Any, history: History, position: int) -> bool:
+    """Whether the app's ``message`` at ``position`` of ``history`` still reads as it did
+    when the history was converted (it may have been changed in place since)."""
+    return not opaque(message) and history.matches(position, _entry(message))
+
+
+def from_sent(
+    sent: Sequence[Mapping[str, Any]], pending: Pending, history: History | None = None
+) -> Any:
     """A new ``ChatHistory`` holding the engine's input ``sent`` for a request whose own
-    messages are ``pending`` (see the module docstring)."""
+    messages are ``pending`` (see the module docstring). With the ``history`` ``pending``
+    comes from, the work grows with ``sent``, not with the app's history; an app message that
+    would go as it is but was changed in place since it was converted goes as the engine's
+    input has it."""
     from semantic_kernel.contents import ChatHistory
 
     messages = pending.messages
     names = _call_names(sent)
     out: list[Any] = []
-    for entry, where in zip(
-        sent, reconcile_openai(pending.dicts, sent, pending.opaque), strict=True
-    ):
-        if where.source is None:
+    origins = reconcile_openai(pending.dicts, sent, pending.opaque, history=history)
+    for entry, where in zip(sent, origins, strict=True):
+        if where.source is None or (
+            where.text is None
+            and history is not None
+            and not _reads_as_held(messages[where.source], history, where.source)
+        ):
             out.append(_build(entry, names))
         elif where.text is None:
             out.append(messages[where.source])

@@ -18,7 +18,9 @@ these instance entries.
 
 Each round the wrapper hands the engine the request's messages (awaited on the caller's loop,
 no blocking bridge, through :func:`ce.core.integration.prepare_openai`) and sends a NEW
-``ChatHistory`` with the engine's input; the app's ``ChatHistory`` is never changed. After
+``ChatHistory`` with the engine's input; the app's ``ChatHistory`` is never changed. A request
+continuing the session's previous one (the loop's next round, the app's next turn on the same
+``ChatHistory``) is converted only for its new messages (``plugin.histories``). After
 the round it records the reply, its usage (``metadata["usage"]``, normalised across
 connectors; streamed: the extra empty chunk OpenAI sends since SK asks for
 ``include_usage``) and its latency. SK's internal calls (a summarization reducer, a group
@@ -35,10 +37,15 @@ from typing import TYPE_CHECKING, Any
 from ce.core.integration import fail_open, is_suppressed, prepare_openai, redact_openai
 from ce.core.schema import ModelUsageStage
 from ce.semantic_kernel._convert import (
+    AuthorMemo,
+    Pending,
+    continued,
     from_sent,
     message_text,
     normalise_usage,
+    opaque,
     reply_to_message,
+    to_openai,
     to_pending,
     tool_schemas,
 )
@@ -46,7 +53,8 @@ from ce.semantic_kernel._record import model_call, write
 from ce.semantic_kernel._scopes import CallSite, call_site
 
 if TYPE_CHECKING:
-    from ce.core.integration import Plugin
+    from ce.core.integration import History, Plugin
+    from ce.core.schema import Author
 
 __all__ = ["INNER", "INNER_STREAM", "Seam"]
 
@@ -60,6 +68,23 @@ class Seam:
     def __init__(self, plugin: Plugin, inject: bool) -> None:
         self.plugin = plugin
         self.inject = inject
+        self.authored = AuthorMemo()
+
+    def _pending(
+        self, session_id: str, messages: list[Any]
+    ) -> tuple[Pending, History | None, list[Author | None] | None]:
+        """The request's messages as the engine reads them, the converted history the engine
+        is handed them from (None: from their dicts, converted again) and their authors
+        (None: no message has one). Raises what the conversion raises."""
+        history = self.plugin.histories.convert(session_id, messages, to_openai, opaque)
+        if history is None:
+            pending = to_pending(messages)
+            return pending, None, pending.authors
+        read = self.authored.read(session_id, messages)
+        pending = continued(history, read)
+        if read.repeated:  # the engine is handed the messages without the repeats
+            return pending, None, pending.authors
+        return pending, history, pending.authors if read.named else None
 
     # -- before ----------------------------------------------------------------------------
 
@@ -87,16 +112,18 @@ class Seam:
                 redacted = await fail_open(plugin, session_id, "redact", exc, redact)
             return history if redacted is None else redacted
         try:
-            pending = to_pending(messages)
+            pending, converted, authors = self._pending(session_id, messages)
             schemas = tool_schemas(settings)
         except Exception as exc:
             own = await fail_open(plugin, session_id, "convert messages", exc, redact)
             return history if own is None else own
-        sent = await prepare_openai(plugin, session_id, pending.dicts, schemas, pending.authors)
+        sent = await prepare_openai(
+            plugin, session_id, pending.dicts, schemas, authors, history=converted
+        )
         if sent is None:
             return history
         try:
-            return from_sent(sent, pending)
+            return from_sent(sent, pending, converted)
         except Exception as exc:
             own = await fail_open(plugin, session_id, "convert messages", exc, redact)
             return history if own is None else own
@@ -105,12 +132,14 @@ class Seam:
         """``inject=False``: the engine records the request's messages (fail-open), the model
         gets the app's own, as they are."""
         try:
-            pending = to_pending(messages)
+            pending, converted, authors = self._pending(site.session_id, messages)
             schemas = tool_schemas(settings)
         except Exception as exc:
             await fail_open(self.plugin, site.session_id, "convert messages", exc, lambda: None)
             return
-        await prepare_openai(self.plugin, site.session_id, pending.dicts, schemas, pending.authors)
+        await prepare_openai(
+            self.plugin, site.session_id, pending.dicts, schemas, authors, history=converted
+        )
 
     # -- after -----------------------------------------------------------------------------
 
