@@ -36,7 +36,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from autogen_core import FunctionCall, Image
 from autogen_core.models import (
@@ -280,9 +280,10 @@ def to_pending(
     units, origins = pending.units, pending.origins
     system: list[tuple[int, SystemMessage]] = []
     for index, message in enumerate(messages):
-        kind = type(message)  # the common messages first, without isinstance (an ABC check)
-        if kind is AssistantMessage or (kind is UserMessage and message.source != "System"):
-            units.append(message)
+        kind, plain = type(message), cast(Any, message)
+        # the common messages first, without isinstance (an ABC check on pydantic models)
+        if kind is AssistantMessage or (kind is UserMessage and plain.source != "System"):
+            units.append(plain)
             origins.append(index)
         elif isinstance(message, FunctionExecutionResultMessage):
             units.extend(message.content)
