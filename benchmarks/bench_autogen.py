@@ -55,7 +55,7 @@ from ce.core.config import BudgetConfig, RuntimeConfig  # noqa: E402
 from ce.core.engine import ContextEngine  # noqa: E402
 from ce.core.stores import SQLiteStore  # noqa: E402
 
-MESSAGES = 50
+MESSAGES = 50  # the history length, unless --messages says otherwise
 BUDGET = 8_000
 REPLY_TOKENS = 1_024
 PACKAGES = ("ce-core", "ce-autogen", "autogen-agentchat", "autogen-core", "tiktoken", "pydantic")
@@ -232,7 +232,8 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
         + sum(len(str(getattr(m, "content", ""))) for m in bench.earlier)
     )
     lines = [
-        "## AutoGen plugin: overhead per model call",
+        "## AutoGen plugin: overhead per model call"
+        + ("" if MESSAGES == 50 else f", {MESSAGES:,}-message history"),
         "",
         f"Command: `{command}`  ",
         f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
@@ -252,9 +253,9 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
                 "`AssistantMessage([FunctionCall])`, the results of a turn in one",
                 "`FunctionExecutionResultMessage`). One timed call is one turn,",
                 "`agent.on_messages([TextMessage(question)])`, which makes one model call;",
-                "each turn gets a fresh agent (built untimed) so every call sends the same 50",
-                "messages. Without the plugin that is AutoGen's own cost of a turn. With",
-                "`ce.autogen.install(engine)` (engine on an `SQLiteStore` file, `gpt-4o`",
+                "each turn gets a fresh agent (built untimed) so every call sends the same",
+                f"{MESSAGES} messages. Without the plugin that is AutoGen's own cost of a turn.",
+                "With `ce.autogen.install(engine)` (engine on an `SQLiteStore` file, `gpt-4o`",
                 f"tokenizer `o200k_base`, budget {BUDGET:,} input tokens) the same turn also",
                 "runs the plugin: the run's scope, `prepare_call` awaited on the loop (the",
                 "agent's messages from its own view; all already stored, only the question",
@@ -301,6 +302,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300, help="timed calls per variant")
     parser.add_argument("--sessions", type=int, default=50, help="sessions the calls rotate over")
+    parser.add_argument(
+        "--messages", type=int, default=50, help="messages of the history already stored"
+    )
     parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
     args = parser.parse_args()
     command = "python benchmarks/bench_autogen.py"
@@ -308,6 +312,10 @@ def main() -> None:
         command += f" --calls {args.calls}"
     if args.sessions != 50:
         command += f" --sessions {args.sessions}"
+    if args.messages != 50:
+        command += f" --messages {args.messages}"
+    global MESSAGES
+    MESSAGES = args.messages
     if args.write:
         command += f" --write {args.write}"
 
@@ -316,7 +324,8 @@ def main() -> None:
     section = report(rows, command, bench, sizes)
     print(section)
     if args.write:
-        write_section(args.write, "autogen", section)
+        name = "autogen" if MESSAGES == 50 else f"autogen-{MESSAGES}"
+        write_section(args.write, name, section)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,13 @@ turn, and a peer's tool calls (with their results) are left out, as AutoGen leav
 ``HeadAndTailChatCompletionContext``'s "Skipped N messages." placeholder is left out: the
 session holds what it stands for.
 
+One OpenAI dict per unit (:data:`Unit`: an AutoGen message, one result of a
+``FunctionExecutionResultMessage``, or the call's system messages joined): a history an agent
+continues is converted only for its new units (``plugin.histories``, see
+:class:`ce.core.integration.HistoryMemo`), its neutral messages keep their authors from one
+call to the next (:class:`AuthoredHistories`), and :func:`from_sent` checks an app message
+changed in place since before it goes as the app's own object.
+
 System messages: the agent's own system message (prepended by AutoGen outside the model
 context) is the call's instruction; other system messages of the model context are joined to
 it, except those a memory added (``_record`` notes them): the memory's hits are recorded as
@@ -23,10 +30,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import operator
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from autogen_core import FunctionCall, Image
 from autogen_core.models import (
@@ -39,15 +49,21 @@ from autogen_core.models import (
     UserMessage,
 )
 
-from ce.core.integration import message_from_openai, reconcile_openai
+from ce.core.integration import History, message_from_openai, reconcile_openai
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 
 __all__ = [
+    "AuthoredHistories",
+    "MergedSystem",
     "Pending",
+    "Unit",
+    "author_of",
     "from_sent",
+    "opaque",
     "redacted_natively",
     "reply_text",
     "reply_to_message",
+    "to_openai",
     "to_pending",
     "tool_schemas",
 ]
@@ -89,26 +105,163 @@ def _call_dict(call: FunctionCall) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, eq=False)
+class MergedSystem:
+    """The system messages of a model call joined into the call's one instruction (the
+    engine's input has one)."""
+
+    messages: tuple[SystemMessage, ...]
+
+
+Unit = SystemMessage | MergedSystem | UserMessage | AssistantMessage | FunctionExecutionResult
+"""What one OpenAI dict of the engine's pending messages comes from: an AutoGen message, or
+one result of a ``FunctionExecutionResultMessage`` (which holds the results of a turn)."""
+
+
+def _is_peer(message: UserMessage, agent: str, peers: Collection[str]) -> bool:
+    """Whether ``message`` is a team peer's reply the engine reads as the peer's assistant
+    message (a peer's message with media stays a user message)."""
+    return message.source in peers and message.source != agent and not _has_media(message.content)
+
+
+def to_openai(
+    units: Sequence[Unit], agent: str = "", peers: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """One OpenAI-style dict per unit (see :func:`to_pending`), from ``agent``'s view (a
+    peer's reply is its assistant message, see the module docstring). Raises
+    :class:`TypeError` for a message type of a later AutoGen (the engine cannot read it)."""
+    out: list[dict[str, Any]] = []
+    for unit in units:
+        if isinstance(unit, FunctionExecutionResult):
+            out.append({"role": "tool", "tool_call_id": unit.call_id, "content": unit.content})
+        elif isinstance(unit, UserMessage):
+            role = "assistant" if _is_peer(unit, agent, peers) else "user"
+            out.append({"role": role, "content": _text(unit.content)})
+        elif isinstance(unit, AssistantMessage):
+            entry: dict[str, Any] = {"role": "assistant"}
+            if isinstance(unit.content, list):
+                entry["content"] = unit.thought or None
+                entry["tool_calls"] = [
+                    _call_dict(c) for c in unit.content if isinstance(c, FunctionCall)
+                ]
+            else:
+                entry["content"] = unit.content
+            out.append(entry)
+        elif isinstance(unit, SystemMessage):
+            out.append({"role": "system", "content": unit.content})
+        elif isinstance(unit, MergedSystem):
+            out.append({"role": "system", "content": "\n\n".join(m.content for m in unit.messages)})
+        else:  # a message type of a later AutoGen: the engine cannot read it
+            raise TypeError(f"unsupported AutoGen message type {type(unit).__name__}")
+    return out
+
+
+def author_of(unit: Unit, agent: str = "", peers: Collection[str] = ()) -> Author | None:
+    """Who wrote ``unit``, from ``agent``'s view (``None``: a system message, a tool result)."""
+    if isinstance(unit, UserMessage):
+        if _is_peer(unit, agent, peers):
+            return agent_author(unit.source)
+        return user_author(unit.source or "user")
+    if isinstance(unit, AssistantMessage):
+        return agent_author(unit.source or agent)
+    return None
+
+
+def opaque(unit: Unit) -> bool:
+    """Whether ``unit`` carries content the engine cannot read (a user message's images)."""
+    return isinstance(unit, UserMessage) and _has_media(unit.content)
+
+
 @dataclass
 class Pending:
-    """An agent's messages as the engine's pending messages: ``dicts`` (OpenAI-style),
-    ``authors`` (one per dict), ``origins`` (the index of the AutoGen message each dict
-    comes from), ``opaque`` (dicts whose message carries media the engine cannot read),
-    ``errors`` (tool call id -> whether its result is an error) and ``names`` (tool call id
-    -> tool name)."""
+    """An agent's messages as the engine's pending messages: ``units`` (what each OpenAI dict
+    comes from, see :data:`Unit`), ``origins`` (the index of the AutoGen message each unit
+    comes from), ``merged_system`` (several system messages joined into the first unit);
+    then, from :meth:`convert` (every unit converted) or :meth:`continued` (the units of a
+    :class:`~ce.core.integration.History`): ``dicts`` (OpenAI-style), ``opaque`` (dicts
+    whose message carries media the engine cannot read) and ``history``."""
 
-    dicts: list[dict[str, Any]] = field(default_factory=list)
-    authors: list[Author | None] = field(default_factory=list)
+    units: list[Unit] = field(default_factory=list)
     origins: list[int] = field(default_factory=list)
-    opaque: set[int] = field(default_factory=set)
-    errors: dict[str, bool] = field(default_factory=dict)
-    names: dict[str, str] = field(default_factory=dict)
     merged_system: bool = False
+    dicts: Sequence[dict[str, Any]] = ()
+    opaque: set[int] = field(default_factory=set)
+    history: History | None = None
+    agent: str = ""
+    peers: Collection[str] = ()
+    _authors: list[Author | None] | None = field(default=None, init=False, repr=False)
+    _names: dict[str, str] | None = field(default=None, init=False, repr=False)
+    _results: dict[str, FunctionExecutionResult] | None = field(
+        default=None, init=False, repr=False
+    )
 
-    def add(self, entry: dict[str, Any], author: Author | None, origin: int) -> None:
-        self.dicts.append(entry)
-        self.authors.append(author)
-        self.origins.append(origin)
+    def convert(self, dicts: Sequence[dict[str, Any]]) -> None:
+        """Take ``dicts``, one per unit (every unit converted again)."""
+        if len(dicts) != len(self.units):
+            raise ValueError(f"{len(dicts)} messages for {len(self.units)} AutoGen messages")
+        self.dicts = dicts
+        self.opaque = {j for j, unit in enumerate(self.units) if opaque(unit)}
+        self.history = None
+
+    def continued(self, history: History) -> None:
+        """Take the conversions of ``history`` (whose ``app`` are these units)."""
+        self.dicts = history.pending
+        self.opaque = set(history.opaque)
+        self.history = history
+
+    @property
+    def authors(self) -> list[Author | None]:
+        """Who wrote each dict (see :func:`author_of`)."""
+        if self._authors is None:
+            if self.history is not None:
+                self._authors = [m.author for m in self.history.messages]
+            else:
+                self._authors = [author_of(u, self.agent, self.peers) for u in self.units]
+        return self._authors
+
+    def result(self, call_id: str) -> FunctionExecutionResult | None:
+        """The app's last result of tool call ``call_id`` (``None``: the app has none)."""
+        if self.history is not None:
+            positions = self.history.results.get(call_id)
+            unit = self.units[positions[-1]] if positions else None
+            return unit if isinstance(unit, FunctionExecutionResult) else None
+        if self._results is None:
+            self._results = {
+                unit.call_id: unit
+                for unit in self.units
+                if isinstance(unit, FunctionExecutionResult)
+            }
+        return self._results.get(call_id)
+
+    def is_error(self, call_id: str) -> bool:
+        """Whether the app's result of tool call ``call_id`` is an error."""
+        result = self.result(call_id)
+        return bool(result.is_error) if result is not None else False
+
+    def tool_name(self, call_id: str) -> str:
+        """The name of the tool call ``call_id`` calls: as the app's assistant message
+        called it, else as its result names it (``""``: the app has neither)."""
+        if self.history is not None:
+            positions = self.history.results.get(call_id)
+            if positions:  # the history names a result after the call before it
+                name = self.history.messages[positions[0]].name
+                unit = self.units[positions[0]]
+                if name:
+                    return name
+                if isinstance(unit, FunctionExecutionResult) and unit.name:
+                    return unit.name
+        if self._names is None:
+            calls: dict[str, str] = {}
+            results: dict[str, str] = {}
+            for unit in self.units:
+                if isinstance(unit, AssistantMessage) and isinstance(unit.content, list):
+                    calls.update(
+                        (c.id, c.name) for c in unit.content if isinstance(c, FunctionCall)
+                    )
+                elif isinstance(unit, FunctionExecutionResult):
+                    results.setdefault(unit.call_id, unit.name)
+            self._names = {**results, **calls}
+        return self._names.get(call_id, "")
 
 
 def to_pending(
@@ -117,58 +270,81 @@ def to_pending(
     peers: Collection[str],
     memory_texts: Collection[str] = (),
 ) -> Pending:
-    """``messages`` (the list an agent's model call sends) as the engine's pending messages,
-    from ``agent``'s view (see the module docstring); ``peers`` are the names of the other
-    agents of its team, ``memory_texts`` the system messages memories added."""
-    pending = Pending()
-    system: list[tuple[int, str]] = []
+    """``messages`` (the list an agent's model call sends) as the units of the engine's
+    pending messages, from ``agent``'s view (see the module docstring; convert them with
+    :func:`to_openai`, one dict each): the system messages but those memories added
+    (``memory_texts``) joined into one, first; each result of a
+    ``FunctionExecutionResultMessage`` one unit; ``HeadAndTailChatCompletionContext``'s
+    placeholder left out; ``peers`` are the names of the other agents of its team."""
+    pending = Pending(agent=agent, peers=peers)
+    units, origins = pending.units, pending.origins
+    system: list[tuple[int, SystemMessage]] = []
     for index, message in enumerate(messages):
-        if isinstance(message, SystemMessage):
-            if message.content not in memory_texts:
-                system.append((index, message.content))
-        elif isinstance(message, UserMessage):
-            text = _text(message.content)
-            if message.source == "System" and _SKIPPED.fullmatch(text):
-                continue  # HeadAndTail's placeholder for what it cut: the session has it
-            peer = message.source in peers and message.source != agent
-            if peer and not _has_media(message.content):
-                pending.add(
-                    {"role": "assistant", "content": text}, agent_author(message.source), index
-                )
-                continue
-            author = user_author(message.source or "user")
-            if _has_media(message.content):
-                pending.opaque.add(len(pending.dicts))
-            pending.add({"role": "user", "content": text}, author, index)
-        elif isinstance(message, AssistantMessage):
-            entry: dict[str, Any] = {"role": "assistant"}
-            if isinstance(message.content, list):
-                calls = [c for c in message.content if isinstance(c, FunctionCall)]
-                entry["content"] = message.thought or None
-                entry["tool_calls"] = [_call_dict(c) for c in calls]
-                pending.names.update((c.id, c.name) for c in calls)
-            else:
-                entry["content"] = message.content
-            pending.add(entry, agent_author(message.source or agent), index)
+        kind, plain = type(message), cast(Any, message)
+        # the common messages first, without isinstance (an ABC check on pydantic models)
+        if kind is AssistantMessage or (kind is UserMessage and plain.source != "System"):
+            units.append(plain)
+            origins.append(index)
         elif isinstance(message, FunctionExecutionResultMessage):
-            for result in message.content:
-                pending.errors[result.call_id] = bool(result.is_error)
-                pending.names.setdefault(result.call_id, result.name)
-                pending.add(
-                    {"role": "tool", "tool_call_id": result.call_id, "content": result.content},
-                    None,
-                    index,
-                )
-        else:  # a message type of a later AutoGen: the engine cannot read it
-            raise TypeError(f"unsupported AutoGen message type {type(message).__name__}")
+            units.extend(message.content)
+            origins.extend([index] * len(message.content))
+        elif isinstance(message, SystemMessage):
+            if message.content not in memory_texts:
+                system.append((index, message))
+        elif (
+            isinstance(message, UserMessage)
+            and message.source == "System"
+            and _SKIPPED.fullmatch(_text(message.content))
+        ):
+            continue  # HeadAndTail's placeholder for what it cut: the session has it
+        else:
+            units.append(message)
+            origins.append(index)
     if system:
         pending.merged_system = len(system) > 1
-        head = {"role": "system", "content": "\n\n".join(text for _, text in system)}
-        pending.dicts.insert(0, head)
-        pending.authors.insert(0, None)
-        pending.origins.insert(0, system[0][0])
-        pending.opaque = {i + 1 for i in pending.opaque}
+        head = system[0][1] if len(system) == 1 else MergedSystem(tuple(m for _, m in system))
+        units.insert(0, head)
+        origins.insert(0, system[0][0])
     return pending
+
+
+class AuthoredHistories:
+    """Per key (one agent's view of a session), the neutral messages of the last
+    :class:`~ce.core.integration.History` it was given, each written by its author: a
+    continued history's messages are the same objects call after call (only the new ones
+    are copied with their author), so the engine matches only what is new. Thread-safe;
+    the newest ``max_keys`` keys."""
+
+    def __init__(self, max_keys: int = 256) -> None:
+        self._held: OrderedDict[str, tuple[list[Any], list[Message], list[Message]]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._max = max_keys
+
+    def authored(self, key: str, history: History, pending: Pending) -> History:
+        """``history`` with each message written by the author of its unit (see
+        :func:`author_of`)."""
+        with self._lock:
+            held = self._held.get(key)
+        app, base, messages = history.app, history.messages, []
+        if held is not None:
+            count = len(held[0])
+            if (
+                count <= len(app)
+                and all(map(operator.is_, app[:count], held[0]))
+                and all(map(operator.is_, base[:count], held[1]))
+            ):
+                messages = held[2][:count]
+        for unit, message in zip(app[len(messages) :], base[len(messages) :], strict=True):
+            author = author_of(unit, pending.agent, pending.peers)
+            if author is not None and message.author != author:
+                message = message.model_copy(update={"author": author})
+            messages.append(message)
+        with self._lock:
+            self._held[key] = (app, base, messages)
+            self._held.move_to_end(key)
+            while len(self._held) > self._max:
+                self._held.popitem(last=False)
+        return dataclasses.replace(history, messages=messages)
 
 
 def _with_text(original: LLMMessage, text: str) -> LLMMessage:
@@ -207,8 +383,22 @@ def from_sent(
     through the kit's reconciler (:func:`ce.core.integration.reconcile_openai`): a message
     the engine left as it was is the app's very object; a system, user or tool message whose
     text alone the engine changed is a copy of it with the new text (images kept); the rest
-    is built anew, from ``agent``'s view (see the module docstring)."""
-    origins = reconcile_openai(pending.dicts, sent, pending.opaque)
+    is built anew, from ``agent``'s view (see the module docstring). With a continued
+    history (``pending.history``) the work grows with ``sent``, not with the history; an app
+    message that would go as it is but was changed in place since the history converted it
+    goes as the engine's input has it (the engine never read its new text)."""
+    history = pending.history
+    if history is None:
+        origins = reconcile_openai(pending.dicts, sent, pending.opaque)
+    else:
+        origins = reconcile_openai(history.pending, sent, history=history)
+
+    def as_it_was(j: int) -> bool:
+        """Whether unit ``j`` still reads as it did when it was converted."""
+        if history is None:
+            return True
+        return history.matches(j, to_openai([pending.units[j]], agent, peers)[0])
+
     out: list[LLMMessage] = []
     results: list[FunctionExecutionResult] = []
     unchanged: list[int | None] = []  # per result: the pending dict it is unchanged from
@@ -236,24 +426,27 @@ def from_sent(
     for message, origin in zip(sent, origins, strict=True):
         role = message.get("role")
         text = _text(message.get("content"))
+        source = origin.source
+        if source is not None and origin.text is None and not as_it_was(source):
+            source = None  # changed in place since: as the engine has it
         if role == "tool":
             call_id = str(message.get("tool_call_id") or "")
             if call_id in dropped:
                 continue
-            name = message.get("name") or pending.names.get(call_id, "")
-            unchanged.append(origin.source if origin.text is None else None)
+            name = message.get("name") or pending.tool_name(call_id)
+            unchanged.append(source if origin.text is None else None)
             results.append(
                 FunctionExecutionResult(
                     content=text,
                     name=str(name),
                     call_id=call_id,
-                    is_error=pending.errors.get(call_id, False),
+                    is_error=pending.is_error(call_id),
                 )
             )
             continue
         flush()
-        if origin.source is not None:
-            original = messages[pending.origins[origin.source]]
+        if source is not None:
+            original = messages[pending.origins[source]]
             if role == "system" and pending.merged_system:
                 out.append(SystemMessage(content=origin.text if origin.text is not None else text))
             elif origin.text is None:

@@ -33,9 +33,11 @@ from ce.autogen._clients import bypassing
 from ce.autogen._convert import (
     AuthorLookup,
     from_sent,
+    opaque,
     redacted_natively,
     reply_text,
     reply_to_message,
+    to_openai,
     to_pending,
     tool_schemas,
 )
@@ -72,21 +74,38 @@ async def prepare(
 ) -> list[LLMMessage] | None:
     """The messages the model receives instead of ``messages``: the engine's input for the
     call's session from the agent's view, or on failure the agent's own redacted (``None``:
-    send them as they are). Raises the error with ``plugin.fail_closed``."""
+    send them as they are). Raises the error with ``plugin.fail_closed``.
+
+    A history the agent continues (its model context grows call after call) is converted
+    only for its new messages: ``plugin.histories`` keeps each agent's view of a session
+    (its previous call's messages, converted), ``site.book.authored`` their neutral messages
+    with their authors."""
     plugin, session_id = site.plugin, site.session_id
     peers = site.frame.peers
 
     def redact() -> list[LLMMessage] | None:
         return redacted_natively(plugin.engine.redactor_for(plugin.config), messages)
 
+    def view(units: Sequence[Any]) -> list[dict[str, Any]]:
+        return to_openai(units, site.agent, peers)
+
     try:
         pending = to_pending(messages, site.agent, peers, site.book.memory_texts())
+        key = _view_key(site)
+        history = plugin.histories.convert(key, pending.units, view, opaque)
+        if history is None:
+            pending.convert(view(pending.units))
+        else:
+            pending.continued(site.book.authored.authored(key, history, pending))
         schemas = tool_schemas(tools)
         if peers:
             _note_peers(site, pending)
     except Exception as exc:
         return await fail_open(plugin, session_id, "convert messages", exc, redact)
-    sent = await prepare_openai(plugin, session_id, pending.dicts, schemas, pending.authors)
+    authors = None if pending.history is not None else pending.authors  # the history's own
+    sent = await prepare_openai(
+        plugin, session_id, pending.dicts, schemas, authors, history=pending.history
+    )
     if sent is None:
         return None
     try:
@@ -94,6 +113,13 @@ async def prepare(
         return from_sent(sent, messages, pending, site.agent, peers, lookup)
     except Exception as exc:
         return await fail_open(plugin, session_id, "convert messages", exc, redact)
+
+
+def _view_key(site: CallSite) -> str:
+    """What ``plugin.histories`` keeps a call's history under: its session as its agent
+    sees it (the agents of a team each pass their own messages, a peer's reply as a user
+    message)."""
+    return "\x1f".join((site.session_id, site.agent, *sorted(site.frame.peers)))
 
 
 def _note_peers(site: CallSite, pending: Any) -> None:
