@@ -185,3 +185,30 @@ def test_an_opaque_message_is_never_matched_unchanged() -> None:
     assert history is not None and history.opaque == [0]
     (origin,) = reconcile_openai(app, [dict(app[0])], history=history)
     assert (origin.source, origin.text) == (0, "hi")
+
+
+def test_each_new_message_is_written_by_its_author() -> None:
+    from ce.core.schema import Author, AuthorKind
+
+    def by(message: dict[str, Any]) -> Author | None:
+        name = message.get("agent")
+        return Author(kind=AuthorKind.AGENT, id=name) if name else None
+
+    def to_openai(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+    app: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello", "agent": "writer"},
+    ]
+    memo = HistoryMemo()
+    first = memo.convert("s", app, to_openai, lambda m: False, by)
+    app.append({"role": "assistant", "content": "hello", "agent": "critic"})
+    second = memo.convert("s", app, to_openai, lambda m: False, by)
+    assert first is not None and second is not None
+    assert [m.author.id if m.author else None for m in second.messages] == [
+        None,
+        "writer",
+        "critic",
+    ]
+    assert second.messages[1] is first.messages[1]  # kept from the previous call

@@ -30,10 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import operator
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -53,7 +50,6 @@ from ce.core.integration import History, message_from_openai, reconcile_openai
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 
 __all__ = [
-    "AuthoredHistories",
     "MergedSystem",
     "Pending",
     "Unit",
@@ -306,45 +302,6 @@ def to_pending(
         units.insert(0, head)
         origins.insert(0, system[0][0])
     return pending
-
-
-class AuthoredHistories:
-    """Per key (one agent's view of a session), the neutral messages of the last
-    :class:`~ce.core.integration.History` it was given, each written by its author: a
-    continued history's messages are the same objects call after call (only the new ones
-    are copied with their author), so the engine matches only what is new. Thread-safe;
-    the newest ``max_keys`` keys."""
-
-    def __init__(self, max_keys: int = 256) -> None:
-        self._held: OrderedDict[str, tuple[list[Any], list[Message], list[Message]]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._max = max_keys
-
-    def authored(self, key: str, history: History, pending: Pending) -> History:
-        """``history`` with each message written by the author of its unit (see
-        :func:`author_of`)."""
-        with self._lock:
-            held = self._held.get(key)
-        app, base, messages = history.app, history.messages, []
-        if held is not None:
-            count = len(held[0])
-            if (
-                count <= len(app)
-                and all(map(operator.is_, app[:count], held[0]))
-                and all(map(operator.is_, base[:count], held[1]))
-            ):
-                messages = held[2][:count]
-        for unit, message in zip(app[len(messages) :], base[len(messages) :], strict=True):
-            author = author_of(unit, pending.agent, pending.peers)
-            if author is not None and message.author != author:
-                message = message.model_copy(update={"author": author})
-            messages.append(message)
-        with self._lock:
-            self._held[key] = (app, base, messages)
-            self._held.move_to_end(key)
-            while len(self._held) > self._max:
-                self._held.popitem(last=False)
-        return dataclasses.replace(history, messages=messages)
 
 
 def _with_text(original: LLMMessage, text: str) -> LLMMessage:

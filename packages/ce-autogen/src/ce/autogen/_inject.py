@@ -32,6 +32,7 @@ from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage
 from ce.autogen._clients import bypassing
 from ce.autogen._convert import (
     AuthorLookup,
+    author_of,
     from_sent,
     opaque,
     redacted_natively,
@@ -78,8 +79,7 @@ async def prepare(
 
     A history the agent continues (its model context grows call after call) is converted
     only for its new messages: ``plugin.histories`` keeps each agent's view of a session
-    (its previous call's messages, converted), ``site.book.authored`` their neutral messages
-    with their authors."""
+    (its previous call's messages, converted, each written by its author)."""
     plugin, session_id = site.plugin, site.session_id
     peers = site.frame.peers
 
@@ -92,11 +92,13 @@ async def prepare(
     try:
         pending = to_pending(messages, site.agent, peers, site.book.memory_texts())
         key = _view_key(site)
-        history = plugin.histories.convert(key, pending.units, view, opaque)
+        history = plugin.histories.convert(
+            key, pending.units, view, opaque, lambda unit: author_of(unit, site.agent, peers)
+        )
         if history is None:
             pending.convert(view(pending.units))
         else:
-            pending.continued(site.book.authored.authored(key, history, pending))
+            pending.continued(history)
         schemas = tool_schemas(tools)
         if peers:
             _note_peers(site, pending)

@@ -19,7 +19,6 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ce.autogen._convert import AuthoredHistories
 from ce.core.integration import (
     ModelCall,
     RetrievalHit,
@@ -165,11 +164,9 @@ def _levels(text: str) -> list[str]:
 class Book:
     """What the plugin remembers between calls: who wrote the assistant messages of each
     session (by text, redacted text and tool call id: the engine's input names no author)
-    and the system messages memories added to model contexts, and each agent's view of a
-    session with its authors (``authored``). Bounded (oldest first out)."""
+    and the system messages memories added to model contexts. Bounded (oldest first out)."""
 
     def __init__(self) -> None:
-        self.authored = AuthoredHistories()
         self._texts: OrderedDict[str, dict[str, str]] = OrderedDict()
         self._calls: OrderedDict[str, dict[str, str]] = OrderedDict()
         self._memory: OrderedDict[str, None] = OrderedDict()

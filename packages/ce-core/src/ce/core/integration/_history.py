@@ -25,7 +25,7 @@ from typing import Any
 
 from ce.core.integration._convert import openai_to_messages
 from ce.core.integration._reconcile import Key, index_keys, openai_key
-from ce.core.schema import Message, Role
+from ce.core.schema import Author, Message, Role
 
 __all__ = ["History", "HistoryMemo"]
 
@@ -91,12 +91,16 @@ class HistoryMemo:
         app: Sequence[Any],
         to_openai: Callable[[Sequence[Any]], list[dict[str, Any]]],
         opaque: Callable[[Any], bool],
+        author: Callable[[Any], Author | None] | None = None,
     ) -> History | None:
         """The history of a call passing ``app`` in ``session_id``: the messages after the
         previous call's (when ``app`` begins with them) converted with ``to_openai`` (one
-        dict per message), ``opaque`` telling which carry content the engine cannot read.
-        None when ``to_openai`` does not give one dict per message. Raises what
-        ``to_openai`` raises and :class:`ValueError` for a malformed message."""
+        dict per message), ``opaque`` telling which carry content the engine cannot read,
+        ``author`` who wrote each (multi-agent frameworks; the neutral message is written by
+        it). ``session_id`` may be any key that fixes what these functions return for a
+        message (e.g. a session as one agent sees it). None when ``to_openai`` does not give
+        one dict per message. Raises what ``to_openai`` raises and :class:`ValueError` for a
+        malformed message."""
         with self._lock:
             previous = self._held.get(session_id)
         count = len(previous.app) if previous is not None else 0
@@ -117,10 +121,17 @@ class HistoryMemo:
         messages = openai_to_messages(pending) if pending else []
         earlier = previous.messages if previous is not None else []
         for offset, message in enumerate(messages):
+            update: dict[str, Any] = {}
             if message.role is Role.TOOL and message.name is None:
                 name = _call_name(message.tool_call_id, messages[:offset], earlier)
                 if name is not None:
-                    messages[offset] = message.model_copy(update={"name": name})
+                    update["name"] = name
+            if author is not None:
+                writer = author(new[offset])
+                if writer is not None and message.author != writer:
+                    update["author"] = writer
+            if update:
+                messages[offset] = message.model_copy(update=update)
         if previous is None:
             history = History(list(app), pending, keys, messages, hidden, *index_keys(keys))
         else:
