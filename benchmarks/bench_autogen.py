@@ -116,8 +116,12 @@ class InstantClient(ChatCompletionClient):
 
 
 class Bench:
-    def __init__(self, directory: Path, calls: int, sessions: int) -> None:
+    def __init__(self, directory: Path, calls: int, sessions: int, continued: bool = False) -> None:
         self.calls = calls
+        self.continued = continued
+        # with ``continued``: each session's agent per variant (with or without the plugin,
+        # streamed or not), whose model context grows by the question and reply each turn
+        self.kept: dict[tuple[bool, bool, str], AssistantAgent] = {}
         self.sessions = [f"bench-{i}" for i in range(sessions)]
         self.config = RuntimeConfig(
             model_hint="gpt-4o",
@@ -192,11 +196,20 @@ class Bench:
         sent = len(self.client.received)
         assert sent == len(self.earlier) + 2, "without the plugin the model gets the app's list"
 
-    async def block(self, stream: bool) -> list[float]:
+    async def block(self, stream: bool, installed: bool) -> list[float]:
         """``BLOCK`` turns, one after the other on one event loop (fresh agents, built
-        untimed)."""
-        agents = [self.agent(stream) for _ in range(BLOCK)]
-        return [await self.ask(agent, self.next_session()) for agent in agents]
+        untimed; with ``continued``, each session's own agent of the variant)."""
+        if not self.continued:
+            agents = [self.agent(stream) for _ in range(BLOCK)]
+            return [await self.ask(agent, self.next_session()) for agent in agents]
+        times = []
+        for _ in range(BLOCK):
+            session_id = self.next_session()
+            key = (installed, stream, session_id)
+            if key not in self.kept:
+                self.kept[key] = self.agent(stream)
+            times.append(await self.ask(self.kept[key], session_id))
+        return times
 
     async def run(self, stream: bool) -> tuple[list[float], list[float]]:
         """Alternating blocks of ``BLOCK`` turns without and with the plugin (after one
@@ -209,7 +222,7 @@ class Bench:
                 if installed:
                     ce.autogen.install(self.engine)
                 try:
-                    times = await self.block(stream)
+                    times = await self.block(stream, installed)
                 finally:
                     if installed:
                         ce.autogen.uninstall()
@@ -233,6 +246,7 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
     )
     lines = [
         "## AutoGen plugin: overhead per model call"
+        + (", each session's agent continued" if bench.continued else "")
         + ("" if MESSAGES == 50 else f", {MESSAGES:,}-message history"),
         "",
         f"Command: `{command}`  ",
@@ -253,8 +267,19 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
                 "`AssistantMessage([FunctionCall])`, the results of a turn in one",
                 "`FunctionExecutionResultMessage`). One timed call is one turn,",
                 "`agent.on_messages([TextMessage(question)])`, which makes one model call;",
-                "each turn gets a fresh agent (built untimed) so every call sends the same",
-                f"{MESSAGES} messages. Without the plugin that is AutoGen's own cost of a turn.",
+                *(
+                    [
+                        "each session keeps its agent (one per variant, built untimed), whose",
+                        "model context grows by the question and the reply every turn, as a",
+                        "chat app's agent does.",
+                    ]
+                    if bench.continued
+                    else [
+                        "each turn gets a fresh agent (built untimed) so every call sends the",
+                        f"same {MESSAGES} messages.",
+                    ]
+                ),
+                "Without the plugin that is AutoGen's own cost of a turn.",
                 "With `ce.autogen.install(engine)` (engine on an `SQLiteStore` file, `gpt-4o`",
                 f"tokenizer `o200k_base`, budget {BUDGET:,} input tokens) the same turn also",
                 "runs the plugin: the run's scope, `prepare_call` awaited on the loop (the",
@@ -283,8 +308,10 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
     return "\n".join(lines) + "\n"
 
 
-async def measure(directory: Path, calls: int, sessions: int) -> tuple[list[str], Bench, list[int]]:
-    bench = Bench(directory, calls, sessions)
+async def measure(
+    directory: Path, calls: int, sessions: int, continued: bool
+) -> tuple[list[str], Bench, list[int]]:
+    bench = Bench(directory, calls, sessions, continued)
     await bench.populate()
     await bench.check()
     plain = await bench.run(stream=False)
@@ -305,6 +332,11 @@ def main() -> None:
     parser.add_argument(
         "--messages", type=int, default=50, help="messages of the history already stored"
     )
+    parser.add_argument(
+        "--continued",
+        action="store_true",
+        help="each session keeps its agent, whose history grows (default: a fresh agent a turn)",
+    )
     parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
     args = parser.parse_args()
     command = "python benchmarks/bench_autogen.py"
@@ -314,17 +346,22 @@ def main() -> None:
         command += f" --sessions {args.sessions}"
     if args.messages != 50:
         command += f" --messages {args.messages}"
+    if args.continued:
+        command += " --continued"
     global MESSAGES
     MESSAGES = args.messages
     if args.write:
         command += f" --write {args.write}"
 
     with tempfile.TemporaryDirectory() as tmp:
-        rows, bench, sizes = asyncio.run(measure(Path(tmp), args.calls, args.sessions))
+        rows, bench, sizes = asyncio.run(
+            measure(Path(tmp), args.calls, args.sessions, args.continued)
+        )
     section = report(rows, command, bench, sizes)
     print(section)
     if args.write:
-        name = "autogen" if MESSAGES == 50 else f"autogen-{MESSAGES}"
+        name = "autogen" + ("-continued" if args.continued else "")
+        name += "" if MESSAGES == 50 else f"-{MESSAGES}"
         write_section(args.write, name, section)
 
 
