@@ -52,6 +52,7 @@ from ce.core.stores._rows import (
     record_json,
     record_rows,
 )
+from ce.core.stores._sqlite_checkpoint import Checkpointer
 from ce.core.stores._writers import SessionWriter
 from ce.core.stores.base import (
     AuditRecord,
@@ -86,7 +87,9 @@ class SQLiteStore(BaseStore):
     processes) may open the same file. Writes are ``BEGIN IMMEDIATE`` transactions that wait
     up to ``busy_timeout`` seconds for another writer. ``synchronous="NORMAL"`` (the default)
     keeps the file consistent on power loss but may lose the last commits; ``"FULL"`` makes
-    each commit durable at the cost of an fsync. Deleted content is overwritten in the file
+    each commit durable at the cost of an fsync. The write-ahead log is copied back into the
+    file by a thread of the store's own every few dozen commits, so that a commit seldom does
+    it (which stalls that caller for milliseconds). Deleted content is overwritten in the file
     and its write-ahead log (``secure_delete``, then a truncating checkpoint).
 
     Opening creates missing parent directories and the schema. Raises :class:`StoreError`
@@ -124,6 +127,9 @@ class SQLiteStore(BaseStore):
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
         self._idle_writers: list[sqlite3.Connection] = []  # connections of `writer` blocks
+        # the write-ahead log goes back into the file in a thread of its own, seldom inside a
+        # commit (see _sqlite_checkpoint)
+        self._checkpointer = Checkpointer(self.path)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -247,12 +253,14 @@ class SQLiteStore(BaseStore):
         self, session_id: str, changes: SessionChanges, expected_version: int | None
     ) -> PutResult:
         version, epoch = await self._run_quick(_commit, session_id, changes, expected_version)
+        self._checkpointer.committed()
         return PutResult(success=True, version=version, epoch=epoch)
 
     async def _put_session(
         self, session_id: str, doc: SessionDocument, expected_version: int | None
     ) -> PutResult:
         version, epoch = await self._run(_put, session_id, doc, expected_version)
+        self._checkpointer.committed()
         return PutResult(success=True, version=version, epoch=epoch)
 
     async def delete_session(self, session_id: str) -> bool:
@@ -309,6 +317,7 @@ class SQLiteStore(BaseStore):
 
     async def close(self) -> None:
         def close() -> None:
+            self._checkpointer.close()
             with self._lock:
                 if self._conn is not None:
                     self._conn.close()
@@ -354,6 +363,7 @@ class _Writer:
                 raise StoreError(f"{self._store.path}: {exc}") from exc
             raise
         self._version = version
+        self._store._checkpointer.committed()
         return PutResult(success=True, version=version, epoch=epoch)
 
 
