@@ -5,10 +5,11 @@ the log past 1,000 pages: a few milliseconds every few dozen commits, on whichev
 event loop made that commit. A :class:`Checkpointer` does that work earlier, in a thread of its
 own: every ``every`` commits it runs a ``PASSIVE`` checkpoint (it never waits for readers or
 writers) on a connection of its own, and the log starts over at the first commit after a
-checkpoint that caught up with it, so it seldom reaches SQLite's threshold. SQLite's own
-checkpoint stays in place: under commits without a pause, when the thread cannot catch up, it
-still bounds the log (and the commit that reaches the threshold copies only what the thread
-left).
+checkpoint that caught up with it: with pauses between commits it never reaches SQLite's
+threshold. SQLite's own checkpoint stays in place: under commits without a pause the thread
+does not catch up (commits go on while it copies), the log still reaches the threshold and the
+commit that does copies what the thread left (measured on a model-call benchmark: a stall of
+~3.5 ms instead of ~5-6 ms every ~45 calls); it still bounds the log.
 """
 
 from __future__ import annotations

@@ -88,8 +88,10 @@ class SQLiteStore(BaseStore):
     up to ``busy_timeout`` seconds for another writer. ``synchronous="NORMAL"`` (the default)
     keeps the file consistent on power loss but may lose the last commits; ``"FULL"`` makes
     each commit durable at the cost of an fsync. The write-ahead log is copied back into the
-    file by a thread of the store's own every few dozen commits, so that a commit seldom does
-    it (which stalls that caller for milliseconds). Deleted content is overwritten in the file
+    file by a thread of the store's own every few dozen commits, so that commits do little of
+    it (SQLite checkpoints inside the commit that grows the log past 1,000 pages, stalling that
+    caller; under commits without a pause it still does, copying what the thread left).
+    Deleted content is overwritten in the file
     and its write-ahead log (``secure_delete``, then a truncating checkpoint).
 
     Opening creates missing parent directories and the schema. Raises :class:`StoreError`
@@ -127,8 +129,8 @@ class SQLiteStore(BaseStore):
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
         self._idle_writers: list[sqlite3.Connection] = []  # connections of `writer` blocks
-        # the write-ahead log goes back into the file in a thread of its own, seldom inside a
-        # commit (see _sqlite_checkpoint)
+        # the write-ahead log goes back into the file mostly in a thread of its own, not
+        # inside a commit (see _sqlite_checkpoint)
         self._checkpointer = Checkpointer(self.path)
 
     # -- plumbing ---------------------------------------------------------------------------
