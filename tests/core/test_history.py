@@ -212,3 +212,17 @@ def test_each_new_message_is_written_by_its_author() -> None:
         "critic",
     ]
     assert second.messages[1] is first.messages[1]  # kept from the previous call
+
+
+def test_a_message_read_as_the_one_before_it_is_a_repeat() -> None:
+    def to_openai(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(m) for m in messages]
+
+    reply = {"role": "assistant", "content": "facts"}
+    app: list[dict[str, Any]] = [{"role": "user", "content": "go"}, reply]
+    memo = HistoryMemo()
+    first = memo.convert("s", app, to_openai, lambda m: False)
+    app += [dict(reply), {"role": "user", "content": "go"}, {"role": "user", "content": "go"}]
+    second = memo.convert("s", app, to_openai, lambda m: False)  # across the two calls too
+    assert first is not None and first.repeats == []
+    assert second is not None and second.repeats == [2, 4]

@@ -32,7 +32,7 @@ from ce.core.integration import HistoryMemo
 from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 from ce.semantic_kernel._convert import (
-    AuthorMemo,
+    author,
     continued,
     from_sent,
     opaque,
@@ -162,11 +162,11 @@ def _messages() -> list[Any]:
 @pytest.mark.parametrize("split", [0, 3, 5, 6])
 def test_a_continued_history_reads_as_a_full_conversion(split: int) -> None:
     app = _messages()
-    histories, authored = HistoryMemo(), AuthorMemo()
+    histories = HistoryMemo()
     for messages in (app[:split], app):  # a first request, then the history continued
-        history = histories.convert("s", messages, to_openai, opaque)
+        history = histories.convert("s", messages, to_openai, opaque, author)
         assert history is not None
-        pending = continued(history, authored.read("s", messages))
+        pending = continued(history)
         full = to_pending(messages)
         assert pending.dicts == full.dicts
         assert pending.authors == full.authors
@@ -182,9 +182,9 @@ def test_from_sent_builds_a_message_changed_since_its_conversion() -> None:
         ChatMessageContent(role=AuthorRole.USER, content="hi"),
         ChatMessageContent(role=AuthorRole.ASSISTANT, content="ok"),
     ]
-    history = HistoryMemo().convert("s", app, to_openai, opaque)
+    history = HistoryMemo().convert("s", app, to_openai, opaque, author)
     assert history is not None
-    pending = continued(history, AuthorMemo().read("s", app))
+    pending = continued(history)
     sent = [dict(d) for d in history.pending]
     assert list(from_sent(sent, pending, history).messages) == app  # as they are
     first, second = from_sent(sent, pending, history).messages

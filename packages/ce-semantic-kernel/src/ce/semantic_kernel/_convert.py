@@ -12,9 +12,9 @@ never changed.
 A request continuing the session's previous one (the same message objects, then new ones:
 the auto function-calling loop's next round, the app's next turn on the same ``ChatHistory``)
 is converted only for its new messages: :func:`to_openai` (one dict per message, what
-:func:`to_pending` reads) and :func:`opaque` go to the plugin's
-:class:`~ce.core.integration.HistoryMemo`, :class:`AuthorMemo` keeps the authors the same way,
-and :func:`continued` gives the request's :class:`Pending` from both.
+:func:`to_pending` reads), :func:`opaque` and :func:`author` go to the plugin's
+:class:`~ce.core.integration.HistoryMemo`, and :func:`continued` gives the request's
+:class:`Pending` from the history it returns.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from __future__ import annotations
 import functools
 import json
 import operator
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +30,6 @@ from ce.core.integration import History, message_from_openai, reconcile_openai
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 
 __all__ = [
-    "AuthorMemo",
-    "Authored",
     "Pending",
     "continued",
     "from_sent",
@@ -152,72 +148,22 @@ def to_pending(messages: Sequence[Any]) -> Pending:
     )
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Authored:
-    """The authors of a request's messages (one each; ``named``: any of them has one) and
-    whether an agent's reply repeats right after itself among them."""
-
-    app: list[Any]
-    authors: list[Author | None]
-    named: bool
-    repeated: bool
-
-
-class AuthorMemo:
-    """Per session, the :class:`Authored` of the previous request (the newest
-    ``max_sessions`` sessions): a request whose messages begin with the very objects of the
-    previous one's reads only the messages after them. Thread-safe."""
-
-    def __init__(self, max_sessions: int = 256) -> None:
-        self._held: OrderedDict[str, Authored] = OrderedDict()
-        self._lock = threading.Lock()
-        self._max = max_sessions
-
-    def read(self, session_id: str, app: Sequence[Any]) -> Authored:
-        """The :class:`Authored` of a request passing ``app`` in ``session_id``."""
-        with self._lock:
-            previous = self._held.get(session_id)
-        count = len(previous.app) if previous is not None else 0
-        if (
-            previous is None
-            or len(app) < count
-            or not all(map(operator.is_, app[:count], previous.app))
-        ):
-            previous, count = None, 0
-        new = list(app[count:])
-        authors = [author(message) for message in new]
-        named = any(a is not None for a in authors)
-        repeated = any(_repeats(app[i - 1], app[i]) for i in range(max(count, 1), len(app)))
-        if previous is not None:
-            authors = [*previous.authors, *authors]
-            named = named or previous.named
-            repeated = repeated or previous.repeated
-        app_held = new if previous is None else [*previous.app, *new]
-        read = Authored(app_held, authors, named, repeated)
-        with self._lock:
-            self._held[session_id] = read
-            self._held.move_to_end(session_id)
-            while len(self._held) > self._max:
-                self._held.popitem(last=False)
-        return read
-
-
-def continued(history: History, read: Authored) -> Pending:
-    """The request's :class:`Pending` from its converted ``history`` and its authors
-    ``read`` (the same messages): every message when none repeats (the engine is then handed
-    ``history``), else without the repeats, as :func:`to_pending` reads them."""
-    if not read.repeated:
-        return Pending(history.pending, read.authors, history.opaque, history.app)
+def continued(history: History) -> Pending:
+    """The request's :class:`Pending` from its converted ``history``: every message, or,
+    when an agent's reply repeats right after itself, without the repeats, as
+    :func:`to_pending` reads them (only the history's ``repeats`` are looked at)."""
+    app = history.app
+    repeated = {j for j in history.repeats if _repeats(app[j - 1], app[j])}
+    authors = list(map(operator.attrgetter("author"), history.messages))
+    if not repeated:
+        return Pending(history.pending, authors, history.opaque, app)
     hidden = set(history.opaque)
-    kept: list[int] = []
-    for index, message in enumerate(history.app):
-        if not (kept and _repeats(history.app[kept[-1]], message)):
-            kept.append(index)
+    kept = [index for index in range(len(app)) if index not in repeated]
     return Pending(
         [history.pending[index] for index in kept],
-        [read.authors[index] for index in kept],
+        [authors[index] for index in kept],
         [position for position, index in enumerate(kept) if index in hidden],
-        [history.app[index] for index in kept],
+        [app[index] for index in kept],
     )
 
 

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from ce.core.integration import fail_open, is_suppressed, prepare_openai, redact_openai
 from ce.core.schema import ModelUsageStage
 from ce.semantic_kernel._convert import (
-    AuthorMemo,
     Pending,
+    author,
     continued,
     from_sent,
     message_text,
@@ -68,7 +68,6 @@ class Seam:
     def __init__(self, plugin: Plugin, inject: bool) -> None:
         self.plugin = plugin
         self.inject = inject
-        self.authored = AuthorMemo()
 
     def _pending(
         self, session_id: str, messages: list[Any]
@@ -76,15 +75,14 @@ class Seam:
         """The request's messages as the engine reads them, the converted history the engine
         is handed them from (None: from their dicts, converted again) and their authors
         (None: no message has one). Raises what the conversion raises."""
-        history = self.plugin.histories.convert(session_id, messages, to_openai, opaque)
+        history = self.plugin.histories.convert(session_id, messages, to_openai, opaque, author)
         if history is None:
             pending = to_pending(messages)
             return pending, None, pending.authors
-        read = self.authored.read(session_id, messages)
-        pending = continued(history, read)
-        if read.repeated:  # the engine is handed the messages without the repeats
+        pending = continued(history)
+        if len(pending.messages) < len(history.app):  # handed without the repeats
             return pending, None, pending.authors
-        return pending, history, pending.authors if read.named else None
+        return pending, history, None  # the history's messages carry their authors
 
     # -- before ----------------------------------------------------------------------------
 

@@ -36,7 +36,9 @@ class History:
     (``pending``, read-only), its key (:func:`~ce.core.integration.openai_key`; an opaque
     message's key matches nothing) and its neutral message (``messages``, read-only), and
     the indexes reconciling needs: each key's positions, the positions of system, user and
-    tool messages, and of each tool call id's results (all ascending)."""
+    tool messages, and of each tool call id's results (all ascending). ``repeats``: the
+    positions of the messages that read as the one before them (equal dicts as the engine
+    reads them, opaque content aside), for frameworks that hand a message on twice."""
 
     app: list[Any]
     pending: list[dict[str, Any]]
@@ -46,6 +48,7 @@ class History:
     positions: dict[Key, list[int]]
     by_role: dict[str, list[int]]
     results: dict[Hashable, list[int]]
+    repeats: list[int]
 
     def matches(self, position: int, pending: Mapping[str, Any]) -> bool:
         """Whether ``pending``, the app message at ``position`` converted now, is still what
@@ -115,6 +118,12 @@ class HistoryMemo:
         if len(pending) != len(new):
             return None
         keys = [openai_key(d) for d in pending]
+        before = openai_key(previous.pending[-1]) if previous and previous.pending else None
+        repeats = [
+            count + offset
+            for offset, key in enumerate(keys)
+            if key == (keys[offset - 1] if offset else before)
+        ]
         hidden = [offset for offset, message in enumerate(new) if opaque(message)]
         for offset in hidden:
             keys[offset] = _opaque_key(keys[offset])
@@ -133,7 +142,9 @@ class HistoryMemo:
             if update:
                 messages[offset] = message.model_copy(update=update)
         if previous is None:
-            history = History(list(app), pending, keys, messages, hidden, *index_keys(keys))
+            history = History(
+                list(app), pending, keys, messages, hidden, *index_keys(keys), repeats
+            )
         else:
             history = History(
                 [*previous.app, *new],
@@ -142,6 +153,7 @@ class HistoryMemo:
                 [*previous.messages, *messages],
                 [*previous.opaque, *(count + offset for offset in hidden)],
                 *index_keys(keys, count, previous.positions, previous.by_role, previous.results),
+                [*previous.repeats, *repeats],
             )
         with self._lock:
             self._held[session_id] = history
