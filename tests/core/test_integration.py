@@ -604,6 +604,20 @@ def test_install_stores_its_settings_and_uninstall_undoes_the_ledger(
         _ = plugin.engine
 
 
+def test_install_loads_the_tokenizer_of_the_hooks_model(engine: ContextEngine) -> None:
+    # not in the first model call, which may run on an event loop every request waits on
+    asked: list[str | None] = []
+    estimate = engine.estimator.estimate_text
+
+    def recording(text: str, model_hint: str | None = None) -> int:
+        asked.append(model_hint)
+        return estimate(text, model_hint)
+
+    engine.estimator.estimate_text = recording  # type: ignore[method-assign]
+    RecordingPlugin().install(engine, config=RuntimeConfig(model_hint="gpt-4o-mini"))
+    assert asked == ["gpt-4o-mini"]
+
+
 def test_repeated_install_and_uninstall_are_logged_no_ops(
     engine: ContextEngine, caplog: pytest.LogCaptureFixture
 ) -> None:

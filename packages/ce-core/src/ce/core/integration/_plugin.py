@@ -147,6 +147,8 @@ class Plugin(ABC):
         When the installed framework does not meet :attr:`requirements`, nothing is installed
         and the conflict is logged, or raised as :class:`PluginVersionError` with
         ``strict=True``. If :meth:`_install` raises, what it had put in place is undone.
+        Installing loads the tokenizer of the config's model, so the first model call (on an
+        event loop, perhaps) does not.
         """
         if mode not in ("replace", "augment"):
             raise ValueError(f"mode must be 'replace' or 'augment', not {mode!r}")
@@ -179,6 +181,7 @@ class Plugin(ABC):
                 self.ledger.undo()
                 raise
             self._installed = True
+            _load_tokenizer(engine, config)
             logger.debug("plugin %r installed", label)
         return self
 
@@ -206,3 +209,14 @@ class Plugin(ABC):
     def _uninstall(self) -> None:
         """Remove the hooks; the default undoes :attr:`ledger`."""
         self.ledger.undo()
+
+
+def _load_tokenizer(engine: ContextEngine, config: RuntimeConfig | None) -> None:
+    """Load the tokenizer of the hooks' model now (once per process: a tiktoken encoding
+    takes a few hundred ms to build), not in the first model call, which may run on an event
+    loop that every other request is waiting on. Fail-open: a tokenizer that cannot load is
+    reported by the engine's first call, as before."""
+    try:
+        engine.estimator.estimate_text("", (config or engine.config).model_hint)
+    except Exception:
+        logger.debug("loading the tokenizer at install failed", exc_info=True)
