@@ -15,9 +15,9 @@ session holds what it stands for.
 One OpenAI dict per unit (:data:`Unit`: an AutoGen message, one result of a
 ``FunctionExecutionResultMessage``, or the call's system messages joined): a history an agent
 continues is converted only for its new units (``plugin.histories``, see
-:class:`ce.core.integration.HistoryMemo`), its neutral messages keep their authors from one
-call to the next (:class:`AuthoredHistories`), and :func:`from_sent` checks an app message
-changed in place since before it goes as the app's own object.
+:class:`ce.core.integration.HistoryMemo`; each neutral message written by its unit's author,
+:func:`author_of`), and :func:`from_sent` checks an app message changed in place since before
+it goes as the app's own object.
 
 System messages: the agent's own system message (prepended by AutoGen outside the model
 context) is the call's instruction; other system messages of the model context are joined to

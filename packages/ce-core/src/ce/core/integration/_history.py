@@ -80,13 +80,10 @@ class HistoryMemo:
         self._lock = threading.Lock()
         self._max = max_sessions
 
-    def forget(self, session_id: str | None = None) -> None:
-        """Drop what is held for ``session_id`` (default: for every session)."""
+    def forget(self) -> None:
+        """Drop every history held."""
         with self._lock:
-            if session_id is None:
-                self._held.clear()
-            else:
-                self._held.pop(session_id, None)
+            self._held.clear()
 
     def convert(
         self,
