@@ -428,8 +428,13 @@ async def test_sqlite_turns_are_rows_of_their_own(tmp_path: Path) -> None:
 
 def _layout_1(db: Path) -> None:
     """Turn the current layout at ``db`` into layout 1 (no ``turns`` table, no ``epoch``
-    column, no version indexes)."""
+    column, no version indexes, no columns for partial reads)."""
     with sqlite3.connect(db) as conn:
+        for index in ("messages_system", "evidences_facts", "evidences_by_link"):
+            conn.execute(f"DROP INDEX {index}")
+        conn.execute("ALTER TABLE messages DROP COLUMN role")
+        conn.execute("ALTER TABLE evidences DROP COLUMN facts")
+        conn.execute("ALTER TABLE evidences DROP COLUMN link")
         conn.execute("DROP TABLE turns")
         for table in DOCUMENT_TABLES:
             conn.execute(f"DROP INDEX {table}_by_version")
@@ -451,7 +456,7 @@ async def test_sqlite_layout_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         (user_version,) = conn.execute("PRAGMA user_version").fetchone()
     conn.close()
-    assert user_version == sqlite_module.USER_VERSION == 3
+    assert user_version == sqlite_module.USER_VERSION == 4
     assert await upgraded.get_session("s1") == records.expected_document("s1", changes)
     update = await upgraded.read_since("s1")
     assert update is not None and update.epoch == "" and update.version == 1

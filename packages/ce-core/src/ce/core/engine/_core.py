@@ -16,7 +16,14 @@ from typing import Any, TypeVar
 from ce.core._drive import engine_turn, inline, settle, turn_released
 from ce.core.config import RuntimeConfig
 from ce.core.engine._deferred import DeferredWrites, draining, note_pending
-from ce.core.engine._session import SessionEntry, SessionLocks
+from ce.core.engine._session import (
+    TAIL_EVIDENCES,
+    TAIL_MESSAGES,
+    SessionEntry,
+    SessionLocks,
+    TailTooShort,
+)
+from ce.core.engine._turn import Unread
 from ce.core.engine._writes import HistoryWriter, WriteLog
 from ce.core.errors import VersionConflictError
 from ce.core.events import Event, EventBus, InMemoryEventBus
@@ -35,7 +42,7 @@ from ce.core.schema import (
     TurnRecord,
 )
 from ce.core.state import AgentState, ModelOutput
-from ce.core.stores import SessionChanges, SessionWriter, Store, WriterStore
+from ce.core.stores import SessionChanges, SessionWriter, SliceStore, Store, WriterStore
 from ce.core.tokens import TokenEstimator
 
 __all__ = ["EngineCore"]
@@ -68,6 +75,10 @@ class EngineCore(HistoryWriter):
     _deferred: DeferredWrites
     _carried: dict[str, list[TurnRecord]]  # turn records waiting for their session's next commit
     _contention: dict[str, float]  # session -> until when its writes hold it (monotonic)
+    _tails: bool  # the store reads a session's newest records (a SliceStore)
+    # session -> how many newest messages and evidences to read when it is not cached (None:
+    # all), for a session whose newest records were not enough for a call
+    _tail_sizes: dict[str, tuple[int, int] | None]
 
     def _cfg(self, runtime_config: RuntimeConfig | None) -> RuntimeConfig:
         return runtime_config or self.config
@@ -101,12 +112,24 @@ class EngineCore(HistoryWriter):
             if session_id in self._entries:
                 self._entries.move_to_end(session_id)
 
-    async def _entry(self, session_id: str, writer: SessionWriter | None = None) -> SessionEntry:
+    async def _entry(
+        self, session_id: str, writer: SessionWriter | None = None, *, tail: bool = False
+    ) -> SessionEntry:
         """The cached entry of the session, brought up to the stored version: a stale entry
         absorbs only what other writers stored since (when the store can read that), so a
         turn costs what is new, not the whole history. Read through ``writer`` when the
-        session is held."""
+        session is held. With ``tail`` (a call that can work on the session's newest records)
+        an entry not cached yet holds only those (see :meth:`_tail_entry`); without it, the
+        whole session."""
         entry = self._entries.get(session_id)
+        if entry is not None and entry.partial and not tail:
+            # the call needs every record: read the session again, whole
+            self._entries.pop(session_id, None)
+            entry = None
+        if entry is None and tail and writer is None and self._tails:
+            sizes = self._tail_sizes.get(session_id, (TAIL_MESSAGES, TAIL_EVIDENCES))
+            if sizes is not None:
+                return await self._tail_entry(session_id, *sizes)
         if entry is None:
             update = await (writer.read_since() if writer else self.store.read_since(session_id))
         else:
@@ -127,13 +150,45 @@ class EngineCore(HistoryWriter):
             state.absorb(update.changes)
             version, epoch = update.version, update.epoch
         entry = SessionEntry(session_id, state, version, self._estimator_for, epoch)
+        return await self._cache(entry)
+
+    async def _cache(self, entry: SessionEntry) -> SessionEntry:
+        session_id = entry.session_id
         with self._entries_lock:
             self._entries[session_id] = entry
             self._entries.move_to_end(session_id)
             while len(self._entries) > self._max_cached:
                 self._entries.popitem(last=False)
-        await self._emit("SessionLoaded", session_id, None, version=version)
+        await self._emit("SessionLoaded", session_id, None, version=entry.version)
         return entry
+
+    async def _tail_entry(self, session_id: str, messages: int, evidences: int) -> SessionEntry:
+        """An entry of the session's newest ``messages`` messages and ``evidences``
+        evidences (with what goes with them: see :class:`~ce.core.stores.SliceStore`), for a
+        call that can work on those: a process that has not seen the session reads what one
+        turn can keep, not the whole history. A call that finds it could keep older records
+        raises :class:`TailTooShort` before it stores anything, and is done again on twice
+        as many (:meth:`_attempt`)."""
+        store = self.store
+        assert isinstance(store, SliceStore)
+        part = await store.read_tail(session_id, messages=messages, evidences=evidences)
+        state = AgentState(session_id, clock=self.clock, id_generator=self.ids, live_returns=True)
+        if part is None:
+            return await self._cache(SessionEntry(session_id, state, 0, self._estimator_for))
+        state.absorb(part.changes)
+        if part.instruction is not None:
+            state.note_instruction(part.instruction)
+        unread = Unread(part.older_messages, part.older_evidences, tuple(part.fact_sources))
+        entry = SessionEntry(
+            session_id,
+            state,
+            part.version,
+            self._estimator_for,
+            part.epoch,
+            unread=unread,
+            instruction=part.instruction,
+        )
+        return await self._cache(entry)
 
     @asynccontextmanager
     async def _serialized(self, session_id: str) -> AsyncIterator[None]:
@@ -143,18 +198,42 @@ class EngineCore(HistoryWriter):
             yield
 
     async def _write(
-        self, session_id: str, op: Callable[[SessionEntry, WriteLog], Awaitable[_T]]
+        self,
+        session_id: str,
+        op: Callable[[SessionEntry, WriteLog], Awaitable[_T]],
+        *,
+        tail: bool = False,
     ) -> _T:
         """The template of every engine call that writes: the session's deferred records
         first, then ``op`` on the session's entry with a fresh :class:`WriteLog`, serialized
-        per session, redone on version conflicts (see :meth:`_attempt`)."""
+        per session, redone on version conflicts (see :meth:`_attempt`). ``tail``: ``op``
+        can work on the session's newest records (see :meth:`_tail_entry`)."""
         await self._deferred.run(session_id)
         call = WriteLog(self.ids.generate())
         async with self._serialized(session_id):
-            return await self._attempt(session_id, call, lambda entry: op(entry, call))
+            while True:
+                try:
+                    return await self._attempt(
+                        session_id, call, lambda entry: op(entry, call), tail
+                    )
+                except TailTooShort as short:
+                    self._entries.pop(session_id, None)
+                    self._grow_tail(session_id, short.whole)
+                    call.restart()
+
+    def _grow_tail(self, session_id: str, whole: bool) -> None:
+        """Read twice as much of the session next time (``whole``: all of it)."""
+        messages, evidences = self._tail_sizes.get(session_id) or (TAIL_MESSAGES, TAIL_EVIDENCES)
+        if len(self._tail_sizes) >= 4096:
+            self._tail_sizes.clear()
+        self._tail_sizes[session_id] = None if whole else (2 * messages, max(2 * evidences, 1))
 
     async def _attempt(
-        self, session_id: str, call: WriteLog, op: Callable[[SessionEntry], Awaitable[_T]]
+        self,
+        session_id: str,
+        call: WriteLog,
+        op: Callable[[SessionEntry], Awaitable[_T]],
+        tail: bool = False,
     ) -> _T:
         """Run ``op`` on the session; on a version conflict read the session again and redo
         it: holding the session when the store can (then the redo is not refused), else up
@@ -163,10 +242,10 @@ class EngineCore(HistoryWriter):
         # only a store that holds sessions ever marks one contended: the protocol check
         # (slow) runs only then, not on every write
         if self._contention and self._contended(session_id) and isinstance(store, WriterStore):
-            return await self._attempt_held(store, session_id, call, op)
+            return await self._attempt_held(store, session_id, call, op, tail)
         retry = 0
         while True:
-            entry = await self._entry(session_id)
+            entry = await self._entry(session_id, tail=tail)
             try:
                 async with engine_turn():  # the loop's turn for the CPU part (see _drive)
                     return await op(entry)
@@ -179,7 +258,7 @@ class EngineCore(HistoryWriter):
                 )
                 if isinstance(store, WriterStore):
                     self._contention[session_id] = time.monotonic() + CONTENDED_SECONDS
-                    return await self._attempt_held(store, session_id, call, op)
+                    return await self._attempt_held(store, session_id, call, op, tail)
                 retry += 1
                 if retry > self.conflict_retries:
                     raise
@@ -212,16 +291,18 @@ class EngineCore(HistoryWriter):
         session_id: str,
         call: WriteLog,
         op: Callable[[SessionEntry], Awaitable[_T]],
+        tail: bool = False,
     ) -> _T:
         """Run ``op`` holding the session in the store, from the read to the commit: no
         other writer can store anything in between, so its commit is not refused. A session
         not cached is read before it is held, so holding it costs only a catch-up."""
-        if session_id not in self._entries:
-            await self._entry(session_id)
+        cached = self._entries.get(session_id)
+        if cached is None or (cached.partial and not tail):
+            await self._entry(session_id, tail=tail)
         async with store.writer(session_id) as writer:
             call.writer = writer
             try:
-                entry = await self._entry(session_id, writer)
+                entry = await self._entry(session_id, writer, tail=tail)
                 async with engine_turn():
                     return await op(entry)
             except BaseException:

@@ -55,7 +55,7 @@ from ce.core.schema import (
     TurnRecord,
 )
 from ce.core.state import AgentState, ModelOutput, TaskUsage, usage_by_task
-from ce.core.stores import Store, default_store_url, open_store, turn_config
+from ce.core.stores import SliceStore, Store, default_store_url, open_store, turn_config
 from ce.core.tokens import TiktokenEstimator, TokenEstimator
 
 __all__ = ["ContextEngine", "current_session_id"]
@@ -136,6 +136,8 @@ class ContextEngine(Preparer):
         self._deferred = DeferredWrites()
         self._carried: dict[str, list[TurnRecord]] = {}
         self._contention: dict[str, float] = {}
+        self._tails = isinstance(self.store, SliceStore)
+        self._tail_sizes: dict[str, tuple[int, int] | None] = {}
         self._snapshots: dict[int, tuple[RuntimeConfig, str, dict[str, Any]]] = {}
         from ce.core.engine._sync import SyncEngine
 
@@ -306,7 +308,9 @@ class ContextEngine(Preparer):
                 self._write_user(entry, message, cfg, call)
             return await self._prepare(entry, cfg, call, "turn", None)
 
-        return await self._write(session_id, op)
+        # a message without an id of its own cannot repeat an older one: the call can work
+        # on the session's newest records
+        return await self._write(session_id, op, tail=message.message_id is None)
 
     async def prepare_call(
         self,
@@ -347,7 +351,10 @@ class ContextEngine(Preparer):
                 return PutResult(success=True, version=entry.version)
             return await self._persist(entry, call)
 
-        return await self._write(session_id, op)
+        # a reply with no id and no tool calls of its own cannot repeat an older id: the
+        # call can work on the session's newest records
+        tail = assistant_message.message_id is None and not assistant_message.tool_calls
+        return await self._write(session_id, op, tail=tail)
 
     async def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         """Buffer one streamed chunk (in memory, per session) until the reply is finalized."""

@@ -11,7 +11,7 @@ from typing import Any
 from ce.core._drive import checkpoint, settle
 from ce.core.config import RuntimeConfig
 from ce.core.engine._blocks import BlockSummaries
-from ce.core.engine._session import SessionEntry
+from ce.core.engine._session import SessionEntry, TailTooShort
 from ce.core.engine._turn import Selection, select_and_assemble
 from ce.core.engine._writes import WriteLog
 from ce.core.errors import BudgetExceededError, SummarizerError
@@ -51,12 +51,19 @@ class Preparer(BlockSummaries):
     ) -> PrepareResult:
         started_ns = time.time_ns()  # for the events' observers (a tracing span's start)
         call.prepare = True
+        if entry.partial and self._summarizer is not None and cfg.summary.enabled:
+            raise TailTooShort(whole=True)  # summarizing reads the history from its start
         await self._maybe_summarize(entry, cfg, call)
         index = entry.index(cfg.model_hint, cfg.render.fence_tool_results)
         now = self.clock.now_iso()
         try:
             selection = await select_and_assemble(
-                index, entry.doc, cfg, now=parse_iso(now), tool_schemas=tool_schemas
+                index,
+                entry.doc,
+                cfg,
+                now=parse_iso(now),
+                tool_schemas=tool_schemas,
+                unread=entry.unread,
             )
         except BudgetExceededError as exc:
             await self._emit(
@@ -67,6 +74,8 @@ class Preparer(BlockSummaries):
                 detail=str(exc),
             )
             raise
+        if selection.short:
+            raise TailTooShort()
         await checkpoint()
         call.errors.extend(index.drain_errors())
         call.degradations.extend(selection.degradations)
@@ -83,8 +92,8 @@ class Preparer(BlockSummaries):
                 turn_id=call.turn_id,
                 kind="turn" if kind == "turn" else "call",
                 at=now,
-                message_count=len(entry.doc.session.messages),
-                evidence_count=len(entry.doc.evidences),
+                message_count=entry.message_total,
+                evidence_count=entry.evidence_total,
                 summary=entry.doc.session.summary,
                 config=snapshot if first else {},
                 config_id=config_id,

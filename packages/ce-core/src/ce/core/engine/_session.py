@@ -11,6 +11,7 @@ from itertools import islice
 from typing import Any
 
 from ce.core._drive import blocked_threads, inline, turn_released
+from ce.core.engine._turn import Unread
 from ce.core.pipeline import SessionIndex, canonical_step
 from ce.core.schema import Evidence, Message, Role, SessionDocument
 from ce.core.state import AgentState
@@ -21,10 +22,28 @@ __all__ = [
     "FRAMEWORK_CALL_ID",
     "FRAMEWORK_CALL_IDS",
     "FRAMEWORK_MESSAGE_ID",
+    "TAIL_EVIDENCES",
+    "TAIL_MESSAGES",
     "SessionEntry",
     "SessionLocks",
+    "TailTooShort",
     "message_key",
 ]
+
+TAIL_MESSAGES = 64
+TAIL_EVIDENCES = 64
+"""How many of a session's newest messages and evidences a cold engine call reads first (a
+call that can keep more reads twice as many, and so on: see ``ContextEngine._tail_entry``)."""
+
+
+class TailTooShort(Exception):
+    """A call on the newest part of a session found it could keep older records: it is done
+    again on a longer part (``whole``: on the whole session). Nothing of it was stored."""
+
+    def __init__(self, whole: bool = False) -> None:
+        super().__init__("the session's newest records are not enough for this call")
+        self.whole = whole
+
 
 FRAMEWORK_MESSAGE_ID = "framework_message_id"
 """Message meta: the framework's id of a message stored under another id (the framework
@@ -63,11 +82,18 @@ class SessionEntry:
         version: int,
         estimator_for: Callable[[str | None], TokenEstimator],
         epoch: str = "",
+        *,
+        unread: Unread | None = None,
+        instruction: Message | None = None,
     ) -> None:
         self.session_id = session_id
         self.state = state
         self.version = version
         self.epoch = epoch
+        # an entry of the session's newest records only (see ContextEngine._tail_entry):
+        # what it did not read, and the newest system message stored before what it holds
+        self.unread = unread or Unread()
+        self.instruction = instruction
         self._estimator_for = estimator_for
         self.indexes: dict[tuple[str | None, bool], SessionIndex] = {}
         self.dedup: dict[str, str] = {}
@@ -115,6 +141,21 @@ class SessionEntry:
     def doc(self) -> SessionDocument:
         return self.state.live_view()
 
+    @property
+    def partial(self) -> bool:
+        """Whether the entry holds the session's newest records only."""
+        return bool(self.unread.messages or self.unread.evidences)
+
+    @property
+    def message_total(self) -> int:
+        """How many messages the session holds (read or not)."""
+        return self.unread.messages + len(self.state.live_view().session.messages)
+
+    @property
+    def evidence_total(self) -> int:
+        """How many evidences the session holds (read or not)."""
+        return self.unread.evidences + len(self.state.live_view().evidences)
+
     def _count_key(self, message: Message) -> None:
         if message.message_id:
             self.message_ids.add(message.message_id)
@@ -158,13 +199,17 @@ class SessionEntry:
         index = self.indexes.get(key)
         if index is None:
             index = SessionIndex(
-                self._estimator_for(model_hint), model_hint, fence_tool_results=fence_tool_results
+                self._estimator_for(model_hint),
+                model_hint,
+                fence_tool_results=fence_tool_results,
+                message_base=self.unread.messages,
+                instruction=self.instruction,
             )
             self.indexes[key] = index
         doc = self.state.live_view()
         session = doc.session
         messages = session.messages
-        for message in messages[index.message_count :]:
+        for message in messages[index.message_count - index.message_base :]:
             index.add_message(message)
         for record in session.tool_state.tool_calls[index.record_count :]:
             index.add_tool_record(record)

@@ -30,6 +30,7 @@ from ce.core.schema import (
     AssembledInput,
     BlockType,
     ConflictRecord,
+    Evidence,
     LevelOfDetail,
     MessagePart,
     Priority,
@@ -39,7 +40,7 @@ from ce.core.schema import (
 )
 from ce.core.state import NOTEBOOK_BLOCK_ID, MemoryNotebookWidget, StateView, TaskListWidget
 
-__all__ = ["Selection", "select_and_assemble"]
+__all__ = ["Selection", "Unread", "select_and_assemble"]
 
 _CONTEXT_ORDER = {
     BlockType.INSTRUCTION: 0,
@@ -63,6 +64,20 @@ class Selection:
     degradations: list[tuple[str, str]] = field(default_factory=list)
     conflicts: list[ConflictRecord] = field(default_factory=list)
     degraded_blocks: list[str] = field(default_factory=list)  # conversation blocks below Live
+    short: bool = False
+    """The index holds the session's newest part only, and more of it could have been kept:
+    select again from a longer part."""
+
+
+@dataclass(frozen=True)
+class Unread:
+    """What a selection from the newest part of a session did not read: how many messages
+    and evidences are stored before it, and the evidences among those that may state facts
+    (conflicts are found across the whole session)."""
+
+    messages: int = 0
+    evidences: int = 0
+    fact_sources: tuple[Evidence, ...] = ()
 
 
 def _text_candidate(
@@ -128,12 +143,17 @@ async def select_and_assemble(
     *,
     now: datetime | None,
     tool_schemas: list[dict[str, Any]] | None = None,
+    unread: Unread | None = None,
 ) -> Selection:
     """Derive, prune, render and assemble the input for the session's current state.
 
-    ``index`` must hold every record of ``doc``. Raises :class:`BudgetExceededError` when the
-    tool schemas or the must-keep blocks alone exceed the budget.
+    ``index`` must hold every record of ``doc``. ``doc`` and ``index`` may hold the newest
+    part of the session only (``unread`` says what they lack): the selection is then the
+    same as from the whole session unless it is ``short``. Raises
+    :class:`BudgetExceededError` when the tool schemas or the must-keep blocks alone exceed
+    the budget.
     """
+    unread = unread or Unread()
     estimator, hint = index.estimator, index.model_hint
     tools_tokens = estimator.estimate_tools(tool_schemas or [], hint)
     budget = config.budget.context_tokens - tools_tokens
@@ -154,8 +174,10 @@ async def select_and_assemble(
     context = await _context_candidates(index, doc, degradations)
     resolution = Resolution()
     if config.conflicts.enabled:
-        tracker = _conflict_tracker(index, doc, config.conflicts.entity_keys)
-        resolution = resolve_conflicts(tracker.conflicts(), doc.evidences, config.conflicts.policy)
+        tracker = _conflict_tracker(index, doc, config.conflicts.entity_keys, unread)
+        resolution = resolve_conflicts(
+            tracker.conflicts(), tracker.lookup(doc.evidences), config.conflicts.policy
+        )
         if resolution.note:
             context.append(
                 _text_candidate(
@@ -198,6 +220,11 @@ async def select_and_assemble(
     result = GreedyPriorityPruner().prune(request, PruneBudget(budget), rules)
     kept = result.kept
     decisions = result.decisions
+    covered = summary is not None and summary.message_index_range.to_index >= unread.messages - 1
+    short = (result.history_open and unread.messages > 0 and not covered) or (
+        result.evidence_open and unread.evidences > 0
+    )
+    decisions = [*_unread_decisions(unread, covered), *decisions]
     assembler = Assembler(estimator)
     while True:
         assembled = _assemble(assembler, kept, hint)
@@ -229,6 +256,8 @@ async def select_and_assemble(
         + len(context)
         + tail_start
         + sum(len(tier) for tier in index.evidence_tiers.values())
+        + unread.messages
+        + unread.evidences
     )
     return Selection(
         assembled=assembled,
@@ -243,17 +272,52 @@ async def select_and_assemble(
             for c, r in kept
             if c.kind == "conversation" and r.level is not LevelOfDetail.LIVE
         ],
+        short=short,
     )
 
 
+def _unread_decisions(unread: Unread, covered: bool) -> list[PruneDecision]:
+    """The decisions about what a selection from the newest part of a session did not read:
+    older than what it kept (or covered by the rolling summary), so not read from the store."""
+    out = []
+    if unread.messages:
+        out.append(
+            PruneDecision(
+                block_id=f"history:0..{unread.messages - 1}",
+                action="dropped",
+                reason=(
+                    "covered by the rolling summary" if covered else "older than the kept history"
+                )
+                + f": {unread.messages} older messages not read (nor counted)",
+                token_estimate=0,
+                block_count=unread.messages,
+            )
+        )
+    if unread.evidences:
+        out.append(
+            PruneDecision(
+                block_id=f"evidence:0..{unread.evidences - 1}",
+                action="dropped",
+                reason=(
+                    f"older than the evidence kept: {unread.evidences} evidences not read"
+                    " (nor counted)"
+                ),
+                token_estimate=0,
+                block_count=unread.evidences,
+            )
+        )
+    return out
+
+
 def _conflict_tracker(
-    index: SessionIndex, doc: SessionDocument, entity_keys: tuple[str, ...]
+    index: SessionIndex, doc: SessionDocument, entity_keys: tuple[str, ...], unread: Unread
 ) -> ConflictTracker:
     """The index's tracker of conflicting facts for ``entity_keys``, caught up with the
     session's evidences (each one read once; a new tracker after a compliance delete)."""
     tracker = index.conflict_trackers.get(entity_keys)
     if tracker is None or not tracker.catch_up(doc.evidences):
         tracker = ConflictTracker(JsonFieldDetector(entity_keys))
+        tracker.seed(unread.fact_sources)
         tracker.catch_up(doc.evidences)
         index.conflict_trackers[entity_keys] = tracker
     return tracker

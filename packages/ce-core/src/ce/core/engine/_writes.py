@@ -58,6 +58,19 @@ class WriteLog:
         self.writer: SessionWriter | None = None  # the session held for this call, if so
         self.prepare = False  # a prepare_turn / prepare_call: its report holds all of the above
 
+    def restart(self) -> None:
+        """Forget what an attempt that stored nothing noted (it is done again)."""
+        for notes in (
+            self.new_messages,
+            self.new_evidence_ids,
+            self.redactions,
+            self.degradations,
+            self.errors,
+        ):
+            notes.clear()
+        self.degradations_emitted = 0
+        self.prepare = False
+
 
 def _unchanged_prefix(
     entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig

@@ -13,11 +13,13 @@ can replace it.
 from __future__ import annotations
 
 import json
+from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from ce.core.schema import ConflictRecord, Evidence, EvidenceType
+from ce.core.schema._document import may_state_facts
 
 __all__ = [
     "ConflictDetector",
@@ -61,7 +63,7 @@ class JsonFieldDetector:
         self.entity_keys = tuple(entity_keys)
 
     def facts(self, evidence: Evidence) -> list[Fact]:
-        if evidence.type is EvidenceType.LLM_OUTPUT or "original_of" in evidence.metadata:
+        if not may_state_facts(evidence):
             return []
         out: list[Fact] = []
         meta = evidence.metadata
@@ -103,12 +105,25 @@ class JsonFieldDetector:
 class ConflictTracker:
     """The facts of a session's evidences, taken in as they arrive (each evidence read
     once), grouped by entity and field; ``conflicts()`` lists the groups that hold more than
-    one value."""
+    one value.
+
+    A tracker over the newest part of a session first takes in (:meth:`seed`) the evidences
+    stored before that part that may state facts, so it finds the same conflicts as a tracker
+    that read the whole session."""
 
     detector: ConflictDetector
     seen: list[str] = field(default_factory=list)
     groups: dict[tuple[str, str], dict[str, list[str]]] = field(default_factory=dict)
     conflicting: set[tuple[str, str]] = field(default_factory=set)
+    earlier: dict[str, Evidence] = field(default_factory=dict)
+
+    def seed(self, evidences: Iterable[Evidence]) -> None:
+        """Take in evidences stored before every one :meth:`catch_up` will read, in stored
+        order (an evidence passed to both is read once)."""
+        for evidence in evidences:
+            if evidence.evidence_id not in self.earlier:
+                self.earlier[evidence.evidence_id] = evidence
+                self._take(evidence)
 
     def catch_up(self, evidences: Mapping[str, Evidence]) -> bool:
         """Take in the evidences added since the last call; False when the session lost one
@@ -121,15 +136,27 @@ class ConflictTracker:
         ids = list(evidences)
         for evidence_id in ids[count:]:
             self.seen.append(evidence_id)
-            for fact in self.detector.facts(evidences[evidence_id]):
-                key = (fact.entity, fact.field)
-                values = self.groups.setdefault(key, {})
-                holders = values.setdefault(fact.value, [])
-                if evidence_id not in holders:
-                    holders.append(evidence_id)
-                if len(values) > 1:
-                    self.conflicting.add(key)
+            if evidence_id not in self.earlier:
+                self._take(evidences[evidence_id])
         return True
+
+    def lookup(self, evidences: Mapping[str, Evidence]) -> Mapping[str, Evidence]:
+        """The evidences the conflicts name: ``evidences`` (the session's, as passed to
+        :meth:`catch_up`) and the seeded ones."""
+        if not self.earlier:
+            return evidences
+        return ChainMap(evidences if isinstance(evidences, dict) else dict(evidences), self.earlier)
+
+    def _take(self, evidence: Evidence) -> None:
+        evidence_id = evidence.evidence_id
+        for fact in self.detector.facts(evidence):
+            key = (fact.entity, fact.field)
+            values = self.groups.setdefault(key, {})
+            holders = values.setdefault(fact.value, [])
+            if evidence_id not in holders:
+                holders.append(evidence_id)
+            if len(values) > 1:
+                self.conflicting.add(key)
 
     def conflicts(self) -> list[tuple[tuple[str, str], dict[str, list[str]]]]:
         return [(key, self.groups[key]) for key in sorted(self.conflicting)]

@@ -166,12 +166,22 @@ class SessionIndex:
     """Candidate blocks of one session for one ``model_hint``, maintained incrementally.
 
     Feed it every message (:meth:`add_message`), evidence (:meth:`add_evidence`) and tool-run
-    record (:meth:`add_tool_record`) in stored order.
+    record (:meth:`add_tool_record`) in stored order; or, for an index of the newest part of a
+    session, every record of that part (positions count from ``message_base``).
     """
 
     def __init__(
-        self, estimator: TokenEstimator, model_hint: str | None, *, fence_tool_results: bool = True
+        self,
+        estimator: TokenEstimator,
+        model_hint: str | None,
+        *,
+        fence_tool_results: bool = True,
+        message_base: int = 0,
+        instruction: Message | None = None,
     ) -> None:
+        """``message_base``: how many messages of the session come before the first one fed
+        (an index of the session's newest messages); ``instruction``: the newest system
+        message among them."""
         self.estimator = estimator
         self.model_hint = model_hint
         self.fence_tool_results = fence_tool_results
@@ -193,11 +203,12 @@ class SessionIndex:
             p: [] for p in (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
         }
         self._evidence_cum: dict[Priority, list[int]] = {p: [0] for p in self.evidence_tiers}
-        self.message_count = 0
+        self.message_base = message_base
+        self.message_count = message_base
         self.evidence_count = 0
         self.record_count = 0
         self._errors: list[tuple[str, str]] = []
-        self.instruction: Message | None = None
+        self.instruction: Message | None = instruction
         self.last_user_group: int | None = None
 
     # -- feeding ------------------------------------------------------------------------

@@ -107,6 +107,11 @@ class PruneResult:
     decisions: list[PruneDecision] = field(default_factory=list)
     used_tokens: int = 0
     evidence_kept: int = 0
+    history_open: bool = False
+    """The history walk reached the oldest conversation block with room left: an older one
+    (a session's blocks before the index's first) could still have been kept."""
+    evidence_open: bool = False
+    """An evidence tier's walk reached its oldest block with room left (likewise)."""
 
 
 def _decision(
@@ -311,6 +316,7 @@ class GreedyPriorityPruner:
                 run.at = None
                 cursor -= 1
             self._evidence(run, tier)
+        run.result.history_open = conversation_open and cursor < 0
         history: list[tuple[int, PruneDecision]] = []  # (first group, decision)
         cursor = self._start_at_a_turn(run, cursor, history)
         if cursor >= request.hidden:
@@ -453,3 +459,8 @@ class GreedyPriorityPruner:
                 misses = 0
             else:
                 misses += 1
+        else:  # every block of the tier was visited and the walk could have gone on
+            if min(run.remaining, run.evidence_room) >= _MIN_EVIDENCE_TOKENS and (
+                misses < _MAX_EVIDENCE_MISSES
+            ):
+                run.result.evidence_open = True

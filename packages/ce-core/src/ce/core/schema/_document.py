@@ -404,6 +404,31 @@ class Evidence(_Model):
     created_at: str | None = None
 
 
+def may_state_facts(evidence: Evidence) -> bool:
+    """Whether conflict detection may read facts from ``evidence``: JSON content (an object
+    or array) or a document's ``entity`` / ``field`` metadata; never a model's own output or
+    the unredacted original of another evidence. Stores keep this per evidence so a reader
+    of part of a session can still take in every evidence that states facts."""
+    if evidence.type is EvidenceType.LLM_OUTPUT or "original_of" in evidence.metadata:
+        return False
+    meta = evidence.metadata
+    entity, name = meta.get("entity"), meta.get("field")
+    if isinstance(entity, str) and isinstance(name, str) and entity and name:
+        return True
+    return evidence.content.lstrip()[:1] in ("{", "[")
+
+
+def evidence_link(evidence: Evidence) -> str | None:
+    """What ``evidence`` belongs to in the history, if anything: the tool call it is the
+    result (or a retrieved document) of, or the message it summarizes (an ``llm_output``
+    whose metadata ``summary_of`` names the message's id). Stores keep this per evidence so
+    a reader of the newest messages finds the evidence that goes with them."""
+    if evidence.links.tool_call_id:
+        return evidence.links.tool_call_id
+    summarized = evidence.metadata.get("summary_of")
+    return summarized if isinstance(summarized, str) and summarized else None
+
+
 class ContextBlock(_Model):
     block_id: str
     block_type: BlockType

@@ -514,6 +514,13 @@ class AgentState(RecordWriters, HostStateWriters):
         if changes.meta is not None:
             doc.meta = changes.meta
 
+    def note_instruction(self, message: Message) -> None:
+        """Take ``message`` as the newest system message stored before the records this
+        state holds (a state of a session's newest records only), unless it holds a newer
+        one. Nothing becomes a pending change."""
+        if self._instruction is None:
+            self._instruction = message
+
     def has_pending_records(self) -> bool:
         """Whether anything but the run state was written since the changes were last taken
         (a change set without it would only move the run on)."""

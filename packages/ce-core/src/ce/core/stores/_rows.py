@@ -23,6 +23,7 @@ from ce.core.schema import (
     Task,
     ToolCall,
 )
+from ce.core.schema._document import evidence_link, may_state_facts
 from ce.core.stores.base import CheckedChanges, SessionChanges
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "DOCUMENT_TABLES",
     "HEAD_COLUMNS",
     "RECORD_TABLES",
+    "TAGGED",
     "UPSERTED",
     "changes_from_rows",
     "check_schema_version",
@@ -37,6 +39,7 @@ __all__ = [
     "head_updates",
     "record_json",
     "record_rows",
+    "row_tags",
 ]
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -109,6 +112,24 @@ def record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
                 by_id[record_id] = text
         unique[table] = list(by_id.items())
     return unique
+
+
+TAGGED = {"messages": ("role",), "evidences": ("facts", "link")}
+"""Record tables with columns beside the body that a partial read looks rows up by: a
+message's role (the newest system message before a slice), whether an evidence may state
+facts (:func:`~ce.core.schema._document.may_state_facts`) and what it belongs to
+(:func:`~ce.core.schema._document.evidence_link`)."""
+
+
+def row_tags(changes: SessionChanges) -> dict[str, dict[str, tuple[object, ...]]]:
+    """The values of the :data:`TAGGED` columns of the records of ``changes``, per table and
+    record id."""
+    return {
+        "messages": {_message_id(m): (m.role.value,) for m in changes.messages},
+        "evidences": {
+            e.evidence_id: (int(may_state_facts(e)), evidence_link(e)) for e in changes.evidences
+        },
+    }
 
 
 def check_schema_version(session_id: str, schema_version: str) -> None:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from ce.core.errors import StoreError
-from ce.core.schema import Evidence, SessionDocument, TurnRecord
+from ce.core.schema import Evidence, Message, SessionDocument, ToolCall, TurnRecord
 from ce.core.stores._rows import (
     DOCUMENT_TABLES,
     RECORD_TABLES,
@@ -20,7 +20,12 @@ from ce.core.stores._rows import (
     check_schema_version,
     document_from_rows,
 )
-from ce.core.stores.base import AuditRecord, SessionChanges, SessionUpdate
+from ce.core.stores.base import (
+    AuditRecord,
+    SessionChanges,
+    SessionSlice,
+    SessionUpdate,
+)
 
 __all__ = [
     "USER_VERSION",
@@ -30,6 +35,7 @@ __all__ = [
     "load",
     "prepare",
     "read_since",
+    "read_tail",
     "records",
     "session_ids",
     "transaction",
@@ -41,7 +47,7 @@ __all__ = [
 _M = TypeVar("_M", bound=BaseModel)
 
 
-USER_VERSION = 3
+USER_VERSION = 4
 """The layout version this module writes into ``PRAGMA user_version``."""
 
 
@@ -60,6 +66,41 @@ def _record_table(table: str) -> str:
 
 def _version_index(table: str) -> str:
     return f"CREATE INDEX {table}_by_version ON {table} (session_id, version)"
+
+
+_TAG_COLUMNS = [
+    "ALTER TABLE messages ADD COLUMN role TEXT",
+    "ALTER TABLE evidences ADD COLUMN facts INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE evidences ADD COLUMN link TEXT",
+]
+"""The columns a partial read looks rows up by (see ``_rows.TAGGED``)."""
+
+_TAG_INDEXES = [
+    "CREATE INDEX messages_system ON messages (session_id, seq) WHERE role = 'system'",
+    "CREATE INDEX evidences_facts ON evidences (session_id, seq) WHERE facts = 1",
+    "CREATE INDEX evidences_by_link ON evidences (session_id, link) WHERE link IS NOT NULL",
+]
+
+_WHITESPACE = "' ' || char(9, 10, 11, 12, 13)"
+_TAG_BACKFILL = [
+    "UPDATE messages SET role = json_extract(body, '$.role')",
+    # may_state_facts of each stored evidence, in SQL
+    f"""UPDATE evidences SET facts = CASE
+        WHEN json_extract(body, '$.type') = 'llm_output'
+            OR json_type(body, '$.metadata.original_of') IS NOT NULL THEN 0
+        WHEN json_type(body, '$.metadata.entity') = 'text'
+            AND json_extract(body, '$.metadata.entity') <> ''
+            AND json_type(body, '$.metadata.field') = 'text'
+            AND json_extract(body, '$.metadata.field') <> '' THEN 1
+        WHEN substr(ltrim(COALESCE(json_extract(body, '$.content'), ''), {_WHITESPACE}), 1, 1)
+            IN ('{{', '[') THEN 1
+        ELSE 0 END""",
+    # evidence_link of each stored evidence
+    """UPDATE evidences SET link = COALESCE(
+        NULLIF(json_extract(body, '$.links.tool_call_id'), ''),
+        CASE WHEN json_type(body, '$.metadata.summary_of') = 'text'
+            THEN NULLIF(json_extract(body, '$.metadata.summary_of'), '') END)""",
+]
 
 
 _DDL = [
@@ -84,6 +125,8 @@ _DDL = [
         target TEXT NOT NULL
     )""",
     "CREATE INDEX audit_by_session ON audit (session_id)",
+    *_TAG_COLUMNS,
+    *_TAG_INDEXES,
 ]
 """The statements that create the current layout in an empty file."""
 
@@ -95,6 +138,8 @@ _MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE sessions ADD COLUMN epoch TEXT NOT NULL DEFAULT ''",
         *map(_version_index, DOCUMENT_TABLES),
     ],
+    # files written before partial reads: their rows get the columns' values from the bodies
+    3: [*_TAG_COLUMNS, *_TAG_BACKFILL, *_TAG_INDEXES],
 }
 """Layout version -> the statements that upgrade it to the next version."""
 
@@ -230,6 +275,133 @@ def read_since_in(
     rows = _rows(conn, session_id, version if same_history else 0)
     changes = changes_from_rows(session_id, (summary, run_state, meta), rows)
     return SessionUpdate(stored, stored_epoch, complete=not same_history, changes=changes)
+
+
+def read_tail(
+    conn: sqlite3.Connection, session_id: str, messages: int, evidences: int
+) -> SessionSlice | None:
+    """The newest records of the session (see :class:`~ce.core.stores.base.SliceStore`), in
+    one read snapshot; every statement goes through a key or an index of the session's
+    newest rows, the tagged columns or the record ids."""
+    with transaction(conn, "BEGIN"):  # one read snapshot across the tables
+        head = conn.execute(
+            "SELECT version, epoch, schema_version, summary, run_state, meta FROM sessions"
+            " WHERE session_id = ?",
+            (session_id,),
+        ).fetchone()
+        if head is None:
+            return None
+        stored, epoch, schema_version, summary, run_state, meta = head
+        check_schema_version(session_id, schema_version)
+        newest = conn.execute(
+            "SELECT seq, body FROM messages WHERE session_id = ? ORDER BY seq DESC LIMIT ?",
+            (session_id, messages),
+        ).fetchall()
+        newest.reverse()
+        message_seq = newest[0][0] if newest else _NO_END
+        run = (
+            conn.execute(
+                "SELECT seq FROM evidences WHERE session_id = ? ORDER BY seq DESC LIMIT 1 OFFSET ?",
+                (session_id, evidences - 1),
+            ).fetchone()
+            if evidences
+            else None
+        )
+        evidence_seq = (run[0] if run else -1) if evidences else _NO_END
+        blocks = _all_rows(conn, "context_blocks", session_id)
+        changes = changes_from_rows(
+            session_id,
+            (summary, run_state, meta),
+            {
+                "messages": [("", body) for _, body in newest],
+                "tool_calls": [],
+                "model_usage": [],
+                "evidences": [],
+                "context_blocks": blocks,
+                "tasks": _all_rows(conn, "tasks", session_id),
+            },
+        )
+        calls = [c.tool_call_id for m in changes.messages for c in m.tool_calls or ()]
+        links = [*calls, *(m.message_id for m in changes.messages if m.message_id)]
+        refs = [ref.evidence_id for block in changes.context_blocks for ref in block.refs]
+        found: dict[int, str] = dict(
+            conn.execute(
+                "SELECT seq, body FROM evidences WHERE session_id = ? AND seq >= ?",
+                (session_id, evidence_seq),
+            ).fetchall()
+        )
+        for column, keys in (("link", links), ("evidence_id", refs)):
+            for chunk in _chunks(keys):
+                found.update(
+                    conn.execute(
+                        f"SELECT seq, body FROM evidences WHERE session_id = ? AND {column} IN"
+                        f" ({', '.join('?' * len(chunk))})",
+                        (session_id, *chunk),
+                    ).fetchall()
+                )
+        changes.evidences = [_parsed(session_id, Evidence, found[seq]) for seq in sorted(found)]
+        records: list[tuple[int, str]] = []
+        for chunk in _chunks(calls):
+            records.extend(
+                conn.execute(
+                    "SELECT seq, body FROM tool_calls WHERE session_id = ? AND tool_call_id IN"
+                    f" ({', '.join('?' * len(chunk))})",
+                    (session_id, *chunk),
+                ).fetchall()
+            )
+        changes.tool_calls = [_parsed(session_id, ToolCall, body) for _, body in sorted(records)]
+        (older_messages,) = conn.execute(
+            "SELECT COUNT(*) FROM messages WHERE session_id = ? AND seq < ?",
+            (session_id, message_seq),
+        ).fetchone()
+        (before_run,) = conn.execute(
+            "SELECT COUNT(*) FROM evidences WHERE session_id = ? AND seq < ?",
+            (session_id, evidence_seq),
+        ).fetchone()
+        older_evidences = before_run - sum(1 for seq in found if seq < evidence_seq)
+        instruction = conn.execute(
+            "SELECT body FROM messages WHERE session_id = ? AND role = 'system' AND seq < ?"
+            " ORDER BY seq DESC LIMIT 1",
+            (session_id, message_seq),
+        ).fetchone()
+        sources = conn.execute(
+            "SELECT body FROM evidences WHERE session_id = ? AND facts = 1 AND seq < ?"
+            " ORDER BY seq",
+            (session_id, evidence_seq),
+        ).fetchall()
+    return SessionSlice(
+        changes,
+        stored,
+        epoch,
+        older_messages,
+        older_evidences,
+        instruction=_parsed(session_id, Message, instruction[0]) if instruction else None,
+        fact_sources=[_parsed(session_id, Evidence, body) for (body,) in sources],
+    )
+
+
+_NO_END = 1 << 62  # a seq past every row
+
+
+def _chunks(keys: list[str]) -> Iterator[list[str]]:
+    """``keys`` without repeats, in lists short enough for SQLite's bound-parameter limit."""
+    unique = list(dict.fromkeys(keys))
+    for i in range(0, len(unique), 500):
+        yield unique[i : i + 500]
+
+
+def _all_rows(conn: sqlite3.Connection, table: str, session_id: str) -> list[tuple[str, str]]:
+    return conn.execute(
+        f"SELECT {RECORD_TABLES[table]}, body FROM {table} WHERE session_id = ? ORDER BY seq",
+        (session_id,),
+    ).fetchall()
+
+
+def _parsed(session_id: str, model: type[_M], body: str) -> _M:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
 
 
 def version(conn: sqlite3.Connection, session_id: str) -> int:

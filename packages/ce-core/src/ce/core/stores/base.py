@@ -77,12 +77,16 @@ __all__ = [
     "BlockFilter",
     "EvidenceFilter",
     "SessionChanges",
+    "SessionSlice",
     "SessionUpdate",
+    "SliceStore",
     "Store",
     "changes_of",
+    "check_slice_size",
     "filter_blocks",
     "filter_evidences",
     "new_epoch",
+    "slice_document",
     "turn_config",
     "whole_update",
 ]
@@ -256,6 +260,76 @@ def _revalidated(
     if bodies is not None:
         bodies[id(checked)] = body
     return checked
+
+
+@dataclass
+class SessionSlice:
+    """The newest records of a session as :meth:`SliceStore.read_tail` returns them (see
+    :class:`SliceStore` for what it holds). ``older_messages`` / ``older_evidences`` count
+    the messages and evidences of the session it does not hold (0 and 0: it holds the whole
+    session). ``version`` and ``epoch`` are the session's at the read."""
+
+    changes: SessionChanges
+    version: int
+    epoch: str
+    older_messages: int = 0
+    older_evidences: int = 0
+    instruction: Message | None = None
+    fact_sources: list[Evidence] = field(default_factory=list)
+
+
+@runtime_checkable
+class SliceStore(Protocol):
+    """A store that reads the newest part of a session.
+
+    A reader that has not seen a session (a new process, a scaled-out worker) needs only what
+    one turn can keep: the newest messages, the newest evidence and the records that go with
+    them, the current summary, blocks and tasks. :meth:`read_tail` reads that in one snapshot;
+    a reader that finds it needs more reads a longer tail.
+
+    What a tail of ``messages`` / ``evidences`` holds (every store that reads tails keeps
+    these rules; the contract suite checks them):
+
+    * messages: the newest ``messages`` messages (or more), in stored order;
+    * evidences, in stored order: the newest ``evidences`` (or more: a run that ends at the
+      newest), every evidence that goes with a message of the slice
+      (:func:`~ce.core.schema._document.evidence_link`: the result or a retrieved document of
+      a tool call one of them declares, or a summary of one of them), and every evidence the
+      context blocks refer to;
+    * tool calls: the records of the tool calls its messages declare, in stored order;
+    * the current summary, run state, meta, context blocks and tasks; no usage records and no
+      turn records (a reader of a tail does not need them);
+    * ``older_messages`` / ``older_evidences``: how many messages and evidences of the
+      session it does not hold (all of them stored before its messages, before its run of
+      newest evidences);
+    * ``instruction``: the newest system message stored before its messages (None when there
+      is none), and ``fact_sources``: every evidence stored before its run of newest evidences
+      that may state facts (:func:`~ce.core.schema._document.may_state_facts`), so conflicts
+      are still found across the whole session.
+    """
+
+    async def read_tail(
+        self, session_id: str, *, messages: int, evidences: int
+    ) -> SessionSlice | None:
+        """The newest records of the session; None when it does not exist."""
+        ...
+
+
+def slice_document(doc: SessionDocument, version: int, epoch: str) -> SessionSlice:
+    """The tail of ``doc`` for a store that keeps no rows per record (a whole document in
+    memory or in a file): the whole session, which keeps the tail rules for any size."""
+    session = doc.session
+    changes = SessionChanges(
+        messages=list(session.messages),
+        tool_calls=list(session.tool_state.tool_calls),
+        evidences=list(doc.evidences.values()),
+        context_blocks=list(doc.context_blocks),
+        tasks=list(session.task_state.todo_list.tasks),
+        summary=session.summary,
+        run=session.run,
+        meta=doc.meta,
+    )
+    return SessionSlice(changes, version, epoch)
 
 
 @dataclass
@@ -579,6 +653,20 @@ class BaseStore(abc.ABC):
         # document, and the reader's next commit gets a version conflict and reads again
         return whole_update(doc, stored, "", version, epoch)
 
+    async def read_tail(
+        self, session_id: str, *, messages: int, evidences: int
+    ) -> SessionSlice | None:
+        """The newest records of the session (see :class:`SliceStore`); None when it does
+        not exist.
+
+        This default reads the whole document: its tail is the whole session. Stores that
+        keep a row per record override it to read only the newest ones.
+        """
+        check_slice_size(messages, evidences)
+        stored = await self.get_version(session_id)
+        doc = await self.get_session(session_id) if stored else None
+        return None if doc is None else slice_document(doc, stored, "")
+
     @abc.abstractmethod
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None: ...
 
@@ -643,3 +731,9 @@ async def turn_config(store: Store, session_id: str, record: TurnRecord) -> dict
     raise StoreError(
         f"session {session_id!r}: no turn record holds config snapshot {record.config_id!r}"
     )
+
+
+def check_slice_size(messages: int, evidences: int) -> None:
+    """Raise :class:`ValueError` for a slice size a store cannot read."""
+    if messages < 1 or evidences < 0:
+        raise ValueError("a slice reads at least 1 message and at least 0 evidences")

@@ -47,10 +47,12 @@ from ce.core.stores._rows import (
     DEFAULT_RUN,
     HEAD_COLUMNS,
     RECORD_TABLES,
+    TAGGED,
     UPSERTED,
     head_updates,
     record_json,
     record_rows,
+    row_tags,
 )
 from ce.core.stores._sqlite_checkpoint import Checkpointer
 from ce.core.stores._writers import SessionWriter
@@ -60,8 +62,10 @@ from ce.core.stores.base import (
     BlockFilter,
     EvidenceFilter,
     SessionChanges,
+    SessionSlice,
     SessionUpdate,
     changes_of,
+    check_slice_size,
     filter_blocks,
     filter_evidences,
     new_epoch,
@@ -290,6 +294,15 @@ class SQLiteStore(BaseStore):
             return await self._run_quick(sql.read_since, session_id, version, epoch)
         return await self._run(sql.read_since, session_id, version, epoch)
 
+    async def read_tail(
+        self, session_id: str, *, messages: int, evidences: int
+    ) -> SessionSlice | None:
+        """The newest records of the session (see :class:`~ce.core.stores.base.SliceStore`),
+        in one read snapshot: the rows of the slice, found through the tables' keys and
+        partial indexes, never the whole session."""
+        check_slice_size(messages, evidences)
+        return await self._run(sql.read_tail, session_id, messages, evidences)
+
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
         return await self._run(sql.evidence, session_id, evidence_id)
 
@@ -375,8 +388,10 @@ def _write_records(
     session_id: str,
     version: int,
     rows: list[tuple[str, str]],
+    tags: dict[str, dict[str, tuple[object, ...]]],
 ) -> int:
-    """Insert ``(record_id, body)`` rows after the stored ones; the number of rows changed.
+    """Insert ``(record_id, body)`` rows after the stored ones (with the values of the
+    table's ``_rows.TAGGED`` columns in ``tags``); the number of rows changed.
 
     Appended tables skip ids already stored; upserted tables replace a differing body in place.
     """
@@ -389,16 +404,22 @@ def _write_records(
         if table in UPSERTED
         else "DO NOTHING"
     )
+    tagged = TAGGED.get(table, ())
+    extra = "".join(f", {column}" for column in tagged)
+    slots = "".join(f", ?{5 + i}" for i in range(len(tagged)))
     # each row takes the session's next seq of the table in the same statement (an index
     # lookup: the table's key starts with (session_id, seq))
     sql = (
-        f"INSERT INTO {table} (session_id, seq, {id_column}, version, body)"
-        f" SELECT ?1, COALESCE(MAX(seq) + 1, 0), ?2, ?3, ?4 FROM {table} WHERE session_id = ?1"
+        f"INSERT INTO {table} (session_id, seq, {id_column}, version, body{extra})"
+        f" SELECT ?1, COALESCE(MAX(seq) + 1, 0), ?2, ?3, ?4{slots}"
+        f" FROM {table} WHERE session_id = ?1"
         f" ON CONFLICT (session_id, {id_column}) {on_conflict}"
     )
     changed = 0
+    values = tags.get(table)
     for record_id, body in rows:
-        changed += conn.execute(sql, (session_id, record_id, version, body)).rowcount
+        params = (session_id, record_id, version, body, *(values[record_id] if values else ()))
+        changed += conn.execute(sql, params).rowcount
     return changed
 
 
@@ -431,8 +452,9 @@ def _apply(
     current = row[0] if row else 0
     BaseStore._check_version(session_id, expected_version, current)
     version = current + 1
+    tags = row_tags(changes)
     changed = sum(
-        _write_records(conn, table, session_id, version, rows)
+        _write_records(conn, table, session_id, version, rows, tags)
         for table, rows in record_rows(changes).items()
     )
     stored: dict[str, str | None] = (
@@ -504,12 +526,17 @@ def _put(
                 epoch,
             ),
         )
-        for table, table_rows in record_rows(changes_of(doc)).items():
+        changes = changes_of(doc)
+        tags = row_tags(changes)
+        for table, table_rows in record_rows(changes).items():
+            tagged = TAGGED.get(table, ())
+            values = tags.get(table, {})
+            columns = "".join(f", {column}" for column in tagged)
             conn.executemany(
-                f"INSERT INTO {table} (session_id, seq, {RECORD_TABLES[table]}, version, body)"
-                " VALUES (?, ?, ?, ?, ?)",
+                f"INSERT INTO {table} (session_id, seq, {RECORD_TABLES[table]}, version, body"
+                f"{columns}) VALUES (?, ?, ?, ?, ?{', ?' * len(tagged)})",
                 [
-                    (session_id, seq, rid, version, body)
+                    (session_id, seq, rid, version, body, *values.get(rid, ()))
                     for seq, (rid, body) in enumerate(table_rows)
                 ],
             )

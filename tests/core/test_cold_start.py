@@ -1,0 +1,383 @@
+"""A process that has not seen a session reads its newest records, not the whole history.
+
+Every test compares a cold call that reads the session's newest part from an SQLite file with
+the same call on the whole session (a MemoryStore holding the same records): the model input,
+the kept and degraded blocks, the conflicts and the stored turn record must be the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ce.core.engine._core as engine_core
+from ce.core.config import BudgetConfig, ConflictConfig, RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.primitives import SequentialIdGenerator, SteppingClock
+from ce.core.schema import (
+    BlockType,
+    ContextBlock,
+    Evidence,
+    EvidenceLinks,
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    ModelInvocation,
+    PrepareResult,
+    Priority,
+    Ref,
+    Role,
+    SourceKind,
+    ToolCallRequest,
+)
+from ce.core.schema._document import may_state_facts
+from ce.core.state import AgentState, ModelOutput, ToolResult
+from ce.core.stores import MemoryStore, SessionChanges, SQLiteStore, Store
+from ce.core.stores import sqlite as sqlite_module
+
+DATA = Path(__file__).parent / "data"
+INV = ModelInvocation(provider="openai", model="gpt-4o")
+WORDS = ["alpha", "beta", "gamma", "délta", "东京", "42", "x=1;", "order"]
+
+
+@dataclass
+class Step:
+    user: str
+    calls: list[int]  # result lengths of one round of parallel calls (none: no tool use)
+    evidences: list[tuple[str, float | None, bool]]  # (kind, confidence, linked to a call)
+    answer: str
+
+
+def _text(draw: st.DrawFn, most: int) -> str:
+    n = draw(st.integers(1, most))
+    return " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=n, max_size=n)))
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[Step]:
+    kinds = st.sampled_from(["doc", "json", "entity"])
+    evidence = st.tuples(kinds, st.none() | st.floats(0, 1), st.booleans())
+    return [
+        Step(
+            _text(draw, 40),
+            draw(st.lists(st.sampled_from([5, 60, 600]), max_size=2)),
+            draw(st.lists(evidence, max_size=3)),
+            _text(draw, 60),
+        )
+        for _ in range(draw(st.integers(1, 24)))
+    ]
+
+
+def _evidence(key: str, kind: str, confidence: float | None, link: str | None) -> Evidence:
+    status = ("shipped", "pending", "lost")[len(key) % 3]
+    content = {
+        "doc": f"document {key} " * 30,
+        "json": json.dumps({"order_id": "A-1", "status": status, "note": key}),
+        "entity": f"status of A-1 per {key}",
+    }[kind]
+    metadata = (
+        {"entity": "order_id=A-1", "field": "status", "value": status} if kind == "entity" else {}
+    )
+    return Evidence(
+        evidence_id=f"ev-{key}",
+        type=EvidenceType.TOOL_RESULT if kind == "json" and link else EvidenceType.RAG_DOC,
+        source=EvidenceSource(kind=SourceKind.RAG, uri=f"kb://{key}"),
+        content=content,
+        confidence=confidence,
+        metadata=metadata,
+        links=EvidenceLinks(tool_call_id=link),
+    )
+
+
+def commits(
+    history: list[Step], *, refer_to_first: bool, summary_upto: int
+) -> list[SessionChanges]:
+    """The session written step by step (one commit per step, as an app writes turns)."""
+    state = AgentState("s", clock=SteppingClock(), id_generator=SequentialIdGenerator("h"))
+    state.set_system_instruction("You answer questions about orders.")
+    out = [state.take_changes()]
+    counter = 0
+    for n, step in enumerate(history):
+        state.append_model_input(step.user)
+        last_call = None
+        if step.calls:
+            calls = []
+            for _ in step.calls:
+                counter += 1
+                calls.append(
+                    ToolCallRequest(tool_call_id=f"c{counter}", name="lookup", raw_arguments="{}")
+                )
+            state.append_model_output(ModelOutput(tool_calls=calls, invocation=INV))
+            state.append_tool_results(
+                [
+                    ToolResult(tool_call_id=c.tool_call_id, name="lookup", content="r" * size)
+                    for c, size in zip(calls, step.calls, strict=True)
+                ]
+            )
+            last_call = calls[-1].tool_call_id
+        for kind, confidence, linked in step.evidences:
+            counter += 1
+            link = last_call if linked else None
+            state.add_evidence(_evidence(f"{counter}", kind, confidence, link))
+        state.append_model_output(ModelOutput(text=step.answer, invocation=INV))
+        if n == 0 and refer_to_first and state.live_view().evidences:
+            first = next(iter(state.live_view().evidences))
+            state.put_context_block(
+                ContextBlock(
+                    block_id="pinned",
+                    block_type=BlockType.MEMORY,
+                    priority=Priority.HIGH,
+                    refs=[Ref(evidence_id=first)],
+                )
+            )
+        if n == summary_upto:
+            messages = len(state.live_view().session.messages)
+            state.set_summary(
+                "Earlier: questions about order A-1.", from_index=0, to_index=messages - 1
+            )
+        out.append(state.take_changes())
+    return out
+
+
+@contextmanager
+def newest_first(messages: int, evidences: int) -> Iterator[None]:
+    """Cold calls read this many newest messages and evidences first."""
+    saved = engine_core.TAIL_MESSAGES, engine_core.TAIL_EVIDENCES
+    engine_core.TAIL_MESSAGES, engine_core.TAIL_EVIDENCES = messages, evidences
+    try:
+        yield
+    finally:
+        engine_core.TAIL_MESSAGES, engine_core.TAIL_EVIDENCES = saved
+
+
+def _config(budget: int, policy: str = "keep_both_and_warn") -> RuntimeConfig:
+    return RuntimeConfig(
+        model_hint="gpt-4o",
+        budget=BudgetConfig(max_input_tokens=budget + 100, reserved_reply_tokens=100),
+        conflicts=ConflictConfig(policy=policy),  # type: ignore[arg-type]
+    )
+
+
+async def _prepare(
+    store: Store, config: RuntimeConfig, question: str
+) -> tuple[PrepareResult, ContextEngine]:
+    engine = ContextEngine(
+        store, config=config, clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
+    )
+    return await engine.prepare_turn("s", question), engine
+
+
+def _kept(result: PrepareResult) -> list[tuple[object, ...]]:
+    """The kept and degraded decisions, the new question's block id left out (a call done
+    again on a longer part of the session gives its message another id)."""
+    return [
+        (d.action, d.reason, d.token_estimate, d.block_count, d.level, d.saved_tokens)
+        if d.block_id.startswith("msg:n")
+        else (d.block_id, d.action, d.reason, d.token_estimate, d.block_count, d.level)
+        for d in result.report.prune_decisions
+        if d.action != "dropped"
+    ]
+
+
+async def _both(
+    tmp_path: Path, changes: list[SessionChanges], config: RuntimeConfig, question: str
+) -> tuple[PrepareResult, PrepareResult, ContextEngine, SQLiteStore]:
+    whole_store = MemoryStore()
+    cold_store = SQLiteStore(tmp_path / "cold.db")
+    for change in changes:
+        await whole_store.commit("s", change)
+        await cold_store.commit("s", change)
+    whole, _ = await _prepare(whole_store, config, question)
+    cold, engine = await _prepare(cold_store, config, question)
+    return whole, cold, engine, cold_store
+
+
+def _assert_same(whole: PrepareResult, cold: PrepareResult) -> None:
+    assert cold.assembled_input == whole.assembled_input
+    assert _kept(cold) == _kept(whole)
+    assert cold.report.conflicts == whole.report.conflicts
+    assert cold.report.token_used == whole.report.token_used
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    history=histories(),
+    budget=st.integers(300, 9000),
+    sizes=st.tuples(st.integers(1, 12), st.integers(0, 12)),
+    policy=st.sampled_from(["keep_both_and_warn", "prefer_tool_over_rag", "prefer_latest_by_at"]),
+    refer_to_first=st.booleans(),
+    summary_upto=st.integers(-1, 6),
+)
+def test_a_cold_call_on_the_newest_records_assembles_what_the_whole_session_gives(
+    tmp_path_factory: pytest.TempPathFactory,
+    history: list[Step],
+    budget: int,
+    sizes: tuple[int, int],
+    policy: str,
+    refer_to_first: bool,
+    summary_upto: int,
+) -> None:
+    tmp_path = tmp_path_factory.mktemp("cold")
+    changes = commits(history, refer_to_first=refer_to_first, summary_upto=summary_upto)
+    config = _config(budget, policy)
+
+    async def run() -> None:
+        with newest_first(*sizes):
+            whole, cold, engine, store = await _both(tmp_path, changes, config, "and now?")
+        try:
+            _assert_same(whole, cold)
+            turns = await store.list_turns("s")
+            doc = await store.get_session("s")
+            assert doc is not None
+            assert turns[-1].message_count == len(doc.session.messages)
+            assert turns[-1].evidence_count == len(doc.evidences)
+            # what a cold call did not read is reported, never silently gone
+            unread = [d for d in cold.report.prune_decisions if d.block_id.startswith("history:")]
+            assert sum(d.block_count for d in unread) == engine._entries["s"].unread.messages
+        finally:
+            await engine.close()
+            await store.close()
+
+    asyncio.run(run())
+
+
+def _long_history(turns: int) -> list[Step]:
+    return [
+        Step(
+            f"question {i} about order A-1 " + "alpha " * (i % 7),
+            [40] if i % 5 == 0 else [],
+            [("json" if i % 9 == 0 else "doc", (i % 4) / 4, i % 3 == 0)],
+            f"answer {i} " + "beta " * (i % 11),
+        )
+        for i in range(turns)
+    ]
+
+
+async def test_a_cold_turn_on_a_long_session_reads_only_its_newest_records(tmp_path: Path) -> None:
+    changes = commits(_long_history(400), refer_to_first=True, summary_upto=-1)
+    whole, cold, engine, store = await _both(tmp_path, changes, _config(2000), "and now?")
+    _assert_same(whole, cold)
+    entry = engine._entries["s"]
+    held = entry.doc
+    assert len(held.session.messages) <= 2 * engine_core.TAIL_MESSAGES  # of 1,000+
+    stored = await store.get_session("s")
+    assert stored is not None
+    assert entry.unread.messages + len(held.session.messages) == len(stored.session.messages)
+    assert len(held.evidences) < 2 * engine_core.TAIL_EVIDENCES + 20  # of 400
+    assert cold.report.prune_decisions[0].block_id.startswith("history:0..")
+    # the next turns go on from there: a reply, then another question, as on the whole session
+    reply = Message(role=Role.ASSISTANT, content="It shipped.", invocation=INV)
+    await engine.commit_assistant_message("s", reply)
+    again = await engine.prepare_turn("s", "and then?")
+    whole_engine = ContextEngine(
+        MemoryStore(),
+        config=_config(2000),
+        clock=SteppingClock(),
+        id_generator=SequentialIdGenerator("w"),
+    )
+    for change in [*changes]:
+        await whole_engine.store.commit("s", change)
+    await whole_engine.prepare_turn("s", "and now?")
+    await whole_engine.commit_assistant_message("s", reply)
+    expected = await whole_engine.prepare_turn("s", "and then?")
+    assert again.assembled_input == expected.assembled_input
+    assert entry is engine._entries["s"] and entry.partial  # still the newest records only
+    await engine.close()
+    await store.close()
+
+
+async def test_a_call_that_needs_the_whole_session_reads_it(tmp_path: Path) -> None:
+    changes = commits(_long_history(120), refer_to_first=False, summary_upto=-1)
+    _, _, engine, store = await _both(tmp_path, changes, _config(2000), "and now?")
+    assert engine._entries["s"].partial
+    # new evidence is deduplicated against every stored one: the session is read whole
+    evidence = await engine.ingest_evidence(
+        "s", "a new document", EvidenceSource(kind=SourceKind.RAG), EvidenceType.RAG_DOC
+    )
+    entry = engine._entries["s"]
+    assert not entry.partial
+    doc = await store.get_session("s")
+    assert doc is not None and entry.doc == doc and evidence.evidence_id in doc.evidences
+    await engine.close()
+    await store.close()
+
+
+async def test_a_budget_that_keeps_more_than_the_first_read_reads_more(tmp_path: Path) -> None:
+    changes = commits(_long_history(150), refer_to_first=False, summary_upto=-1)
+    with newest_first(4, 2):
+        whole, cold, engine, store = await _both(tmp_path, changes, _config(20000), "and now?")
+    _assert_same(whole, cold)
+    assert engine._tail_sizes["s"] is not None and engine._tail_sizes["s"][0] > 4
+    await engine.close()
+    await store.close()
+
+
+def test_a_file_of_the_previous_layout_is_upgraded_and_read_newest_first(tmp_path: Path) -> None:
+    """``layout3.db`` was written by ce-core's previous layout (``PRAGMA user_version = 3``):
+    a session of 60 turns with tool calls and results, retrieved documents linked to calls,
+    JSON facts that conflict, a model-written summary of a message and a block pinning the
+    first evidence (see ``data/make_layout3.py``)."""
+    db = tmp_path / "layout3.db"
+    shutil.copyfile(DATA / "layout3.db", db)
+    with sqlite3.connect(db) as conn:
+        (before,) = conn.execute("PRAGMA user_version").fetchone()
+    conn.close()
+    assert before == 3
+
+    async def run() -> None:
+        store = SQLiteStore(db)
+        with sqlite3.connect(db) as conn:
+            (after,) = conn.execute("PRAGMA user_version").fetchone()
+            system = conn.execute("SELECT COUNT(*) FROM messages WHERE role = 'system'").fetchone()
+            facts = conn.execute("SELECT COUNT(*) FROM evidences WHERE facts = 1").fetchone()
+            links = conn.execute("SELECT COUNT(*) FROM evidences WHERE link IS NOT NULL").fetchone()
+        conn.close()
+        assert after == sqlite_module.USER_VERSION == 4
+        doc = await store.get_session("layout3")
+        assert doc is not None
+        assert system == (sum(m.role is Role.SYSTEM for m in doc.session.messages),)
+        assert facts == (sum(may_state_facts(e) for e in doc.evidences.values()),)
+        assert (
+            links[0]
+            == sum(
+                bool(e.links.tool_call_id or e.metadata.get("summary_of"))
+                for e in doc.evidences.values()
+            )
+            > 0
+        )
+        whole_store = MemoryStore()
+        await whole_store.put_session("layout3", doc)
+        config = _config(600)
+        with newest_first(8, 4):
+            engine = ContextEngine(
+                store, config=config, clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
+            )
+            cold = await engine.prepare_turn("layout3", "what is the status of A-1?")
+        whole_engine = ContextEngine(
+            whole_store,
+            config=config,
+            clock=SteppingClock(),
+            id_generator=SequentialIdGenerator("n"),
+        )
+        whole = await whole_engine.prepare_turn("layout3", "what is the status of A-1?")
+        _assert_same(whole, cold)
+        assert cold.report.conflicts  # the old JSON facts still conflict with the new ones
+        assert engine._entries["layout3"].partial
+        await engine.close()
+        await store.close()
+
+    asyncio.run(run())
