@@ -53,6 +53,7 @@ from ce.core.testing._store_contract_records import (
     document_of,
     message_ids_of,
 )
+from ce.core.testing._store_contract_tails import TailContract
 
 __all__ = ["InjectedFailure", "StoreContract"]
 
@@ -61,7 +62,7 @@ class InjectedFailure(Exception):
     """Raised by a ``fail_midway`` injection in the middle of a write."""
 
 
-class StoreContract(RecordContract):
+class StoreContract(RecordContract, TailContract):
     """Behaviour every store must show; subclasses provide ``store`` and ``fail_midway``.
 
     ``store`` yields a fresh, empty store. ``fail_midway`` returns a function that, given that
