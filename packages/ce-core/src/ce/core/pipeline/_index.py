@@ -187,7 +187,8 @@ class SessionIndex:
         self.fence_tool_results = fence_tool_results
         self.groups: list[Candidate] = []
         self._group_data: list[_Group] = []
-        self._cum: list[int] = [0]
+        self._cum: list[int] = [0]  # live tokens of groups[:i], from _stale on out of date
+        self._stale: int | None = None
         self._call_group: dict[str, int] = {}
         self._tool_records: dict[str, ToolCall] = {}
         self._rag_by_call: dict[str, list[Evidence]] = {}
@@ -350,6 +351,13 @@ class SessionIndex:
 
     def group_tokens(self, start: int, stop: int) -> int:
         """Live tokens of ``groups[start:stop]``."""
+        stale = self._stale
+        if stale is not None and stop > stale:
+            # groups re-rendered since (a result or summary arrived): their sums, once
+            cum, groups = self._cum, self.groups
+            for i in range(stale, len(groups)):
+                cum[i + 1] = cum[i] + groups[i].live.tokens
+            self._stale = None
         return self._cum[stop] - self._cum[start]
 
     def evidence_tokens(self, tier: Priority, start: int, stop: int) -> int:
@@ -496,10 +504,9 @@ class SessionIndex:
         return Rendering(level, parts, "", tokens)
 
     def _refresh(self, index: int) -> None:
-        candidate = self.groups[index]
-        before = self._cum[index + 1] - self._cum[index]
-        candidate.invalidate()
-        delta = candidate.live.tokens - before
-        if delta:
-            for i in range(index + 1, len(self._cum)):
-                self._cum[i] += delta
+        """Render ``groups[index]`` again when next needed; the sums after it are brought up
+        to date when next read (a session read whole refreshes many groups: each costs O(1)
+        here, not a pass over the groups after it)."""
+        self.groups[index].invalidate()
+        if self._stale is None or index < self._stale:
+            self._stale = index
