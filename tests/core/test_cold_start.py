@@ -381,3 +381,17 @@ def test_a_file_of_the_previous_layout_is_upgraded_and_read_newest_first(tmp_pat
         await store.close()
 
     asyncio.run(run())
+
+
+async def test_a_streamed_reply_on_the_newest_records_keeps_its_chunks(tmp_path: Path) -> None:
+    changes = commits(_long_history(120), refer_to_first=False, summary_upto=-1)
+    _, _, engine, store = await _both(tmp_path, changes, _config(2000), "and now?")
+    assert engine._entries["s"].partial
+    for i, chunk in enumerate(["It ", "shipped", "."]):
+        await engine.commit_assistant_chunk("s", chunk, i)
+    await engine.finalize_assistant_message("s", invocation=INV)
+    doc = await store.get_session("s")
+    assert doc is not None and doc.session.messages[-1].content == "It shipped."
+    assert engine._entries["s"].partial  # the reply did not need the whole session
+    await engine.close()
+    await store.close()

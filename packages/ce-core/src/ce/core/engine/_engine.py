@@ -361,7 +361,7 @@ class ContextEngine(Preparer):
         if chunk_index < 0:
             raise InvariantViolationError("chunk_index must be >= 0")
         async with self._serialized(session_id):
-            entry = await self._entry(session_id)
+            entry = await self._entry(session_id, tail=True)  # only its chunks are used
             if entry.chunks.get(chunk_index, chunk) != chunk:
                 raise InvariantViolationError(f"chunk {chunk_index} arrived twice with other text")
             entry.chunks[chunk_index] = chunk
@@ -378,7 +378,7 @@ class ContextEngine(Preparer):
     ) -> PutResult:
         """Join the buffered chunks in index order and commit them as the reply."""
         async with self._serialized(session_id):
-            entry = await self._entry(session_id)
+            entry = await self._entry(session_id, tail=True)
             chunks, entry.chunks = entry.chunks, {}
         if not chunks:
             raise InvariantViolationError("no chunks were committed for this session")
