@@ -1152,6 +1152,15 @@ def acceptance(
             f"{_ms(warm[small])} ms = **{ratios['growth']:.2f}** (target ≤ 2: "
             f"{'met' if ratios['growth'] <= 2 else '**not met**'})."
         )
+    cold = {n: statistics.median([c["first"] for c in r["cold"]]) for n, r in (ce or {}).items()}
+    if big in cold and small in cold and big != small:
+        ratios["cold_growth"] = cold[big] / cold[small]
+        lines.append(
+            f"- Cold `prepare_turn` at N={big:,}: {_ms(cold[big])} ms (target ≤ 50 ms: "
+            f"{'met' if cold[big] <= 0.05 else '**not met**'}); ÷ at N={small:,}: "
+            f"{_ms(cold[big])} ms ÷ {_ms(cold[small])} ms = **{ratios['cold_growth']:.2f}** "
+            f"(target ≤ 2: {'met' if ratios['cold_growth'] <= 2 else '**not met**'})."
+        )
     if not lines:
         lines.append("- Not computed in this run (it needs both the ce and the peer figures).")
     return lines, ratios
@@ -1232,6 +1241,9 @@ def report(
         "store, builds the engine (untimed) and times its first `prepare_turn` with a new "
         "user message; median and p95 (interpolated; with few runs, near the slowest) over "
         f"{cold_runs} processes, each on a fresh copy of the file (in the OS page cache). "
+        "A cold turn reads the session's newest records from the store (64 messages, 64 "
+        "evidences and what goes with them), twice as many again while the budget could "
+        "keep older ones; it never reads the whole session. "
         f"**Warm**: one process, after that first turn, times {warm_turns} next turns, each "
         "a new user message, with "
         "`commit_assistant_message` of the reply between turns (untimed). The columns after "
