@@ -80,6 +80,12 @@ class ContextEngine(Preparer):
     summaries (``SummaryConfig.blocks``). Calls for one session are serialized; different
     sessions run concurrently. Every coroutine method has a blocking twin under :attr:`sync`.
 
+    Sessions are cached (``max_cached_sessions``). On a store that reads a session's newest
+    records (:class:`~ce.core.stores.SliceStore`: SQLite, PostgreSQL), the first
+    ``prepare_turn`` or ``commit_assistant_message`` of a session in a process reads only those
+    (more while the budget could keep older ones), so its cost does not grow with the
+    history; the other calls read a session whole on first use.
+
     A write the store refused because another process wrote the session first
     (:class:`VersionConflictError`) is done again on the fresh session. On a store that can
     hold a session for one writer (:class:`~ce.core.stores.WriterStore`: SQLite, PostgreSQL)
