@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -274,3 +275,29 @@ def test_the_blocking_engine_holds_the_session_on_its_own_thread(opener: Opener)
     assert users == ["first", "from the other worker", "mine"]
     engine.sync.close()
     other.sync.close()
+
+
+async def test_writers_that_keep_meeting_keep_holding_the_session(opener: Opener) -> None:
+    config = RuntimeConfig(model_hint="gpt-4o")
+    engine = ContextEngine(opener(), config=config, id_generator=SequentialIdGenerator("a"))
+    other = ContextEngine(opener(), config=config, id_generator=SequentialIdGenerator("b"))
+    await engine.prepare_turn("s", "first")
+    # the session is contended (a refused commit a moment ago) until `until`
+    until = time.monotonic() + 60
+    engine._contention["s"] = until
+    await other.prepare_turn("s", "from the other worker")
+    await engine.prepare_turn("s", "mine")  # held: its catch-up finds the other's records
+    extended = engine._contention["s"]
+    assert extended != until  # contended from now on for CONTENDED_SECONDS more
+    await engine.prepare_turn("s", "mine again")  # held: nobody else wrote in between
+    assert engine._contention["s"] == extended
+    doc = await other.store.get_session("s")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages] == [
+        "first",
+        "from the other worker",
+        "mine",
+        "mine again",
+    ]
+    await engine.close()
+    await other.close()

@@ -295,14 +295,20 @@ class EngineCore(HistoryWriter):
     ) -> _T:
         """Run ``op`` holding the session in the store, from the read to the commit: no
         other writer can store anything in between, so its commit is not refused. A session
-        not cached is read before it is held, so holding it costs only a catch-up."""
+        not cached is read before it is held, so holding it costs only a catch-up. When that
+        catch-up finds another writer's records, the session stays contended for
+        :data:`CONTENDED_SECONDS` more: writers that keep meeting each other keep holding it
+        rather than go back to meeting refused commits (and whole reads)."""
         cached = self._entries.get(session_id)
         if cached is None or (cached.partial and not tail):
-            await self._entry(session_id, tail=tail)
+            cached = await self._entry(session_id, tail=tail)
+        seen = cached.version
         async with store.writer(session_id) as writer:
             call.writer = writer
             try:
                 entry = await self._entry(session_id, writer, tail=tail)
+                if entry.version != seen:
+                    self._contention[session_id] = time.monotonic() + CONTENDED_SECONDS
                 async with engine_turn():
                     return await op(entry)
             except BaseException:
