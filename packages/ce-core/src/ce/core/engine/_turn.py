@@ -296,7 +296,7 @@ def _unread_decisions(unread: Unread, covered: bool) -> list[PruneDecision]:
     if unread.evidences:
         out.append(
             PruneDecision(
-                block_id=f"evidence:0..{unread.evidences - 1}",
+                block_id=f"evidences:0..{unread.evidences - 1}",
                 action="dropped",
                 reason=(
                     f"older than the evidence kept: {unread.evidences} evidences not read"
