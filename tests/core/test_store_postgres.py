@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from multiprocessing.synchronize import Barrier
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -27,8 +28,27 @@ import pytest
 import ce.core.stores._pg_sql as pg_sql
 from ce.core.engine import ContextEngine
 from ce.core.errors import StoreError
-from ce.core.schema import Evidence, EvidenceSource, EvidenceType, Message, Role, SourceKind
-from ce.core.stores import PostgresStore, SessionChanges, Store, open_store
+from ce.core.schema import (
+    SCHEMA_VERSION,
+    BlockType,
+    ContextBlock,
+    Evidence,
+    EvidenceLinks,
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    Priority,
+    Ref,
+    Role,
+    RunState,
+    RunStatus,
+    SourceKind,
+    ToolCallRequest,
+)
+from ce.core.schema._document import evidence_link, may_state_facts
+from ce.core.stores import PostgresStore, SessionChanges, SQLiteStore, Store, open_store
+from ce.core.stores._rows import record_json, record_rows
+from ce.core.stores.base import SessionSlice
 from ce.core.stores.postgres import DEFAULT_SCHEMA, LAYOUT_VERSION, split_schema
 from ce.core.testing import InjectedFailure, StoreContract, records
 
@@ -413,6 +433,576 @@ async def test_two_processes_appending_to_one_session_lose_nothing(
         ]
     assert await store.get_version("shared") == 400
     await store.close()
+
+
+# -- read_tail ------------------------------------------------------------------------------------
+
+
+def _assistant(key: str, *calls: str) -> Message:
+    requests = [ToolCallRequest(tool_call_id=call, name="search") for call in calls]
+    return records.message(key, Role.ASSISTANT, tool_calls=requests or None)
+
+
+def _tool(key: str, call: str) -> Message:
+    return records.message(key, Role.TOOL, tool_call_id=call, name="search")
+
+
+def _linked(key: str, call: str, content: str = "a result") -> Evidence:
+    """The result of tool call ``call``."""
+    return records.evidence(
+        key,
+        EvidenceType.TOOL_RESULT,
+        SourceKind.TOOL,
+        content=content,
+        links=EvidenceLinks(tool_call_id=call),
+    )
+
+
+def _gist(key: str, message_id: Any) -> Evidence:
+    """A model-written summary of message ``message_id``."""
+    return records.evidence(
+        key, EvidenceType.LLM_OUTPUT, SourceKind.LLM, metadata={"summary_of": message_id}
+    )
+
+
+def _entity(key: str, entity: Any = "acme", field: Any = "price", **fields: Any) -> Evidence:
+    """A document stating ``field`` of ``entity`` in its metadata (plain-text content)."""
+    return records.evidence(key, metadata={"entity": entity, "field": field}, **fields)
+
+
+_TAIL_COMMITS = [
+    SessionChanges(
+        messages=[records.message("sys", Role.SYSTEM), records.message("u1")],
+        evidences=[
+            records.evidence("e1", content='{"price": 1}'),  # JSON: states facts
+            records.evidence("e2", content="plain text"),
+        ],
+    ),
+    SessionChanges(
+        messages=[_assistant("a1", "tc1"), _tool("t1", "tc1")],
+        tool_calls=[records.tool_call("tc1")],
+        model_usage=[records.usage("use1")],
+        evidences=[
+            _entity("e3"),  # entity / field metadata: states facts
+            records.evidence("e4", EvidenceType.LLM_OUTPUT, content="[1, 2]"),  # never
+            _linked("r1", "tc1", content='{"status": "shipped"}'),
+            # linked to a call a later message declares; PostgreSQL text cannot hold its
+            # U+0000, nor tell it from the U+0001 of the next one by the column alone
+            _linked("n1", "c\x00x"),
+            _linked("n0", "c\x01x"),
+        ],
+    ),
+    SessionChanges(
+        messages=[records.message("u2")],
+        evidences=[records.evidence("e5", content=" \n\t\u2028[1]")],  # JSON after whitespace
+        context_blocks=[
+            ContextBlock(
+                block_id="b1",
+                block_type=BlockType.MEMORY,
+                priority=Priority.HIGH,
+                refs=[Ref(evidence_id="e2"), Ref(evidence_id="not-stored")],
+            )
+        ],
+        tasks=[records.task("task1")],
+        turns=[records.turn("turn1")],
+    ),
+    SessionChanges(
+        # declared in the reverse of their stored order
+        messages=[_assistant("a2", "tc3", "tc2"), _tool("t2", "tc2"), _tool("t3", "tc3")],
+        tool_calls=[records.tool_call("tc2"), records.tool_call("tc3")],
+        evidences=[
+            _linked("r2", "tc2"),
+            records.evidence("e6", content="plain again"),
+            records.evidence("e7", content='{"price": 2}', metadata={"original_of": "e1"}),
+        ],
+    ),
+    SessionChanges(
+        messages=[records.message("sys2", Role.SYSTEM), records.message("u3")],
+        evidences=[_gist("g1", "u1"), _gist("g2", "a2")],
+        summary=records.rich_changes().summary,
+        run=RunState(run_id="run-1", status=RunStatus.MODEL_RUNNING),
+        meta=records.meta("user-1"),
+    ),
+    SessionChanges(
+        messages=[_assistant("a3", "c\x00x")],
+        tool_calls=[records.tool_call("tc-undeclared")],
+        evidences=[_gist("g3", "u3"), records.evidence("e8", content="newest")],
+    ),
+]
+"""A session stored over six commits (versions 1 to 6): system messages, tool calls with
+their records, results linked to calls, summaries of messages, evidences stating facts or not,
+a block referring to an old evidence, tasks, usage and a turn record."""
+
+
+def _stored(kind: str) -> list[Any]:
+    """The records of ``_TAIL_COMMITS`` of one kind, in stored order."""
+    return [record for changes in _TAIL_COMMITS for record in getattr(changes, kind)]
+
+
+def _ids(items: list[Any], id_field: str) -> list[str]:
+    return [getattr(item, id_field) for item in items]
+
+
+async def _tail_session(store: Store, session_id: str = "s1") -> None:
+    for version, changes in enumerate(_TAIL_COMMITS, start=1):
+        assert (await store.commit(session_id, changes)).version == version
+
+
+def _same_slice(got: SessionSlice | None, expected: SessionSlice | None) -> None:
+    """``got`` holds what ``expected`` holds (their epochs are their stores' own)."""
+    assert (got is None) == (expected is None)
+    if got is None or expected is None:
+        return
+    assert got.changes == expected.changes
+    assert (got.version, got.older_messages, got.older_evidences) == (
+        expected.version,
+        expected.older_messages,
+        expected.older_evidences,
+    )
+    assert got.instruction == expected.instruction
+    assert got.fact_sources == expected.fact_sources
+
+
+async def test_read_tail_reads_what_sqlite_reads(
+    postgres_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    store = PostgresStore(postgres_dsn, schema=schema)
+    lite = SQLiteStore(tmp_path / "tail.db")
+    await _tail_session(store)
+    await _tail_session(lite)
+    epoch = (await store.read_since("s1")).epoch  # type: ignore[union-attr]
+    head = _TAIL_COMMITS[4]
+
+    # u3 and a3: the newest evidence, what goes with the two messages (n1: the result of
+    # the call a3 declares, not n0, whose link differs from it in one character; g3: a
+    # summary of u3) and e2, which the block refers to
+    tail = await store.read_tail("s1", messages=2, evidences=1)
+    assert tail is not None and (tail.version, tail.epoch) == (6, epoch)
+    assert _ids(tail.changes.messages, "message_id") == ["u3", "a3"]
+    assert _ids(tail.changes.evidences, "evidence_id") == ["e2", "n1", "g3", "e8"]
+    assert tail.changes.tool_calls == []  # tc-undeclared: no message of the tail declares it
+    assert (tail.older_messages, tail.older_evidences) == (9, 11)
+    assert tail.instruction == records.message("sys2", Role.SYSTEM)
+    # before the run of evidences: JSON, entity / field metadata, JSON after whitespace; not
+    # plain text, not the model's own output, not an unredacted original
+    assert _ids(tail.fact_sources, "evidence_id") == ["e1", "e3", "r1", "e5"]
+    assert (tail.changes.summary, tail.changes.run, tail.changes.meta) == (
+        head.summary,
+        head.run,
+        head.meta,
+    )
+    assert tail.changes.context_blocks == _TAIL_COMMITS[2].context_blocks
+    assert tail.changes.tasks == [records.task("task1")]
+    assert tail.changes.model_usage == [] and tail.changes.turns == []
+
+    # from a2 on: its calls' records in stored order, their results and its summary
+    tail = await store.read_tail("s1", messages=6, evidences=1)
+    assert tail is not None
+    assert _ids(tail.changes.messages, "message_id") == ["a2", "t2", "t3", "sys2", "u3", "a3"]
+    assert _ids(tail.changes.evidences, "evidence_id") == ["e2", "n1", "r2", "g2", "g3", "e8"]
+    assert _ids(tail.changes.tool_calls, "tool_call_id") == ["tc2", "tc3"]
+    assert (tail.older_messages, tail.older_evidences) == (5, 9)
+    assert tail.instruction == records.message("sys", Role.SYSTEM)
+
+    # a tail longer than the session: all of it, no instruction or fact sources before it;
+    # no run of evidences: only those that go with the messages and blocks
+    tail = await store.read_tail("s1", messages=50, evidences=50)
+    assert tail is not None and (tail.older_messages, tail.older_evidences) == (0, 0)
+    assert tail.changes.messages == _stored("messages")
+    assert tail.changes.evidences == _stored("evidences")
+    assert _ids(tail.changes.tool_calls, "tool_call_id") == ["tc1", "tc2", "tc3"]
+    assert tail.instruction is None and tail.fact_sources == []
+    tail = await store.read_tail("s1", messages=50, evidences=0)
+    assert tail is not None
+    assert _ids(tail.changes.evidences, "evidence_id") == ["e2", "r1", "n1", "r2", "g1", "g2", "g3"]
+    assert tail.older_evidences == 8 and _ids(tail.fact_sources, "evidence_id") == [
+        "e1",
+        "e3",
+        "r1",
+        "e5",
+    ]
+
+    # every size reads what SQLiteStore reads
+    messages, evidences = len(_stored("messages")), len(_stored("evidences"))
+    for m in range(1, messages + 2):
+        for e in range(evidences + 2):
+            _same_slice(
+                await store.read_tail("s1", messages=m, evidences=e),
+                await lite.read_tail("s1", messages=m, evidences=e),
+            )
+
+    assert await store.read_tail("missing", messages=5, evidences=5) is None
+    for m, e in [(0, 5), (5, -1)]:
+        with pytest.raises(ValueError, match="at least"):
+            await store.read_tail("s1", messages=m, evidences=e)
+    await store.close()
+    await lite.close()
+
+
+async def test_rows_keep_the_role_facts_and_link_of_their_records(
+    postgres_dsn: str, schema: str, sql: Any
+) -> None:
+    """Commits, held writers and put_session fill the columns read_tail looks rows up by."""
+    store = PostgresStore(postgres_dsn, schema=schema)
+    await _tail_session(store)
+    async with store.writer("s2") as writer:
+        await writer.commit(
+            SessionChanges(
+                messages=[records.message("w-sys", Role.SYSTEM)],
+                evidences=[_gist("w-gist", "w-sys")],
+            )
+        )
+    doc = await store.get_session("s1")
+    assert doc is not None
+    await store.put_session(
+        "s3",
+        doc.model_copy(update={"session": doc.session.model_copy(update={"session_id": "s3"})}),
+    )
+    roles = sql.execute(
+        f'SELECT session_id, message_id, role FROM "{schema}".messages ORDER BY 1, seq'
+    ).fetchall()
+    expected = [(m.message_id, m.role.value) for m in _stored("messages")]
+    assert roles == [
+        *(("s1", *row) for row in expected),
+        ("s2", "w-sys", "system"),
+        *(("s3", *row) for row in expected),
+    ]
+    tags = sql.execute(
+        f'SELECT session_id, evidence_id, facts, link FROM "{schema}".evidences ORDER BY 1, seq'
+    ).fetchall()
+    expected = [
+        (e.evidence_id, may_state_facts(e), pg_sql._link_value(evidence_link(e)))
+        for e in _stored("evidences")
+    ]
+    assert tags == [
+        *(("s1", *row) for row in expected),
+        ("s2", "w-gist", False, "w-sys"),
+        *(("s3", *row) for row in expected),
+    ]
+    assert [(i, f, link) for i, f, link in expected if f or link] == [
+        ("e1", True, None),
+        ("e3", True, None),
+        ("r1", True, "tc1"),
+        ("n1", False, "c\x01x"),
+        ("n0", False, "c\x01x"),
+        ("e5", True, None),
+        ("r2", False, "tc2"),
+        ("g1", False, "u1"),
+        ("g2", False, "a2"),
+        ("g3", False, "u3"),
+    ]
+    await store.close()
+
+
+def _plans(conn: Any, query: str, params: dict[str, Any]) -> list[str]:
+    """The plans of ``query`` with ``params``: the one for these values, and the generic one
+    that a statement prepared by the driver (after a few runs) may get."""
+    custom = "\n".join(line for (line,) in conn.execute(f"EXPLAIN {query}", params))
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", query)))
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m[1]) + 1}", query)
+    conn.execute(f"PREPARE tail_plan AS {numbered}")
+    try:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        slots = ", ".join("%s" for _ in names)
+        generic = psycopg.ClientCursor(conn).execute(  # EXECUTE's arguments are not bound
+            f"EXPLAIN EXECUTE tail_plan({slots})", [params[name] for name in names]
+        )
+        return [custom, "\n".join(line for (line,) in generic)]
+    finally:
+        conn.execute("RESET plan_cache_mode")
+        conn.execute("DEALLOCATE tail_plan")
+
+
+async def test_read_tail_reads_the_slice_not_the_session(
+    postgres_dsn: str, schema: str, sql: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """read_tail runs two statements in one read-only REPEATABLE READ transaction; neither
+    scans a large table (with the values' plan or the generic one a statement the driver
+    prepares may get), and neither takes more rows from the tables than it returns."""
+    store = PostgresStore(postgres_dsn, schema=schema)
+    lite = SQLiteStore(tmp_path / "large.db")
+    for c in range(20):
+        # every commit: a call and its result, 249 more messages, a summary of each one of
+        # half of them, documents (every 50th states facts as JSON), a block
+        changes = SessionChanges(
+            messages=[
+                _assistant(f"a{c}", f"tc{c}"),
+                *(_message(f"m{c}-{i}", "x" * 200) for i in range(249)),
+            ],
+            tool_calls=[records.tool_call(f"tc{c}")],
+            evidences=[
+                _linked(f"e{c}-{i}", f"tc{c}", "{}")
+                if i == 0
+                else _gist(f"e{c}-{i}", f"m{c}-{i}")
+                if i % 2
+                else records.evidence(f"e{c}-{i}", content="{}" if i % 50 == 0 else "y" * 200)
+                for i in range(250)
+            ],
+            context_blocks=[records.block(f"b{c}")],
+        )
+        await store.commit("large", changes)
+        await lite.commit("large", changes)
+    executed: list[tuple[str, Any]] = []
+    original = psycopg.Connection.execute
+
+    def execute(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        executed.append((str(query), params))
+        return original(self, query, params, **kwargs)
+
+    async def traced_tail() -> SessionSlice | None:
+        for table in ("sessions", "messages", "evidences", "tool_calls"):
+            sql.execute(f'VACUUM ANALYZE "{schema}".{table}')
+        executed.clear()
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+        try:
+            return await store.read_tail("large", messages=300, evidences=10)
+        finally:
+            monkeypatch.undo()
+
+    # the session alone in its tables (a plan may then expect to read much of them), then
+    # among others, as in any real database
+    for others in (0, 3):
+        for n in range(others):
+            await store.commit(
+                f"other-{n}",
+                SessionChanges(
+                    messages=[_message(f"m{i}") for i in range(5000)],
+                    tool_calls=[records.tool_call(f"tc{i}") for i in range(2000)],
+                    evidences=[_gist(f"e{i}", f"m{i}") for i in range(5000)],
+                ),
+            )
+        tail = await traced_tail()
+        # the newest 300 messages: the last 50 of commit 18 and all of commit 19 (a19
+        # declares tc19); the summaries of those messages, tc19's result and the newest 10
+        # evidences
+        _same_slice(tail, await lite.read_tail("large", messages=300, evidences=10))
+        assert tail is not None
+        assert (tail.older_messages, len(tail.changes.messages)) == (4700, 300)
+        assert _ids(tail.changes.tool_calls, "tool_call_id") == ["tc19"]
+        expected = [
+            *(f"e18-{i}" for i in range(199, 249, 2)),
+            "e19-0",
+            *(f"e19-{i}" for i in range(1, 240, 2)),
+            *(f"e19-{i}" for i in range(240, 250)),
+        ]
+        assert _ids(tail.changes.evidences, "evidence_id") == expected
+        assert tail.older_evidences == 5000 - len(expected)
+        assert len(tail.fact_sources) == 100 and len(tail.changes.context_blocks) == 20
+        queries = [query for query, _ in executed]
+        assert queries[0] == "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+        assert queries[1].startswith("WITH head AS")
+        assert queries[2].startswith("SELECT 'link' AS kind")
+        assert queries[3:] == ["COMMIT"]
+        # the rows each statement takes from the tables (index entries aside) are rows of
+        # the tail: those it returns, and for the second the linked ones of the run of 10
+        # newest evidences (the first returned them), never the rest of the session's
+        # (tables of a few pages aside: a scan is the fastest way to read those)
+        large = ["messages", "evidences", "tool_calls"] if others else ["messages", "evidences"]
+        for (query, params), run in zip(executed[1:3], (0, 10), strict=True):
+            for plan in _plans(sql, query, params):
+                assert not re.search(rf"Seq Scan on ({'|'.join(large)})\b", plan), plan
+            with sql.transaction():  # the backend reports its counts between transactions
+                before = _rows_read(sql, schema, large)
+                returned = len(sql.execute(query, params).fetchall())
+                read = _rows_read(sql, schema, large) - before
+            assert 0 < read <= returned + run, (query, read, returned)
+    await store.close()
+    await lite.close()
+
+
+def _rows_read(conn: Any, schema: str, tables: list[str]) -> int:
+    """How many rows of the ``tables`` of ``schema`` the connection's backend has read from
+    the tables themselves (scanned, or fetched through an index) and not yet reported."""
+    (read,) = conn.execute(
+        "SELECT COALESCE(sum(seq_tup_read + idx_tup_fetch), 0) FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = %s AND relname = ANY(%s)",
+        (schema, tables),
+    ).fetchone()
+    return int(read)
+
+
+# -- layout upgrade -------------------------------------------------------------------------------
+
+
+_UPGRADED_MESSAGES = [
+    records.message("sys-old", Role.SYSTEM),
+    records.message("u1", content="NUL \x00 and a backslash \\u0000 in the content"),
+    _assistant("a1", "tc1", "c\x00x", "c\\u0000x"),
+    _tool("t1", "tc1"),
+    records.message("sys-new", Role.SYSTEM, content="the newest instruction"),
+    records.message("u2"),
+]
+
+_UPGRADED_EVIDENCES = [
+    records.evidence("old", content="the oldest"),  # a block refers to it
+    records.evidence("json-object", content='{"a": 1}'),
+    records.evidence("json-array", content="[1]"),
+    records.evidence("plain", content="no facts here"),
+    records.evidence("spaces", content=" \t\r\n\x0b\x0c\x1c\x85\xa0\u2028\u3000{}"),
+    records.evidence("nul-first", content="\x00{}"),
+    records.evidence("backslash-first", content="\\u0000{}"),
+    records.evidence("zero-width-first", content="\u200b[]"),  # not whitespace to Python
+    records.evidence("nul-inside", content='{"a": "\x00"}', metadata={"note": "b\x00"}),
+    _entity("entity"),
+    _entity("entity-with-nul", entity="a\x00"),
+    _entity("empty-entity", entity=""),
+    _entity("entity-not-text", entity=1),
+    records.evidence("entity-only", metadata={"entity": "acme"}),
+    records.evidence("model-output", EvidenceType.LLM_OUTPUT, content='{"a": 1}'),
+    records.evidence("original", content="{}", metadata={"original_of": None}),
+    records.evidence("empty", content=""),
+    _linked("tool-result", "tc1", content='["x"]'),
+    _linked("nul-link", "c\x00x"),
+    _linked("backslash-link", "c\\u0000x"),
+    records.evidence(
+        "empty-link", links=EvidenceLinks(tool_call_id=""), metadata={"summary_of": "u1"}
+    ),
+    _gist("gist", "u2"),
+    _gist("gist-not-text", 5),
+    _gist("gist-empty", ""),
+]
+
+
+def _layout_1(conn: Any, schema: str) -> None:
+    """Create schema ``schema`` at layout 1, as ``migrate`` did before layout 2."""
+    s = f'"{schema}"'
+    with conn.transaction():
+        conn.execute(f"CREATE SCHEMA {s}")
+        conn.execute(
+            f"CREATE TABLE {s}.layout (version INTEGER PRIMARY KEY,"
+            " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        for statement in pg_sql._LAYOUTS[0]:
+            conn.execute(statement.format(s=s))
+        conn.execute(f"INSERT INTO {s}.layout (version) VALUES (1)")
+
+
+def _insert_layout_1(conn: Any, schema: str, session_id: str, changes: SessionChanges) -> None:
+    """Store ``changes`` as one commit (version 1), as the layout-1 write path did."""
+    s = f'"{schema}"'
+    conn.execute(
+        f"INSERT INTO {s}.sessions (session_id, version, schema_version, run_state, epoch)"
+        " VALUES (%s, 1, %s, %s, %s)",
+        (session_id, SCHEMA_VERSION, record_json(RunState()), "epoch-1"),
+    )
+    for table, rows in record_rows(changes).items():
+        for seq, (record_id, body) in enumerate(rows):
+            conn.execute(
+                f"INSERT INTO {s}.{table} (session_id, seq, {pg_sql.RECORD_TABLES[table]},"
+                " version, body) VALUES (%s, %s, %s, 1, %s)",
+                (session_id, seq, record_id, body),
+            )
+
+
+async def test_layout_1_is_upgraded_with_role_facts_and_link_from_the_bodies(
+    postgres_dsn: str, schema: str, sql: Any, tmp_path: Path
+) -> None:
+    changes = SessionChanges(
+        messages=_UPGRADED_MESSAGES,
+        tool_calls=[records.tool_call("tc1")],
+        evidences=_UPGRADED_EVIDENCES,
+        context_blocks=[
+            ContextBlock(
+                block_id="pin",
+                block_type=BlockType.MEMORY,
+                priority=Priority.HIGH,
+                refs=[Ref(evidence_id="old")],
+            )
+        ],
+    )
+    _layout_1(sql, schema)
+    _insert_layout_1(sql, schema, "s1", changes)
+    columns = """SELECT table_name, column_name FROM information_schema.columns
+        WHERE table_schema = %s AND column_name IN ('role', 'facts', 'link') ORDER BY 1, 2"""
+    assert sql.execute(columns, (schema,)).fetchall() == []
+
+    store = PostgresStore(postgres_dsn, schema=schema)
+    assert pg_sql.LAYOUT_VERSION == LAYOUT_VERSION == 2
+    layout = sql.execute(f'SELECT version FROM "{schema}".layout ORDER BY 1').fetchall()
+    assert layout == [(1,), (2,)]
+    assert sql.execute(columns, (schema,)).fetchall() == [
+        ("evidences", "facts"),
+        ("evidences", "link"),
+        ("messages", "role"),
+    ]
+    indexes = sql.execute(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND indexdef LIKE %s",
+        (schema, "% WHERE %"),
+    ).fetchall()
+    assert sorted(indexes) == [("evidences_by_link",), ("evidences_facts",), ("messages_system",)]
+    roles = sql.execute(f'SELECT message_id, role FROM "{schema}".messages ORDER BY seq')
+    assert roles.fetchall() == [(m.message_id, m.role.value) for m in _UPGRADED_MESSAGES]
+    tags = sql.execute(f'SELECT evidence_id, facts, link FROM "{schema}".evidences ORDER BY seq')
+    assert tags.fetchall() == [
+        (e.evidence_id, may_state_facts(e), pg_sql._link_value(evidence_link(e)))
+        for e in _UPGRADED_EVIDENCES
+    ]
+    assert [e.evidence_id for e in _UPGRADED_EVIDENCES if may_state_facts(e)] == [
+        "json-object",
+        "json-array",
+        "spaces",
+        "nul-inside",
+        "entity",
+        "entity-with-nul",
+        "tool-result",
+    ]
+    assert {e.evidence_id: evidence_link(e) for e in _UPGRADED_EVIDENCES if evidence_link(e)} == {
+        "tool-result": "tc1",
+        "nul-link": "c\x00x",
+        "backslash-link": "c\\u0000x",
+        "empty-link": "u1",
+        "gist": "u2",
+    }
+
+    assert await store.get_session("s1") == records.expected_document("s1", changes)
+    lite = SQLiteStore(tmp_path / "upgraded.db")
+    await lite.commit("s1", changes)
+    tail = await store.read_tail("s1", messages=1, evidences=1)
+    assert tail is not None and tail.version == 1 and tail.epoch == "epoch-1"
+    assert _ids(tail.changes.messages, "message_id") == ["u2"]
+    assert _ids(tail.changes.evidences, "evidence_id") == ["old", "gist", "gist-empty"]
+    assert tail.instruction == _UPGRADED_MESSAGES[4]
+    for m in range(1, len(_UPGRADED_MESSAGES) + 2):
+        for e in (0, 1, 2, 5, 10, 30):
+            _same_slice(
+                await store.read_tail("s1", messages=m, evidences=e),
+                await lite.read_tail("s1", messages=m, evidences=e),
+            )
+    tail = await store.read_tail("s1", messages=4, evidences=0)
+    assert tail is not None
+    assert _ids(tail.changes.evidences, "evidence_id") == [
+        "old",
+        "tool-result",
+        "nul-link",
+        "backslash-link",
+        "gist",
+    ]
+
+    # later commits write the three columns; the tail reaches back to the upgraded rows
+    later = SessionChanges(
+        messages=[records.message("u3")], evidences=[records.evidence("new", content="x")]
+    )
+    await store.commit("s1", later)
+    await lite.commit("s1", later)
+    tail = await store.read_tail("s1", messages=1, evidences=1)
+    assert tail is not None and tail.version == 2
+    assert _ids(tail.changes.evidences, "evidence_id") == ["old", "new"]
+    assert tail.older_evidences == len(_UPGRADED_EVIDENCES) - 1
+    assert tail.instruction == _UPGRADED_MESSAGES[4]
+    assert tail.fact_sources == [e for e in _UPGRADED_EVIDENCES if may_state_facts(e)]
+    _same_slice(tail, await lite.read_tail("s1", messages=1, evidences=1))
+    await store.close()
+    await lite.close()
+
+    # opening the upgraded schema again changes nothing
+    await PostgresStore(postgres_dsn, schema=schema).close()
+    layout = sql.execute(f'SELECT version FROM "{schema}".layout ORDER BY 1').fetchall()
+    assert layout == [(1,), (2,)]
+
+
+def test_upgrade_whitespace_is_what_python_strips() -> None:
+    spaces = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+    assert spaces == pg_sql._WHITESPACE
 
 
 # -- pooling and closing --------------------------------------------------------------------------

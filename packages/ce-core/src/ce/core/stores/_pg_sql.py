@@ -3,31 +3,38 @@ migration, and one function per store operation, each run on one pooled connecti
 
 Every function takes an autocommit psycopg connection and ``s``, the quoted schema name the
 store's tables live in (a name checked by ``postgres.py``, so it is safe to format into SQL).
-Reads are single statements (one snapshot each); writes are one transaction that first locks
-the session's row, so writes to one session are serialized while other sessions proceed.
+Reads are single statements (one snapshot each), except :func:`read_tail`, which runs its two
+statements in one read-only REPEATABLE READ transaction; writes are one transaction that first
+locks the session's row, so writes to one session are serialized while other sessions proceed.
 This module imports psycopg only inside functions that run on a connection, so it loads
 without the driver installed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from ce.core.errors import StoreError
 from ce.core.schema import (
     SCHEMA_VERSION,
     Evidence,
+    Message,
     SessionDocument,
+    ToolCall,
     TurnRecord,
 )
+from ce.core.schema._document import evidence_link
 from ce.core.stores._docops import user_id_of
 from ce.core.stores._rows import (
     DEFAULT_RUN,
     DOCUMENT_TABLES,
     HEAD_COLUMNS,
     RECORD_TABLES,
+    TAGGED,
     UPSERTED,
     changes_from_rows,
     check_schema_version,
@@ -35,11 +42,13 @@ from ce.core.stores._rows import (
     head_updates,
     record_json,
     record_rows,
+    row_tags,
 )
 from ce.core.stores.base import (
     AuditRecord,
     BaseStore,
     SessionChanges,
+    SessionSlice,
     SessionUpdate,
     changes_of,
     new_epoch,
@@ -63,6 +72,7 @@ __all__ = [
     "migrate",
     "put",
     "read_since",
+    "read_tail",
     "records",
     "session_ids",
     "turn",
@@ -86,6 +96,13 @@ def _record_table(table: str) -> str:
         PRIMARY KEY (session_id, seq),
         UNIQUE (session_id, {RECORD_TABLES[table]})
     )"""
+
+
+_BODY_JSON = r"replace(replace(body, E'\\\\', E'\\u005c'), E'\\u0000', E'\\u0001')"
+"""A record's body as JSON text PostgreSQL can turn into ``json`` / ``jsonb`` values: its
+``\\u0000`` escapes (text cannot hold U+0000) read as ``\\u0001`` (neither is whitespace or
+a bracket). Escaped backslashes are first written ``\\u005c`` (the same character), so the
+text ``\\u0000`` after an escaped backslash is left as it is."""
 
 
 def _version_index(table: str) -> str:
@@ -117,12 +134,82 @@ _LAYOUTS: list[list[str]] = [
         )""",
         "CREATE INDEX audit_by_session ON {s}.audit (session_id, seq)",
     ],
+    [
+        # what read_tail looks rows up by (``_rows.TAGGED``): a message's role (the newest
+        # system message before a tail), whether an evidence may state facts
+        # (``may_state_facts``) and what it belongs to (``evidence_link``)
+        "ALTER TABLE {s}.messages ADD COLUMN role TEXT",
+        "ALTER TABLE {s}.evidences ADD COLUMN facts BOOLEAN NOT NULL DEFAULT false",
+        'ALTER TABLE {s}.evidences ADD COLUMN link TEXT COLLATE "C"',
+        # rows stored before: the values from their bodies
+        f"UPDATE {{s}}.messages SET role = {_BODY_JSON}::json->>'role'",
+        f"""UPDATE {{s}}.evidences AS t SET facts = tags.facts, link = tags.link
+        FROM (
+            SELECT session_id, seq, COALESCE(
+                j->>'type' IS DISTINCT FROM 'llm_output'
+                AND NOT COALESCE((j->'metadata') ? 'original_of', false)
+                AND (
+                    (jsonb_typeof(j->'metadata'->'entity') = 'string'
+                        AND j->'metadata'->>'entity' <> ''
+                        AND jsonb_typeof(j->'metadata'->'field') = 'string'
+                        AND j->'metadata'->>'field' <> '')
+                    OR left(ltrim(COALESCE(j->>'content', ''), {{whitespace}}), 1) IN ('{{{{', '[')
+                ), false) AS facts,
+                COALESCE(
+                    NULLIF(j->'links'->>'tool_call_id', ''),
+                    CASE WHEN jsonb_typeof(j->'metadata'->'summary_of') = 'string'
+                        THEN NULLIF(j->'metadata'->>'summary_of', '') END
+                ) AS link
+            FROM (SELECT session_id, seq, {_BODY_JSON}::jsonb AS j FROM {{s}}.evidences) AS parsed
+        ) AS tags
+        WHERE t.session_id = tags.session_id AND t.seq = tags.seq
+            AND (tags.facts OR tags.link IS NOT NULL)""",
+        "CREATE INDEX messages_system ON {s}.messages (session_id, seq) WHERE role = 'system'",
+        "CREATE INDEX evidences_facts ON {s}.evidences (session_id, seq) WHERE facts",
+        "CREATE INDEX evidences_by_link ON {s}.evidences (session_id, link) WHERE link IS NOT NULL",
+    ],
 ]
 """``_LAYOUTS[n]`` holds the statements that take a schema from layout ``n`` to ``n + 1``
-(layout 0 is an empty schema). A later layout appends its upgrade step here."""
+(layout 0 is an empty schema). A later layout appends its upgrade step here. Statements are
+formatted with ``s`` (the quoted schema) and ``whitespace`` (:func:`_whitespace_literal`)."""
 
 LAYOUT_VERSION = len(_LAYOUTS)
 """The layout version this module creates and reads."""
+
+_WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004"
+    "\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+"""The characters ``str.isspace()`` holds, which ``str.lstrip()`` removes (``may_state_facts``
+looks past them in the layout upgrade's SQL)."""
+
+
+def _whitespace_literal(conn: Conn) -> str:
+    """:data:`_WHITESPACE` as an SQL string literal; only its ASCII characters when the server
+    encoding cannot hold the others (escapes above U+007F need UTF8)."""
+    (encoding,) = _one(conn.execute("SELECT current_setting('server_encoding')"))
+    chars = _WHITESPACE if encoding == "UTF8" else "".join(c for c in _WHITESPACE if c < "\x80")
+    return "E'" + "".join(f"\\u{ord(c):04x}" for c in chars) + "'"
+
+
+def _link_value(link: str | None) -> str | None:
+    """How the ``link`` column keeps an :func:`~ce.core.schema._document.evidence_link` (or
+    a key looked up in it): PostgreSQL text cannot hold U+0000, which becomes U+0001, as in
+    the layout upgrade (:data:`_BODY_JSON`); ``read_tail`` checks the links of the rows it
+    finds, so two links that differ only there are told apart."""
+    return None if link is None else link.replace("\x00", "\x01")
+
+
+_TAG_VALUES: dict[str, Callable[[Any], object]] = {
+    "role": lambda role: role,
+    "facts": bool,
+    "link": _link_value,
+}
+"""``_rows.TAGGED`` column -> its value in PostgreSQL from the value ``_rows.row_tags`` gives
+(``facts`` is a BOOLEAN)."""
+
+_TAG_TYPES = {"role": "text", "facts": "boolean", "link": "text"}
+"""``_rows.TAGGED`` column -> its SQL type."""
 
 
 # -- layout ---------------------------------------------------------------------------------------
@@ -172,9 +259,10 @@ def migrate(conn: Conn, schema: str, s: str) -> None:
         )
         stored = layout_version(conn, s)
         _check_not_newer(stored)
+        whitespace = _whitespace_literal(conn)
         for step in range(stored, LAYOUT_VERSION):
             for statement in _LAYOUTS[step]:
-                conn.execute(statement.format(s=s))
+                conn.execute(statement.format(s=s, whitespace=whitespace))
             conn.execute(f"INSERT INTO {s}.layout (version) VALUES (%s)", (step + 1,))
 
 
@@ -182,10 +270,17 @@ def migrate(conn: Conn, schema: str, s: str) -> None:
 
 
 def write_records(
-    conn: Conn, s: str, table: str, session_id: str, version: int, rows: list[tuple[str, str]]
+    conn: Conn,
+    s: str,
+    table: str,
+    session_id: str,
+    version: int,
+    rows: list[tuple[str, str]],
+    tags: dict[str, dict[str, tuple[object, ...]]],
 ) -> int:
-    """Insert ``(record_id, body)`` rows (ids distinct) after the stored ones, in one statement;
-    the number of rows changed.
+    """Insert ``(record_id, body)`` rows (ids distinct) after the stored ones, in one statement,
+    with the values of the table's ``_rows.TAGGED`` columns in ``tags`` (``_rows.row_tags``
+    of the change set the rows come from); the number of rows changed.
 
     Appended tables skip ids already stored; upserted tables replace a differing body in place
     (the row keeps its ``seq``, so the record keeps its position). The next ``seq`` comes from
@@ -200,21 +295,29 @@ def write_records(
         if table in UPSERTED
         else "DO NOTHING"
     )
+    params: dict[str, Any] = {
+        "sid": session_id,
+        "version": version,
+        "ids": [record_id for record_id, _ in rows],
+        "bodies": [body for _, body in rows],
+    }
+    tagged = TAGGED.get(table, ())
+    values = tags.get(table, {})
+    for i, column in enumerate(tagged):
+        params[column] = [_TAG_VALUES[column](values[record_id][i]) for record_id, _ in rows]
+    columns = "".join(f", {column}" for column in tagged)
+    arrays = "".join(f", %({column})s::{_TAG_TYPES[column]}[]" for column in tagged)
     cursor = conn.execute(
-        f"INSERT INTO {s}.{table} AS t (session_id, seq, {id_column}, version, body)"
+        f"INSERT INTO {s}.{table} AS t (session_id, seq, {id_column}, version, body{columns})"
         " SELECT %(sid)s, top.seq + new.ord, new.record_id, %(version)s, new.body"
-        " FROM unnest(%(ids)s::text[], %(bodies)s::text[])"
-        " WITH ORDINALITY AS new (record_id, body, ord),"
+        + "".join(f", new.{column}" for column in tagged)
+        + f" FROM unnest(%(ids)s::text[], %(bodies)s::text[]{arrays})"
+        f" WITH ORDINALITY AS new (record_id, body{columns}, ord),"
         f" (SELECT COALESCE(MAX(seq), -1) AS seq FROM {s}.{table} WHERE session_id = %(sid)s)"
         " AS top"
         " ORDER BY new.ord"
         f" ON CONFLICT (session_id, {id_column}) {on_conflict}",
-        {
-            "sid": session_id,
-            "version": version,
-            "ids": [record_id for record_id, _ in rows],
-            "bodies": [body for _, body in rows],
-        },
+        params,
     )
     return cursor.rowcount
 
@@ -262,8 +365,9 @@ def commit(
         current, stored, epoch = _lock_head(conn, s, session_id)
         BaseStore._check_version(session_id, expected_version, current)
         version = current + 1
+        tags = row_tags(changes)
         changed = sum(
-            write_records(conn, s, table, session_id, version, rows)
+            write_records(conn, s, table, session_id, version, rows, tags)
             for table, rows in record_rows(changes).items()
         )
         updates = head_updates(changes, stored)
@@ -311,8 +415,10 @@ def put(
                 session_id,
             ),
         )
-        for table, table_rows in record_rows(changes_of(doc)).items():
-            write_records(conn, s, table, session_id, version, table_rows)
+        changes = changes_of(doc)
+        tags = row_tags(changes)
+        for table, table_rows in record_rows(changes).items():
+            write_records(conn, s, table, session_id, version, table_rows, tags)
     return version, epoch
 
 
@@ -448,6 +554,185 @@ def read_since(
     head, rows = read
     changes = changes_from_rows(session_id, (head.summary, head.run_state, head.meta), rows)
     return SessionUpdate(head.version, head.epoch, complete=head.since == 0, changes=changes)
+
+
+_NO_END = 1 << 62
+"""A ``seq`` past every row."""
+
+_HEAD_PAD = ", NULL" * 9
+"""The head columns of the rows of :func:`_tail_sql` that are not its head row."""
+
+
+def _tail_sql(s: str) -> str:
+    """The first statement of :func:`read_tail`: the session's row (none when it does not
+    exist) with ``m_seq`` (the ``seq`` of the tail's first message; past every row when the
+    session has none), ``e_seq`` (where the run of newest evidences starts: the ``seq`` of the
+    oldest of the newest ``%(evidences)s``, -1 when the session has none, past every row for
+    no run) and the counts of messages before ``m_seq`` and evidences before ``e_seq``; then
+    the rows (``kind``, ``seq``, ``body``) of the newest ``%(messages)s`` messages, the run of
+    evidences, every context block and task, the newest system message before ``m_seq``
+    (``instruction``) and every evidence that may state facts before ``e_seq``
+    (``fact_sources``).
+
+    The newest messages and evidences are read backwards along the primary key with a LIMIT
+    (so a plan never expects more rows than the tail's), the instruction and the fact sources
+    through their partial indexes; the counts read index entries only (no row once the table
+    is vacuumed)."""
+    return (
+        f"WITH head AS (SELECT version, epoch, schema_version, summary, run_state, meta"
+        f" FROM {s}.sessions WHERE session_id = %(sid)s),"
+        f" newest AS (SELECT seq, body FROM {s}.messages WHERE session_id = %(sid)s"
+        " ORDER BY seq DESC LIMIT %(messages)s),"
+        f" run AS (SELECT seq, body FROM {s}.evidences WHERE session_id = %(sid)s"
+        " ORDER BY seq DESC LIMIT %(evidences)s),"
+        f" cut AS (SELECT COALESCE((SELECT min(seq) FROM newest), {_NO_END}) AS m_seq,"
+        " CASE WHEN %(evidences)s > 0 THEN COALESCE((SELECT min(seq) FROM run), -1)"
+        f" ELSE {_NO_END} END AS e_seq) "
+        "SELECT '' AS kind, cut.e_seq AS seq, NULL::text AS body, head.version, head.epoch,"
+        " head.schema_version, head.summary, head.run_state, head.meta, cut.m_seq,"
+        f" (SELECT count(*) FROM {s}.messages WHERE session_id = %(sid)s AND seq < cut.m_seq),"
+        f" (SELECT count(*) FROM {s}.evidences WHERE session_id = %(sid)s AND seq < cut.e_seq)"
+        " FROM head, cut"
+        f" UNION ALL SELECT 'messages', seq, body{_HEAD_PAD} FROM newest"
+        f" UNION ALL SELECT 'evidences', seq, body{_HEAD_PAD} FROM run"
+        + "".join(
+            f" UNION ALL SELECT '{table}', seq, body{_HEAD_PAD} FROM {s}.{table}"
+            " WHERE session_id = %(sid)s"
+            for table in ("context_blocks", "tasks")
+        )
+        + f" UNION ALL (SELECT 'instruction', seq, body{_HEAD_PAD} FROM {s}.messages"
+        " WHERE session_id = %(sid)s AND role = 'system' AND seq < (SELECT m_seq FROM cut)"
+        " ORDER BY seq DESC LIMIT 1)"
+        f" UNION ALL SELECT 'fact_sources', seq, body{_HEAD_PAD} FROM {s}.evidences"
+        " WHERE session_id = %(sid)s AND facts AND seq < (SELECT e_seq FROM cut)"
+    )
+
+
+def _linked_sql(s: str) -> str:
+    """The second statement of :func:`read_tail`: the rows (``kind``, ``seq``, ``body``) of
+    the evidences before the run (``seq < %(e_seq)s``) whose ``link`` is one of
+    ``%(links)s`` or whose id is one of ``%(refs)s``, and of the tool call records whose id is
+    one of ``%(calls)s``. Each key is looked up on its own (``OFFSET 0`` keeps the lookup a
+    subquery run per key), through the ``evidences_by_link`` partial index or the tables'
+    unique ids: a plan never trades the lookups for a scan of the session's rows."""
+    lookups = (
+        ("link", "evidences", "link", "links", " AND seq < %(e_seq)s"),
+        ("ref", "evidences", "evidence_id", "refs", " AND seq < %(e_seq)s"),
+        ("tool_calls", "tool_calls", "tool_call_id", "calls", ""),
+    )
+    return " UNION ALL ".join(
+        f"SELECT '{kind}' AS kind, found.seq, found.body"
+        f" FROM unnest(%({keys})s::text[]) AS wanted (key), LATERAL ("
+        f"SELECT seq, body FROM {s}.{table} WHERE session_id = %(sid)s"
+        f" AND {column} = wanted.key{before} OFFSET 0) AS found"
+        for kind, table, column, keys, before in lookups
+    )
+
+
+@contextmanager
+def _snapshot(conn: Conn) -> Iterator[None]:
+    """One read-only REPEATABLE READ transaction: its statements read one snapshot."""
+    import psycopg
+    from psycopg.pq import TransactionStatus
+
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    try:
+        yield
+    except BaseException:
+        # on a broken connection the pool discards it; the first error is the one raised
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            with suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _parsed(session_id: str, model: type[_M], body: str) -> _M:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+
+
+def _storable(keys: list[str]) -> list[str]:
+    """``keys`` without repeats and without those PostgreSQL text cannot hold (no stored id
+    holds U+0000)."""
+    return [key for key in dict.fromkeys(keys) if "\x00" not in key]
+
+
+def read_tail(
+    conn: Conn, s: str, session_id: str, messages: int, evidences: int
+) -> SessionSlice | None:
+    """The newest records of the session (see :class:`~ce.core.stores.base.SliceStore`), as
+    ``SQLiteStore`` reads them, in one read-only REPEATABLE READ transaction of two
+    statements: :func:`_tail_sql`, then (when the tail's messages or blocks name anything)
+    :func:`_linked_sql` with the tool call ids and message ids of the tail's messages and
+    the evidence ids its blocks refer to. Each reads only rows of the tail, through keys and
+    partial indexes; None when the session does not exist."""
+    kinds = ("messages", "evidences", "context_blocks", "tasks", "instruction", "fact_sources")
+    rows: dict[str, list[tuple[int, str]]] = {kind: [] for kind in kinds}
+    linked: dict[str, list[tuple[int, str]]] = {"link": [], "ref": [], "tool_calls": []}
+    with _snapshot(conn):
+        head: tuple[Any, ...] | None = None
+        for kind, seq, body, *head_columns in conn.execute(
+            _tail_sql(s), {"sid": session_id, "messages": messages, "evidences": evidences}
+        ):
+            if kind:
+                rows[kind].append((seq, body))
+            else:
+                head = (seq, *head_columns)
+        if head is None:
+            return None
+        e_seq, stored, epoch, schema_version, summary, run_state, meta, _, older, before = head
+        check_schema_version(session_id, schema_version)
+        for part in rows.values():
+            part.sort()
+        changes = changes_from_rows(
+            session_id,
+            (summary, run_state, meta),
+            {
+                "messages": [("", body) for _, body in rows["messages"]],
+                "tool_calls": [],
+                "model_usage": [],
+                "evidences": [],
+                "context_blocks": [("", body) for _, body in rows["context_blocks"]],
+                "tasks": [("", body) for _, body in rows["tasks"]],
+            },
+        )
+        calls = [c.tool_call_id for m in changes.messages for c in m.tool_calls or ()]
+        own = [*calls, *(m.message_id for m in changes.messages if m.message_id)]
+        refs = [ref.evidence_id for block in changes.context_blocks for ref in block.refs]
+        if own or refs:
+            params = {
+                "sid": session_id,
+                "e_seq": e_seq,
+                "links": list(dict.fromkeys(map(_link_value, own))),
+                "refs": _storable(refs),
+                "calls": _storable(calls),
+            }
+            for kind, seq, body in conn.execute(_linked_sql(s), params):
+                linked[kind].append((seq, body))
+    found = {seq: _parsed(session_id, Evidence, body) for seq, body in rows["evidences"]}
+    links = set(own)
+    for seq, body in linked["link"]:
+        evidence = _parsed(session_id, Evidence, body)
+        if evidence_link(evidence) in links:  # not one that differs only in a U+0000
+            found[seq] = evidence
+    found.update((seq, _parsed(session_id, Evidence, body)) for seq, body in linked["ref"])
+    changes.evidences = [found[seq] for seq in sorted(found)]
+    changes.tool_calls = [
+        _parsed(session_id, ToolCall, body) for _, body in sorted(linked["tool_calls"])
+    ]
+    instruction = rows["instruction"]
+    return SessionSlice(
+        changes,
+        int(stored),
+        str(epoch),
+        int(older),
+        int(before) - sum(1 for seq in found if seq < e_seq),
+        instruction=_parsed(session_id, Message, instruction[0][1]) if instruction else None,
+        fact_sources=[_parsed(session_id, Evidence, body) for _, body in rows["fact_sources"]],
+    )
 
 
 def version(conn: Conn, s: str, session_id: str) -> int:

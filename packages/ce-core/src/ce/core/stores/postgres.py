@@ -29,6 +29,13 @@ of user dicts and refuses ``\\u0000`` in strings. Each document table has an ind
 ``(session_id, version)``, so :meth:`PostgresStore.read_since` reads only the rows written
 after a version.
 
+Since layout 2, ``messages`` also keep the message's ``role`` and ``evidences`` whether the
+evidence may state facts (``facts``, see :func:`~ce.core.schema._document.may_state_facts`) and
+what it belongs to (``link``, see :func:`~ce.core.schema._document.evidence_link`), each with a
+partial index (system messages; evidences stating facts; linked evidences), so
+:meth:`PostgresStore.read_tail` reads a session's newest records without reading the rest.
+Upgrading a layout-1 schema fills the three columns from the stored bodies.
+
 Opening a store creates or upgrades the layout under a transaction-level advisory lock, so
 many workers may open a fresh database at once. A commit locks the session's row
 (``SELECT ... FOR UPDATE``), inserts only the new rows (``ON CONFLICT DO NOTHING``; blocks and
@@ -64,7 +71,9 @@ from ce.core.stores.base import (
     BlockFilter,
     EvidenceFilter,
     SessionChanges,
+    SessionSlice,
     SessionUpdate,
+    check_slice_size,
     filter_blocks,
     filter_evidences,
 )
@@ -354,6 +363,16 @@ class PostgresStore(BaseStore):
         """What changed after ``version`` of ``epoch``: only the rows written since, found
         through the version indexes, in one statement (one snapshot)."""
         return await self._run(_pg_sql.read_since, session_id, version, epoch)
+
+    async def read_tail(
+        self, session_id: str, *, messages: int, evidences: int
+    ) -> SessionSlice | None:
+        """The newest records of the session (see :class:`~ce.core.stores.base.SliceStore`),
+        as :class:`~ce.core.stores.SQLiteStore` reads them: two statements in one read-only
+        REPEATABLE READ transaction, reading the slice's rows through the tables' keys and
+        partial indexes, never the whole session; None when it does not exist."""
+        check_slice_size(messages, evidences)
+        return await self._run(_pg_sql.read_tail, session_id, messages, evidences)
 
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
         return await self._run(_pg_sql.evidence, session_id, evidence_id)
