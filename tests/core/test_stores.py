@@ -571,3 +571,18 @@ def test_open_store_rejects_bad_urls(url: str) -> None:
         assert all(
             s in str(info.value) for s in ("memory://", "sqlite://", "file://", "postgresql://")
         )
+
+
+async def test_sqlite_tag_columns_follow_the_record_a_commit_keeps(tmp_path: Path) -> None:
+    """A commit that repeats an id stores the first record: its role, facts and link too."""
+    store = SQLiteStore(tmp_path / "ce.db")
+    first = Message(role=Role.SYSTEM, content="be brief", message_id="m1")
+    again = Message(role=Role.USER, content="hello", message_id="m1")
+    doc_a = records.evidence("e1").model_copy(update={"content": '{"order_id": 1, "s": "x"}'})
+    doc_b = records.evidence("e1").model_copy(update={"content": "plain"})
+    await store.commit("s1", SessionChanges(messages=[first, again], evidences=[doc_a, doc_b]))
+    await store.close()
+    with sqlite3.connect(tmp_path / "ce.db") as conn:
+        assert conn.execute("SELECT role FROM messages").fetchall() == [("system",)]
+        assert conn.execute("SELECT facts FROM evidences").fetchall() == [(1,)]
+    conn.close()

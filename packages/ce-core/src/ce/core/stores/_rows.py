@@ -123,13 +123,15 @@ facts (:func:`~ce.core.schema._document.may_state_facts`) and what it belongs to
 
 def row_tags(changes: SessionChanges) -> dict[str, dict[str, tuple[object, ...]]]:
     """The values of the :data:`TAGGED` columns of the records of ``changes``, per table and
-    record id."""
-    return {
-        "messages": {_message_id(m): (m.role.value,) for m in changes.messages},
-        "evidences": {
-            e.evidence_id: (int(may_state_facts(e)), evidence_link(e)) for e in changes.evidences
-        },
-    }
+    record id (of the first record of an id, the one :func:`record_rows` keeps)."""
+    messages: dict[str, tuple[object, ...]] = {}
+    for m in changes.messages:
+        messages.setdefault(_message_id(m), (m.role.value,))
+    evidences: dict[str, tuple[object, ...]] = {}
+    for e in changes.evidences:
+        if e.evidence_id not in evidences:
+            evidences[e.evidence_id] = (int(may_state_facts(e)), evidence_link(e))
+    return {"messages": messages, "evidences": evidences}
 
 
 def check_schema_version(session_id: str, schema_version: str) -> None:
