@@ -147,3 +147,43 @@ async def test_within_its_turn_a_recorded_run_waits_for_the_frameworks_tool_mess
         "tool": "weather",
         "status": "success",
     }
+
+
+async def test_a_run_keeps_its_own_tool_chain_when_other_runs_wrote_to_the_session() -> None:
+    """Runs that share a session (workers, or agents, each with its own question): other
+    runs asked and were answered after this run's tool call, yet its next model call gets its
+    own question, call and result, as the session's newest question would; when those do
+    not fit beside the other runs' blocks, the call is assembled as before (no error)."""
+
+    async def next_call(budget: int) -> list[Any]:
+        engine = deterministic_engine(
+            RuntimeConfig(
+                model_hint="gpt-4o",
+                budget=BudgetConfig(max_input_tokens=budget, reserved_reply_tokens=60),
+            )
+        )
+        mine = Message(role=Role.USER, content="Weather in Oslo?")
+        await engine.prepare_call("s", [mine])
+        call = Message(
+            role=Role.ASSISTANT, content="", tool_calls=[_call("c-mine", "Oslo")], invocation=INV
+        )
+        await engine.commit_assistant_message("s", call)  # the model asked for the tool
+        for n in range(3):  # meanwhile other runs ask, and two get their answers
+            await engine.prepare_call("s", [Message(role=Role.USER, content=f"Other {n}?")])
+            if n < 2:
+                answer = f"answer {n}: " + "beta gamma delta " * 20
+                await engine.commit_assistant_message(
+                    "s", Message(role=Role.ASSISTANT, content=answer, invocation=INV)
+                )
+        result = Message(
+            role=Role.TOOL, content="Oslo: sunny", tool_call_id="c-mine", name="weather"
+        )
+        prepared = await engine.prepare_call("s", [mine, call, result])
+        return to_openai_messages(prepared.assembled_input.parts)
+
+    sent = await next_call(260)
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == ["c-mine"]
+    assert "Weather in Oslo?" in [m["content"] for m in sent if m["role"] == "user"]
+    assert [m["content"] for m in sent if m["role"] == "user"][-1] == "Other 2?"
+    small = await next_call(160)  # room for the newest question and little else
+    assert [m["content"] for m in small if m["role"] == "user"][-1] == "Other 2?"

@@ -48,7 +48,10 @@ class Preparer(BlockSummaries):
         call: WriteLog,
         kind: str,
         tool_schemas: list[dict[str, Any]] | None,
+        run_head: str | None = None,
     ) -> PrepareResult:
+        """Select and assemble for the session's current state; ``run_head``: the stored id
+        of the user message that opened this call's run (see ``select_and_assemble``)."""
         started_ns = time.time_ns()  # for the events' observers (a tracing span's start)
         call.prepare = True
         if entry.partial and self._summarizer is not None and cfg.summary.enabled:
@@ -56,15 +59,31 @@ class Preparer(BlockSummaries):
         await self._maybe_summarize(entry, cfg, call)
         index = entry.index(cfg.model_hint, cfg.render.fence_tool_results)
         now = self.clock.now_iso()
+        run_start = None if run_head is None else index.turn_of(run_head)
         try:
-            selection = await select_and_assemble(
-                index,
-                entry.doc,
-                cfg,
-                now=parse_iso(now),
-                tool_schemas=tool_schemas,
-                unread=entry.unread,
-            )
+            try:
+                selection = await select_and_assemble(
+                    index,
+                    entry.doc,
+                    cfg,
+                    now=parse_iso(now),
+                    tool_schemas=tool_schemas,
+                    unread=entry.unread,
+                    run_start=run_start,
+                )
+            except BudgetExceededError:
+                if run_start is None:
+                    raise
+                # the other runs' blocks since this run's question do not fit beside it:
+                # the run starts at the session's newest question, as for any call
+                selection = await select_and_assemble(
+                    index,
+                    entry.doc,
+                    cfg,
+                    now=parse_iso(now),
+                    tool_schemas=tool_schemas,
+                    unread=entry.unread,
+                )
         except BudgetExceededError as exc:
             await self._emit(
                 "Error",

@@ -99,6 +99,7 @@ class SessionEntry:
         self.dedup: dict[str, str] = {}
         self.key_counts: dict[tuple[Any, ...], int] = {}
         self.last_key: tuple[Any, ...] | None = None  # of the newest non-system message
+        self.user_ids: dict[tuple[Any, ...], str] = {}  # key -> newest user message's id
         self.message_ids: set[str] = set()
         self.id_texts: dict[str, tuple[Any, ...]] = {}
         self.id_variants: set[tuple[str, tuple[Any, ...]]] = set()
@@ -169,6 +170,8 @@ class SessionEntry:
         self.key_counts[key] = self.key_counts.get(key, 0) + 1
         if message.role is not Role.SYSTEM:
             self.last_key = key
+        if message.role is Role.USER and message.message_id:
+            self.user_ids[key] = message.message_id
 
     def holds(self, message_id: str, role: Any, text: str) -> bool:
         """Whether the session holds a message the framework identifies as ``message_id``

@@ -144,8 +144,14 @@ async def select_and_assemble(
     now: datetime | None,
     tool_schemas: list[dict[str, Any]] | None = None,
     unread: Unread | None = None,
+    run_start: int | None = None,
 ) -> Selection:
     """Derive, prune, render and assemble the input for the session's current state.
+
+    The call's run starts at the session's newest user message, or at ``run_start`` (the
+    group of an older user message: the question of this call's own run, when other runs
+    wrote to the session since): from there on every block is kept (degraded if need be),
+    so a run's in-flight tool chain reaches its model whole.
 
     ``index`` must hold every record of ``doc``. ``doc`` and ``index`` may hold the newest
     part of the session only (``unread`` says what they lack): the selection is then the
@@ -191,6 +197,8 @@ async def select_and_assemble(
             )
     groups = index.groups
     tail_start = index.last_user_group if index.last_user_group is not None else len(groups)
+    if run_start is not None and run_start < tail_start and index.opens_turn(run_start):
+        tail_start = run_start
     summary = doc.session.summary
     hidden = 0
     if summary is not None:

@@ -345,6 +345,14 @@ class SessionIndex:
 
     # -- queries --------------------------------------------------------------------------
 
+    def turn_of(self, message_id: str) -> int | None:
+        """The index of the group a user message ``message_id`` opens (None when it opens
+        none: unknown, or the Observation of a ReAct step)."""
+        index = self._message_group.get(message_id)
+        if index is None or self._group_data[index].head.message_id != message_id:
+            return None
+        return index if self.opens_turn(index) else None
+
     def opens_turn(self, index: int) -> bool:
         """Whether ``groups[index]`` is a user message (a turn starts there)."""
         return self._group_data[index].head.role is Role.USER
