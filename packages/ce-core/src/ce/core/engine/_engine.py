@@ -333,8 +333,8 @@ class ContextEngine(Preparer):
         async def op(entry: SessionEntry, call: WriteLog) -> PrepareResult:
             self._record_pending(entry, pending_messages, cfg, call)
             await checkpoint()
-            head = self._run_head(entry, pending_messages, cfg)
-            return await self._prepare(entry, cfg, call, "call", tool_schemas, head)
+            own = self._own_run(entry, pending_messages, cfg)
+            return await self._prepare(entry, cfg, call, "call", tool_schemas, own)
 
         return await self._write(session_id, op)
 

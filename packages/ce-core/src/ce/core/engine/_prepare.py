@@ -48,10 +48,11 @@ class Preparer(BlockSummaries):
         call: WriteLog,
         kind: str,
         tool_schemas: list[dict[str, Any]] | None,
-        run_head: str | None = None,
+        own_run: tuple[str | None, list[str]] = (None, []),
     ) -> PrepareResult:
-        """Select and assemble for the session's current state; ``run_head``: the stored id
-        of the user message that opened this call's run (see ``select_and_assemble``)."""
+        """Select and assemble for the session's current state; ``own_run``: the stored ids
+        of this call's question and of the tool calls its run made (see
+        ``select_and_assemble``)."""
         started_ns = time.time_ns()  # for the events' observers (a tracing span's start)
         call.prepare = True
         if entry.partial and self._summarizer is not None and cfg.summary.enabled:
@@ -59,7 +60,9 @@ class Preparer(BlockSummaries):
         await self._maybe_summarize(entry, cfg, call)
         index = entry.index(cfg.model_hint, cfg.render.fence_tool_results)
         now = self.clock.now_iso()
-        run_start = None if run_head is None else index.turn_of(run_head)
+        question, calls = own_run
+        start = None if question is None else index.turn_of(question)
+        pinned = [] if start is None else [start, *map(index.call_group, calls)]
         try:
             try:
                 selection = await select_and_assemble(
@@ -69,13 +72,13 @@ class Preparer(BlockSummaries):
                     now=parse_iso(now),
                     tool_schemas=tool_schemas,
                     unread=entry.unread,
-                    run_start=run_start,
+                    own_run=[g for g in pinned if g is not None],
                 )
             except BudgetExceededError:
-                if run_start is None:
+                if not pinned:
                     raise
-                # the other runs' blocks since this run's question do not fit beside it:
-                # the run starts at the session's newest question, as for any call
+                # this run's blocks do not fit beside the newest question's: assembled as
+                # any call is, from the session's newest question
                 selection = await select_and_assemble(
                     index,
                     entry.doc,

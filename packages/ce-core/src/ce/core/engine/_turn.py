@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -144,14 +145,14 @@ async def select_and_assemble(
     now: datetime | None,
     tool_schemas: list[dict[str, Any]] | None = None,
     unread: Unread | None = None,
-    run_start: int | None = None,
+    own_run: Iterable[int] = (),
 ) -> Selection:
     """Derive, prune, render and assemble the input for the session's current state.
 
-    The call's run starts at the session's newest user message, or at ``run_start`` (the
-    group of an older user message: the question of this call's own run, when other runs
-    wrote to the session since): from there on every block is kept (degraded if need be),
-    so a run's in-flight tool chain reaches its model whole.
+    The call's run starts at the session's newest user message: from there on every block
+    is kept (degraded if need be), so a run's in-flight tool chain reaches its model whole.
+    ``own_run``: the groups of this call's own run when other runs wrote to the session since
+    its question (its question, its tool calls with their results): they are kept likewise.
 
     ``index`` must hold every record of ``doc``. ``doc`` and ``index`` may hold the newest
     part of the session only (``unread`` says what they lack): the selection is then the
@@ -197,18 +198,19 @@ async def select_and_assemble(
             )
     groups = index.groups
     tail_start = index.last_user_group if index.last_user_group is not None else len(groups)
-    if run_start is not None and run_start < tail_start and index.opens_turn(run_start):
-        tail_start = run_start
     summary = doc.session.summary
     hidden = 0
     if summary is not None:
         hidden = min(index.first_group_after(summary.message_index_range.to_index), tail_start)
+    pinned = frozenset(g for g in own_run if hidden <= g < tail_start)
     tail = groups[tail_start:]
+    must.extend(groups[g] for g in sorted(pinned))
     must.extend(tail)
     request = PruneRequest(
         index=index,
         must=must,
-        degradable={c.block_id for c in tail[1:]},
+        degradable={c.block_id for c in tail[1:]} | {groups[g].block_id for g in pinned},
+        pinned=pinned,
         context=context,
         hidden=hidden,
         tail_start=tail_start,

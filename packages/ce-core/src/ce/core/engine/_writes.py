@@ -487,23 +487,27 @@ class HistoryWriter:
             else:
                 self._write_tool_result(entry, message, cfg, call)
 
-    def _run_head(
+    def _own_run(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
-    ) -> str | None:
-        """The stored id of the user message that opened the run of a call whose pending
-        messages are ``pending`` (recorded already): the newest stored user message with the
-        text of the last one the framework passes. Other runs may have written to the session
-        since (concurrent runs on one session): this call's in-flight tool chain starts there,
-        not at the session's newest question. None when nothing follows that message in
-        ``pending`` (no tool chain in flight: the run is the session's newest question)."""
+    ) -> tuple[str | None, list[str]]:
+        """The run of a call whose pending messages are ``pending`` (recorded already), as
+        stored: the id of its question (the newest stored user message with the text of the
+        last one the framework passes) and the ids of the tool calls its model made since.
+        Other runs may have written to the session meanwhile (concurrent runs on one
+        session): this run's in-flight tool chain is kept all the same. ``(None, [])`` when
+        no tool call follows that question in ``pending``."""
+        calls: list[str] = []
         for position in range(len(pending) - 1, -1, -1):
             message = pending[position]
             if message.role is Role.USER:
-                if position == len(pending) - 1:
-                    return None
+                if not calls:
+                    return None, []
                 key = message_key(message, self._stored_text(message.content, cfg))
-                return entry.user_ids.get(key)
-        return None
+                return entry.user_ids.get(key), calls
+            for request in message.tool_calls or ():
+                framework_id = request.tool_call_id
+                calls.append(entry.call_aliases.get(framework_id, framework_id))
+        return None, []
 
     def _unless_held(
         self, entry: SessionEntry, message: Message, cfg: RuntimeConfig, call: WriteLog

@@ -353,6 +353,10 @@ class SessionIndex:
             return None
         return index if self.opens_turn(index) else None
 
+    def call_group(self, tool_call_id: str) -> int | None:
+        """The index of the group whose assistant message made the tool call."""
+        return self._call_group.get(tool_call_id)
+
     def opens_turn(self, index: int) -> bool:
         """Whether ``groups[index]`` is a user message (a turn starts there)."""
         return self._group_data[index].head.role is Role.USER

@@ -96,6 +96,10 @@ class PruneRequest:
     evidence_preamble_tokens: int = 0
     excluded: dict[str, str] = field(default_factory=dict)
     """Evidence block ids left out before pruning (a resolved conflict), with the reason."""
+    pinned: frozenset[int] = frozenset()
+    """Conversation groups before ``tail_start`` that are in ``must`` (a run's own blocks,
+    when other runs wrote to the session since its question): the history walk passes them
+    by, and the history's range decisions leave them out."""
 
 
 @dataclass
@@ -286,6 +290,25 @@ class _Run:
         return Priority.LOW
 
 
+def _unpinned(start: int, stop: int, pinned: frozenset[int]) -> list[tuple[int, int]]:
+    """``range(start, stop)`` without the ``pinned`` groups, as ``(start, stop)`` runs (work
+    proportional to the pinned groups, not to the range)."""
+    runs = []
+    for group in sorted(g for g in pinned if start <= g < stop):
+        if group > start:
+            runs.append((start, group))
+        start = group + 1
+    if start < stop:
+        runs.append((start, stop))
+    return runs
+
+
+def _span(index: SessionIndex, start: int, stop: int) -> str:
+    """The block id of ``groups[start:stop]``: one id, or ``first..last``."""
+    first = index.groups[start].block_id
+    return first if stop - start == 1 else f"{first}..{index.groups[stop - 1].block_id}"
+
+
 class GreedyPriorityPruner:
     """Keeps ``must``, then spends the budget by priority and recency (see the module doc)."""
 
@@ -307,6 +330,9 @@ class GreedyPriorityPruner:
                 if candidate.priority is tier:
                     run.try_fit(candidate, tier)
             while conversation_open and cursor >= request.hidden:
+                if cursor in request.pinned:  # kept with the must blocks
+                    cursor -= 1
+                    continue
                 rank = request.tail_start - 1 - cursor
                 if run.conversation_tier(rank) is not tier:
                     break
@@ -319,19 +345,16 @@ class GreedyPriorityPruner:
         run.result.history_open = conversation_open and cursor < 0
         history: list[tuple[int, PruneDecision]] = []  # (first group, decision)
         cursor = self._start_at_a_turn(run, cursor, history)
-        if cursor >= request.hidden:
-            first, last = index.groups[request.hidden], index.groups[cursor]
+        for start, stop in _unpinned(request.hidden, cursor + 1, request.pinned):
             history.append(
                 (
-                    request.hidden,
+                    start,
                     _decision(
-                        f"{first.block_id}..{last.block_id}"
-                        if cursor > request.hidden
-                        else first.block_id,
+                        _span(index, start, stop),
                         "dropped",
                         "older than a dropped block: the kept history stays contiguous",
-                        index.group_tokens(request.hidden, cursor + 1),
-                        count=cursor + 1 - request.hidden,
+                        index.group_tokens(start, stop),
+                        count=stop - start,
                     ),
                 )
             )
@@ -364,33 +387,34 @@ class GreedyPriorityPruner:
         ``history``). Returns ``cursor``."""
         request, index = run.request, run.request.index
         walk = run.walk
+        pinned = request.pinned
         first = cursor + 1
-        while first < request.tail_start and walk.get(first, ("dropped",))[0] == "dropped":
-            first += 1  # blocks that did not fit (each has its own decision)
+        while first < request.tail_start and (
+            first in pinned or walk.get(first, ("dropped",))[0] == "dropped"
+        ):
+            first += 1  # blocks that did not fit (each has its own decision), pinned ones
         if first <= request.hidden:
             return cursor  # nothing was cut (or only the summary's range precedes)
         stop = first
         while stop < request.tail_start and not index.opens_turn(stop):
             stop += 1
-        if stop == first:
-            return cursor
-        tokens = sum(walk.pop(i)[2] for i in range(first, stop) if i in walk)
-        dropped = {index.groups[i].block_id for i in range(first, stop)}
-        run.result.kept = [(c, r) for c, r in run.result.kept if c.block_id not in dropped]
-        run.remaining += tokens
-        first_id, last_id = index.groups[first].block_id, index.groups[stop - 1].block_id
-        history.append(
-            (
-                first,
-                _decision(
-                    f"{first_id}..{last_id}" if stop - first > 1 else first_id,
-                    "dropped",
-                    "turn boundary: the user message it answers was dropped",
-                    tokens,
-                    count=stop - first,
-                ),
+        for start, end in _unpinned(first, stop, pinned):
+            tokens = sum(walk.pop(i)[2] for i in range(start, end) if i in walk)
+            dropped = {index.groups[i].block_id for i in range(start, end)}
+            run.result.kept = [(c, r) for c, r in run.result.kept if c.block_id not in dropped]
+            run.remaining += tokens
+            history.append(
+                (
+                    start,
+                    _decision(
+                        _span(index, start, end),
+                        "dropped",
+                        "turn boundary: the user message it answers was dropped",
+                        tokens,
+                        count=end - start,
+                    ),
+                )
             )
-        )
         return cursor
 
     def _keep_must(self, run: _Run, must: Sequence[Candidate]) -> None:
