@@ -24,6 +24,7 @@ import ce.core.stores.sqlite as sqlite_module
 from ce.core.errors import StoreError
 from ce.core.schema import (
     Evidence,
+    EvidenceLinks,
     EvidenceSource,
     EvidenceType,
     Message,
@@ -430,6 +431,8 @@ def _layout_1(db: Path) -> None:
     """Turn the current layout at ``db`` into layout 1 (no ``turns`` table, no ``epoch``
     column, no version indexes, no columns for partial reads)."""
     with sqlite3.connect(db) as conn:
+        for trigger in ("messages_role", "evidences_tags"):
+            conn.execute(f"DROP TRIGGER {trigger}")
         for index in ("messages_system", "evidences_facts", "evidences_by_link"):
             conn.execute(f"DROP INDEX {index}")
         conn.execute("ALTER TABLE messages DROP COLUMN role")
@@ -586,3 +589,41 @@ async def test_sqlite_tag_columns_follow_the_record_a_commit_keeps(tmp_path: Pat
         assert conn.execute("SELECT role FROM messages").fetchall() == [("system",)]
         assert conn.execute("SELECT facts FROM evidences").fetchall() == [(1,)]
     conn.close()
+
+
+async def test_sqlite_rows_an_older_ce_core_writes_get_their_tags(tmp_path: Path) -> None:
+    """During a rolling deploy a process of the previous ce-core keeps writing rows without
+    the tagged columns: the file fills them in, so a partial read still finds them."""
+    store = SQLiteStore(tmp_path / "ce.db")
+    await store.commit("s1", SessionChanges(messages=[_message("m1")]))
+    system = Message(role=Role.SYSTEM, content="be brief", message_id="m0")
+    linked = records.evidence("e1").model_copy(
+        update={
+            "content": '{"order_id": 1, "status": "x"}',
+            "links": EvidenceLinks(tool_call_id="c9"),
+        }
+    )
+    with sqlite3.connect(tmp_path / "ce.db") as conn:  # the previous layout's statements
+        for table, rid, body in (
+            ("messages", "message_id", system.model_dump_json(exclude_none=True)),
+            ("evidences", "evidence_id", linked.model_dump_json(exclude_none=True)),
+        ):
+            record_id = "m0" if table == "messages" else "e1"
+            conn.execute(
+                f"INSERT INTO {table} (session_id, seq, {rid}, version, body)"
+                f" SELECT 's1', COALESCE(MAX(seq) + 1, 0), ?, 2, ? FROM {table}"
+                " WHERE session_id = 's1'",
+                (record_id, body),
+            )
+        conn.execute("UPDATE sessions SET version = 2 WHERE session_id = 's1'")
+        assert conn.execute("SELECT role FROM messages ORDER BY seq").fetchall() == [
+            ("user",),
+            ("system",),
+        ]
+        assert conn.execute("SELECT facts, link FROM evidences").fetchall() == [(1, "c9")]
+    conn.close()
+    await store.commit("s1", SessionChanges(messages=[_message("m2")]))
+    part = await store.read_tail("s1", messages=1, evidences=0)
+    assert part is not None and part.instruction == system
+    assert [e.evidence_id for e in part.fact_sources] == ["e1"]
+    await store.close()

@@ -70,7 +70,7 @@ def _version_index(table: str) -> str:
 
 _TAG_COLUMNS = [
     "ALTER TABLE messages ADD COLUMN role TEXT",
-    "ALTER TABLE evidences ADD COLUMN facts INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE evidences ADD COLUMN facts INTEGER",  # NULL: not computed (see _TAG_TRIGGERS)
     "ALTER TABLE evidences ADD COLUMN link TEXT",
 ]
 """The columns a partial read looks rows up by (see ``_rows.TAGGED``)."""
@@ -82,25 +82,52 @@ _TAG_INDEXES = [
 ]
 
 _WHITESPACE = "' ' || char(9, 10, 11, 12, 13)"
-_TAG_BACKFILL = [
-    "UPDATE messages SET role = json_extract(body, '$.role')",
-    # may_state_facts of each stored evidence, in SQL
-    f"""UPDATE evidences SET facts = CASE
-        WHEN json_extract(body, '$.type') = 'llm_output'
-            OR json_type(body, '$.metadata.original_of') IS NOT NULL THEN 0
-        WHEN json_type(body, '$.metadata.entity') = 'text'
-            AND json_extract(body, '$.metadata.entity') <> ''
-            AND json_type(body, '$.metadata.field') = 'text'
-            AND json_extract(body, '$.metadata.field') <> '' THEN 1
-        WHEN substr(ltrim(COALESCE(json_extract(body, '$.content'), ''), {_WHITESPACE}), 1, 1)
+
+
+def _role(body: str) -> str:
+    """A message's role, in SQL, from its JSON ``body``."""
+    return f"json_extract({body}, '$.role')"
+
+
+def _facts(body: str) -> str:
+    """``may_state_facts`` of an evidence, in SQL, from its JSON ``body``."""
+    return f"""CASE
+        WHEN json_extract({body}, '$.type') = 'llm_output'
+            OR json_type({body}, '$.metadata.original_of') IS NOT NULL THEN 0
+        WHEN json_type({body}, '$.metadata.entity') = 'text'
+            AND json_extract({body}, '$.metadata.entity') <> ''
+            AND json_type({body}, '$.metadata.field') = 'text'
+            AND json_extract({body}, '$.metadata.field') <> '' THEN 1
+        WHEN substr(ltrim(COALESCE(json_extract({body}, '$.content'), ''), {_WHITESPACE}), 1, 1)
             IN ('{{', '[') THEN 1
-        ELSE 0 END""",
-    # evidence_link of each stored evidence
-    """UPDATE evidences SET link = COALESCE(
-        NULLIF(json_extract(body, '$.links.tool_call_id'), ''),
-        CASE WHEN json_type(body, '$.metadata.summary_of') = 'text'
-            THEN NULLIF(json_extract(body, '$.metadata.summary_of'), '') END)""",
+        ELSE 0 END"""
+
+
+def _link(body: str) -> str:
+    """``evidence_link`` of an evidence, in SQL, from its JSON ``body``."""
+    return f"""COALESCE(
+        NULLIF(json_extract({body}, '$.links.tool_call_id'), ''),
+        CASE WHEN json_type({body}, '$.metadata.summary_of') = 'text'
+            THEN NULLIF(json_extract({body}, '$.metadata.summary_of'), '') END)"""
+
+
+_TAG_BACKFILL = [
+    f"UPDATE messages SET role = {_role('body')}",
+    f"UPDATE evidences SET facts = {_facts('body')}, link = {_link('body')}",
 ]
+"""The tagged columns of the rows stored before they existed, from their bodies."""
+
+_TAG_TRIGGERS = [
+    f"""CREATE TRIGGER messages_role AFTER INSERT ON messages WHEN NEW.role IS NULL BEGIN
+        UPDATE messages SET role = {_role("NEW.body")}
+        WHERE session_id = NEW.session_id AND seq = NEW.seq; END""",
+    f"""CREATE TRIGGER evidences_tags AFTER INSERT ON evidences WHEN NEW.facts IS NULL BEGIN
+        UPDATE evidences SET facts = {_facts("NEW.body")}, link = {_link("NEW.body")}
+        WHERE session_id = NEW.session_id AND seq = NEW.seq; END""",
+]
+"""A row inserted without the tagged columns gets them from its body: a process still
+running an older ce-core (a rolling deploy) keeps writing rows a partial read finds. This
+ce-core writes them itself, so the triggers' condition is false for its rows."""
 
 
 _DDL = [
@@ -127,6 +154,7 @@ _DDL = [
     "CREATE INDEX audit_by_session ON audit (session_id)",
     *_TAG_COLUMNS,
     *_TAG_INDEXES,
+    *_TAG_TRIGGERS,
 ]
 """The statements that create the current layout in an empty file."""
 
@@ -139,7 +167,7 @@ _MIGRATIONS: dict[int, list[str]] = {
         *map(_version_index, DOCUMENT_TABLES),
     ],
     # files written before partial reads: their rows get the columns' values from the bodies
-    3: [*_TAG_COLUMNS, *_TAG_BACKFILL, *_TAG_INDEXES],
+    3: [*_TAG_COLUMNS, *_TAG_BACKFILL, *_TAG_INDEXES, *_TAG_TRIGGERS],
 }
 """Layout version -> the statements that upgrade it to the next version."""
 
