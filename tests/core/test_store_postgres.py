@@ -1215,3 +1215,38 @@ def test_stores_import_without_the_driver_and_name_the_extra() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "ce-core[postgres]" in done.stdout
+
+
+async def test_rows_an_older_ce_core_writes_get_their_tags(
+    postgres_dsn: str, schema: str, sql: Any
+) -> None:
+    """During a rolling deploy a process of the previous ce-core keeps inserting rows
+    without the tag columns: a trigger fills them in, so a partial read still finds them."""
+    store = PostgresStore(postgres_dsn, schema=schema)
+    await store.commit("s1", SessionChanges(messages=[_message("m1")]))
+    system = Message(role=Role.SYSTEM, content="be brief", message_id="m0")
+    linked = _linked("e1", "c9", content='{"order_id": 1, "status": "x"}')
+    s = f'"{schema}"'
+    for table, column, record_id, body in (
+        ("messages", "message_id", "m0", system.model_dump_json(exclude_none=True)),
+        ("evidences", "evidence_id", "e1", linked.model_dump_json(exclude_none=True)),
+    ):  # the previous layout's insert
+        sql.execute(
+            f"INSERT INTO {s}.{table} (session_id, seq, {column}, version, body)"
+            f" SELECT 's1', COALESCE(MAX(seq) + 1, 0), %s, 2, %s FROM {s}.{table}"
+            " WHERE session_id = 's1'",
+            (record_id, body),
+        )
+    sql.execute(f"UPDATE {s}.sessions SET version = 2 WHERE session_id = 's1'")
+    roles = sql.execute(f"SELECT role FROM {s}.messages ORDER BY seq").fetchall()
+    assert roles == [("user",), ("system",)]
+    assert sql.execute(f"SELECT facts, link FROM {s}.evidences").fetchall() == [(True, "c9")]
+    await store.commit("s1", SessionChanges(messages=[_message("m2")]))
+    part = await store.read_tail("s1", messages=1, evidences=0)
+    assert part is not None and part.instruction == system
+    assert [e.evidence_id for e in part.fact_sources] == ["e1"]
+    # this ce-core's own rows keep the values it wrote
+    assert sql.execute(f"SELECT role FROM {s}.messages WHERE message_id = 'm2'").fetchone() == (
+        "user",
+    )
+    await store.close()

@@ -98,11 +98,34 @@ def _record_table(table: str) -> str:
     )"""
 
 
-_BODY_JSON = r"replace(replace(body, E'\\\\', E'\\u005c'), E'\\u0000', E'\\u0001')"
-"""A record's body as JSON text PostgreSQL can turn into ``json`` / ``jsonb`` values: its
-``\\u0000`` escapes (text cannot hold U+0000) read as ``\\u0001`` (neither is whitespace or
-a bracket). Escaped backslashes are first written ``\\u005c`` (the same character), so the
-text ``\\u0000`` after an escaped backslash is left as it is."""
+def _body_json(body: str) -> str:
+    """A record's JSON ``body`` (an SQL expression) as text PostgreSQL can turn into ``json``
+    / ``jsonb`` values: its ``\\u0000`` escapes (text cannot hold U+0000) read as
+    ``\\u0001`` (neither is whitespace or a bracket). Escaped backslashes are first written
+    ``\\u005c`` (the same character), so the text ``\\u0000`` after an escaped backslash is
+    left as it is."""
+    return rf"replace(replace({body}, E'\\\\', E'\\u005c'), E'\\u0000', E'\\u0001')"
+
+
+_FACTS = """COALESCE(
+    j->>'type' IS DISTINCT FROM 'llm_output'
+    AND NOT COALESCE((j->'metadata') ? 'original_of', false)
+    AND (
+        (jsonb_typeof(j->'metadata'->'entity') = 'string'
+            AND j->'metadata'->>'entity' <> ''
+            AND jsonb_typeof(j->'metadata'->'field') = 'string'
+            AND j->'metadata'->>'field' <> '')
+        OR left(ltrim(COALESCE(j->>'content', ''), {whitespace}), 1) IN ('{{', '[')
+    ), false)"""
+"""``may_state_facts`` in SQL, of an evidence's body as ``jsonb`` ``j`` (formatted with the
+layout's ``whitespace``)."""
+
+_LINK = """COALESCE(
+    NULLIF(j->'links'->>'tool_call_id', ''),
+    CASE WHEN jsonb_typeof(j->'metadata'->'summary_of') = 'string'
+        THEN NULLIF(j->'metadata'->>'summary_of', '') END
+)"""
+"""``evidence_link`` in SQL, of an evidence's body as ``jsonb`` ``j``."""
 
 
 def _version_index(table: str) -> str:
@@ -139,31 +162,41 @@ _LAYOUTS: list[list[str]] = [
         # system message before a tail), whether an evidence may state facts
         # (``may_state_facts``) and what it belongs to (``evidence_link``)
         "ALTER TABLE {s}.messages ADD COLUMN role TEXT",
-        "ALTER TABLE {s}.evidences ADD COLUMN facts BOOLEAN NOT NULL DEFAULT false",
+        # NULL until computed: a row an older ce-core inserts gets it by trigger (below)
+        "ALTER TABLE {s}.evidences ADD COLUMN facts BOOLEAN",
         'ALTER TABLE {s}.evidences ADD COLUMN link TEXT COLLATE "C"',
         # rows stored before: the values from their bodies
-        f"UPDATE {{s}}.messages SET role = {_BODY_JSON}::json->>'role'",
+        f"UPDATE {{s}}.messages SET role = {_body_json('body')}::json->>'role'",
         f"""UPDATE {{s}}.evidences AS t SET facts = tags.facts, link = tags.link
         FROM (
-            SELECT session_id, seq, COALESCE(
-                j->>'type' IS DISTINCT FROM 'llm_output'
-                AND NOT COALESCE((j->'metadata') ? 'original_of', false)
-                AND (
-                    (jsonb_typeof(j->'metadata'->'entity') = 'string'
-                        AND j->'metadata'->>'entity' <> ''
-                        AND jsonb_typeof(j->'metadata'->'field') = 'string'
-                        AND j->'metadata'->>'field' <> '')
-                    OR left(ltrim(COALESCE(j->>'content', ''), {{whitespace}}), 1) IN ('{{{{', '[')
-                ), false) AS facts,
-                COALESCE(
-                    NULLIF(j->'links'->>'tool_call_id', ''),
-                    CASE WHEN jsonb_typeof(j->'metadata'->'summary_of') = 'string'
-                        THEN NULLIF(j->'metadata'->>'summary_of', '') END
-                ) AS link
-            FROM (SELECT session_id, seq, {_BODY_JSON}::jsonb AS j FROM {{s}}.evidences) AS parsed
+            SELECT session_id, seq, {_FACTS} AS facts, {_LINK} AS link
+            FROM (SELECT session_id, seq, {_body_json("body")}::jsonb AS j FROM {{s}}.evidences)
+                AS parsed
         ) AS tags
-        WHERE t.session_id = tags.session_id AND t.seq = tags.seq
-            AND (tags.facts OR tags.link IS NOT NULL)""",
+        WHERE t.session_id = tags.session_id AND t.seq = tags.seq""",
+        # a row inserted without them (a process of the previous ce-core, during a rolling
+        # deploy) gets them from its body; this ce-core writes them itself
+        f"""CREATE FUNCTION {{s}}.ce_tag_message() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.role IS NULL THEN
+                NEW.role := {_body_json("NEW.body")}::json->>'role';
+            END IF;
+            RETURN NEW;
+        END $$""",
+        f"""CREATE FUNCTION {{s}}.ce_tag_evidence() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE j jsonb;
+        BEGIN
+            IF NEW.facts IS NULL THEN
+                j := {_body_json("NEW.body")}::jsonb;
+                NEW.facts := {_FACTS};
+                NEW.link := {_LINK};
+            END IF;
+            RETURN NEW;
+        END $$""",
+        "CREATE TRIGGER messages_role BEFORE INSERT ON {s}.messages"
+        " FOR EACH ROW EXECUTE FUNCTION {s}.ce_tag_message()",
+        "CREATE TRIGGER evidences_tags BEFORE INSERT ON {s}.evidences"
+        " FOR EACH ROW EXECUTE FUNCTION {s}.ce_tag_evidence()",
         "CREATE INDEX messages_system ON {s}.messages (session_id, seq) WHERE role = 'system'",
         "CREATE INDEX evidences_facts ON {s}.evidences (session_id, seq) WHERE facts",
         "CREATE INDEX evidences_by_link ON {s}.evidences (session_id, link) WHERE link IS NOT NULL",
@@ -195,7 +228,7 @@ def _whitespace_literal(conn: Conn) -> str:
 def _link_value(link: str | None) -> str | None:
     """How the ``link`` column keeps an :func:`~ce.core.schema._document.evidence_link` (or
     a key looked up in it): PostgreSQL text cannot hold U+0000, which becomes U+0001, as in
-    the layout upgrade (:data:`_BODY_JSON`); ``read_tail`` checks the links of the rows it
+    the layout upgrade (:func:`_body_json`); ``read_tail`` checks the links of the rows it
     finds, so two links that differ only there are told apart."""
     return None if link is None else link.replace("\x00", "\x01")
 
