@@ -1,10 +1,13 @@
-"""Fixtures shared by the ce.core tests: a throw-away PostgreSQL database."""
+"""Fixtures shared by the ce.core tests: a throw-away PostgreSQL database, and store objects
+on one fresh SQLite file or PostgreSQL schema."""
 
 from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -48,3 +51,24 @@ def postgres_dsn() -> Iterator[str]:
             yield urlunsplit(urlsplit(admin_dsn)._replace(path=f"/{name}"))
         finally:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+Opener = Callable[[], Any]
+"""Opens another store object on the same storage (another worker's)."""
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Opens store objects on one fresh SQLite file or PostgreSQL schema."""
+    from ce.core.stores import PostgresStore, SQLiteStore
+
+    if request.param == "sqlite":
+        path = tmp_path / "shared.db"
+        yield lambda: SQLiteStore(path)
+        return
+    psycopg = pytest.importorskip("psycopg")
+    dsn = request.getfixturevalue("postgres_dsn")
+    schema = f"w_{secrets.token_hex(6)}"
+    yield lambda: PostgresStore(dsn, schema=schema, pool_size=4)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

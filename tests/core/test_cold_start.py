@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -43,7 +42,7 @@ from ce.core.schema import (
 )
 from ce.core.schema._document import may_state_facts
 from ce.core.state import AgentState, ModelOutput, ToolResult
-from ce.core.stores import MemoryStore, PostgresStore, SessionChanges, SQLiteStore, Store
+from ce.core.stores import MemoryStore, SessionChanges, SQLiteStore, Store
 from ce.core.stores import sqlite as sqlite_module
 
 DATA = Path(__file__).parent / "data"
@@ -190,14 +189,21 @@ def _kept(result: PrepareResult) -> list[tuple[object, ...]]:
     ]
 
 
+async def _write(store: Store, changes: list[SessionChanges]) -> MemoryStore:
+    """Commit ``changes`` to ``store`` and to a MemoryStore (that holds the whole session
+    for every read), which is returned."""
+    whole_store = MemoryStore()
+    for change in changes:
+        await whole_store.commit("s", change)
+        await store.commit("s", change)
+    return whole_store
+
+
 async def _both(
     tmp_path: Path, changes: list[SessionChanges], config: RuntimeConfig, question: str
 ) -> tuple[PrepareResult, PrepareResult, ContextEngine, SQLiteStore]:
-    whole_store = MemoryStore()
     cold_store = SQLiteStore(tmp_path / "cold.db")
-    for change in changes:
-        await whole_store.commit("s", change)
-        await cold_store.commit("s", change)
+    whole_store = await _write(cold_store, changes)
     whole, _ = await _prepare(whole_store, config, question)
     cold, engine = await _prepare(cold_store, config, question)
     return whole, cold, engine, cold_store
@@ -398,32 +404,15 @@ async def test_a_streamed_reply_on_the_newest_records_keeps_its_chunks(tmp_path:
     await store.close()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def cold_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Store]]:
-    """Opens store objects on one fresh SQLite file or PostgreSQL schema."""
-    if request.param == "sqlite":
-        yield lambda: SQLiteStore(tmp_path / "cold.db")
-        return
-    psycopg = pytest.importorskip("psycopg")
-    dsn = request.getfixturevalue("postgres_dsn")
-    schema = f"cold_{secrets.token_hex(6)}"
-    yield lambda: PostgresStore(dsn, schema=schema, pool_size=2)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
 async def test_a_cold_worker_on_either_store_assembles_from_the_newest_records(
-    cold_store: Callable[[], Store],
+    opener: Callable[[], Store],
 ) -> None:
     changes = commits(_long_history(200), refer_to_first=True, summary_upto=-1)
-    writer = cold_store()
-    whole_store = MemoryStore()
-    for change in changes:
-        await writer.commit("s", change)
-        await whole_store.commit("s", change)
+    writer = opener()
+    whole_store = await _write(writer, changes)
     await writer.close()
     whole, _ = await _prepare(whole_store, _config(1500), "and now?")
-    cold, engine = await _prepare(cold_store(), _config(1500), "and now?")
+    cold, engine = await _prepare(opener(), _config(1500), "and now?")
     _assert_same(whole, cold)
     assert engine._entries["s"].partial
     await engine.close()
@@ -435,10 +424,7 @@ def test_the_blocking_engine_reads_the_newest_records_too(tmp_path: Path) -> Non
 
     async def fill() -> PrepareResult:
         store = SQLiteStore(tmp_path / "cold.db")
-        whole_store = MemoryStore()
-        for change in changes:
-            await store.commit("s", change)
-            await whole_store.commit("s", change)
+        whole_store = await _write(store, changes)
         await store.close()
         whole, engine = await _prepare(whole_store, _config(1500), "and now?")
         await engine.close()

@@ -8,11 +8,9 @@ without a server.
 
 from __future__ import annotations
 
-import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -32,26 +30,11 @@ from ce.core.stores import (
 )
 
 Opener = Callable[[], Any]
-"""Opens another store object on the same storage (another worker's)."""
+"""Opens another store object on the same storage (the ``opener`` fixture of conftest.py)."""
 
 
 def _message(text: str, message_id: str | None = None) -> Message:
     return Message(role=Role.USER, content=text, message_id=message_id)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """Opens store objects on one fresh SQLite file or PostgreSQL schema."""
-    if request.param == "sqlite":
-        path = tmp_path / "shared.db"
-        yield lambda: SQLiteStore(path)
-        return
-    psycopg = pytest.importorskip("psycopg")
-    dsn = request.getfixturevalue("postgres_dsn")
-    schema = f"w_{secrets.token_hex(6)}"
-    yield lambda: PostgresStore(dsn, schema=schema, pool_size=4)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 @pytest.fixture

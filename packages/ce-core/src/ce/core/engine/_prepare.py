@@ -3,6 +3,7 @@ the turn record, and the events of a prepared call."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -63,30 +64,24 @@ class Preparer(BlockSummaries):
         question, calls = own_run
         start = None if question is None else index.turn_of(question)
         pinned = [] if start is None else [start, *map(index.call_group, calls)]
+        select = functools.partial(
+            select_and_assemble,
+            index,
+            entry.doc,
+            cfg,
+            now=parse_iso(now),
+            tool_schemas=tool_schemas,
+            unread=entry.unread,
+        )
         try:
             try:
-                selection = await select_and_assemble(
-                    index,
-                    entry.doc,
-                    cfg,
-                    now=parse_iso(now),
-                    tool_schemas=tool_schemas,
-                    unread=entry.unread,
-                    own_run=[g for g in pinned if g is not None],
-                )
+                selection = await select(own_run=[g for g in pinned if g is not None])
             except BudgetExceededError:
                 if not pinned:
                     raise
                 # this run's blocks do not fit beside the newest question's: assembled as
                 # any call is, from the session's newest question
-                selection = await select_and_assemble(
-                    index,
-                    entry.doc,
-                    cfg,
-                    now=parse_iso(now),
-                    tool_schemas=tool_schemas,
-                    unread=entry.unread,
-                )
+                selection = await select()
         except BudgetExceededError as exc:
             await self._emit(
                 "Error",

@@ -404,6 +404,9 @@ class Evidence(_Model):
     created_at: str | None = None
 
 
+_JSON_START = re.compile(r"\s*[\[{]")  # what str.lstrip() skips, then [ or {
+
+
 def may_state_facts(evidence: Evidence) -> bool:
     """Whether conflict detection may read facts from ``evidence``: JSON content (an object
     or array) or a document's ``entity`` / ``field`` metadata; never a model's own output or
@@ -415,7 +418,7 @@ def may_state_facts(evidence: Evidence) -> bool:
     entity, name = meta.get("entity"), meta.get("field")
     if isinstance(entity, str) and isinstance(name, str) and entity and name:
         return True
-    return evidence.content.lstrip()[:1] in ("{", "[")
+    return _JSON_START.match(evidence.content) is not None
 
 
 def evidence_link(evidence: Evidence) -> str | None:

@@ -7,7 +7,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -288,15 +288,10 @@ def read_since_in(
     conn: sqlite3.Connection, session_id: str, version: int, epoch: str
 ) -> SessionUpdate | None:
     """:func:`read_since` inside a transaction the caller holds."""
-    head = conn.execute(
-        "SELECT version, epoch, schema_version, summary, run_state, meta FROM sessions"
-        " WHERE session_id = ?",
-        (session_id,),
-    ).fetchone()
+    head = _head(conn, session_id)
     if head is None:
         return None
-    stored, stored_epoch, schema_version, summary, run_state, meta = head
-    check_schema_version(session_id, schema_version)
+    stored, stored_epoch, _, summary, run_state, meta = head
     same_history = stored_epoch == epoch and 0 < version <= stored
     if same_history and version == stored:
         return SessionUpdate(stored, stored_epoch, complete=False, changes=SessionChanges())
@@ -312,15 +307,10 @@ def read_tail(
     one read snapshot; every statement goes through a key or an index of the session's
     newest rows, the tagged columns or the record ids."""
     with transaction(conn, "BEGIN"):  # one read snapshot across the tables
-        head = conn.execute(
-            "SELECT version, epoch, schema_version, summary, run_state, meta FROM sessions"
-            " WHERE session_id = ?",
-            (session_id,),
-        ).fetchone()
+        head = _head(conn, session_id)
         if head is None:
             return None
-        stored, epoch, schema_version, summary, run_state, meta = head
-        check_schema_version(session_id, schema_version)
+        stored, epoch, _, summary, run_state, meta = head
         newest = conn.execute(
             "SELECT seq, body FROM messages WHERE session_id = ? ORDER BY seq DESC LIMIT ?",
             (session_id, messages),
@@ -358,25 +348,10 @@ def read_tail(
                 (session_id, evidence_seq),
             ).fetchall()
         )
-        for column, keys in (("link", links), ("evidence_id", refs)):
-            for chunk in _chunks(keys):
-                found.update(
-                    conn.execute(
-                        f"SELECT seq, body FROM evidences WHERE session_id = ? AND {column} IN"
-                        f" ({', '.join('?' * len(chunk))})",
-                        (session_id, *chunk),
-                    ).fetchall()
-                )
+        found.update(_where_in(conn, "evidences", "link", session_id, links))
+        found.update(_where_in(conn, "evidences", "evidence_id", session_id, refs))
         changes.evidences = [_parsed(session_id, Evidence, found[seq]) for seq in sorted(found)]
-        records: list[tuple[int, str]] = []
-        for chunk in _chunks(calls):
-            records.extend(
-                conn.execute(
-                    "SELECT seq, body FROM tool_calls WHERE session_id = ? AND tool_call_id IN"
-                    f" ({', '.join('?' * len(chunk))})",
-                    (session_id, *chunk),
-                ).fetchall()
-            )
+        records = _where_in(conn, "tool_calls", "tool_call_id", session_id, calls)
         changes.tool_calls = [_parsed(session_id, ToolCall, body) for _, body in sorted(records)]
         (older_messages,) = conn.execute(
             "SELECT COUNT(*) FROM messages WHERE session_id = ? AND seq < ?",
@@ -411,11 +386,36 @@ def read_tail(
 _NO_END = 1 << 62  # a seq past every row
 
 
-def _chunks(keys: list[str]) -> Iterator[list[str]]:
-    """``keys`` without repeats, in lists short enough for SQLite's bound-parameter limit."""
+def _head(conn: sqlite3.Connection, session_id: str) -> tuple[Any, ...] | None:
+    """The session's row: version, epoch, schema version (checked), summary, run, meta."""
+    head: tuple[Any, ...] | None = conn.execute(
+        "SELECT version, epoch, schema_version, summary, run_state, meta FROM sessions"
+        " WHERE session_id = ?",
+        (session_id,),
+    ).fetchone()
+    if head is not None:
+        check_schema_version(session_id, head[2])
+    return head
+
+
+def _where_in(
+    conn: sqlite3.Connection, table: str, column: str, session_id: str, keys: list[str]
+) -> list[tuple[int, str]]:
+    """``(seq, body)`` of the session's rows of ``table`` whose ``column`` is one of
+    ``keys`` (an index lookup per key), in as many statements as SQLite's bound-parameter
+    limit needs."""
     unique = list(dict.fromkeys(keys))
+    rows: list[tuple[int, str]] = []
     for i in range(0, len(unique), 500):
-        yield unique[i : i + 500]
+        chunk = unique[i : i + 500]
+        rows.extend(
+            conn.execute(
+                f"SELECT seq, body FROM {table} WHERE session_id = ? AND {column} IN"
+                f" ({', '.join('?' * len(chunk))})",
+                (session_id, *chunk),
+            ).fetchall()
+        )
+    return rows
 
 
 def _all_rows(conn: sqlite3.Connection, table: str, session_id: str) -> list[tuple[str, str]]:

@@ -318,17 +318,8 @@ class SliceStore(Protocol):
 def slice_document(doc: SessionDocument, version: int, epoch: str) -> SessionSlice:
     """The tail of ``doc`` for a store that keeps no rows per record (a whole document in
     memory or in a file): the whole session, which keeps the tail rules for any size."""
-    session = doc.session
-    changes = SessionChanges(
-        messages=list(session.messages),
-        tool_calls=list(session.tool_state.tool_calls),
-        evidences=list(doc.evidences.values()),
-        context_blocks=list(doc.context_blocks),
-        tasks=list(session.task_state.todo_list.tasks),
-        summary=session.summary,
-        run=session.run,
-        meta=doc.meta,
-    )
+    changes = changes_of(doc)
+    changes.model_usage = []  # a tail holds no usage records
     return SessionSlice(changes, version, epoch)
 
 
