@@ -57,14 +57,16 @@ Opener = Callable[[], Any]
 """Opens another store object on the same storage (another worker's)."""
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "sqlite-no-lock-files", "postgres"])
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
-    """Opens store objects on one fresh SQLite file or PostgreSQL schema."""
+    """Opens store objects on one fresh SQLite file (with its per-session lock files, where
+    the platform has them, and without) or PostgreSQL schema."""
     from ce.core.stores import PostgresStore, SQLiteStore
 
-    if request.param == "sqlite":
+    if request.param.startswith("sqlite"):
         path = tmp_path / "shared.db"
-        yield lambda: SQLiteStore(path)
+        lock_files = request.param == "sqlite"
+        yield lambda: SQLiteStore(path, lock_files=lock_files)
         return
     psycopg = pytest.importorskip("psycopg")
     dsn = request.getfixturevalue("postgres_dsn")

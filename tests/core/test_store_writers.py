@@ -9,8 +9,10 @@ without a server.
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +30,8 @@ from ce.core.stores import (
     Store,
     WriterStore,
 )
+from ce.core.stores._sqlite_locks import LockFile, lock_path, session_offset
+from ce.core.stores._sqlite_locks import supported as locks_supported
 
 Opener = Callable[[], Any]
 """Opens another store object on the same storage (the ``opener`` fixture of conftest.py)."""
@@ -48,6 +52,14 @@ async def stores(opener: Opener) -> AsyncIterator[tuple[Any, Any]]:
 
 def _held_elsewhere(store: Any, session_id: str) -> bool:
     """Whether a writer that does not wait finds the session held (another connection)."""
+    if isinstance(store, SQLiteStore) and store.prefers_holding:
+        other = LockFile(lock_path(store.path))
+        try:
+            free = other.try_lock(session_offset(session_id))
+            other.unlock(session_offset(session_id))
+            return not free
+        finally:
+            other.close()
     if isinstance(store, SQLiteStore):
         conn = sqlite3.connect(store.path, timeout=0, isolation_level=None)
         try:
@@ -203,6 +215,8 @@ async def test_a_refused_commit_is_done_again_holding_the_session(
     bus = InMemoryEventBus()
     bus.on_all(events.append)
     mine: Store = opener()
+    if getattr(mine, "prefers_holding", False):
+        pytest.skip("the engine holds every write of this store: none is refused")
     # no optimistic retries at all: only holding the session can save the call
     engine = ContextEngine(
         mine,
@@ -248,6 +262,8 @@ async def test_a_refused_commit_is_done_again_holding_the_session(
 def test_the_blocking_engine_holds_the_session_on_its_own_thread(opener: Opener) -> None:
     config = RuntimeConfig(model_hint="gpt-4o")
     mine: Store = opener()
+    if getattr(mine, "prefers_holding", False):
+        pytest.skip("the engine holds every write of this store: none is refused")
     engine = ContextEngine(mine, config=config, conflict_retries=0)
     other = ContextEngine(opener(), config=config, id_generator=SequentialIdGenerator("b"))
     engine.sync.prepare_turn("s", "first")
@@ -262,7 +278,10 @@ def test_the_blocking_engine_holds_the_session_on_its_own_thread(opener: Opener)
 
 async def test_writers_that_keep_meeting_keep_holding_the_session(opener: Opener) -> None:
     config = RuntimeConfig(model_hint="gpt-4o")
-    engine = ContextEngine(opener(), config=config, id_generator=SequentialIdGenerator("a"))
+    store = opener()
+    if getattr(store, "prefers_holding", False):
+        pytest.skip("the engine holds every write of this store")
+    engine = ContextEngine(store, config=config, id_generator=SequentialIdGenerator("a"))
     other = ContextEngine(opener(), config=config, id_generator=SequentialIdGenerator("b"))
     await engine.prepare_turn("s", "first")
     # the session is contended (a refused commit a moment ago) until `until`
@@ -284,3 +303,99 @@ async def test_writers_that_keep_meeting_keep_holding_the_session(opener: Opener
     ]
     await engine.close()
     await other.close()
+
+
+lock_files = pytest.mark.skipif(not locks_supported(), reason="no per-session lock files here")
+
+
+@lock_files
+async def test_a_held_session_keeps_only_its_own_writers_waiting(tmp_path: Path) -> None:
+    first = SQLiteStore(tmp_path / "s.db")
+    second = SQLiteStore(tmp_path / "s.db", busy_timeout=0.5)
+    assert first.prefers_holding
+    await first.commit("s", SessionChanges(messages=[_message("one", "m1")]))
+    async with first.writer("s") as writer:
+        update = await writer.read_since()
+        assert update is not None
+        # another session's commit goes on while "s" is held...
+        await second.commit("t", SessionChanges(messages=[_message("other", "t1")]))
+        assert _held_elsewhere(first, "s") and not _held_elsewhere(first, "t")
+        # ...and a writer of "s" waits for the block, then gives up (its busy timeout)
+        with pytest.raises(StoreError, match="waited"):
+            await second.commit("s", SessionChanges(messages=[_message("late", "m9")]))
+        await writer.commit(SessionChanges(messages=[_message("two", "m2")]))
+    await second.commit("s", SessionChanges(messages=[_message("three", "m3")]))
+    doc = await second.get_session("s")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages] == ["one", "two", "three"]
+    await first.close()
+    await second.close()
+
+
+@lock_files
+async def test_the_engine_holds_every_write_where_the_store_prefers_it(tmp_path: Path) -> None:
+    config = RuntimeConfig(model_hint="gpt-4o")
+    events: list[Any] = []
+    bus = InMemoryEventBus()
+    bus.on_all(events.append)
+    mine = SQLiteStore(tmp_path / "s.db")
+    engine = ContextEngine(mine, config=config, conflict_retries=0, event_bus=bus)
+    other = ContextEngine(
+        SQLiteStore(tmp_path / "s.db"), config=config, id_generator=SequentialIdGenerator("b")
+    )
+    await engine.prepare_turn("s", "first")
+    # would write the session just before an optimistic commit: there is none
+    interleaved = _Interleaved(mine, other, "s")
+    await engine.prepare_turn("s", "second")
+    assert interleaved.commits == 0
+    await other.prepare_turn("s", "from the other worker")  # between two of this engine's
+    result = await engine.prepare_turn("s", "third")
+    users = [p.content for p in result.assembled_input.parts if p.role is Role.USER]
+    assert users == ["first", "second", "from the other worker", "third"]
+    assert not result.report.errors
+    assert [e for e in events if e.event_type == "Error"] == []
+    await engine.close()
+    await other.close()
+
+
+async def test_a_sqlite_store_without_lock_files_holds_the_whole_file(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "s.db", lock_files=False)
+    other = SQLiteStore(tmp_path / "s.db", lock_files=False)
+    assert not store.prefers_holding
+    assert not (tmp_path / "s.db-ce-lock").exists()
+    async with store.writer("s") as writer:
+        assert await writer.read_since() is None
+        assert _held_elsewhere(other, "t")  # any session: the file's write lock
+    await store.close()
+    await other.close()
+
+
+@lock_files
+def test_blocking_engines_on_threads_wait_for_each_other_on_one_session(tmp_path: Path) -> None:
+    config = RuntimeConfig(model_hint="gpt-4o")
+    engines = [
+        ContextEngine(
+            SQLiteStore(tmp_path / "s.db"), config=config, id_generator=SequentialIdGenerator(n)
+        )
+        for n in ("a", "b")
+    ]
+    errors: list[list[str]] = []
+
+    def work(engine: ContextEngine, name: str) -> None:
+        for i in range(15):
+            result = engine.sync.prepare_turn("s", f"{name}{i}")
+            errors.append(result.report.errors)
+
+    threads = [
+        threading.Thread(target=work, args=(e, n)) for e, n in zip(engines, "ab", strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [[]] * 30
+    doc = engines[0].sync.get_session("s")
+    texts = [m.content for m in doc.session.messages]
+    assert sorted(texts) == sorted(f"{n}{i}" for n in "ab" for i in range(15))
+    for engine in engines:
+        engine.sync.close()

@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ce.core._drive import engine_turn, inline, settle, turn_released
 from ce.core.config import RuntimeConfig
@@ -239,6 +239,8 @@ class EngineCore(HistoryWriter):
         it: holding the session when the store can (then the redo is not refused), else up
         to ``conflict_retries`` times (see the class docstring)."""
         store = self.store
+        if getattr(store, "prefers_holding", False):
+            return await self._attempt_held(cast(WriterStore, store), session_id, call, op, tail)
         # only a store that holds sessions ever marks one contended: the protocol check
         # (slow) runs only then, not on every write
         if self._contention and self._contended(session_id) and isinstance(store, WriterStore):
@@ -299,23 +301,33 @@ class EngineCore(HistoryWriter):
         catch-up finds another writer's records, the session stays contended for
         :data:`CONTENDED_SECONDS` more: writers that keep meeting each other keep holding it
         rather than go back to meeting refused commits (and whole reads)."""
-        cached = self._entries.get(session_id)
-        if cached is None or (cached.partial and not tail):
-            cached = await self._entry(session_id, tail=tail)
-        seen = cached.version
-        async with store.writer(session_id) as writer:
-            call.writer = writer
-            try:
-                entry = await self._entry(session_id, writer, tail=tail)
-                if entry.version != seen:
-                    self._contention[session_id] = time.monotonic() + CONTENDED_SECONDS
-                async with engine_turn():
-                    return await op(entry)
-            except BaseException:
-                self._entries.pop(session_id, None)
-                raise
-            finally:
-                call.writer = None
+        retry = 0
+        while True:
+            cached = self._entries.get(session_id)
+            if cached is None or (cached.partial and not tail):
+                cached = await self._entry(session_id, tail=tail)
+            seen = cached.version
+            async with store.writer(session_id) as writer:
+                call.writer = writer
+                try:
+                    entry = await self._entry(session_id, writer, tail=tail)
+                    if entry.version != seen:
+                        self._contention[session_id] = time.monotonic() + CONTENDED_SECONDS
+                    async with engine_turn():
+                        return await op(entry)
+                except VersionConflictError as exc:
+                    # a writer that does not hold sessions (a process of an older ce-core)
+                    # wrote in between: read the session afresh and hold it again
+                    self._entries.pop(session_id, None)
+                    call.errors.append(("version_conflict", str(exc)))
+                    retry += 1
+                    if retry > self.conflict_retries:
+                        raise
+                except BaseException:
+                    self._entries.pop(session_id, None)
+                    raise
+                finally:
+                    call.writer = None
 
     async def _persist(
         self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None

@@ -26,7 +26,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Concatenate, Literal, ParamSpec, TypeVar
+from typing import Concatenate, Literal, NamedTuple, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
@@ -55,6 +55,14 @@ from ce.core.stores._rows import (
     row_tags,
 )
 from ce.core.stores._sqlite_checkpoint import Checkpointer
+from ce.core.stores._sqlite_locks import (
+    WRITE_LOCK,
+    LockFile,
+    LockTimeout,
+    lock_path,
+    session_offset,
+)
+from ce.core.stores._sqlite_locks import supported as locks_supported
 from ce.core.stores._writers import SessionWriter
 from ce.core.stores.base import (
     AuditRecord,
@@ -89,7 +97,14 @@ class SQLiteStore(BaseStore):
     inline by ``engine.sync`` it runs on the calling thread, so a store can be shared by
     threads and event loops; any number of stores (in any number of
     processes) may open the same file. Writes are ``BEGIN IMMEDIATE`` transactions that wait
-    up to ``busy_timeout`` seconds for another writer. ``synchronous="NORMAL"`` (the default)
+    up to ``busy_timeout`` seconds for another writer. With ``lock_files`` (the default; on
+    Linux) writers also lock the session they write and then the file in a lock file beside
+    the database (``<file>-ce-lock``, see :mod:`~ce.core.stores._sqlite_locks`): a writer
+    waiting for another wakes the moment it is done, and the engine holds each session it
+    writes from its read to its commit (:attr:`prefers_holding`), so no commit is ever
+    refused, while writers of other sessions go on. Turn it off where the file lives on a
+    filesystem without such locks (some network filesystems); every process that writes the
+    file should use the same setting. ``synchronous="NORMAL"`` (the default)
     keeps the file consistent on power loss but may lose the last commits; ``"FULL"`` makes
     each commit durable at the cost of an fsync. The write-ahead log is copied back into the
     file by a thread of the store's own every few dozen commits, so that commits do little of
@@ -108,6 +123,7 @@ class SQLiteStore(BaseStore):
         *,
         busy_timeout: float = 10.0,
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        lock_files: bool = True,
         id_generator: IdGenerator | None = None,
         clock: Clock | None = None,
     ) -> None:
@@ -132,10 +148,25 @@ class SQLiteStore(BaseStore):
         self._conn: sqlite3.Connection | None = conn
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
-        self._idle_writers: list[sqlite3.Connection] = []  # connections of `writer` blocks
+        # per-session locks beside the file, one lock file per connection (see _sqlite_locks)
+        self._lock_path = lock_path(self.path) if lock_files and locks_supported() else None
+        try:
+            self._locks = self._lock_file()
+        except StoreError:
+            conn.close()
+            raise
+        self._no_wait = False  # set while the connection is tried without waiting
+        self._idle_writers: list[_Lane] = []  # connections of `writer` blocks
         # the write-ahead log goes back into the file mostly in a thread of its own, not
         # inside a commit (see _sqlite_checkpoint)
         self._checkpointer = Checkpointer(self.path)
+
+    @property
+    def prefers_holding(self) -> bool:
+        """Whether holding a session (:meth:`writer`) costs no more than an optimistic commit:
+        True where the platform has the per-session locks (see
+        :class:`~ce.core.stores.WriterStore`)."""
+        return self._locks is not None
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -155,7 +186,8 @@ class SQLiteStore(BaseStore):
     ) -> _T:
         """Like :meth:`_run` for short work (a commit, a catch-up read): on an event loop it
         runs right here when it need not wait (the connection is free and, for a write, no
-        other process holds the write lock), which costs less than a hop to a worker thread;
+        other writer holds the session or the file), which costs less than a hop to a worker
+        thread;
         work that would wait goes to a worker thread (rolled back first, so it runs once)."""
         if inline() or not self._lock.acquire(blocking=False):
             return await self._run(fn, *args, **kwargs)
@@ -164,18 +196,76 @@ class SQLiteStore(BaseStore):
             if conn is None:
                 raise StoreError(f"{self.path}: store is closed")
             conn.execute("PRAGMA busy_timeout = 0")
+            self._no_wait = True
             try:
                 return fn(conn, *args, **kwargs)
+            except _WouldWait:
+                pass
             except sqlite3.OperationalError as exc:
                 if not sql.busy(exc):
                     raise StoreError(f"{self.path}: {exc}") from exc
             except (sqlite3.Error, StoreError) as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
             finally:
+                self._no_wait = False
                 conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
         finally:
             self._lock.release()
         return await self._run(fn, *args, **kwargs)
+
+    def _lock_file(self) -> LockFile | None:
+        """A lock file of the store's own (see :mod:`~ce.core.stores._sqlite_locks`), or None
+        where the platform has no such locks."""
+        if self._lock_path is None:
+            return None
+        try:
+            return LockFile(self._lock_path)
+        except OSError as exc:
+            raise StoreError(f"{self._lock_path}: cannot open the lock file: {exc}") from exc
+
+    def _take(self, locks: LockFile, offset: int) -> None:
+        """Take the lock byte ``offset`` of ``locks``, waiting for its holder, or raise
+        :class:`_WouldWait` when the store's connection is tried without waiting."""
+        if locks.try_lock(offset):
+            return
+        if self._no_wait and locks is self._locks:
+            raise _WouldWait
+        try:
+            locks.lock(offset, self._busy_timeout)
+        except (LockTimeout, OSError) as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+
+    async def _take_async(self, locks: LockFile, offset: int) -> None:
+        """Take the lock byte ``offset``: right here when it is free, else waited for in a
+        worker thread (inline, when the engine call is driven inline)."""
+        if not locks.try_lock(offset):
+            await run_blocking(functools.partial(self._take, locks, offset))
+
+    def _session_write(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        fn: Callable[Concatenate[sqlite3.Connection, _P], _T],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        """``fn(conn, ...)``, a write of the session on the store's connection, holding the
+        session's lock and then the file's write lock (where the platform has them): it waits
+        for a writer holding the session, and other writers wait for it in the kernel, not in
+        SQLite's sleeps."""
+        locks = self._locks
+        if locks is None:
+            return fn(conn, *args, **kwargs)
+        offset = session_offset(session_id)
+        self._take(locks, offset)
+        try:
+            self._take(locks, WRITE_LOCK)
+            try:
+                return fn(conn, *args, **kwargs)
+            finally:
+                locks.unlock(WRITE_LOCK)
+        finally:
+            locks.unlock(offset)
 
     def _locked(
         self,
@@ -195,17 +285,18 @@ class SQLiteStore(BaseStore):
 
     @asynccontextmanager
     async def writer(self, session_id: str) -> AsyncIterator[SessionWriter]:
-        """Hold the session for one writer (see :class:`~ce.core.stores.WriterStore`): an
-        ``BEGIN IMMEDIATE`` transaction on a connection of the block's own, from the read to
-        the commit. SQLite has one write lock per file, so the block also keeps other writers
-        of the file (of any session, in any process) waiting: keep it short. Waiting for the
-        lock happens in a worker thread, never on the event loop."""
+        """Hold the session for one writer (see :class:`~ce.core.stores.WriterStore`), on a
+        connection of the block's own, from the read to the commit: with the session's lock
+        (see :mod:`~ce.core.stores._sqlite_locks`), which keeps only the writers of this
+        session waiting; where the platform has no such locks, with a ``BEGIN IMMEDIATE``
+        transaction, which keeps every writer of the file waiting. Waiting happens in a
+        worker thread, never on the event loop."""
         with self._lock:
             if self._conn is None:
                 raise StoreError(f"{self.path}: store is closed")
-            conn = self._idle_writers.pop() if self._idle_writers else None
-        try:
-            if conn is None:
+            lane = self._idle_writers.pop() if self._idle_writers else None
+        if lane is None:
+            try:
                 conn = sqlite3.connect(
                     self.path,
                     timeout=self._busy_timeout,
@@ -214,24 +305,24 @@ class SQLiteStore(BaseStore):
                 )
                 conn.execute(f"PRAGMA synchronous = {self._synchronous}")
                 conn.execute("PRAGMA secure_delete = ON")
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
-        held = _Writer(self, conn, session_id)
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: {exc}") from exc
+            lane = _Lane(conn, self._lock_file())
+        held = _Writer(self, lane, session_id)
         try:
             await held.hold()
             yield held
         finally:
             try:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                held.release()
             except sqlite3.Error as exc:
-                conn.close()
+                lane.close()
                 raise StoreError(f"{self.path}: {exc}") from exc
             with self._lock:
                 if self._conn is None:
-                    conn.close()
+                    lane.close()
                 else:
-                    self._idle_writers.append(conn)
+                    self._idle_writers.append(lane)
 
     async def _begin_immediate(self, conn: sqlite3.Connection) -> None:
         """``BEGIN IMMEDIATE`` on ``conn``: tried here first, waited for in a worker thread
@@ -258,24 +349,28 @@ class SQLiteStore(BaseStore):
     async def _commit(
         self, session_id: str, changes: SessionChanges, expected_version: int | None
     ) -> PutResult:
-        version, epoch = await self._run_quick(_commit, session_id, changes, expected_version)
+        version, epoch = await self._run_quick(
+            self._session_write, session_id, _commit, session_id, changes, expected_version
+        )
         self._checkpointer.committed()
         return PutResult(success=True, version=version, epoch=epoch)
 
     async def _put_session(
         self, session_id: str, doc: SessionDocument, expected_version: int | None
     ) -> PutResult:
-        version, epoch = await self._run(_put, session_id, doc, expected_version)
+        version, epoch = await self._run(
+            self._session_write, session_id, _put, session_id, doc, expected_version
+        )
         self._checkpointer.committed()
         return PutResult(success=True, version=version, epoch=epoch)
 
     async def delete_session(self, session_id: str) -> bool:
         record = self._audit_record("delete_session", session_id)
-        return await self._run(_delete_session, record)
+        return await self._run(self._session_write, session_id, _delete_session, record)
 
     async def delete_evidence(self, session_id: str, evidence_id: str) -> bool:
         record = self._audit_record("delete_evidence", session_id, evidence_id)
-        return await self._run(_delete_evidence, record)
+        return await self._run(self._session_write, session_id, _delete_evidence, record)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -337,6 +432,8 @@ class SQLiteStore(BaseStore):
                 if self._conn is not None:
                     self._conn.close()
                     self._conn = None
+                if self._locks is not None:
+                    self._locks.close()
                 for idle in self._idle_writers:
                     idle.close()
                 self._idle_writers.clear()
@@ -344,41 +441,96 @@ class SQLiteStore(BaseStore):
         await run_blocking(close)
 
 
-class _Writer:
-    """The :class:`SessionWriter` of :meth:`SQLiteStore.writer`."""
+class _WouldWait(Exception):
+    """A lock the store's connection was tried for without waiting is held by another."""
 
-    def __init__(self, store: SQLiteStore, conn: sqlite3.Connection, session_id: str) -> None:
+
+class _Lane(NamedTuple):
+    """A connection of :meth:`SQLiteStore.writer` blocks and its lock file."""
+
+    conn: sqlite3.Connection
+    locks: LockFile | None
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.locks is not None:
+            self.locks.close()
+
+
+class _Writer:
+    """The :class:`SessionWriter` of :meth:`SQLiteStore.writer`: with a lock file, the
+    session's lock from :meth:`hold` to the first commit, and a write transaction for each
+    commit (checked against the version read, in case a writer that does not take the lock
+    wrote: a process of a ce-core from before the lock files); without one, a ``BEGIN
+    IMMEDIATE`` transaction from :meth:`hold` to the first commit. A second commit holds the
+    session again."""
+
+    def __init__(self, store: SQLiteStore, lane: _Lane, session_id: str) -> None:
         self._store = store
-        self._conn = conn
+        self._conn = lane.conn
+        self._locks = lane.locks
+        self._offset = session_offset(session_id)
         self._session_id = session_id
-        self._version: int | None = None  # after the block's last commit
+        self._version: int | None = None  # after the block's last read or commit
+        self._held = False
 
     async def hold(self) -> None:
-        await self._store._begin_immediate(self._conn)
+        if self._locks is None:
+            await self._store._begin_immediate(self._conn)
+            return
+        await self._store._take_async(self._locks, self._offset)
+        self._held = True
+
+    def release(self) -> None:
+        """Roll back what is open, let go of the session."""
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+        if self._held and self._locks is not None:
+            self._held = False
+            self._locks.unlock(self._offset)
 
     async def read_since(self, version: int = 0, epoch: str = "") -> SessionUpdate | None:
-        read = functools.partial(sql.read_since_in, self._conn, self._session_id, version, epoch)
+        conn, locks = self._conn, self._locks
+
+        def read() -> SessionUpdate | None:
+            if locks is None:  # inside the block's write transaction
+                return sql.read_since_in(conn, self._session_id, version, epoch)
+            with sql.transaction(conn, "BEGIN"):  # one read snapshot
+                return sql.read_since_in(conn, self._session_id, version, epoch)
+
         try:  # a whole session may be long to read: not on the event loop
-            return read() if version else await run_blocking(read)
+            update = read() if version else await run_blocking(read)
         except sqlite3.Error as exc:
             raise StoreError(f"{self._store.path}: {exc}") from exc
+        if locks is not None:
+            self._version = update.version if update is not None else 0
+        return update
 
     async def commit(self, changes: SessionChanges) -> PutResult:
-        conn = self._conn
-        checked = self._store._checked(self._session_id, changes)
-        if not conn.in_transaction:  # a second commit of the block: hold the session again
-            await self.hold()
+        conn, locks, store = self._conn, self._locks, self._store
+        checked = store._checked(self._session_id, changes)
+        if locks is not None:
+            if not self._held:  # a second commit of the block: hold the session again
+                await self.hold()
+            await store._take_async(locks, WRITE_LOCK)
         try:
-            version, epoch, _ = _apply(conn, self._session_id, checked, self._version)
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                raise StoreError(f"{self._store.path}: {exc}") from exc
-            raise
+            if not conn.in_transaction:  # a second commit of the block, or a lock file
+                await store._begin_immediate(conn)
+            try:
+                version, epoch, _ = _apply(conn, self._session_id, checked, self._version)
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"{store.path}: {exc}") from exc
+                raise
+        finally:
+            if locks is not None:
+                locks.unlock(WRITE_LOCK)
+                self.release()  # the commit ends the hold
         self._version = version
-        self._store._checkpointer.committed()
+        store._checkpointer.committed()
         return PutResult(success=True, version=version, epoch=epoch)
 
 
