@@ -162,25 +162,32 @@ def report(
         "store's cost alone. Each worker logs every acknowledged call (one JSON line, "
         "fsync'd). Turns/s is all workers' completed turns over the wall time from the "
         "start barrier to the last worker's exit; latency is one turn's wall time in its "
-        "worker. A version conflict is counted each time an optimistic commit was refused "
-        "because another process wrote the session since this engine read it; the engine "
-        "then reads the session afresh and does the call once more holding the session in "
-        "the store from the catch-up read to the commit (SQLite: a `BEGIN IMMEDIATE` "
-        "transaction; PostgreSQL: the session row's lock), a commit no other writer can get "
-        "ahead of. Had the engine raised `VersionConflictError` anyway, the worker would "
-        "count it (in parentheses) and retry at once. A full "
-        "load is the engine reading a whole session (its first use, and after every "
-        "conflict); between conflicts a stale cached session catches up with only the new "
-        "records. Afterwards the checker reads every session back and compares it with the "
+        "worker; worker CPU per turn is the CPU time of all workers (every thread) from the "
+        "start barrier to their last turn, over the turns. On SQLite the engine holds the "
+        "session for every write, from its catch-up read to its commit, with the store's "
+        "per-session lock (a byte of the lock file beside the database: writers of the "
+        "session queue for it in the kernel, writers of other sessions go on, and the "
+        "file's write lock is taken for the commit alone), so no commit is ever refused. On "
+        "PostgreSQL the engine commits optimistically; a version conflict is counted each "
+        "time such a commit was refused because another process wrote the session since "
+        "this engine read it; the engine then reads the session afresh and does the call "
+        "once more holding the session row's lock from the catch-up read to the commit, a "
+        "commit no other writer can get ahead of, and holds the session for its next writes "
+        "to it while they keep meeting other writers'. Had the engine raised "
+        "`VersionConflictError` anyway, the worker would count it (in parentheses) and retry "
+        "at once. A full load is the engine reading a whole session (its first use, and "
+        "after every conflict); otherwise a stale cached session catches up with only the "
+        "new records. Afterwards the checker reads every session back and compares it with the "
         "logs: lost = acknowledged records missing, duplicated = records stored twice; it "
         "also checks that every tool message answers exactly one call and that a fresh "
         "engine's `prepare_turn` keeps tool pairs intact.",
         "",
         "| store | workers | sessions | turns | wall (s) | turns/s | engine calls/s "
-        "| turn p50 (ms) | turn p95 (ms) | version conflicts (raised to the worker) "
+        "| turn p50 (ms) | turn p95 (ms) | worker CPU per turn (ms) "
+        "| version conflicts (raised to the worker) "
         "| conflicts per turn | full session loads | lost | duplicated | check |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | --- |",
+        "| ---: | ---: | ---: | --- |",
     ]
     kill_lines = []
     for run in runs:
@@ -190,7 +197,8 @@ def report(
         row = (
             f"| {run.store} | {r.config.workers} | {r.config.sessions} | {r.turns:,} "
             f"| {r.wall_s:,.1f} | {r.turns_per_s:,.1f} | {calls:,.0f} | {r.turn_ms(50):,.0f} "
-            f"| {r.turn_ms(95):,.0f} | {r.conflicts:,} ({r.retries:,}) "
+            f"| {r.turn_ms(95):,.0f} | {r.cpu_ms_per_turn:,.1f} "
+            f"| {r.conflicts:,} ({r.retries:,}) "
             f"| {r.conflicts / max(1, r.turns):.1f} | {r.reloads:,} "
             f"| {c.lost} | {c.duplicated} | {verdict} |"
         )
@@ -203,16 +211,18 @@ def report(
         "Reading the figures: one worker measures the cost of a turn itself; SQLite does not "
         'flush each commit to disk (`synchronous="NORMAL"`) while PostgreSQL with '
         "`synchronous_commit=on` waits for its WAL flush on every commit, and answers over a "
-        "socket, hence the gap per engine call. More workers than sessions means several "
-        "processes write one session at the same moment: each conflict is a refused commit "
-        "plus a full load of the session and the call done again, and a full load costs more "
-        "as the "
-        "session grows, so throughput falls as workers per session rise, on both stores. "
-        "With one session per worker (S = N) the conflicts that remain come from workers "
-        "meeting on a session as their turns drift. The machine has 2 CPUs: 16 worker "
-        "processes also queue for the CPU, which inflates every latency. In production, "
-        "routing a conversation's turns to one worker keeps conflicts rare; correctness does "
-        "not depend on it"
+        "socket, hence the gap per engine call. The harness sends each worker's turns round "
+        "the sessions, so with N workers every worker's turn follows about N - 1 turns of "
+        "other workers on its session since its own last one: before its call it reads and "
+        "indexes their records (about 11 rows a turn), and it reads each session whole the "
+        "first time it serves it. That is the rise of worker CPU per turn from 1 to 4 to 16 "
+        "workers whatever the number of sessions, and with 2 CPUs throughput is bound by "
+        "that CPU time: 16 workers do less than 4 on the same sessions, though no commit "
+        "waits for another session's work and none is refused on SQLite. On PostgreSQL each "
+        "conflict adds a refused commit, a full load of the session and the call done again. "
+        "16 worker processes also queue for the 2 CPUs, which inflates every latency. In "
+        "production, routing a conversation's turns to one worker keeps these costs away; "
+        "correctness does not depend on it"
         + (
             " (lost and duplicated are 0 in every run)."
             if all(run.result.check.ok for run in runs)

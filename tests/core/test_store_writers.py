@@ -8,7 +8,10 @@ without a server.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -399,3 +402,43 @@ def test_blocking_engines_on_threads_wait_for_each_other_on_one_session(tmp_path
     assert sorted(texts) == sorted(f"{n}{i}" for n in "ab" for i in range(15))
     for engine in engines:
         engine.sync.close()
+
+
+_HOLDER = """
+import asyncio, sys
+from ce.core.stores import SQLiteStore
+
+async def main():
+    store = SQLiteStore(sys.argv[1])
+    async with store.writer("s") as writer:
+        await writer.read_since()
+        print("held", flush=True)
+        sys.stdin.read()  # until the parent kills this process
+
+asyncio.run(main())
+"""
+
+
+@lock_files
+async def test_a_writer_killed_while_holding_a_session_holds_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = SQLiteStore(path, busy_timeout=30)
+    await store.commit("s", SessionChanges(messages=[_message("one", "m1")]))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        assert _held_elsewhere(store, "s")
+    finally:
+        holder.kill()
+        holder.wait()
+    # the kernel let go of the dead process's lock: no wait for the busy timeout
+    assert not _held_elsewhere(store, "s")
+    await store.commit("s", SessionChanges(messages=[_message("two", "m2")]))
+    doc = await store.get_session("s")
+    assert doc is not None and [m.content for m in doc.session.messages] == ["one", "two"]
+    await store.close()

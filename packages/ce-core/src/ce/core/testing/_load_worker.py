@@ -287,9 +287,11 @@ async def _run(spec: WorkerSpec, barrier: Barrier, pipe: Connection) -> None:
             engine.estimator.estimate_text("warm-up", CONFIG.model_hint)  # loads the tokenizer
             pipe.send("ready")
             barrier.wait(max(0.0, spec.deadline - time.time()))
+            cpu = time.process_time()
             for turn in range(spec.turns):
                 await worker.turn(turn)
-            worker.write({"step": "done", **worker.counts})
+            cpu_s = round(time.process_time() - cpu, 4)
+            worker.write({"step": "done", "cpu_s": cpu_s, **worker.counts})
         except BaseException as exc:
             detail = f"{type(exc).__name__}: {exc}"
             worker.write({"step": "error", "detail": detail, **worker.counts})

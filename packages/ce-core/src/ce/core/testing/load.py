@@ -118,7 +118,8 @@ class WorkerReport:
     (``Error`` events with reason ``version_conflict``, including those the engine retried
     itself); ``retries``: conflicts the engine raised, which the worker retried; ``reloads``:
     sessions its engine read whole from the store (``SessionLoaded``: the first use, and
-    after every conflict). A killed worker's counters are lost (0)."""
+    after every conflict); ``cpu_s``: the CPU time the worker process spent from the start
+    barrier to its last turn (every thread of it). A killed worker's counters are lost (0)."""
 
     worker: int
     operations: int = 0
@@ -126,6 +127,7 @@ class WorkerReport:
     conflicts: int = 0
     retries: int = 0
     reloads: int = 0
+    cpu_s: float = 0.0
     pair_failures: int = 0
     turn_ms: list[float] = field(default_factory=list)
     exit_code: int | None = None
@@ -164,6 +166,13 @@ class LoadResult:
     def reloads(self) -> int:
         return sum(w.reloads for w in self.workers)
 
+    @property
+    def cpu_ms_per_turn(self) -> float:
+        """The workers' CPU time per completed turn (killed workers' not counted)."""
+        done = [w for w in self.workers if not w.killed]
+        turns = sum(w.turns_done for w in done)
+        return 1000 * sum(w.cpu_s for w in done) / turns if turns else 0.0
+
     def turn_ms(self, percentile: int) -> float:
         """The ``percentile`` (1..99) of the completed turns' wall times, interpolated."""
         values = sorted(ms for w in self.workers for ms in w.turn_ms)
@@ -187,6 +196,7 @@ class LoadResult:
             "conflicts": self.conflicts,
             "retries": self.retries,
             "reloads": self.reloads,
+            "cpu_ms_per_turn": round(self.cpu_ms_per_turn, 2),
             "check": {**asdict(self.check), "ok": self.check.ok},
             "kills": [asdict(kill) for kill in self.kills],
             "per_worker": [
@@ -248,6 +258,7 @@ def read_log(path: Path, worker: int) -> tuple[WorkerReport, list[dict[str, Any]
             report.conflicts = entry.get("conflicts", 0)
             report.retries = entry.get("retries", 0)
             report.reloads = entry.get("reloads", 0)
+            report.cpu_s = entry.get("cpu_s", 0.0)
             report.error = entry.get("detail", "")
     return report, entries
 
@@ -416,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             f"sessions in {summary['wall_s']} s: {summary['turns_per_s']} turns/s, turn p50 "
             f"{summary['turn_ms_p50']} ms, p95 {summary['turn_ms_p95']} ms; "
             f"{result.conflicts} version conflicts ({result.retries} raised and retried), "
-            f"{result.reloads} session loads"
+            f"{result.reloads} session loads, {result.cpu_ms_per_turn:.1f} CPU ms per turn"
         )
         print(
             f"check: {check.turns_complete}/{check.turns_acknowledged} acknowledged turns "
