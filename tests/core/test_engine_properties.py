@@ -195,3 +195,53 @@ def test_same_inputs_give_identical_output_with_any_estimator(
         return [result.assembled_input, result.report.prune_decisions]
 
     assert asyncio.run(once()) == asyncio.run(once())
+
+
+@settings(max_examples=40)
+@given(history=steps(), budget=st.integers(400, 6000), unanswered=st.booleans())
+def test_the_conversation_walk_decides_as_the_general_path_does(
+    history: list[Step], budget: int, unanswered: bool
+) -> None:
+    """A TTL that never expires sends every conversation block through the pruner's general
+    per-block path; without one, blocks that fit at Live are decided in the walk itself.
+    Both must give the same input and the same report."""
+
+    async def prepared(ttl: dict[str, int] | None) -> tuple[object, object]:
+        store = MemoryStore()
+        changes, _ = build("p", history)
+        if unanswered:
+            changes.messages.append(
+                changes.messages[-1].model_copy(
+                    update={
+                        "message_id": "dangling",
+                        "content": "",
+                        "tool_calls": [
+                            ToolCallRequest(tool_call_id="never", name="f", raw_arguments="{}")
+                        ],
+                    }
+                )
+            )
+        await store.commit("p", changes)
+        config = RuntimeConfig.model_validate(
+            {
+                "model_hint": "gpt-4o",
+                "budget": {"max_input_tokens": budget + 100, "reserved_reply_tokens": 100},
+                "prune": {"ttl_seconds": ttl},
+            }
+        )
+        engine = ContextEngine(
+            store, config=config, clock=SteppingClock(), id_generator=SequentialIdGenerator()
+        )
+        result = await engine.prepare_turn("p", "the newest question")
+        return result.assembled_input, result.report.prune_decisions
+
+    async def run() -> None:
+        forever = 10**9
+        try:
+            walked = await prepared(None)
+        except BudgetExceededError:
+            return
+        general = await prepared({"high": forever, "medium": forever, "low": forever})
+        assert walked == general
+
+    asyncio.run(run())

@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 _TIERS = (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
+_UNANSWERED = "unanswered tool call: no result message or result evidence"
 _MIN_EVIDENCE_TOKENS = 16
 # Newest-first evidence walks stop after this many blocks in a row did not fit: what is
 # older is dropped in one decision, so a turn never visits every evidence of a long session.
@@ -228,12 +229,7 @@ class _Run:
         if candidate.kind == "conversation" and not rendering.parts:
             # an assistant message of nothing but tool calls that have no result: nothing of
             # it reaches the model, and the report says so
-            self.decide(
-                candidate,
-                "dropped",
-                "unanswered tool call: no result message or result evidence",
-                0,
-            )
+            self.decide(candidate, "dropped", _UNANSWERED, 0)
             return
         cost = rendering.tokens + extra
         self.remaining -= cost
@@ -329,18 +325,8 @@ class GreedyPriorityPruner:
             for candidate in request.context:
                 if candidate.priority is tier:
                     run.try_fit(candidate, tier)
-            while conversation_open and cursor >= request.hidden:
-                if cursor in request.pinned:  # kept with the must blocks
-                    cursor -= 1
-                    continue
-                rank = request.tail_start - 1 - cursor
-                if run.conversation_tier(rank) is not tier:
-                    break
-                run.at = cursor
-                if not run.try_fit(index.groups[cursor], tier):
-                    conversation_open = False
-                run.at = None
-                cursor -= 1
+            if conversation_open:
+                cursor, conversation_open = self._walk(run, cursor, tier)
             self._evidence(run, tier)
         run.result.history_open = conversation_open and cursor < 0
         history: list[tuple[int, PruneDecision]] = []  # (first group, decision)
@@ -377,6 +363,46 @@ class GreedyPriorityPruner:
         run.result.decisions.extend(decision for _, decision in history)
         run.result.used_tokens = budget.max_tokens - run.remaining
         return run.result
+
+    def _walk(self, run: _Run, cursor: int, tier: Priority) -> tuple[int, bool]:
+        """Walk the conversation newest first from group ``cursor`` while its groups are of
+        ``tier``; the next group to decide and whether the walk may go on. A group that fits
+        at Live is decided right here (the common case, one step per kept message); the
+        others (a TTL to check, a degraded level to find) go through :meth:`_Run.try_fit`."""
+        request = run.request
+        groups = request.index.groups
+        pinned = request.pinned
+        walk = run.walk
+        kept = run.result.kept
+        # the oldest group of this tier (newer ranks are higher priorities)
+        high = run.rules.recent_high
+        lowest_rank = {Priority.HIGH: high, Priority.MEDIUM: 4 * high}.get(tier)
+        stop = request.hidden - 1
+        if lowest_rank is not None:
+            stop = max(stop, request.tail_start - 1 - lowest_rank)
+        ttl = (run.rules.ttl_seconds or {}).get(tier)
+        fits = f"fits (priority {tier.value})"
+        while cursor > stop:
+            if cursor in pinned:  # kept with the must blocks
+                cursor -= 1
+                continue
+            group = groups[cursor]
+            live = group.live
+            if ttl is None and live.tokens <= run.remaining and group.kind == "conversation":
+                if live.parts:
+                    run.remaining -= live.tokens
+                    kept.append((group, live))
+                    walk[cursor] = ("kept", fits, live.tokens, LevelOfDetail.LIVE, 0)
+                else:
+                    walk[cursor] = ("dropped", _UNANSWERED, 0, None, 0)
+            else:
+                run.at = cursor
+                fitted = run.try_fit(group, tier)
+                run.at = None
+                if not fitted:
+                    return cursor - 1, False
+            cursor -= 1
+        return cursor, True
 
     def _start_at_a_turn(
         self, run: _Run, cursor: int, history: list[tuple[int, PruneDecision]]
