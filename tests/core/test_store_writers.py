@@ -442,3 +442,17 @@ async def test_a_writer_killed_while_holding_a_session_holds_nothing(tmp_path: P
     doc = await store.get_session("s")
     assert doc is not None and [m.content for m in doc.session.messages] == ["one", "two"]
     await store.close()
+
+
+@lock_files
+async def test_a_lock_file_that_cannot_be_opened_leaves_the_store_working(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "s.db-ce-lock").mkdir()  # not a file: opening it fails
+    store = SQLiteStore(tmp_path / "s.db")
+    assert not store.prefers_holding
+    assert "holding sessions with SQLite's write lock instead" in caplog.text
+    engine = ContextEngine(store, config=RuntimeConfig(model_hint="gpt-4o"))
+    result = await engine.prepare_turn("s", "hello")
+    assert [p.content for p in result.assembled_input.parts if p.role is Role.USER] == ["hello"]
+    await engine.close()

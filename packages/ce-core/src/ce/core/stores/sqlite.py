@@ -21,6 +21,7 @@ Opening an older file upgrades it to the current version (3).
 from __future__ import annotations
 
 import functools
+import logging
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -80,6 +81,8 @@ from ce.core.stores.base import (
 )
 
 __all__ = ["USER_VERSION", "SQLiteStore"]
+
+logger = logging.getLogger("ce.core.stores")
 
 USER_VERSION = sql.USER_VERSION
 """The layout version this module writes into ``PRAGMA user_version``."""
@@ -152,9 +155,11 @@ class SQLiteStore(BaseStore):
         self._lock_path = lock_path(self.path) if lock_files and locks_supported() else None
         try:
             self._locks = self._lock_file()
-        except StoreError:
-            conn.close()
-            raise
+        except StoreError as exc:
+            # e.g. a lock file made by another user: still correct without it (its holders'
+            # commits check their versions), only slower under contention
+            logger.warning("%s; holding sessions with SQLite's write lock instead", exc)
+            self._lock_path = self._locks = None
         self._no_wait = False  # set while the connection is tried without waiting
         self._idle_writers: list[_Lane] = []  # connections of `writer` blocks
         # the write-ahead log goes back into the file mostly in a thread of its own, not
