@@ -251,7 +251,10 @@ class SessionIndex:
         self._note_group(message, index)
         for call in message.tool_calls or ():
             self._call_group.setdefault(call.tool_call_id, index)
-        self._cum.append(self._cum[-1] + candidate.live.tokens)
+        # rendered when first needed: a tool call's group renders once its results are in
+        self._cum.append(self._cum[-1])
+        if self._stale is None or index < self._stale:
+            self._stale = index
         if message.role is Role.USER:
             self.last_user_group = index
             # calls answered by recorded result evidence only render once their turn is over
