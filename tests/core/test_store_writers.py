@@ -456,3 +456,19 @@ async def test_a_lock_file_that_cannot_be_opened_leaves_the_store_working(
     result = await engine.prepare_turn("s", "hello")
     assert [p.content for p in result.assembled_input.parts if p.role is Role.USER] == ["hello"]
     await engine.close()
+
+
+@lock_files
+async def test_stores_that_name_the_file_through_a_link_share_its_locks(tmp_path: Path) -> None:
+    first = SQLiteStore(tmp_path / "s.db")
+    (tmp_path / "alias.db").symlink_to(tmp_path / "s.db")
+    second = SQLiteStore(tmp_path / "alias.db", busy_timeout=0.2)
+    async with first.writer("s") as writer:
+        await writer.read_since()
+        with pytest.raises(StoreError, match="waited"):
+            await second.commit("s", SessionChanges(messages=[_message("late", "m1")]))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith("-ce-lock")) == [
+        "s.db-ce-lock"
+    ]
+    await first.close()
+    await second.close()

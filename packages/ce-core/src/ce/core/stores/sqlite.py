@@ -152,7 +152,9 @@ class SQLiteStore(BaseStore):
         self._synchronous = synchronous
         self._busy_timeout = busy_timeout
         # per-session locks beside the file, one lock file per connection (see _sqlite_locks)
-        self._lock_path = lock_path(self.path) if lock_files and locks_supported() else None
+        locked = lock_files and locks_supported()
+        # the real path: stores that name the file through a link share its locks
+        self._lock_path = lock_path(self.path.resolve()) if locked else None
         try:
             self._locks = self._lock_file()
         except StoreError as exc:
