@@ -118,6 +118,19 @@ def build(session_id: str, history: list[Step]) -> tuple[SessionChanges, int]:
     return state.take_changes(), 1 + groups + standalone
 
 
+def add_dangling_call(changes: SessionChanges) -> None:
+    """End the session with an assistant tool call that never got its result."""
+    changes.messages.append(
+        changes.messages[-1].model_copy(
+            update={
+                "message_id": "dangling",
+                "content": "",
+                "tool_calls": [ToolCallRequest(tool_call_id="never", name="f", raw_arguments="{}")],
+            }
+        )
+    )
+
+
 @settings(max_examples=60)
 @given(history=steps(), budget=st.integers(150, 6000), unanswered=st.booleans())
 def test_assembled_input_respects_budget_pairs_and_accounts_for_every_block(
@@ -127,17 +140,7 @@ def test_assembled_input_respects_budget_pairs_and_accounts_for_every_block(
         store = MemoryStore()
         changes, candidates = build("p", history)
         if unanswered:  # an interrupted run: a call that never got its result
-            changes.messages.append(
-                changes.messages[-1].model_copy(
-                    update={
-                        "message_id": "dangling",
-                        "content": "",
-                        "tool_calls": [
-                            ToolCallRequest(tool_call_id="never", name="f", raw_arguments="{}")
-                        ],
-                    }
-                )
-            )
+            add_dangling_call(changes)
             candidates += 1
         await store.commit("p", changes)
         config = RuntimeConfig(
@@ -210,17 +213,7 @@ def test_the_conversation_walk_decides_as_the_general_path_does(
         store = MemoryStore()
         changes, _ = build("p", history)
         if unanswered:
-            changes.messages.append(
-                changes.messages[-1].model_copy(
-                    update={
-                        "message_id": "dangling",
-                        "content": "",
-                        "tool_calls": [
-                            ToolCallRequest(tool_call_id="never", name="f", raw_arguments="{}")
-                        ],
-                    }
-                )
-            )
+            add_dangling_call(changes)
         await store.commit("p", changes)
         config = RuntimeConfig.model_validate(
             {

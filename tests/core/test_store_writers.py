@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +357,7 @@ async def test_the_engine_holds_every_write_where_the_store_prefers_it(tmp_path:
     users = [p.content for p in result.assembled_input.parts if p.role is Role.USER]
     assert users == ["first", "second", "from the other worker", "third"]
     assert not result.report.errors
+    assert engine._contention == {}  # nothing to track when every write holds
     assert [e for e in events if e.event_type == "Error"] == []
     await engine.close()
     await other.close()
@@ -472,3 +474,58 @@ async def test_stores_that_name_the_file_through_a_link_share_its_locks(tmp_path
     ]
     await first.close()
     await second.close()
+
+
+@lock_files
+async def test_a_writer_that_takes_no_lock_makes_a_held_commit_refused_and_redone(
+    tmp_path: Path,
+) -> None:
+    """A process of a ce-core from before the lock files writes between a held read and its
+    commit: that commit is refused for its version, reported, and the call is done again."""
+    config = RuntimeConfig(model_hint="gpt-4o")
+    events: list[Any] = []
+    bus = InMemoryEventBus()
+    bus.on_all(events.append)
+    mine = SQLiteStore(tmp_path / "s.db")
+    engine = ContextEngine(mine, config=config, event_bus=bus)
+    older = ContextEngine(
+        SQLiteStore(tmp_path / "s.db", lock_files=False),
+        config=config,
+        id_generator=SequentialIdGenerator("b"),
+    )
+    await engine.prepare_turn("s", "first")
+    real_writer = mine.writer
+    interleaved: list[str] = []
+
+    @asynccontextmanager
+    async def writer(session_id: str) -> AsyncIterator[Any]:
+        async with real_writer(session_id) as held:
+            real_commit = held.commit
+
+            async def commit(changes: SessionChanges) -> Any:
+                if not interleaved:
+                    interleaved.append("older")
+                    await older.prepare_turn(session_id, "from the older process")
+                return await real_commit(changes)
+
+            held.commit = commit
+            yield held
+
+    mine.writer = writer  # type: ignore[method-assign]
+    result = await engine.prepare_turn("s", "mine")
+    assert interleaved == ["older"]
+    assert any("version_conflict" in error for error in result.report.errors)
+    assert [e.payload.get("reason") for e in events if e.event_type == "Error"] == [
+        "version_conflict"
+    ]
+    users = [p.content for p in result.assembled_input.parts if p.role is Role.USER]
+    assert users == ["first", "from the older process", "mine"]
+    doc = await older.store.get_session("s")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages] == [
+        "first",
+        "from the older process",
+        "mine",
+    ]
+    await engine.close()
+    await older.close()

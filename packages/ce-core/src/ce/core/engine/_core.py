@@ -239,8 +239,10 @@ class EngineCore(HistoryWriter):
         it: holding the session when the store can (then the redo is not refused), else up
         to ``conflict_retries`` times (see the class docstring)."""
         store = self.store
-        if getattr(store, "prefers_holding", False):
-            return await self._attempt_held(cast(WriterStore, store), session_id, call, op, tail)
+        if getattr(store, "prefers_holding", False):  # every write holds: nothing to track
+            return await self._attempt_held(
+                cast(WriterStore, store), session_id, call, op, tail, track=False
+            )
         # only a store that holds sessions ever marks one contended: the protocol check
         # (slow) runs only then, not on every write
         if self._contention and self._contended(session_id) and isinstance(store, WriterStore):
@@ -252,12 +254,7 @@ class EngineCore(HistoryWriter):
                 async with engine_turn():  # the loop's turn for the CPU part (see _drive)
                     return await op(entry)
             except VersionConflictError as exc:
-                # the cached state holds the refused writes: read the session afresh
-                self._entries.pop(session_id, None)
-                call.errors.append(("version_conflict", str(exc)))
-                await self._emit(
-                    "Error", session_id, call.turn_id, reason="version_conflict", detail=str(exc)
-                )
+                await self._refused(session_id, call, exc)
                 if isinstance(store, WriterStore):
                     self._contention[session_id] = time.monotonic() + CONTENDED_SECONDS
                     return await self._attempt_held(store, session_id, call, op, tail)
@@ -274,6 +271,15 @@ class EngineCore(HistoryWriter):
                 # the cached state may hold writes that never reached the store
                 self._entries.pop(session_id, None)
                 raise
+
+    async def _refused(self, session_id: str, call: WriteLog, exc: VersionConflictError) -> None:
+        """Note a refused commit: the cached state holds the refused writes, so the session
+        is read afresh; the call's report and an ``Error`` event say so."""
+        self._entries.pop(session_id, None)
+        call.errors.append(("version_conflict", str(exc)))
+        await self._emit(
+            "Error", session_id, call.turn_id, reason="version_conflict", detail=str(exc)
+        )
 
     def _contended(self, session_id: str) -> bool:
         """Whether another process wrote the session under this engine's feet less than
@@ -294,13 +300,16 @@ class EngineCore(HistoryWriter):
         call: WriteLog,
         op: Callable[[SessionEntry], Awaitable[_T]],
         tail: bool = False,
+        *,
+        track: bool = True,
     ) -> _T:
         """Run ``op`` holding the session in the store, from the read to the commit: no
         other writer can store anything in between, so its commit is not refused. A session
         not cached is read before it is held, so holding it costs only a catch-up. When that
         catch-up finds another writer's records, the session stays contended for
         :data:`CONTENDED_SECONDS` more: writers that keep meeting each other keep holding it
-        rather than go back to meeting refused commits (and whole reads)."""
+        rather than go back to meeting refused commits (and whole reads); ``track`` False
+        (a store whose every write holds) marks nothing."""
         retry = 0
         while True:
             cached = self._entries.get(session_id)
@@ -311,15 +320,14 @@ class EngineCore(HistoryWriter):
                 call.writer = writer
                 try:
                     entry = await self._entry(session_id, writer, tail=tail)
-                    if entry.version != seen:
+                    if track and entry.version != seen:
                         self._contention[session_id] = time.monotonic() + CONTENDED_SECONDS
                     async with engine_turn():
                         return await op(entry)
                 except VersionConflictError as exc:
                     # a writer that does not hold sessions (a process of an older ce-core)
                     # wrote in between: read the session afresh and hold it again
-                    self._entries.pop(session_id, None)
-                    call.errors.append(("version_conflict", str(exc)))
+                    await self._refused(session_id, call, exc)
                     retry += 1
                     if retry > self.conflict_retries:
                         raise

@@ -277,13 +277,12 @@ class _Run:
         )
         return False
 
-    def conversation_tier(self, rank: int) -> Priority:
+    def tier_end(self, tier: Priority) -> int | None:
+        """The rank (0: the newest conversation block) where ``tier`` ends, None for the
+        lowest: the newest ``recent_high`` blocks are high, the next ``3 * recent_high``
+        medium, older ones low."""
         high = self.rules.recent_high
-        if rank < high:
-            return Priority.HIGH
-        if rank < 4 * high:
-            return Priority.MEDIUM
-        return Priority.LOW
+        return {Priority.HIGH: high, Priority.MEDIUM: 4 * high}.get(tier)
 
 
 def _unpinned(start: int, stop: int, pinned: frozenset[int]) -> list[tuple[int, int]]:
@@ -374,12 +373,10 @@ class GreedyPriorityPruner:
         pinned = request.pinned
         walk = run.walk
         kept = run.result.kept
-        # the oldest group of this tier (newer ranks are higher priorities)
-        high = run.rules.recent_high
-        lowest_rank = {Priority.HIGH: high, Priority.MEDIUM: 4 * high}.get(tier)
-        stop = request.hidden - 1
-        if lowest_rank is not None:
-            stop = max(stop, request.tail_start - 1 - lowest_rank)
+        stop = request.hidden - 1  # the walk ends before this group
+        end = run.tier_end(tier)
+        if end is not None:
+            stop = max(stop, request.tail_start - 1 - end)
         ttl = (run.rules.ttl_seconds or {}).get(tier)
         fits = f"fits (priority {tier.value})"
         while cursor > stop:

@@ -14,8 +14,9 @@ writer stored something in between. A block that commits nothing stores nothing.
 The engine uses it on a conflict: a call whose optimistic commit was refused is done again
 once, holding the session, and that second commit is not refused. A store whose hold costs no
 more than an optimistic commit (SQLite with its per-session lock files) says so with a
-``prefers_holding`` attribute that is True: the engine then holds the session for every write
-and no commit of it is ever refused.
+``prefers_holding`` attribute that is True: the engine then holds the session for every write,
+and no commit is refused unless a writer that does not hold sessions (a process of an older
+ce-core) wrote in between; the engine then reads the session again and redoes the call.
 """
 
 from __future__ import annotations
