@@ -12,7 +12,8 @@ For each size N (100, 1,000, 10,000 messages, with as many retrieved documents),
   with what each kept and whether it left a tool result without its call (or a call without
   its results);
 * ``ContextEngine.prepare_turn`` on the session stored in a ``SQLiteStore``: cold (the first
-  turn of a new process, several processes) and warm (the next turns of one process).
+  turn of a new process, several processes) and warm (the next turns of one process); and a
+  cold ``prepare_call`` given the whole history, as a framework plugin's first call is.
 
 Run::
 
@@ -907,7 +908,9 @@ def _ce_summary(result: Any, h_system: str, last_user: str, counter: Counter) ->
 
 
 async def ce_child(mode: str, db: Path, n: int, turns: int) -> dict[str, Any]:
-    """Runs in a fresh process: one cold turn, or one untimed turn and ``turns`` warm ones."""
+    """Runs in a fresh process: one cold turn (``cold``), one cold ``prepare_call`` with the
+    whole history as a framework passes it (``cold_call``), or one untimed turn and ``turns``
+    warm ones."""
     from ce.core.engine import ContextEngine
     from ce.core.schema import Message, ModelInvocation, Role
     from ce.core.stores import SQLiteStore
@@ -915,12 +918,29 @@ async def ce_child(mode: str, db: Path, n: int, turns: int) -> dict[str, Any]:
     counter = Counter()
     texts = history.next_turns(turns + 1)
     system = history.generate(6).messages[0].content  # the same system prompt for every n
+    question = Message(role=Role.USER, content=texts[0][0])
+    passed: list[Message] = []
+    if mode == "cold_call":  # the framework's own message objects, built before the clock
+        stored, _ = history.to_ce_changes(history.generate(n, SEED), SESSION_ID)
+        passed = [
+            Message(
+                role=m.role,
+                content=m.content,
+                tool_calls=m.tool_calls,
+                tool_call_id=m.tool_call_id,
+                name=m.name,
+            )
+            for m in stored.messages
+        ]
     start = time.perf_counter()
     store = SQLiteStore(db)
     engine = ContextEngine(store=store, config=ce_config())
     opened = time.perf_counter() - start
     start = time.perf_counter()
-    result = await engine.prepare_turn(SESSION_ID, Message(role=Role.USER, content=texts[0][0]))
+    if mode == "cold_call":
+        result = await engine.prepare_call(SESSION_ID, [*passed, question])
+    else:
+        result = await engine.prepare_turn(SESSION_ID, question)
     first = time.perf_counter() - start
     samples = []
     last = texts[0][0]
@@ -981,6 +1001,15 @@ async def run_ce(
             _copy_db(pristine, db)
             colds.append(_child(["--child", "cold", "--db", str(db), "--n", str(n)], timeout))
             print(f"ce N={n:,} cold #{i + 1}: {colds[-1]['first'] * 1e3:,.1f} ms", file=sys.stderr)
+        calls = []
+        for i in range(cold_runs):
+            db = workdir / f"call-{n}-{i}.db"
+            _copy_db(pristine, db)
+            calls.append(_child(["--child", "cold_call", "--db", str(db), "--n", str(n)], timeout))
+            print(
+                f"ce N={n:,} cold prepare_call #{i + 1}: {calls[-1]['first'] * 1e3:,.1f} ms",
+                file=sys.stderr,
+            )
         db = workdir / f"warm-{n}.db"
         _copy_db(pristine, db)
         warm = _child(
@@ -992,7 +1021,7 @@ async def run_ce(
             f"over {len(warm['samples'])} turns",
             file=sys.stderr,
         )
-        out[n] = {"cold": colds, "warm": warm}
+        out[n] = {"cold": colds, "cold_call": calls, "warm": warm}
     return out
 
 
@@ -1084,14 +1113,17 @@ def peers_table(sizes: list[int], peers: dict[str, Any]) -> list[str]:
 
 def ce_table(ce: dict[int, dict[str, Any]]) -> list[str]:
     lines = [
-        "| N messages / evidences | cold median (ms) | cold p95 (ms) | warm median (ms) "
+        "| N messages / evidences | cold median (ms) | cold p95 (ms) "
+        "| cold `prepare_call` median (ms) | cold `prepare_call` p95 (ms) | warm median (ms) "
         "| warm p95 (ms) | parts (conversation msgs) | tokens used / budget "
         "| shared count of parts | evidences kept | system kept | last user kept "
         "| pairs intact |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
+        "| --- | --- |",
     ]
     for n, r in ce.items():
         cold = [c["first"] for c in r["cold"]]
+        call = [c["first"] for c in r["cold_call"]]
         w = r["warm"]
         pairs = w["orphan_results"] == 0 and w["unanswered_calls"] == 0
         pairs_text = (
@@ -1102,6 +1134,7 @@ def ce_table(ce: dict[int, dict[str, Any]]) -> list[str]:
         )
         lines.append(
             f"| {n:,} / {n:,} | {_ms(statistics.median(cold))} | {_ms(percentile(cold, 95))} "
+            f"| {_ms(statistics.median(call))} | {_ms(percentile(call, 95))} "
             f"| {_ms(statistics.median(w['samples']))} | {_ms(percentile(w['samples'], 95))} "
             f"| {w['parts']} ({w['conversation_msgs']}) | {w['token_used']:,} / "
             f"{w['token_budget']:,} | {w['shared_tokens']:,} | {w['evidences_kept']} "
@@ -1160,6 +1193,18 @@ def acceptance(
             f"{'met' if cold[big] <= 0.05 else '**not met**'}); ÷ at N={small:,}: "
             f"{_ms(cold[big])} ms ÷ {_ms(cold[small])} ms = **{ratios['cold_growth']:.2f}** "
             f"(target ≤ 2: {'met' if ratios['cold_growth'] <= 2 else '**not met**'})."
+        )
+    call = {
+        n: statistics.median([c["first"] for c in r["cold_call"]]) for n, r in (ce or {}).items()
+    }
+    if big in call and small in call and big != small:
+        ratios["cold_call_growth"] = call[big] / call[small]
+        lines.append(
+            f"- Cold `prepare_call` with the whole history at N={big:,}: {_ms(call[big])} ms "
+            f"(target ≤ 50 ms: {'met' if call[big] <= 0.05 else '**not met**'}); ÷ at "
+            f"N={small:,}: {_ms(call[big])} ms ÷ {_ms(call[small])} ms = "
+            f"**{ratios['cold_call_growth']:.2f}** (target ≤ 2: "
+            f"{'met' if ratios['cold_call_growth'] <= 2 else '**not met**'})."
         )
     if not lines:
         lines.append("- Not computed in this run (it needs both the ce and the peer figures).")
@@ -1243,7 +1288,11 @@ def report(
         f"{cold_runs} processes, each on a fresh copy of the file (in the OS page cache). "
         "A cold turn reads the session's newest records from the store (64 messages, 64 "
         "evidences and what goes with them), twice as many again while the budget could "
-        "keep older ones; it never reads the whole session. "
+        "keep older ones; it never reads the whole session. **Cold `prepare_call`**: the "
+        "same, but the first call is `prepare_call` with the whole history as a framework "
+        "passes it (N messages of its own, built before the clock, then the new user "
+        "message); the engine matches the end of that list against the session's newest "
+        "records and reads no more of the session. "
         f"**Warm**: one process, after that first turn, times {warm_turns} next turns, each "
         "a new user message, with "
         "`commit_assistant_message` of the reply between turns (untimed). The columns after "
@@ -1330,7 +1379,7 @@ async def main() -> None:
         "--max-call", type=float, default=120.0, help="skip cells projected over this (s)"
     )
     parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
-    parser.add_argument("--child", choices=("cold", "warm"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("cold", "cold_call", "warm"), help=argparse.SUPPRESS)
     parser.add_argument("--db", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--turns", type=int, default=0, help=argparse.SUPPRESS)

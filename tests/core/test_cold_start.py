@@ -440,3 +440,192 @@ def test_the_blocking_engine_reads_the_newest_records_too(tmp_path: Path) -> Non
     assert engine._entries["s"].partial
     engine.sync.close()
     asyncio.run(store.close())
+
+
+def _as_passed(doc_messages: list[Message]) -> list[Message]:
+    """A session's messages as a framework passes its history: its own objects, without the
+    session's ids."""
+    return [
+        Message(
+            role=m.role,
+            content=m.content,
+            tool_calls=m.tool_calls,
+            tool_call_id=m.tool_call_id,
+            name=m.name,
+        )
+        for m in doc_messages
+    ]
+
+
+def _pending(shape: str, history: list[Message], trim: int) -> list[Message]:
+    """What a framework passes to a cold worker's first call (``shape``) after ``history``."""
+    question = Message(role=Role.USER, content="and now?")
+    if shape == "trimmed":  # a framework that keeps a window of its own
+        system, rest = history[:1], history[1:]
+        return [*system, *rest[min(trim, len(rest)) :], question]
+    if shape == "instruction":  # another agent's system prompt on the same session
+        return [Message(role=Role.SYSTEM, content="You are terse."), *history[1:], question]
+    if shape == "taken_id":  # a framework id the session stored long ago for other content
+        return [*history, question.model_copy(update={"message_id": "h1"})]
+    if shape == "fresh_id":
+        return [*history, question.model_copy(update={"message_id": "q-new"})]
+    if shape == "repeat":  # the first question asked again
+        return [*history, history[1].model_copy()]
+    if shape == "tool_call":  # a reply with a call id the session used before, not recorded
+        call = ToolCallRequest(tool_call_id="c1", name="lookup", raw_arguments="{}")
+        return [*history, question, Message(role=Role.ASSISTANT, content="", tool_calls=[call])]
+    return [*history, question]
+
+
+def _stored_messages(doc_messages: list[Message]) -> list[tuple[object, ...]]:
+    """The session's messages without the ids an engine generated."""
+    return [
+        (
+            m.role,
+            m.content,
+            m.tool_call_id,
+            [c.tool_call_id for c in m.tool_calls or ()],
+            sorted(m.meta),
+        )
+        for m in doc_messages
+    ]
+
+
+SHAPES = ["plain", "trimmed", "instruction", "taken_id", "fresh_id", "repeat", "tool_call"]
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    history=histories(),
+    budget=st.integers(300, 9000),
+    sizes=st.tuples(st.integers(1, 12), st.integers(0, 12)),
+    shape=st.sampled_from(SHAPES),
+    trim=st.integers(1, 6),
+)
+def test_a_cold_prepare_call_on_the_newest_records_does_what_the_whole_session_does(
+    tmp_path_factory: pytest.TempPathFactory,
+    history: list[Step],
+    budget: int,
+    sizes: tuple[int, int],
+    shape: str,
+    trim: int,
+) -> None:
+    """A framework's whole history, and more, passed to a worker that has not read the
+    session: the input, the report and what is stored are those of a call on the whole
+    session, whether the history lines up with the newest records or not."""
+    tmp_path = tmp_path_factory.mktemp("coldcall")
+    changes = commits(history, refer_to_first=False, summary_upto=-1)
+    config = _config(budget)
+
+    async def run() -> None:
+        cold_store = SQLiteStore(tmp_path / "cold.db")
+        whole_store = await _write(cold_store, changes)
+        doc = await whole_store.get_session("s")
+        assert doc is not None
+        pending = _pending(shape, _as_passed(doc.session.messages), trim)
+        engines = [
+            ContextEngine(
+                s, config=config, clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
+            )
+            for s in (whole_store, cold_store)
+        ]
+        with newest_first(*sizes):
+            whole, cold = [await e.prepare_call("s", pending) for e in engines]
+        try:
+            _assert_same(whole, cold)
+            assert cold.report.degradations == whole.report.degradations
+            after = [await s.get_session("s") for s in (whole_store, cold_store)]
+            assert after[0] is not None and after[1] is not None
+            assert _stored_messages(after[1].session.messages) == _stored_messages(
+                after[0].session.messages
+            )
+            if shape in ("plain", "fresh_id", "taken_id", "repeat", "instruction"):
+                # the history lines up with the newest records: never read whole
+                assert engines[1]._tail_sizes.get("s", ()) is not None
+        finally:
+            for engine in engines:
+                await engine.close()
+            await cold_store.close()
+
+    asyncio.run(run())
+
+
+async def test_a_cold_prepare_call_on_a_long_session_reads_only_its_newest_records(
+    tmp_path: Path,
+) -> None:
+    changes = commits(_long_history(400), refer_to_first=True, summary_upto=-1)
+    store = SQLiteStore(tmp_path / "cold.db")
+    whole_store = await _write(store, changes)
+    doc = await whole_store.get_session("s")
+    assert doc is not None
+    history = _as_passed(doc.session.messages)
+    engines = [
+        ContextEngine(
+            s, config=_config(2000), clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
+        )
+        for s in (whole_store, store)
+    ]
+    question = Message(role=Role.USER, content="and now?")
+    whole, cold = [await e.prepare_call("s", [*history, question]) for e in engines]
+    _assert_same(whole, cold)
+    entry = engines[1]._entries["s"]
+    assert entry.partial and len(entry.doc.session.messages) <= 2 * engine_core.TAIL_MESSAGES
+    # the model answers; the framework passes its history with the answer and a new question
+    answer = Message(role=Role.ASSISTANT, content="It shipped.", invocation=INV)
+    again = [*history, question, answer, Message(role=Role.USER, content="and then?")]
+    for engine in engines:
+        await engine.commit_assistant_message("s", answer)
+    whole, cold = [await e.prepare_call("s", again) for e in engines]
+    _assert_same(whole, cold)
+    assert engines[1]._entries["s"].partial
+    stored = [await s.get_session("s") for s in (whole_store, store)]
+    assert stored[0] is not None and stored[1] is not None
+    assert _stored_messages(stored[1].session.messages) == _stored_messages(
+        stored[0].session.messages
+    )
+    for engine in engines:
+        await engine.close()
+    await store.close()
+
+
+async def test_a_cold_call_inside_a_long_tool_round_reads_back_to_its_question(
+    tmp_path: Path,
+) -> None:
+    """The newest records hold tool results only: the question of the run they belong to is
+    older, so the call reads more until it holds it (the run's tool chain stays pinned)."""
+    state = AgentState("s", clock=SteppingClock(), id_generator=SequentialIdGenerator("h"))
+    state.set_system_instruction("You look things up.")
+    for turn in range(30):
+        state.append_model_input(f"question {turn}")
+        state.append_model_output(ModelOutput(text=f"answer {turn}", invocation=INV))
+    state.append_model_input("look up everything")
+    calls = [
+        ToolCallRequest(tool_call_id=f"k{i}", name="lookup", raw_arguments="{}") for i in range(12)
+    ]
+    state.append_model_output(ModelOutput(tool_calls=calls, invocation=INV))
+    state.append_tool_results(
+        [ToolResult(tool_call_id=c.tool_call_id, name="lookup", content="r" * 40) for c in calls]
+    )
+    store = SQLiteStore(tmp_path / "cold.db")
+    whole_store = await _write(store, [state.take_changes()])
+    doc = await whole_store.get_session("s")
+    assert doc is not None
+    pending = _as_passed(doc.session.messages)
+    engines = [
+        ContextEngine(
+            s, config=_config(600), clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
+        )
+        for s in (whole_store, store)
+    ]
+    with newest_first(4, 0):
+        whole, cold = [await e.prepare_call("s", pending) for e in engines]
+    _assert_same(whole, cold)
+    sizes = engines[1]._tail_sizes["s"]
+    assert sizes is not None and sizes[0] >= 16  # grew until it held the run's question
+    for engine in engines:
+        await engine.close()
+    await store.close()

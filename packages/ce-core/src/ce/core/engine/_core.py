@@ -178,7 +178,12 @@ class EngineCore(HistoryWriter):
         state.absorb(part.changes)
         if part.instruction is not None:
             state.note_instruction(part.instruction)
-        unread = Unread(part.older_messages, part.older_evidences, tuple(part.fact_sources))
+        unread = Unread(
+            part.older_messages,
+            part.older_evidences,
+            tuple(part.fact_sources),
+            part.older_system,
+        )
         entry = SessionEntry(
             session_id,
             state,

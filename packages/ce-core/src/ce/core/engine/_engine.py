@@ -14,7 +14,7 @@ from ce.core._drive import checkpoint
 from ce.core.config import RedactionConfig, RuntimeConfig
 from ce.core.engine._deferred import DeferredWrites, flush_at_exit, note_pending
 from ce.core.engine._prepare import Preparer
-from ce.core.engine._session import SessionEntry, SessionLocks
+from ce.core.engine._session import SessionEntry, SessionLocks, TailTooShort
 from ce.core.engine._turn import select_and_assemble
 from ce.core.engine._writes import WriteLog
 from ce.core.errors import (
@@ -331,12 +331,17 @@ class ContextEngine(Preparer):
         cfg = self._cfg(runtime_config)
 
         async def op(entry: SessionEntry, call: WriteLog) -> PrepareResult:
-            self._record_pending(entry, pending_messages, cfg, call)
+            tail_start = await self._tail_start(entry, pending_messages, cfg)
+            self._record_pending(entry, pending_messages, cfg, call, tail_start)
             await checkpoint()
             own = self._own_run(entry, pending_messages, cfg)
+            if entry.partial and own[0] is None and own[1]:
+                raise TailTooShort()  # the run's question is older than what the entry holds
             return await self._prepare(entry, cfg, call, "call", tool_schemas, own)
 
-        return await self._write(session_id, op)
+        # a framework passes its whole history: a session not read yet is read from its
+        # newest records when they line up with the end of that history (see _tail_start)
+        return await self._write(session_id, op, tail=True)
 
     # -- phase B: the reply -----------------------------------------------------------------
 

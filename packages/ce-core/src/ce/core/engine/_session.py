@@ -190,6 +190,15 @@ class SessionEntry:
             return framework_id
         return alias
 
+    def note_taken(self, messages: Iterable[Message]) -> None:
+        """Remember the ids of messages the session stores before what this entry holds
+        (read by id): a framework id among them is taken, though the messages are not
+        matched against what a framework passes."""
+        for message in messages:
+            if message.message_id:
+                self.message_ids.add(message.message_id)
+                self.id_texts[message.message_id] = (message.role, message.content)
+
     def note_written(self, stored: Message) -> None:
         """Remember a message just written (in its stored, redacted form), so a framework
         that passes it again is not recorded twice."""

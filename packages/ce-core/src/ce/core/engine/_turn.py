@@ -73,12 +73,14 @@ class Selection:
 @dataclass(frozen=True)
 class Unread:
     """What a selection from the newest part of a session did not read: how many messages
-    and evidences are stored before it, and the evidences among those that may state facts
-    (conflicts are found across the whole session)."""
+    and evidences are stored before it, the evidences among those that may state facts
+    (conflicts are found across the whole session) and how many of those messages are
+    system messages."""
 
     messages: int = 0
     evidences: int = 0
     fact_sources: tuple[Evidence, ...] = ()
+    system_messages: int = 0
 
 
 def _text_candidate(

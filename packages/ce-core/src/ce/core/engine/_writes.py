@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import operator
 import re
 from collections.abc import Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 from ce.core.config import RedactionConfig, RuntimeConfig
 from ce.core.engine._session import (
@@ -14,6 +15,7 @@ from ce.core.engine._session import (
     FRAMEWORK_CALL_IDS,
     FRAMEWORK_MESSAGE_ID,
     SessionEntry,
+    TailTooShort,
     message_key,
 )
 from ce.core.errors import InvariantViolationError, RedactionError
@@ -30,7 +32,7 @@ from ce.core.schema import (
     ToolCallRequest,
 )
 from ce.core.state import AgentState, ModelOutput, ToolResult, can_transition
-from ce.core.stores import SessionWriter
+from ce.core.stores import SessionWriter, SliceStore, Store
 
 __all__ = ["ACTIVE_RUN", "HistoryWriter", "WriteLog"]
 
@@ -163,6 +165,7 @@ class HistoryWriter:
     AgentState (and so the store) sees it."""
 
     config: RuntimeConfig
+    store: Store
     _redactor: RegexRedactor | None
     _redactors: dict[RedactionConfig, RegexRedactor]
     _stored_forms: dict[int, dict[str, tuple[str, tuple[str, ...]]]]
@@ -413,8 +416,62 @@ class HistoryWriter:
         call.new_messages.append(stored)
         entry.note_written(stored)
 
+    async def _tail_start(
+        self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
+    ) -> tuple[int, int | None] | None:
+        """For an entry that holds the session's newest messages only (see
+        ``ContextEngine._tail_entry``): where its messages start in ``pending`` and the
+        position of the last system message before that (None: the entry holds the whole
+        session, or ``pending`` continues the list the previous call matched). The ids of
+        the messages after them that the entry has not read are looked up in the store
+        (a framework id the session took before is not stored twice).
+
+        A framework passes its whole history on every call: when ``pending`` has as many
+        messages (system messages aside) as the session stores before the entry's, then the
+        entry's own in order, the older ones are the session's older ones, and only the rest
+        is matched against the entry. Anything else (a history trimmed, summarised or
+        rewritten by the framework; new messages that declare tool calls, whose ids the
+        whole session must be searched for; a tool result for a call the entry does not hold
+        waiting) raises :class:`TailTooShort` for the whole session."""
+        if not entry.partial or _unchanged_prefix(entry, pending, cfg)[0]:
+            return None
+        held = [m for m in entry.doc.session.messages if m.role is not Role.SYSTEM]
+        older = entry.unread.messages - entry.unread.system_messages
+        positions: list[int] = []  # of the non-system messages
+        systems: list[int] = []
+        for i, m in enumerate(pending):
+            (systems if m.role is Role.SYSTEM else positions).append(i)
+        if len(positions) < older + len(held):
+            raise TailTooShort(whole=True)
+        for stored, position in zip(held, positions[older:], strict=False):
+            message = pending[position]
+            if message_key(message, self._stored_text(message.content, cfg)) != message_key(stored):
+                raise TailTooShort(whole=True)
+        start = positions[older] if older < len(positions) else len(pending)
+        before = bisect.bisect_left(systems, start)
+        system = systems[before - 1] if before else None
+        unknown: list[str] = []
+        for position in positions[older + len(held) :]:
+            message = pending[position]
+            if message.tool_calls or (
+                message.role is Role.TOOL
+                and not _answers_waiting_call(entry, message.tool_call_id or "")
+            ):
+                raise TailTooShort(whole=True)
+            if message.message_id and message.message_id not in entry.message_ids:
+                unknown.append(message.message_id)
+        if unknown:
+            store = cast(SliceStore, self.store)  # an entry of newest records: a SliceStore
+            entry.note_taken(await store.read_messages(entry.session_id, unknown))
+        return start, system
+
     def _record_pending(
-        self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig, call: WriteLog
+        self,
+        entry: SessionEntry,
+        pending: Sequence[Message],
+        cfg: RuntimeConfig,
+        call: WriteLog,
+        tail_start: tuple[int, int | None] | None = None,
     ) -> None:
         """Record the pending messages that the session does not hold yet: by framework id
         when they carry one, else by content (a message seen k times is new the k+1-th; the
@@ -423,10 +480,16 @@ class HistoryWriter:
         The last system message is the instruction of this call (the assembled input has one
         instruction): it becomes the session's instruction whenever it differs from the
         current one, even if the session held it before, so agents that take turns in one
-        session, each with its own system prompt, each get their own."""
+        session, each with its own system prompt, each get their own.
+
+        ``tail_start``: for an entry of the session's newest messages only, where its
+        messages start in ``pending`` and the last system message before (see
+        :meth:`_tail_start`); the messages before are not matched."""
         known_ids = entry.message_ids
         last = len(pending) - 1
         start, seen, system = _unchanged_prefix(entry, pending, cfg)
+        if not start and tail_start is not None:  # the entry's messages start there
+            start, system = tail_start
         prefix_system = system
         system = next(
             (i for i in range(last, start - 1, -1) if pending[i].role is Role.SYSTEM), system

@@ -592,7 +592,7 @@ def read_since(
 _NO_END = 1 << 62
 """A ``seq`` past every row."""
 
-_HEAD_PAD = ", NULL" * 9
+_HEAD_PAD = ", NULL" * 10
 """The head columns of the rows of :func:`_tail_sql` that are not its head row."""
 
 
@@ -601,7 +601,8 @@ def _tail_sql(s: str) -> str:
     exist) with ``m_seq`` (the ``seq`` of the tail's first message; past every row when the
     session has none), ``e_seq`` (where the run of newest evidences starts: the ``seq`` of the
     oldest of the newest ``%(evidences)s``, -1 when the session has none, past every row for
-    no run) and the counts of messages before ``m_seq`` and evidences before ``e_seq``; then
+    no run), the counts of messages before ``m_seq`` and evidences before ``e_seq`` and of the
+    system messages before ``m_seq``; then
     the rows (``kind``, ``seq``, ``body``) of the newest ``%(messages)s`` messages, the run of
     evidences, every context block and task, the newest system message before ``m_seq``
     (``instruction``) and every evidence that may state facts before ``e_seq``
@@ -624,7 +625,9 @@ def _tail_sql(s: str) -> str:
         "SELECT '' AS kind, cut.e_seq AS seq, NULL::text AS body, head.version, head.epoch,"
         " head.schema_version, head.summary, head.run_state, head.meta, cut.m_seq,"
         f" (SELECT count(*) FROM {s}.messages WHERE session_id = %(sid)s AND seq < cut.m_seq),"
-        f" (SELECT count(*) FROM {s}.evidences WHERE session_id = %(sid)s AND seq < cut.e_seq)"
+        f" (SELECT count(*) FROM {s}.evidences WHERE session_id = %(sid)s AND seq < cut.e_seq),"
+        f" (SELECT count(*) FROM {s}.messages WHERE session_id = %(sid)s AND role = 'system'"
+        " AND seq < cut.m_seq)"
         " FROM head, cut"
         f" UNION ALL SELECT 'messages', seq, body{_HEAD_PAD} FROM newest"
         f" UNION ALL SELECT 'evidences', seq, body{_HEAD_PAD} FROM run"
@@ -716,7 +719,9 @@ def read_tail(
                 head = (seq, *head_columns)
         if head is None:
             return None
-        e_seq, stored, epoch, schema_version, summary, run_state, meta, _, older, before = head
+        e_seq, stored, epoch, schema_version, summary, run_state, meta, _, older, before, system = (
+            head
+        )
         check_schema_version(session_id, schema_version)
         for part in rows.values():
             part.sort()
@@ -763,9 +768,20 @@ def read_tail(
         str(epoch),
         int(older),
         int(before) - sum(1 for seq in found if seq < e_seq),
+        int(system),
         instruction=_parsed(session_id, Message, instruction[0][1]) if instruction else None,
         fact_sources=[_parsed(session_id, Evidence, body) for _, body in rows["fact_sources"]],
     )
+
+
+def messages_by_id(conn: Conn, s: str, session_id: str, message_ids: list[str]) -> list[Message]:
+    """The session's messages whose id is one of ``message_ids``, in stored order."""
+    rows = conn.execute(
+        f"SELECT body FROM {s}.messages WHERE session_id = %s AND message_id = ANY(%s)"
+        " ORDER BY seq",
+        (session_id, _storable(message_ids)),
+    ).fetchall()
+    return [_parsed(session_id, Message, body) for (body,) in rows]
 
 
 def version(conn: Conn, s: str, session_id: str) -> int:

@@ -357,6 +357,10 @@ def read_tail(
             "SELECT COUNT(*) FROM messages WHERE session_id = ? AND seq < ?",
             (session_id, message_seq),
         ).fetchone()
+        (older_system,) = conn.execute(
+            "SELECT COUNT(*) FROM messages WHERE session_id = ? AND role = 'system' AND seq < ?",
+            (session_id, message_seq),
+        ).fetchone()
         (before_run,) = conn.execute(
             "SELECT COUNT(*) FROM evidences WHERE session_id = ? AND seq < ?",
             (session_id, evidence_seq),
@@ -378,9 +382,18 @@ def read_tail(
         epoch,
         older_messages,
         older_evidences,
+        older_system,
         instruction=_parsed(session_id, Message, instruction[0]) if instruction else None,
         fact_sources=[_parsed(session_id, Evidence, body) for (body,) in sources],
     )
+
+
+def messages_by_id(
+    conn: sqlite3.Connection, session_id: str, message_ids: list[str]
+) -> list[Message]:
+    """The session's messages whose id is one of ``message_ids``, in stored order."""
+    rows = _where_in(conn, "messages", "message_id", session_id, message_ids)
+    return [_parsed(session_id, Message, body) for _, body in sorted(rows)]
 
 
 _NO_END = 1 << 62  # a seq past every row

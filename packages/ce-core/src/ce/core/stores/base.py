@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import abc
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -267,13 +268,15 @@ class SessionSlice:
     """The newest records of a session as :meth:`SliceStore.read_tail` returns them (see
     :class:`SliceStore` for what it holds). ``older_messages`` / ``older_evidences`` count
     the messages and evidences of the session it does not hold (0 and 0: it holds the whole
-    session). ``version`` and ``epoch`` are the session's at the read."""
+    session), ``older_system`` the system messages among those older messages. ``version``
+    and ``epoch`` are the session's at the read."""
 
     changes: SessionChanges
     version: int
     epoch: str
     older_messages: int = 0
     older_evidences: int = 0
+    older_system: int = 0
     instruction: Message | None = None
     fact_sources: list[Evidence] = field(default_factory=list)
 
@@ -301,7 +304,9 @@ class SliceStore(Protocol):
       turn records (a reader of a tail does not need them);
     * ``older_messages`` / ``older_evidences``: how many messages and evidences of the
       session it does not hold (all of them stored before its messages, before its run of
-      newest evidences);
+      newest evidences), and ``older_system``: how many of those older messages are system
+      messages (a caller that matches a framework's whole message list against the session
+      counts the others);
     * ``instruction``: the newest system message stored before its messages (None when there
       is none), and ``fact_sources``: every evidence stored before its run of newest evidences
       that may state facts (:func:`~ce.core.schema._document.may_state_facts`), so conflicts
@@ -312,6 +317,12 @@ class SliceStore(Protocol):
         self, session_id: str, *, messages: int, evidences: int
     ) -> SessionSlice | None:
         """The newest records of the session; None when it does not exist."""
+        ...
+
+    async def read_messages(self, session_id: str, message_ids: Sequence[str]) -> list[Message]:
+        """The session's stored messages whose ``message_id`` is one of ``message_ids``, in
+        stored order, each read through its key (ids the session does not hold are left
+        out): a reader of a tail asks whether an id it has not read is taken."""
         ...
 
 
@@ -657,6 +668,16 @@ class BaseStore(abc.ABC):
         stored = await self.get_version(session_id)
         doc = await self.get_session(session_id) if stored else None
         return None if doc is None else slice_document(doc, stored, "")
+
+    async def read_messages(self, session_id: str, message_ids: Sequence[str]) -> list[Message]:
+        """The session's stored messages with one of ``message_ids`` (see
+        :class:`SliceStore`). This default reads the whole document; stores that keep a row
+        per record override it to read only those."""
+        wanted = set(message_ids)
+        doc = await self.get_session(session_id) if wanted else None
+        if doc is None:
+            return []
+        return [m for m in doc.session.messages if m.message_id in wanted]
 
     @abc.abstractmethod
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None: ...

@@ -53,7 +53,7 @@ import functools
 import getpass
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import unquote
@@ -61,7 +61,14 @@ from urllib.parse import unquote
 from ce.core._drive import run_blocking
 from ce.core.errors import StoreError
 from ce.core.primitives import Clock, IdGenerator
-from ce.core.schema import ContextBlock, Evidence, PutResult, SessionDocument, TurnRecord
+from ce.core.schema import (
+    ContextBlock,
+    Evidence,
+    Message,
+    PutResult,
+    SessionDocument,
+    TurnRecord,
+)
 from ce.core.stores import _pg_sql
 from ce.core.stores._pg_sql import LAYOUT_VERSION
 from ce.core.stores._writers import SessionWriter
@@ -373,6 +380,13 @@ class PostgresStore(BaseStore):
         partial indexes, never the whole session; None when it does not exist."""
         check_slice_size(messages, evidences)
         return await self._run(_pg_sql.read_tail, session_id, messages, evidences)
+
+    async def read_messages(self, session_id: str, message_ids: Sequence[str]) -> list[Message]:
+        """The session's messages with one of ``message_ids`` (see
+        :class:`~ce.core.stores.base.SliceStore`), through the messages' key."""
+        if not message_ids:
+            return []
+        return await self._run(_pg_sql.messages_by_id, session_id, list(message_ids))
 
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
         return await self._run(_pg_sql.evidence, session_id, evidence_id)

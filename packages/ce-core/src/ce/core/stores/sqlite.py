@@ -24,7 +24,7 @@ import functools
 import logging
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Concatenate, Literal, NamedTuple, ParamSpec, TypeVar
@@ -38,6 +38,7 @@ from ce.core.schema import (
     SCHEMA_VERSION,
     ContextBlock,
     Evidence,
+    Message,
     PutResult,
     SessionDocument,
     TurnRecord,
@@ -404,6 +405,13 @@ class SQLiteStore(BaseStore):
         partial indexes, never the whole session."""
         check_slice_size(messages, evidences)
         return await self._run(sql.read_tail, session_id, messages, evidences)
+
+    async def read_messages(self, session_id: str, message_ids: Sequence[str]) -> list[Message]:
+        """The session's messages with one of ``message_ids`` (see
+        :class:`~ce.core.stores.base.SliceStore`), through the messages' key."""
+        if not message_ids:
+            return []
+        return await self._run_quick(sql.messages_by_id, session_id, list(message_ids))
 
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
         return await self._run(sql.evidence, session_id, evidence_id)

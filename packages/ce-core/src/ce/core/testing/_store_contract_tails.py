@@ -111,6 +111,7 @@ def _check(part: SessionSlice, doc: SessionDocument, messages: int, evidences: i
     assert part.older_messages == total - count
     earlier = [m for m in session.messages[: total - count] if m.role is Role.SYSTEM]
     assert part.instruction == (earlier[-1] if earlier else None)
+    assert part.older_system == len(earlier)
 
     stored = list(doc.evidences.values())
     ids = [e.evidence_id for e in held.evidences]
@@ -167,3 +168,15 @@ class TailContract:
             await store.read_tail("tail", messages=0, evidences=5)
         with pytest.raises(ValueError):
             await store.read_tail("tail", messages=5, evidences=-1)
+
+    async def test_read_messages_reads_the_messages_with_those_ids(self, store: Store) -> None:
+        if not isinstance(store, SliceStore):
+            pytest.skip("the store does not read a session's newest records")
+        assert await store.read_messages("absent", ["x"]) == []
+        doc = await _session(store)
+        stored = doc.session.messages
+        wanted = [stored[-1].message_id, "no such id", stored[0].message_id, stored[3].message_id]
+        got = await store.read_messages("tail", [i for i in wanted if i is not None])
+        assert got == [stored[0], stored[3], stored[-1]]  # stored order, unknown ids left out
+        assert await store.read_messages("tail", []) == []
+        assert await store.read_messages("tail", ["a\x00b"]) == []  # no stored id holds U+0000
