@@ -9,10 +9,14 @@ plugins make them (``prepare_turn``, ``record_model_call`` with the tool call,
 ``ingest_evidence`` of the tool's output, ``record_tool_call``, ``prepare_call`` with the
 tool message, ``record_model_call`` with the answer). Then the
 checker reads every session back and compares it with the workers' fsync'd logs of
-acknowledged calls. One more run per store SIGKILLs a worker in the middle of a turn.
+acknowledged calls. One more run per store SIGKILLs a worker in the middle of a turn. Then
+4 workers on 4 sessions, 16 on 4 and 16 on 1 run again twice: with each model call taking
+``--model-ms`` (awaited, as an app awaits its model), and with each worker kept on one
+session (``routing="sticky"``, as a router that keeps a conversation on one worker does).
 Run::
 
     python benchmarks/bench_workers.py [--workers 1,4,16] [--turns 20] [--sessions 4,w]
+                                       [--model-ms 50]
                                        [--postgres postgresql://postgres@127.0.0.1:5432/test]
                                        [--skip-postgres] [--write docs/benchmarks.md]
 
@@ -37,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 HERE = Path(__file__).resolve()
 _CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
@@ -85,14 +90,44 @@ def drop_schema(dsn: str, schema: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def one_run(store: str, url: str, workers: int, turns: int, sessions: int, kill: bool) -> Run:
+ACCEPTANCE_SHAPES = [(4, 4), (16, 4), (16, 1)]
+"""The (workers, sessions) run again with the model's time and with sticky routing."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How the workers' turns go: round the sessions or sticky, with or without model time."""
+
+    routing: Literal["round", "sticky"] = "round"
+    model_ms: float = 0.0
+
+
+def one_run(
+    store: str,
+    url: str,
+    workers: int,
+    turns: int,
+    sessions: int,
+    kill: bool,
+    variant: Variant = Variant(),
+) -> Run:
     kills = (KillPoint(0, turns // 2, "record_tool_call", "committed"),) if kill else ()
-    config = LoadConfig(url, workers, turns, sessions, kills=kills, timeout=1800)
+    config = LoadConfig(
+        url,
+        workers,
+        turns,
+        sessions,
+        model_ms=variant.model_ms,
+        routing=variant.routing,
+        kills=kills,
+        timeout=1800,
+    )
     result = run_load(config)
     s = result.summary()
     check = result.check
     print(
-        f"{store:10} {workers:>2} workers{' + kill' if kill else ''}: {s['turns_per_s']:7.2f} "
+        f"{store:10} {workers:>2} workers{' + kill' if kill else ''} on {sessions:>2}, "
+        f"{variant.routing}, model {variant.model_ms:g} ms: {s['turns_per_s']:7.2f} "
         f"turns/s, p50 {s['turn_ms_p50']:8.1f} ms, p95 {s['turn_ms_p95']:8.1f} ms, "
         f"{result.conflicts} conflicts, lost {check.lost}, duplicated {check.duplicated}, "
         f"ok {check.ok}",
@@ -102,18 +137,52 @@ def one_run(store: str, url: str, workers: int, turns: int, sessions: int, kill:
 
 
 def run_store(
-    store: str, make_url: NewStore, shapes: list[tuple[int, int]], turns: int
+    store: str, make_url: NewStore, shapes: list[tuple[int, int]], turns: int, model_ms: float
 ) -> list[Run]:
     """One run per (workers, sessions), then one with a kill (4 workers on 4 sessions),
-    each on a fresh store."""
+    then :data:`ACCEPTANCE_SHAPES` with ``model_ms`` per model call (when not 0) and with
+    sticky routing (and 16 workers on 16 sessions, sticky); each on a fresh store."""
+    plan = [(shape, False, Variant()) for shape in shapes] + [((4, 4), True, Variant())]
+    if model_ms:
+        plan += [(shape, False, Variant(model_ms=model_ms)) for shape in ACCEPTANCE_SHAPES]
+    # sticky, 16 on 16: no session shared, the cost of 16 processes on the machine alone
+    plan += [(shape, False, Variant("sticky")) for shape in [*ACCEPTANCE_SHAPES, (16, 16)]]
     runs = []
-    for index, (workers, sessions) in enumerate([*shapes, (4, 4)]):
+    for (workers, sessions), kill, variant in plan:
         url, cleanup = make_url()
         try:
-            runs.append(one_run(store, url, workers, turns, sessions, index == len(shapes)))
+            runs.append(one_run(store, url, workers, turns, sessions, kill, variant))
         finally:
             cleanup()
     return runs
+
+
+def acceptance(runs: list[Run]) -> list[str]:
+    """For each store and variant: 16 workers on 4 sessions against 4 on 4, turns/s."""
+    lines = []
+    found: dict[tuple[str, Variant], dict[tuple[int, int], float]] = {}
+    for run in runs:
+        r = run.result
+        if r.kills:
+            continue
+        variant = Variant(r.config.routing, r.config.model_ms)
+        shape = (r.config.workers, r.config.sessions)
+        found.setdefault((run.store, variant), {})[shape] = r.turns_per_s
+    for (store, variant), rates in found.items():
+        if (4, 4) in rates and (16, 4) in rates:
+            many, few = rates[(16, 4)], rates[(4, 4)]
+            lines.append(
+                f"- {store}, {describe(variant)}: 16 workers on 4 sessions {many:,.1f} turns/s, "
+                f"4 on 4 {few:,.1f} turns/s: {many / few:.2f}x (target ≥ 1: "
+                f"{'met' if many >= few else '**not met**'})."
+            )
+    return lines
+
+
+def describe(variant: Variant) -> str:
+    routing = "turns round the sessions" if variant.routing == "round" else "sticky routing"
+    model = f", model calls of {variant.model_ms:g} ms" if variant.model_ms else ", no model time"
+    return routing + model
 
 
 def shapes_of(workers: list[int], sessions: list[str]) -> list[tuple[int, int]]:
@@ -157,9 +226,12 @@ def report(
         "`prepare_turn` (new user message), `record_model_call` (the reply with a tool "
         "call, its usage), `ingest_evidence` (the tool's output), `record_tool_call`, "
         "`prepare_call` (the tool message), `record_model_call` (the answer, its "
-        "`llm_output` evidence, its usage); no model runs, so the figures are the engine's "
-        "and the "
-        "store's cost alone. Each worker logs every acknowledged call (one JSON line, "
+        "`llm_output` evidence, its usage). In the rows with a model time of 0 ms no model "
+        "runs, so those figures are the engine's and the store's cost alone; the others "
+        "await that long for each of the turn's two model calls (before its "
+        "`record_model_call`). Rows routed `round` send each worker's turns round the "
+        "sessions as above; `sticky` rows keep worker w on session w mod S. Each worker "
+        "logs every acknowledged call (one JSON line, "
         "fsync'd). Turns/s is all workers' completed turns over the wall time from the "
         "start barrier to the last worker's exit; latency is one turn's wall time in its "
         "worker; worker CPU per turn is the CPU time of all workers (every thread) from the "
@@ -182,12 +254,13 @@ def report(
         "also checks that every tool message answers exactly one call and that a fresh "
         "engine's `prepare_turn` keeps tool pairs intact.",
         "",
-        "| store | workers | sessions | turns | wall (s) | turns/s | engine calls/s "
+        "| store | workers | sessions | routing, model time | turns | wall (s) | turns/s "
+        "| engine calls/s "
         "| turn p50 (ms) | turn p95 (ms) | worker CPU per turn (ms) "
         "| version conflicts (raised to the worker) "
         "| conflicts per turn | full session loads | lost | duplicated | check |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: | ---: | ---: | --- |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | ---: | --- |",
     ]
     kill_lines = []
     for run in runs:
@@ -195,7 +268,8 @@ def report(
         calls = c.operations_acknowledged / r.wall_s if r.wall_s else 0.0
         verdict = "pass" if c.ok else "FAIL: " + "; ".join(c.problems)
         row = (
-            f"| {run.store} | {r.config.workers} | {r.config.sessions} | {r.turns:,} "
+            f"| {run.store} | {r.config.workers} | {r.config.sessions} "
+            f"| {r.config.routing}, {r.config.model_ms:g} ms | {r.turns:,} "
             f"| {r.wall_s:,.1f} | {r.turns_per_s:,.1f} | {calls:,.0f} | {r.turn_ms(50):,.0f} "
             f"| {r.turn_ms(95):,.0f} | {r.cpu_ms_per_turn:,.1f} "
             f"| {r.conflicts:,} ({r.retries:,}) "
@@ -208,21 +282,31 @@ def report(
             lines.append(row)
     lines += [
         "",
+        "Acceptance, 16 workers on 4 sessions against 4 workers on 4 sessions, same store, "
+        "same run:",
+        "",
+        *acceptance(runs),
+        "",
         "Reading the figures: one worker measures the cost of a turn itself; SQLite does not "
         'flush each commit to disk (`synchronous="NORMAL"`) while PostgreSQL with '
         "`synchronous_commit=on` waits for its WAL flush on every commit, and answers over a "
-        "socket, hence the gap per engine call. The harness sends each worker's turns round "
-        "the sessions, so with N workers every worker's turn follows about N - 1 turns of "
-        "other workers on its session since its own last one: before its call it reads and "
-        "indexes their records (about 11 rows a turn), and it reads each session whole the "
-        "first time it serves it. That is the rise of worker CPU per turn from 1 to 4 to 16 "
-        "workers whatever the number of sessions, and with 2 CPUs throughput is bound by "
-        "that CPU time: 16 workers do less than 4 on the same sessions, though no commit "
-        "waits for another session's work and none is refused on SQLite. On PostgreSQL each "
-        "conflict adds a refused commit, a full load of the session and the call done again. "
-        "16 worker processes also queue for the 2 CPUs, which inflates every latency. In "
-        "production, routing a conversation's turns to one worker keeps these costs away; "
-        "correctness does not depend on it"
+        "socket, hence the gap per engine call. With no model time the workers do nothing but "
+        "engine and store work, so with 2 CPUs the figures are bound by CPU time per turn, "
+        "and three things raise it with more workers: (1) turns round the sessions make each "
+        "worker's turn follow about N - 1 turns of other workers on its session since its own "
+        "last one, whose records it reads and indexes before its call (about 11 rows a "
+        "turn), and with N / S workers on a session each of its six calls follows the others' "
+        "calls; (2) every worker reads each session whole the first time it serves it; (3) 16 "
+        "processes on 2 CPUs cost more CPU per turn than 4 even when they share nothing "
+        "(caches, scheduling): compare the sticky rows of 4 workers on 4 sessions and 16 on "
+        "16, where no worker ever reads another's records. No commit waits for another "
+        "session's work and none is refused on SQLite; on PostgreSQL each conflict adds a "
+        "refused commit, a full load of the session and the call done again. With the "
+        "model's time the workers spend most of a turn waiting for the model, as an app's "
+        "do, and the engine holds a session only during its own calls, never during a model "
+        "call: more workers then serve more turns. Sticky routing (a conversation kept on "
+        "one worker, which a load balancer's session affinity gives) removes most of the "
+        "catch-up. Correctness does not depend on any of it"
         + (
             " (lost and duplicated are 0 in every run)."
             if all(run.result.check.ok for run in runs)
@@ -272,6 +356,9 @@ def main() -> None:
     parser.add_argument(
         "--sessions", default="1,4,16", help="comma-separated session counts; w: one per worker"
     )
+    parser.add_argument(
+        "--model-ms", type=float, default=50.0, help="model time per call in the extra runs"
+    )
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="server to use")
     parser.add_argument("--skip-postgres", action="store_true", help="SQLite only")
     parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
@@ -285,7 +372,7 @@ def main() -> None:
             path = Path(tmp) / f"{secrets.token_hex(4)}.db"
             return f"sqlite:///{path}", lambda: None
 
-        runs += run_store("SQLite", sqlite_url, shapes, args.turns)
+        runs += run_store("SQLite", sqlite_url, shapes, args.turns, args.model_ms)
     pg = None if args.skip_postgres else postgres_version(args.postgres)
     pg_note = ""
     if pg is None:
@@ -301,7 +388,7 @@ def main() -> None:
                 lambda: drop_schema(args.postgres, schema),
             )
 
-        runs += run_store("PostgreSQL", postgres_url, shapes, args.turns)
+        runs += run_store("PostgreSQL", postgres_url, shapes, args.turns, args.model_ms)
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     section = report(
         runs,

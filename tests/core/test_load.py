@@ -110,9 +110,11 @@ def test_the_command_line_runs_and_the_checker_fails_on_damage(
 ) -> None:
     db = tmp_path / "load.db"
     args = ["--store", f"sqlite:///{db}", "--workers", "2", "--turns", "2", "--sessions", "1"]
-    assert main([*args, "--log-dir", str(tmp_path), "--json"]) == 0
+    extra = ["--model-ms", "1", "--routing", "sticky"]
+    assert main([*args, "--log-dir", str(tmp_path), "--json", *extra]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["turns"] == 4 and figures["check"]["ok"] is True
+    assert (figures["model_ms"], figures["routing"]) == (1.0, "sticky")
     assert figures["check"]["lost"] == figures["check"]["duplicated"] == 0
     run_id = figures["run_id"]
     session_id = f"{run_id}-s0"
@@ -151,3 +153,14 @@ def test_the_command_line_runs_and_the_checker_fails_on_damage(
 def test_only_shared_local_stores_are_driven(url: str) -> None:
     with pytest.raises(ValueError):
         run_load(LoadConfig(url))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("model_ms", -1.0), ("model_ms", 60_000.0), ("routing", "random")]
+)
+def test_a_model_time_or_routing_out_of_range_is_refused(
+    tmp_path: Path, field: str, value: object
+) -> None:
+    config = LoadConfig(f"sqlite:///{tmp_path}/load.db", **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=field):
+        run_load(config)

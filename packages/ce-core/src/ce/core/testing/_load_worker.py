@@ -109,6 +109,8 @@ class WorkerSpec:
     log_path: Path
     deadline: float
     kill: KillPoint | None = None
+    model_ms: float = 0.0
+    sticky: bool = False  # every turn on session ``worker % len(session_ids)``
 
 
 class _NotKilled(BaseException):
@@ -200,7 +202,8 @@ class _Worker:
     async def turn(self, turn: int) -> None:
         """One question with one tool round, as a framework plugin records it."""
         spec, engine = self.spec, self.engine
-        sid = spec.session_ids[(spec.worker + turn) % len(spec.session_ids)]
+        shift = 0 if spec.sticky else turn
+        sid = spec.session_ids[(spec.worker + shift) % len(spec.session_ids)]
         p = prefix(spec.run_id, spec.worker, turn)
         call_id = f"{p}-tool"
         user = Message(role=Role.USER, content=f"Question {p}?", message_id=f"{p}-user")
@@ -236,7 +239,9 @@ class _Worker:
         draft = tool_result_evidence(run)
         evidence: list[Evidence] = []
 
-        def model_call(n: int, stage: ModelUsageStage, reply: Message) -> Awaitable[Any]:
+        async def model_call(n: int, stage: ModelUsageStage, reply: Message) -> Any:
+            if spec.model_ms:  # the model's time: the worker waits, the engine is not held
+                await asyncio.sleep(spec.model_ms / 1000)
             done = ModelCall(
                 call_id=f"{p}-usage-{n}",
                 provider="openai",
@@ -248,7 +253,7 @@ class _Worker:
                 stage=stage,
             )
             output = llm_output_evidence(done)
-            return engine.record_model_call(
+            return await engine.record_model_call(
                 sid,
                 model_usage_from_call(done),
                 reply=reply,

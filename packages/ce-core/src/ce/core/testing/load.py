@@ -3,9 +3,12 @@
 Each worker is its own OS process (``multiprocessing``, "spawn") with its own
 :class:`~ce.core.engine.ContextEngine` on the store URL. The workers start together (a
 barrier); worker ``w`` runs ``turns`` turns, turn ``t`` on session ``(w + t) % sessions``, so
-several workers write one session at once and version conflicts happen. A turn is what a
+several workers write one session at once and version conflicts happen (with
+``routing="sticky"``, every turn of worker ``w`` is on session ``w % sessions``: what a router
+that keeps a conversation on one worker does). A turn is what a
 framework plugin records for one question with one tool round (as ``Recorder`` does): six
-engine calls (:data:`STEPS`), each its own atomic commit:
+engine calls (:data:`STEPS`), each its own atomic commit, with the model's time
+(:attr:`LoadConfig.model_ms`, none by default) awaited before each ``record_model_call``:
 
 ================= ================================================ ============================
 step              engine call                                      what that commit stores
@@ -63,7 +66,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from threading import BrokenBarrierError
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ce.core.testing._load_check import CheckReport, KillReport, check_sessions
@@ -97,12 +100,18 @@ class LoadConfig:
     """One load run. ``kills``: the workers to SIGKILL and where (one point per worker);
     ``timeout``: seconds for the whole run; ``log_dir``: where the workers' logs go (default:
     a temporary directory, removed afterwards); ``run_id`` prefixes every session and record
-    id."""
+    id; ``model_ms``: how long each of a turn's two model calls takes, awaited between the
+    engine call that prepared it and the one that records it (0: no time at all, so the
+    workers do nothing but engine work; an app's model calls take seconds); ``routing``:
+    ``round`` sends each worker's turns round the sessions, ``sticky`` keeps each worker on
+    one session."""
 
     store_url: str
     workers: int = 4
     turns: int = 15
     sessions: int = 2
+    model_ms: float = 0.0
+    routing: Literal["round", "sticky"] = "round"
     kills: tuple[KillPoint, ...] = ()
     timeout: float = 120.0
     log_dir: Path | None = None
@@ -188,6 +197,8 @@ class LoadResult:
             "workers": self.config.workers,
             "turns_per_worker": self.config.turns,
             "sessions": self.config.sessions,
+            "model_ms": self.config.model_ms,
+            "routing": self.config.routing,
             "turns": self.turns,
             "wall_s": round(self.wall_s, 3),
             "turns_per_s": round(self.turns_per_s, 2),
@@ -219,6 +230,10 @@ def _check_config(config: LoadConfig) -> None:
         raise ValueError(f"{_redacted(config.store_url)}: workers need a store on disk or a server")
     if min(config.workers, config.turns, config.sessions) < 1:
         raise ValueError("workers, turns and sessions must be >= 1")
+    if not 0 <= config.model_ms < 60_000:
+        raise ValueError("model_ms must be >= 0 and under a minute")
+    if config.routing not in ("round", "sticky"):
+        raise ValueError(f"no such routing: {config.routing!r}")
     for kill in config.kills:
         turn_ok = 0 <= kill.turn < config.turns and 0 <= kill.worker < config.workers
         if kill.step not in STEPS or not turn_ok:
@@ -315,6 +330,8 @@ def _run(config: LoadConfig, log_dir: Path) -> LoadResult:
             worker=w,
             turns=config.turns,
             session_ids=tuple(config.session_ids()),
+            model_ms=config.model_ms,
+            sticky=config.routing == "sticky",
             log_path=path,
             deadline=deadline,
             kill=kills.get(w),
@@ -393,6 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=15, help="turns per worker")
     parser.add_argument("--sessions", type=int, default=2, help="sessions they share")
     parser.add_argument(
+        "--model-ms", type=float, default=0.0, help="time each simulated model call takes"
+    )
+    parser.add_argument(
+        "--routing",
+        choices=("round", "sticky"),
+        default="round",
+        help="turns round the sessions, or each worker on one session",
+    )
+    parser.add_argument(
         "--kill-one",
         action="store_true",
         help="SIGKILL worker 0 in its middle turn, once record_tool_call is committed",
@@ -406,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         turns=args.turns,
         sessions=args.sessions,
+        model_ms=args.model_ms,
+        routing=args.routing,
         kills=(KillPoint(0, args.turns // 2, "record_tool_call", "committed"),)
         if args.kill_one
         else (),
