@@ -510,8 +510,9 @@ class _Writer:
         def read() -> SessionUpdate | None:
             if locks is None:  # inside the block's write transaction
                 return sql.read_since_in(conn, self._session_id, version, epoch)
-            with sql.transaction(conn, "BEGIN"):  # one read snapshot
-                return sql.read_since_in(conn, self._session_id, version, epoch)
+            # the session is held: a reader at the stored version needs one statement, a
+            # catch-up reads one snapshot
+            return sql.read_since(conn, self._session_id, version, epoch)
 
         try:  # a whole session may be long to read: not on the event loop
             update = read() if version else await run_blocking(read)
