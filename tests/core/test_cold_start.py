@@ -629,3 +629,35 @@ async def test_a_cold_call_inside_a_long_tool_round_reads_back_to_its_question(
     for engine in engines:
         await engine.close()
     await store.close()
+
+
+@pytest.mark.parametrize("shape", ["plain", "taken_id", "trimmed"])
+async def test_a_cold_prepare_call_on_either_store_does_what_the_whole_session_does(
+    opener: Callable[[], Store], shape: str
+) -> None:
+    changes = commits(_long_history(200), refer_to_first=True, summary_upto=-1)
+    writer = opener()
+    whole_store = await _write(writer, changes)
+    await writer.close()
+    doc = await whole_store.get_session("s")
+    assert doc is not None
+    pending = _pending(shape, _as_passed(doc.session.messages), 3)
+    stores = [whole_store, opener()]
+    engines = [
+        ContextEngine(
+            s, config=_config(1500), clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
+        )
+        for s in stores
+    ]
+    whole, cold = [await e.prepare_call("s", pending) for e in engines]
+    _assert_same(whole, cold)
+    assert cold.report.degradations == whole.report.degradations
+    after = [await s.get_session("s") for s in stores]
+    assert after[0] is not None and after[1] is not None
+    assert _stored_messages(after[1].session.messages) == _stored_messages(
+        after[0].session.messages
+    )
+    assert engines[1]._entries["s"].partial == (shape != "trimmed")
+    for engine in engines:
+        await engine.close()
+    await stores[1].close()
