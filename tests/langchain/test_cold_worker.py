@@ -4,6 +4,7 @@ worker holding the whole session sends it, and the session ends the same."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,9 @@ async def _stored(engine: ContextEngine) -> list[tuple[Role, str]]:
     return [(m.role, m.content) for m in doc.session.messages]
 
 
+@pytest.mark.parametrize("blocking", [False, True], ids=["ainvoke", "invoke"])
 async def test_a_cold_worker_sends_what_a_worker_with_the_whole_session_sends(
-    tmp_path: Path,
+    tmp_path: Path, blocking: bool
 ) -> None:
     log: list[str] = []
 
@@ -86,7 +88,11 @@ async def test_a_cold_worker_sends_what_a_worker_with_the_whole_session_sends(
         again = history_chain(model, copy.deepcopy(histories))  # the app's shared history
         ce.langchain.install(engine)
         log.clear()
-        await again.ainvoke({"question": "Which number did I ask you to remember first?"}, USER)
+        question = {"question": "Which number did I ask you to remember first?"}
+        if blocking:  # the blocking path runs the engine inline, on the caller's thread
+            await asyncio.to_thread(again.invoke, question, USER)
+        else:
+            await again.ainvoke(question, USER)
         await engine.flush()
         ce.langchain.uninstall()
         seen.append(_said(model.seen[-1]))
