@@ -914,6 +914,7 @@ async def ce_child(mode: str, db: Path, n: int, turns: int) -> dict[str, Any]:
     from ce.core.engine import ContextEngine
     from ce.core.schema import Message, ModelInvocation, Role
     from ce.core.stores import SQLiteStore
+    from ce.core.testing.histories import as_passed
 
     counter = Counter()
     texts = history.next_turns(turns + 1)
@@ -922,16 +923,7 @@ async def ce_child(mode: str, db: Path, n: int, turns: int) -> dict[str, Any]:
     passed: list[Message] = []
     if mode == "cold_call":  # the framework's own message objects, built before the clock
         stored, _ = history.to_ce_changes(history.generate(n, SEED), SESSION_ID)
-        passed = [
-            Message(
-                role=m.role,
-                content=m.content,
-                tool_calls=m.tool_calls,
-                tool_call_id=m.tool_call_id,
-                name=m.name,
-            )
-            for m in stored.messages
-        ]
+        passed = as_passed(stored.messages)
     start = time.perf_counter()
     store = SQLiteStore(db)
     engine = ContextEngine(store=store, config=ce_config())
@@ -1185,27 +1177,19 @@ def acceptance(
             f"{_ms(warm[small])} ms = **{ratios['growth']:.2f}** (target ≤ 2: "
             f"{'met' if ratios['growth'] <= 2 else '**not met**'})."
         )
-    cold = {n: statistics.median([c["first"] for c in r["cold"]]) for n, r in (ce or {}).items()}
-    if big in cold and small in cold and big != small:
-        ratios["cold_growth"] = cold[big] / cold[small]
-        lines.append(
-            f"- Cold `prepare_turn` at N={big:,}: {_ms(cold[big])} ms (target ≤ 50 ms: "
-            f"{'met' if cold[big] <= 0.05 else '**not met**'}); ÷ at N={small:,}: "
-            f"{_ms(cold[big])} ms ÷ {_ms(cold[small])} ms = **{ratios['cold_growth']:.2f}** "
-            f"(target ≤ 2: {'met' if ratios['cold_growth'] <= 2 else '**not met**'})."
-        )
-    call = {
-        n: statistics.median([c["first"] for c in r["cold_call"]]) for n, r in (ce or {}).items()
-    }
-    if big in call and small in call and big != small:
-        ratios["cold_call_growth"] = call[big] / call[small]
-        lines.append(
-            f"- Cold `prepare_call` with the whole history at N={big:,}: {_ms(call[big])} ms "
-            f"(target ≤ 50 ms: {'met' if call[big] <= 0.05 else '**not met**'}); ÷ at "
-            f"N={small:,}: {_ms(call[big])} ms ÷ {_ms(call[small])} ms = "
-            f"**{ratios['cold_call_growth']:.2f}** (target ≤ 2: "
-            f"{'met' if ratios['cold_call_growth'] <= 2 else '**not met**'})."
-        )
+    for key, what, ratio in (
+        ("cold", "Cold `prepare_turn`", "cold_growth"),
+        ("cold_call", "Cold `prepare_call` with the whole history", "cold_call_growth"),
+    ):
+        cold = {n: statistics.median([c["first"] for c in r[key]]) for n, r in (ce or {}).items()}
+        if big in cold and small in cold and big != small:
+            ratios[ratio] = cold[big] / cold[small]
+            lines.append(
+                f"- {what} at N={big:,}: {_ms(cold[big])} ms (target ≤ 50 ms: "
+                f"{'met' if cold[big] <= 0.05 else '**not met**'}); ÷ at N={small:,}: "
+                f"{_ms(cold[big])} ms ÷ {_ms(cold[small])} ms = **{ratios[ratio]:.2f}** "
+                f"(target ≤ 2: {'met' if ratios[ratio] <= 2 else '**not met**'})."
+            )
     if not lines:
         lines.append("- Not computed in this run (it needs both the ce and the peer figures).")
     return lines, ratios

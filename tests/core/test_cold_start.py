@@ -44,6 +44,7 @@ from ce.core.schema._document import may_state_facts
 from ce.core.state import AgentState, ModelOutput, ToolResult
 from ce.core.stores import MemoryStore, SessionChanges, SQLiteStore, Store
 from ce.core.stores import sqlite as sqlite_module
+from ce.core.testing.histories import as_passed
 
 DATA = Path(__file__).parent / "data"
 INV = ModelInvocation(provider="openai", model="gpt-4o")
@@ -56,6 +57,14 @@ class Step:
     calls: list[int]  # result lengths of one round of parallel calls (none: no tool use)
     evidences: list[tuple[str, float | None, bool]]  # (kind, confidence, linked to a call)
     answer: str
+
+
+COLD_EXAMPLES = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+"""The property tests' settings: each example writes and reads a SQLite file."""
 
 
 def _text(draw: st.DrawFn, most: int) -> str:
@@ -216,11 +225,7 @@ def _assert_same(whole: PrepareResult, cold: PrepareResult) -> None:
     assert cold.report.token_used == whole.report.token_used
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@COLD_EXAMPLES
 @given(
     history=histories(),
     budget=st.integers(300, 9000),
@@ -442,21 +447,6 @@ def test_the_blocking_engine_reads_the_newest_records_too(tmp_path: Path) -> Non
     asyncio.run(store.close())
 
 
-def _as_passed(doc_messages: list[Message]) -> list[Message]:
-    """A session's messages as a framework passes its history: its own objects, without the
-    session's ids."""
-    return [
-        Message(
-            role=m.role,
-            content=m.content,
-            tool_calls=m.tool_calls,
-            tool_call_id=m.tool_call_id,
-            name=m.name,
-        )
-        for m in doc_messages
-    ]
-
-
 def _pending(shape: str, history: list[Message], trim: int) -> list[Message]:
     """What a framework passes to a cold worker's first call (``shape``) after ``history``."""
     question = Message(role=Role.USER, content="and now?")
@@ -494,11 +484,7 @@ def _stored_messages(doc_messages: list[Message]) -> list[tuple[object, ...]]:
 SHAPES = ["plain", "trimmed", "instruction", "taken_id", "fresh_id", "repeat", "tool_call"]
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@COLD_EXAMPLES
 @given(
     history=histories(),
     budget=st.integers(300, 9000),
@@ -526,7 +512,7 @@ def test_a_cold_prepare_call_on_the_newest_records_does_what_the_whole_session_d
         whole_store = await _write(cold_store, changes)
         doc = await whole_store.get_session("s")
         assert doc is not None
-        pending = _pending(shape, _as_passed(doc.session.messages), trim)
+        pending = _pending(shape, as_passed(doc.session.messages), trim)
         engines = [
             ContextEngine(
                 s, config=config, clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
@@ -562,7 +548,7 @@ async def test_a_cold_prepare_call_on_a_long_session_reads_only_its_newest_recor
     whole_store = await _write(store, changes)
     doc = await whole_store.get_session("s")
     assert doc is not None
-    history = _as_passed(doc.session.messages)
+    history = as_passed(doc.session.messages)
     engines = [
         ContextEngine(
             s, config=_config(2000), clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
@@ -614,7 +600,7 @@ async def test_a_cold_call_inside_a_long_tool_round_reads_back_to_its_question(
     whole_store = await _write(store, [state.take_changes()])
     doc = await whole_store.get_session("s")
     assert doc is not None
-    pending = _as_passed(doc.session.messages)
+    pending = as_passed(doc.session.messages)
     engines = [
         ContextEngine(
             s, config=_config(600), clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
@@ -641,7 +627,7 @@ async def test_a_cold_prepare_call_on_either_store_does_what_the_whole_session_d
     await writer.close()
     doc = await whole_store.get_session("s")
     assert doc is not None
-    pending = _pending(shape, _as_passed(doc.session.messages), 3)
+    pending = _pending(shape, as_passed(doc.session.messages), 3)
     stores = [whole_store, opener()]
     engines = [
         ContextEngine(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
@@ -20,6 +19,7 @@ from ce.core.engine import ContextEngine
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import Role
 from ce.core.stores import MemoryStore, SQLiteStore, Store
+from ce.core.testing.engines import note_reads
 
 # RunnableWithMessageHistory and InMemoryChatMessageHistory are deprecated (still shipped)
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -71,17 +71,7 @@ async def test_a_cold_worker_sends_what_a_worker_with_the_whole_session_sends(
     whole_store = MemoryStore()  # every read of it is the whole session
     await whole_store.put_session("user-1", doc)
     cold_store = SQLiteStore(tmp_path / "chat.db")  # a new process on the shared store
-    reads = {"read_tail": cold_store.read_tail, "read_since": cold_store.read_since}
-
-    def spy(name: str) -> Any:
-        async def read(*args: Any, **kwargs: Any) -> Any:
-            log.append(name)
-            return await reads[name](*args, **kwargs)
-
-        return read
-
-    for name in reads:
-        setattr(cold_store, name, spy(name))
+    note_reads(cold_store, log.append)
     seen, stored = [], []
     for store in (whole_store, cold_store):
         engine = _engine(store)

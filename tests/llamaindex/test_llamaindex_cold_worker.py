@@ -26,6 +26,7 @@ from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import Role
 from ce.core.stores import MemoryStore, SQLiteStore, Store
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing.engines import note_reads
 
 CONFIG = RuntimeConfig(
     model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=1200, reserved_reply_tokens=200)
@@ -77,17 +78,8 @@ async def test_a_cold_worker_sends_what_a_worker_with_the_whole_session_sends(
         await whole_store.put_session("user-1", doc)
         cold_store = SQLiteStore(tmp_path / "chat.db")  # a new process on the shared store
         log: list[str] = []
-        reads = {"read_tail": cold_store.read_tail, "read_since": cold_store.read_since}
-
-        def spy(name: str) -> Any:
-            async def read(*args: Any, **kwargs: Any) -> Any:
-                log.append(f"{name}:{len(server.requests)}")  # requests sent so far
-                return await reads[name](*args, **kwargs)
-
-            return read
-
-        for name in reads:
-            setattr(cold_store, name, spy(name))
+        # each read with the number of requests sent before it
+        note_reads(cold_store, lambda name: log.append(f"{name}:{len(server.requests)}"))
         sent, stored = [], []
         for store in (whole_store, cold_store):
             engine = _engine(store)

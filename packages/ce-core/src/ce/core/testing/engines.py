@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
-from ce.core.stores import MemoryStore
+from ce.core.stores import MemoryStore, Store
 
-__all__ = ["NoBlockingEngine", "deterministic_engine", "no_blocking"]
+__all__ = ["NoBlockingEngine", "deterministic_engine", "no_blocking", "note_reads"]
 
 
 def deterministic_engine(config: RuntimeConfig | None = None) -> ContextEngine:
@@ -48,3 +48,17 @@ def no_blocking(engine: ContextEngine) -> Iterator[NoBlockingEngine]:
         yield guard
     finally:
         engine.sync = real
+
+
+def note_reads(store: Store, note: Callable[[str], None]) -> None:
+    """Call ``note("read_tail")`` or ``note("read_since")`` before each of ``store``'s reads
+    of a session's newest records or of a whole session (or what is new in it), so a test
+    sees which reads an engine made before its model call."""
+    for name in ("read_tail", "read_since"):
+        read = getattr(store, name)
+
+        def noted(*args: Any, _read: Any = read, _name: str = name, **kwargs: Any) -> Any:
+            note(_name)
+            return _read(*args, **kwargs)
+
+        setattr(store, name, noted)

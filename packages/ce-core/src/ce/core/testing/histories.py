@@ -9,6 +9,7 @@ import base64
 import random
 import struct
 import zlib
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ce.core.schema import (
@@ -31,7 +32,7 @@ from ce.core.schema import (
 if TYPE_CHECKING:
     from ce.core.engine import ContextEngine
 
-__all__ = ["FLOWS", "png_data_url", "write_random_history"]
+__all__ = ["FLOWS", "as_passed", "png_data_url", "write_random_history"]
 
 FLOWS = ("answer", "messages", "records", "unanswered", "mixed", "error", "react")
 """What an assistant turn does: answer, or call tools answered by tool messages, by recorded
@@ -44,6 +45,22 @@ _WORDS = ("order", "status", "ships", "Oslo", "refund", "invoice", "pending", "4
 
 def _text(rng: random.Random, marker: str, words: int) -> str:
     return f"{marker} " + " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def as_passed(messages: Iterable[Message]) -> list[Message]:
+    """Stored messages as a framework passes its history back on its next call: objects of
+    its own with the same role, text and tool ids, without the session's message ids (what a
+    cold worker's first ``prepare_call`` receives)."""
+    return [
+        Message(
+            role=m.role,
+            content=m.content,
+            tool_calls=m.tool_calls,
+            tool_call_id=m.tool_call_id,
+            name=m.name,
+        )
+        for m in messages
+    ]
 
 
 def png_data_url(width: int, height: int) -> str:
