@@ -522,6 +522,20 @@ class _Writer:
             self._version = update.version if update is not None else 0
         return update
 
+    async def _begin(self, conn: sqlite3.Connection) -> None:
+        """The commit's ``BEGIN IMMEDIATE``. Holding the lock file's write lock, no writer
+        of the file holds SQLite's but a process that writes it without lock files (a
+        ce-core from before them, during an upgrade): begun right here, at most waiting for
+        that one's transaction, rather than tried without waiting first (two statements
+        more on every commit)."""
+        if self._locks is None:
+            await self._store._begin_immediate(conn)
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self._store.path}: {exc}") from exc
+
     async def commit(self, changes: SessionChanges) -> PutResult:
         conn, locks, store = self._conn, self._locks, self._store
         checked = store._checked(self._session_id, changes)
@@ -531,7 +545,7 @@ class _Writer:
             await store._take_async(locks, WRITE_LOCK)
         try:
             if not conn.in_transaction:  # a second commit of the block, or a lock file
-                await store._begin_immediate(conn)
+                await self._begin(conn)
             try:
                 version, epoch, _ = _apply(conn, self._session_id, checked, self._version)
                 conn.execute("COMMIT")
