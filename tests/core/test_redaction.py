@@ -166,6 +166,23 @@ def test_several_rules_in_one_text(redactor: RegexRedactor) -> None:
     assert result.applied_rules == ["email", "payment_card", "ipv4", "phone"]
 
 
+def test_a_text_redacted_again_gives_the_same_result_of_its_own(
+    redactor: RegexRedactor,
+) -> None:
+    text = "write to zhang.san@example.cn"
+    first = redactor.redact_text(text)
+    first.applied_rules.append("changed by the caller")
+    again = redactor.redact_text(text)
+    assert again.redacted_text == "write to [REDACTED:email]"
+    assert again.applied_rules == ["email"] and again.has_sensitive
+    clean = redactor.redact_text("nothing to hide")
+    assert redactor.redact_text("nothing to hide") == clean
+    assert clean.applied_rules == [] and not clean.has_sensitive
+    for i in range(600):  # more texts than it remembers: still right
+        assert redactor.redact_text(f"{i} a@b.io").redacted_text == f"{i} [REDACTED:email]"
+    assert redactor.redact_text(text).applied_rules == ["email"]
+
+
 def test_builtin_selection() -> None:
     only_email = RegexRedactor(builtin=["email"])
     text = "a@b.com 8.8.8.8"

@@ -359,6 +359,12 @@ def _split_field_path(path: str) -> tuple[str, ...]:
 # --- the redactor -------------------------------------------------------------------------------
 
 
+_MEMO_MAX = 256
+"""Texts a :class:`RegexRedactor` remembers the result of (the latest ones)."""
+_MEMO_MAX_CHARS = 8192
+"""Longer texts are redacted every time, not remembered."""
+
+
 class RegexRedactor:
     """The default :class:`Redactor`: built-in rules plus user ``rules``.
 
@@ -392,6 +398,9 @@ class RegexRedactor:
         user = _compile_user_rules(self._rules, pattern_timeout)
         self._all: tuple[_Rule, ...] = user.rules + self._builtin
         self._field_paths = user.field_paths
+        # the latest texts redacted, with their results: a reply is redacted as a message
+        # and as its evidence, a usage record's parameter names on every call
+        self._memo: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     @property
     def rule_names(self) -> list[str]:
@@ -414,6 +423,9 @@ class RegexRedactor:
         most three passes in all) until no rule matches it. Raises :class:`RedactionError`
         when a user pattern exceeds its timeout.
         """
+        held = self._memo.get(text)
+        if held is not None:
+            return RedactResult(held[0], list(held[1]), bool(held[1]))
         applied: dict[str, None] = {}
         current = text
         for _ in range(_MAX_PASSES):
@@ -421,6 +433,10 @@ class RegexRedactor:
             if not names:
                 break
             applied.update(dict.fromkeys(names))
+        if len(text) <= _MEMO_MAX_CHARS:
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
+            self._memo[text] = (current, tuple(applied))
         if not applied:
             return RedactResult(text, [], False)
         return RedactResult(current, list(applied), True)
