@@ -443,7 +443,8 @@ class EngineCore(HistoryWriter):
         """Add a usage record (its ``params`` redacted; a stored ``model_usage_id`` is
         skipped by the state)."""
         params, _ = self._redact_value(dict(usage.params), cfg, call)
-        entry.state.record_model_usage(usage.model_copy(update={"params": params}))
+        # a copy with its own (redacted) params: the state need not copy it again
+        entry.state.record_model_usage(usage.model_copy(update={"params": params}), owned=True)
 
     def _ingestor(self, cfg: RuntimeConfig) -> EvidenceIngestor:
         return EvidenceIngestor(

@@ -61,15 +61,17 @@ class RecordWriters:
         self._changes.tool_calls.append(copied)
         return self._returned(copied)
 
-    def record_model_usage(self, usage: ModelUsage) -> ModelUsage:
-        """Append one model call's usage; a ``model_usage_id`` already recorded is skipped."""
+    def record_model_usage(self, usage: ModelUsage, *, owned: bool = False) -> ModelUsage:
+        """Append one model call's usage; a ``model_usage_id`` already recorded is skipped.
+        ``owned``: the caller hands ``usage`` over and keeps no reference to it (stored as it
+        is, not copied)."""
         if not usage.model_usage_id:
             raise InvariantViolationError("a model usage needs a non-empty model_usage_id")
         if usage.model_usage_id in self._used_ids:  # a retried record (rare): find it
             for stored in reversed(self._doc.session.model_usage):
                 if stored.model_usage_id == usage.model_usage_id:
                     return self._returned(stored)
-        copied = usage.model_copy(deep=True)
+        copied = usage if owned else usage.model_copy(deep=True)
         self._doc.session.model_usage.append(copied)
         self._used_ids.add(copied.model_usage_id)
         self._changes.model_usage.append(copied)
