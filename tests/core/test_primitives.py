@@ -27,6 +27,8 @@ def test_uuid_generator_gives_distinct_v4_ids() -> None:
     ids = {gen.generate() for _ in range(100)}
     assert len(ids) == 100
     assert all(uuid.UUID(i).version == 4 for i in ids)
+    assert all(uuid.UUID(i).variant == uuid.RFC_4122 for i in ids)
+    assert all(str(uuid.UUID(i)) == i for i in ids)  # the canonical lower-case form
     assert isinstance(gen, IdGenerator)
 
 

@@ -29,6 +29,7 @@ from ce.core.schema import (
     TextPart,
     ToolCallRequest,
 )
+from ce.core.schema._enums import ROLE_TEXT
 from ce.core.state import parse_tool_arguments
 
 __all__ = [
@@ -99,7 +100,7 @@ def to_openai_messages(parts: Sequence[MessagePart]) -> list[dict[str, Any]]:
             }
         else:
             content = _openai_content(part) if part.parts else part.content
-            message = {"role": part.role.value, "content": content}
+            message = {"role": ROLE_TEXT[part.role], "content": content}
         if part.name and part.role in (Role.USER, Role.ASSISTANT):
             message["name"] = part.name
         out.append(message)

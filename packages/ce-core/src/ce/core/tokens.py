@@ -45,6 +45,7 @@ from ce.core.schema import (
     Role,
     ToolCallRequest,
 )
+from ce.core.schema._enums import ROLE_TEXT
 
 if TYPE_CHECKING:
     from tiktoken import Encoding
@@ -176,7 +177,7 @@ class _CountCache:
 
 
 def _role_text(role: Role | str) -> str:
-    return role.value if isinstance(role, Role) else role
+    return ROLE_TEXT.get(role, role)
 
 
 def _tool_call_arguments(call: ToolCallRequest) -> str:

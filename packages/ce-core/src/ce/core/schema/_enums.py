@@ -32,6 +32,11 @@ class Role(str, Enum):
     TOOL = "tool"
 
 
+ROLE_TEXT: dict[Role | str, str] = {role: role.value for role in Role}
+"""Each role's text, read without the enum's ``value`` descriptor (slow on a per-message
+path); a plain string maps to nothing."""
+
+
 class AuthorKind(str, Enum):
     USER = "user"
     AGENT = "agent"
