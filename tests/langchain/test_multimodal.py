@@ -199,6 +199,33 @@ async def test_a_message_changed_in_place_after_a_call_never_goes_as_it_now_is(
     assert second[2] is messages[2] and second[3] is messages[3]
 
 
+async def test_a_rewritten_message_is_copied_once_and_again_when_the_app_changes_it(
+    engine: ContextEngine,
+) -> None:
+    # the engine fences a tool result on every call: the model gets one copy of the app's
+    # message, a new one once the app gives the message a new field value
+    ce.langchain.install(engine, session_id="fenced")
+    tool_call = {"name": "lookup", "args": {"q": "pixel"}, "id": "call_1"}
+    result = ToolMessage("a pixel", tool_call_id="call_1", id="t-1", artifact={"raw": 1})
+    messages: list[BaseMessage] = [
+        SystemMessage("You are terse."),
+        HumanMessage("Look it up."),
+        AIMessage("", id="a-1", tool_calls=[tool_call]),
+        result,
+    ]
+    model = replies("one", "two", "three")
+    for question in ("Again?", "And now?"):
+        messages.append(await model.ainvoke(messages))
+        messages.append(HumanMessage(question))
+    result.artifact = {"raw": 2}
+    await model.ainvoke(messages)
+    first, second, third = (seen[3] for seen in model.seen)
+    assert all(isinstance(m, ToolMessage) and "a pixel" in str(m.content) for m in (first, second))
+    assert first is not result and second is first  # the engine's text, copied once
+    assert third is not first and isinstance(third, ToolMessage)
+    assert third.artifact == {"raw": 2} and "a pixel" in str(third.content)
+
+
 def _engine_text(content: Any) -> str:
     """The text of a message the engine wrote: a string, or (a message with media parts) the
     text part of its content-part list."""
