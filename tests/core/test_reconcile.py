@@ -3,7 +3,10 @@ stands for (unchanged, its text rewritten, or new)."""
 
 from __future__ import annotations
 
-from ce.core.integration import Reconciled, reconcile_openai
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ce.core.integration import Reconciled, RewriteMemo, reconcile_openai
 
 
 def _call(args: str) -> dict[str, object]:
@@ -66,3 +69,37 @@ def test_a_rewritten_copy_keeps_the_apps_media_only_when_the_engine_kept_them() 
         Reconciled(1),
         Reconciled(2, "new, mail [REDACTED:email]", media=True),
     ]
+
+
+def test_a_rewrite_is_copied_once_while_the_message_keeps_its_fields() -> None:
+    @dataclass
+    class Note:
+        text: str
+        meta: dict[str, str]
+
+    @dataclass(slots=True)
+    class Slotted:
+        text: str
+
+    memo = RewriteMemo(max_entries=2)
+    made: list[str] = []
+
+    def rewrite(message: Any, text: str) -> Any:
+        def make() -> Any:
+            made.append(text)
+            return replace(message, text=text)
+
+        return memo.copy(message, text, make)
+
+    note = Note("raw", {"k": "v"})
+    first = rewrite(note, "fenced")
+    assert first == Note("fenced", {"k": "v"}) and rewrite(note, "fenced") is first
+    assert rewrite(note, "other") is not first  # another rewrite, another copy
+    note.meta = {"k": "new"}  # a field given a new value: copied again
+    assert rewrite(note, "fenced") == Note("fenced", {"k": "new"})
+    assert made == ["fenced", "other", "fenced"]
+    for i in range(3):  # more than it holds: it forgets, and copies again
+        rewrite(Note(str(i), {}), "x")
+    assert rewrite(note, "fenced").meta == {"k": "new"} and made[-1] == "fenced"
+    slotted = Slotted("raw")  # no instance dict: nothing to compare, copied every time
+    assert rewrite(slotted, "fenced") is not rewrite(slotted, "fenced")

@@ -46,7 +46,7 @@ from autogen_core.models import (
     UserMessage,
 )
 
-from ce.core.integration import History, message_from_openai, reconcile_openai
+from ce.core.integration import History, RewriteMemo, message_from_openai, reconcile_openai
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 
 __all__ = [
@@ -304,8 +304,16 @@ def to_pending(
     return pending
 
 
+_rewrites = RewriteMemo()
+
+
 def _with_text(original: LLMMessage, text: str) -> LLMMessage:
-    """A copy of ``original`` with its text replaced (a user message's images kept)."""
+    """A copy of ``original`` with its text replaced (a user message's images kept). Made
+    once per message and text (see :class:`~ce.core.integration.RewriteMemo`)."""
+    return _rewrites.copy(original, text, functools.partial(_copy_with_text, original, text))
+
+
+def _copy_with_text(original: LLMMessage, text: str) -> LLMMessage:
     if isinstance(original, UserMessage) and isinstance(original.content, list):
         media = [p for p in original.content if not isinstance(p, str)]
         content: list[str | Image] = [text, *media] if text else list(media)

@@ -19,7 +19,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ce.core.integration import History, RetrievalHit, message_from_openai, reconcile_openai
+from ce.core.integration import (
+    History,
+    RetrievalHit,
+    RewriteMemo,
+    message_from_openai,
+    reconcile_openai,
+)
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 
 __all__ = [
@@ -182,9 +188,19 @@ def _build(entry: Mapping[str, Any], calls: Mapping[str, tuple[str, dict[str, An
     return ChatMessage.from_system(text)
 
 
+_rewrites = RewriteMemo()
+
+
 def _with_text(message: Any, text: str, media: bool) -> Any:
     """A copy of the app's system, user or tool ``message`` with ``text`` (its images and
-    files kept when ``media``)."""
+    files kept when ``media``). Made once per message and text (see
+    :class:`~ce.core.integration.RewriteMemo`)."""
+    return _rewrites.copy(
+        message, (text, media), functools.partial(_copy_with_text, message, text, media)
+    )
+
+
+def _copy_with_text(message: Any, text: str, media: bool) -> Any:
     from haystack.dataclasses import ChatMessage
 
     result = message.tool_call_result

@@ -3,7 +3,7 @@ the engine's input back onto the app's own message objects (:func:`reconcile`)."
 
 from __future__ import annotations
 
-import operator
+import functools
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,7 +17,7 @@ from langchain_core.messages import (
 )
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from ce.core.integration import History, message_from_openai, reconcile_openai
+from ce.core.integration import History, RewriteMemo, message_from_openai, reconcile_openai
 from ce.core.schema import Message, ModelInvocation
 
 __all__ = [
@@ -170,35 +170,18 @@ def _as_written(message: BaseMessage) -> bool:
     return isinstance(content, str) or all(_is_text(b) or _is_media(b) for b in content)
 
 
-# The copies :func:`_with_text` made, by the app message, the text and ``media``: the engine
-# sends an unchanged rewrite (a fenced tool result, a redacted question) on every call, so it
-# is copied once. An entry holds the message and its field values when copied (a field given
-# a new value since makes a new copy; the copy shares what it holds, as any copy does).
-_rewritten: dict[tuple[int, str, bool], tuple[BaseMessage, tuple[Any, ...], BaseMessage]] = {}
+_rewrites = RewriteMemo()
 
 
 def _with_text(message: BaseMessage, text: str, media: bool = True) -> BaseMessage:
     """A copy of ``message`` with ``text`` as its text: a string content is replaced; in a
     list content the first text block takes ``text`` (its other keys kept), the other text
     blocks go, media blocks (images, files, audio) stay where they were (or go too, when
-    ``media`` is false: the engine left them out), any other block goes. The copy made for
-    the same message, its fields unchanged since, and the same text is reused."""
-    key = (id(message), text, media)
-    fields = tuple(message.__dict__.values())
-    held = _rewritten.get(key)
-    if (
-        held is not None
-        and held[0] is message
-        and len(fields) == len(held[1])
-        and all(map(operator.is_, fields, held[1]))
-    ):
-        return held[2]
-    copy = _copy_with_text(message, text, media)
-    with _converted_lock:
-        if len(_rewritten) >= _CONVERTED_MAX:
-            _rewritten.clear()
-        _rewritten[key] = (message, fields, copy)
-    return copy
+    ``media`` is false: the engine left them out), any other block goes. Made once per
+    message and text (see :class:`~ce.core.integration.RewriteMemo`)."""
+    return _rewrites.copy(
+        message, (text, media), functools.partial(_copy_with_text, message, text, media)
+    )
 
 
 def _copy_with_text(message: BaseMessage, text: str, media: bool) -> BaseMessage:

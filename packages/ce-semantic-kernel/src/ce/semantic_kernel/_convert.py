@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ce.core.integration import History, message_from_openai, reconcile_openai
+from ce.core.integration import History, RewriteMemo, message_from_openai, reconcile_openai
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 
 __all__ = [
@@ -222,9 +222,17 @@ def _build(entry: Mapping[str, Any], names: Mapping[str, str]) -> Any:
     return ChatMessageContent(role=AuthorRole(role), content=text)
 
 
+_rewrites = RewriteMemo()
+
+
 def _with_text(message: Any, text: str) -> Any:
     """A copy of the app's system, user or tool ``message`` with ``text``, its other items
-    (images, files) kept."""
+    (images, files) kept. Made once per message and text (see
+    :class:`~ce.core.integration.RewriteMemo`)."""
+    return _rewrites.copy(message, text, functools.partial(_copy_with_text, message, text))
+
+
+def _copy_with_text(message: Any, text: str) -> Any:
     from semantic_kernel.contents import (
         ChatMessageContent,
         FunctionResultContent,

@@ -59,6 +59,7 @@ from ce.core.integration._plugin import (
     requirement_conflicts,
 )
 from ce.core.integration._reconcile import Reconciled, openai_key, reconcile_openai
+from ce.core.integration._rewrites import RewriteMemo
 from ce.core.integration._sessions import (
     RUN_SESSION_PREFIX,
     SESSION_KEY,
@@ -87,6 +88,7 @@ __all__ = [
     "Reconciled",
     "Recorder",
     "RetrievalHit",
+    "RewriteMemo",
     "Scope",
     "ScopeSource",
     "ToolRun",
