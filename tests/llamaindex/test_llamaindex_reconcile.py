@@ -46,7 +46,10 @@ def test_a_message_changed_in_place_after_its_conversion_goes_as_the_engine_has_
     history = memo.convert("s", app, to_openai, lambda message: False)
     assert history is not None
     sent = [dict(d) for d in history.pending]
+    unchanged = from_openai(sent, app, history.pending, history)
+    assert all(m is a for m, a in zip(unchanged, app, strict=True))  # the app's own objects
     app[0].content = "hi, mail bob@example.com"
+    app[1].blocks[0].text = "ok, bob@example.com"  # a block's text set in place
     first, second = from_openai(sent, app, history.pending, history)
     assert first is not app[0] and first.content == "hi"
-    assert second is app[1]
+    assert second is not app[1] and second.content == "ok"

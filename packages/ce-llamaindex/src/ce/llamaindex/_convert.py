@@ -9,7 +9,9 @@ the OpenAI SDK's objects, the older form). A tool result names its call in
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import operator
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,7 +25,7 @@ from llama_index.core.base.llms.types import (
     TextBlock,
 )
 
-from ce.core.integration import History, message_from_openai, reconcile_openai
+from ce.core.integration import History, RewriteMemo, message_from_openai, reconcile_openai
 from ce.core.schema import Message, ModelInvocation
 
 __all__ = [
@@ -195,6 +197,35 @@ def _content(message: ChatMessage) -> str | list[dict[str, Any]]:
     return media
 
 
+# The latest dict :func:`to_openai` made of a message, by the message object, with the
+# message's field values then (see :func:`_unchanged_since`).
+_converted: dict[int, tuple[ChatMessage, tuple[Any, ...], dict[str, Any]]] = {}
+_CONVERTED_MAX = 8192
+
+
+def _fields(message: ChatMessage) -> tuple[Any, ...]:
+    """The values of ``message``'s fields and of its blocks' fields (compared by identity:
+    a field given a new value, ``content`` set, a block added or its text set, shows)."""
+    blocks = message.blocks
+    return (
+        *message.__dict__.values(),
+        len(blocks),
+        *(value for block in blocks for value in block.__dict__.values()),
+    )
+
+
+def _unchanged_since(message: ChatMessage, history: History, position: int) -> bool:
+    """Whether the app's message at ``position`` of ``history`` still reads as it did when
+    the history was converted: its fields hold what they held then (the dict the history
+    holds was made of it by :func:`to_openai`), or it converts to the same dict now."""
+    held = _converted.get(id(message))
+    if held is not None and held[0] is message and held[2] is history.pending[position]:
+        fields = _fields(message)
+        if len(fields) == len(held[1]) and all(map(operator.is_, fields, held[1])):
+            return True
+    return history.matches(position, to_openai([message])[0])
+
+
 def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """LlamaIndex messages as OpenAI chat message dicts (the text; image, audio and document
     blocks as OpenAI content parts, in order; tool calls and tool call ids kept)."""
@@ -211,15 +242,29 @@ def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             call_id = message.additional_kwargs.get("tool_call_id")
             entry["tool_call_id"] = str(call_id or "")
         converted.append(entry)
+        with _lock:
+            if len(_converted) >= _CONVERTED_MAX:
+                _converted.clear()
+            _converted[id(message)] = (message, _fields(message), entry)
     return converted
 
 
 _MEDIA_BLOCKS = (ImageBlock, AudioBlock, DocumentBlock)
 
 
+_rewrites = RewriteMemo()
+
+
 def _with_text(original: ChatMessage, text: str, media: bool = True) -> ChatMessage:
     """A copy of ``original`` with ``text`` as its text; its other blocks kept, but for its
-    images, audio and documents when ``media`` is false (the engine left them out)."""
+    images, audio and documents when ``media`` is false (the engine left them out). Made
+    once per message and text (see :class:`~ce.core.integration.RewriteMemo`)."""
+    return _rewrites.copy(
+        original, (text, media), functools.partial(_copy_with_text, original, text, media)
+    )
+
+
+def _copy_with_text(original: ChatMessage, text: str, media: bool) -> ChatMessage:
     blocks: list[Any] = [
         b
         for b in original.blocks
@@ -319,7 +364,7 @@ def from_openai(
         if origin.source is None or (
             origin.text is None
             and history is not None
-            and not history.matches(origin.source, to_openai([originals[origin.source]])[0])
+            and not _unchanged_since(originals[origin.source], history, origin.source)
         ):
             result.append(_build(message))
         elif origin.text is None:
