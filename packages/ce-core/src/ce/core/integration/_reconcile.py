@@ -84,13 +84,19 @@ def openai_key(message: Mapping[str, Any]) -> Key:
     role = message.get("role")
     role = "system" if role == "developer" else role
     name = message.get("name") if role in ("user", "assistant") else None
-    calls = tuple(
-        (call.get("id"), function.get("name"), _arguments(function))
-        for call in message.get("tool_calls") or ()
-        if isinstance(call, Mapping) and isinstance(function := call.get("function"), Mapping)
+    requests = message.get("tool_calls")
+    calls = (
+        tuple(
+            (call.get("id"), function.get("name"), _arguments(function))
+            for call in requests
+            if isinstance(call, Mapping) and isinstance(function := call.get("function"), Mapping)
+        )
+        if requests
+        else ()
     )
     call_id = message.get("tool_call_id") if role == "tool" else None
-    return (role, _text(message.get("content")), call_id, name, calls)
+    content = message.get("content")
+    return (role, content if isinstance(content, str) else _text(content), call_id, name, calls)
 
 
 def index_keys(
