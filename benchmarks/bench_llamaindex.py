@@ -142,7 +142,7 @@ class Bench:
         )
         self.llm = InstantLLM()
         self.messages = history.to_llamaindex(history.generate(MESSAGES, evidences=0))
-        self.questions = iter(q for q, _ in history.next_turns(100_000))
+        self.questions = (q for q, _ in history.turns_after())
         # each variant's own copy of every conversation, as the app holds it
         self.apps: dict[bool, dict[str, list[ChatMessage]]] = {
             installed: {s: list(self.messages) for s in self.sessions}

@@ -20,8 +20,10 @@ only the standard library (and ce-core for the ce converters).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,7 @@ __all__ = [
     "to_langchain",
     "to_llamaindex",
     "to_semantic_kernel",
+    "turns_after",
 ]
 
 SEED = 20240601
@@ -477,5 +480,11 @@ def to_semantic_kernel(history: History) -> list[Any]:
 def next_turns(count: int, seed: int = SEED) -> list[tuple[str, str]]:
     """``count`` (user, assistant) texts for the turns that follow a generated history (the
     same for the same seed, whatever ``n`` the history had)."""
+    return list(itertools.islice(turns_after(seed), count))
+
+
+def turns_after(seed: int = SEED) -> Iterator[tuple[str, str]]:
+    """The texts of :func:`next_turns`, made as they are taken, without end."""
     text = _Text(random.Random(seed + 1))
-    return [(text.turn(), text.turn()) for _ in range(count)]
+    while True:
+        yield text.turn(), text.turn()
