@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ce.core.integration import Reconciled, RewriteMemo, reconcile_openai
+from ce.core.formats import to_openai_messages
+from ce.core.integration import (
+    Reconciled,
+    RewriteMemo,
+    SentMessages,
+    assembled_to_openai,
+    openai_key,
+    reconcile_openai,
+)
+from ce.core.schema import AssembledInput, MessagePart, Role, ToolCallRequest
 
 
 def _call(args: str) -> dict[str, object]:
@@ -103,3 +112,28 @@ def test_a_rewrite_is_copied_once_while_the_message_keeps_its_fields() -> None:
     assert rewrite(note, "fenced").meta == {"k": "new"} and made[-1] == "fenced"
     slotted = Slotted("raw")  # no instance dict: nothing to compare, copied every time
     assert rewrite(slotted, "fenced") is not rewrite(slotted, "fenced")
+
+
+def test_the_sent_messages_carry_their_keys_and_are_the_callers_own() -> None:
+    parts = [
+        MessagePart(role=Role.SYSTEM, content="Be brief."),
+        MessagePart(role=Role.USER, content="Look it up.", name="jo"),
+        MessagePart(
+            role=Role.ASSISTANT,
+            content="",
+            tool_calls=[ToolCallRequest(tool_call_id="c1", name="f", raw_arguments='{"q":1}')],
+        ),
+        MessagePart(role=Role.TOOL, content="found", tool_call_id="c1", name="f"),
+    ]
+    assembled = AssembledInput(parts=parts, total_tokens=10)
+    first = assembled_to_openai(assembled)
+    assert first == to_openai_messages(parts)
+    assert isinstance(first, SentMessages)
+    assert first.reconcile_keys == [openai_key(m) for m in first]
+    first[1]["content"] = "changed by the caller"
+    first[2]["tool_calls"][0]["function"]["name"] = "changed"
+    again = assembled_to_openai(assembled)  # the same parts: from the memo, fresh dicts
+    assert again == to_openai_messages(parts)
+    assert again.reconcile_keys == [openai_key(m) for m in again]
+    app = [dict(m) for m in again]
+    assert reconcile_openai(app, again) == [Reconciled(i) for i in range(4)]

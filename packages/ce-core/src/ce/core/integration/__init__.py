@@ -58,7 +58,12 @@ from ce.core.integration._plugin import (
     PluginVersionError,
     requirement_conflicts,
 )
-from ce.core.integration._reconcile import Reconciled, openai_key, reconcile_openai
+from ce.core.integration._reconcile import (
+    Reconciled,
+    SentMessages,
+    openai_key,
+    reconcile_openai,
+)
 from ce.core.integration._rewrites import RewriteMemo
 from ce.core.integration._sessions import (
     RUN_SESSION_PREFIX,
@@ -91,6 +96,7 @@ __all__ = [
     "RewriteMemo",
     "Scope",
     "ScopeSource",
+    "SentMessages",
     "ToolRun",
     "assembled_to_openai",
     "augment_openai",

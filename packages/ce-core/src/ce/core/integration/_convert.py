@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ce.core.formats import from_openai_messages, to_openai_messages
+from ce.core.integration._reconcile import Key, SentMessages, openai_key
 from ce.core.schema import AssembledInput, Author, Message, MessagePart, Role
 
 __all__ = [
@@ -17,10 +18,36 @@ __all__ = [
 ]
 
 
-def assembled_to_openai(assembled: AssembledInput) -> list[dict[str, Any]]:
+_PARTS_MAX = 8192
+# Each assembled part's OpenAI message and reconcile key, by the part object: the engine keeps
+# the renderings of the history it sends, so a kept message is the same part on every call.
+_parts: dict[int, tuple[MessagePart, dict[str, Any], Key]] = {}
+_parts_lock = threading.Lock()
+
+
+def assembled_to_openai(assembled: AssembledInput) -> SentMessages:
     """The OpenAI chat messages the model receives for ``assembled`` (see
-    :func:`ce.core.formats.to_openai_messages`)."""
-    return to_openai_messages(assembled.parts)
+    :func:`ce.core.formats.to_openai_messages`), fresh dicts, with their reconcile keys (a
+    :class:`~ce.core.integration.SentMessages`). A part converted before is not converted
+    again."""
+    messages: list[dict[str, Any]] = []
+    keys: list[Key] = []
+    for part in assembled.parts:
+        held = _parts.get(id(part))
+        if held is None or held[0] is not part:
+            (message,) = to_openai_messages([part])
+            held = (part, message, openai_key(message))
+            with _parts_lock:
+                if len(_parts) >= _PARTS_MAX:
+                    _parts.clear()
+                _parts[id(part)] = held
+        message = held[1]
+        if isinstance(message["content"], str) and "tool_calls" not in message:
+            messages.append(dict(message))  # flat: a copy is the caller's own
+        else:  # nested lists and dicts: made anew
+            messages.extend(to_openai_messages([part]))
+        keys.append(held[2])
+    return SentMessages(messages, keys)
 
 
 def message_from_part(part: MessagePart, author: Author | None = None) -> Message:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ce.core.integration._history import History
 
-__all__ = ["Reconciled", "index_keys", "openai_key", "reconcile_openai"]
+__all__ = ["Reconciled", "SentMessages", "index_keys", "openai_key", "reconcile_openai"]
 
 _TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
 
@@ -97,6 +97,25 @@ def openai_key(message: Mapping[str, Any]) -> Key:
     call_id = message.get("tool_call_id") if role == "tool" else None
     content = message.get("content")
     return (role, content if isinstance(content, str) else _text(content), call_id, name, calls)
+
+
+class SentMessages(list[dict[str, Any]]):
+    """The OpenAI messages the model receives for an assembled input
+    (:func:`~ce.core.integration.assembled_to_openai`), with each one's
+    :func:`openai_key` in ``reconcile_keys``, so that :func:`reconcile_openai` need not
+    read them again. The messages are the caller's own (fresh dicts on every call)."""
+
+    __slots__ = ("reconcile_keys",)
+
+    def __init__(self, messages: list[dict[str, Any]], keys: list[Key]) -> None:
+        super().__init__(messages)
+        self.reconcile_keys = keys
+
+
+def _sent_keys(sent: Sequence[Mapping[str, Any]]) -> list[Key]:
+    if isinstance(sent, SentMessages) and len(sent.reconcile_keys) == len(sent):
+        return sent.reconcile_keys
+    return [openai_key(m) for m in sent]
 
 
 def index_keys(
@@ -219,7 +238,7 @@ def reconcile_openai(
     else:
         app_keys, positions = history.keys, history.positions
         by_role, results = history.by_role, history.results
-    sent_keys = [openai_key(m) for m in sent]
+    sent_keys = _sent_keys(sent)
     match = _unchanged(positions, sent_keys)
     rewritten = _rewritten(app_keys, sent_keys, match, by_role, results)
     out: list[Reconciled] = []
