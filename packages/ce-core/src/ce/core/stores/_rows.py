@@ -5,7 +5,9 @@ SQL of each database stays in its own module."""
 from __future__ import annotations
 
 import json
-from typing import TypeVar
+import operator
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -91,25 +93,36 @@ def _message_id(message: Message) -> str:
     return message.message_id
 
 
+_ids: dict[str, Callable[[Any], str]] = {
+    table: operator.attrgetter(RECORD_TABLES[table])
+    for table in ("tool_calls", "model_usage", "evidences", "context_blocks", "tasks", "turns")
+}
+"""Each record table's record id (a message's is :func:`_message_id`)."""
+
+
 def record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
-    """``(record_id, body)`` rows per record table; appended tables keep the first row of an
-    id, upserted ones the last (at the position of the first)."""
+    """``(record_id, body)`` rows per record table that has any, in the tables' order;
+    appended tables keep the first row of an id, upserted ones the last (at the position of
+    the first)."""
     body = changes.body_of if isinstance(changes, CheckedChanges) else record_json
-    rows = {
-        "messages": [(_message_id(m), body(m)) for m in changes.messages],
-        "tool_calls": [(c.tool_call_id, body(c)) for c in changes.tool_calls],
-        "model_usage": [(u.model_usage_id, body(u)) for u in changes.model_usage],
-        "evidences": [(e.evidence_id, body(e)) for e in changes.evidences],
-        "context_blocks": [(b.block_id, body(b)) for b in changes.context_blocks],
-        "tasks": [(t.task_id, body(t)) for t in changes.tasks],
-        "turns": [(t.turn_id, body(t)) for t in changes.turns],
-    }
+    records: tuple[tuple[str, list[Any], Callable[[Any], str]], ...] = (
+        ("messages", changes.messages, _message_id),
+        ("tool_calls", changes.tool_calls, _ids["tool_calls"]),
+        ("model_usage", changes.model_usage, _ids["model_usage"]),
+        ("evidences", changes.evidences, _ids["evidences"]),
+        ("context_blocks", changes.context_blocks, _ids["context_blocks"]),
+        ("tasks", changes.tasks, _ids["tasks"]),
+        ("turns", changes.turns, _ids["turns"]),
+    )
     unique: dict[str, list[tuple[str, str]]] = {}
-    for table, table_rows in rows.items():
+    for table, items, record_id in records:
+        if not items:
+            continue
         by_id: dict[str, str] = {}
-        for record_id, text in table_rows:
-            if table in UPSERTED or record_id not in by_id:
-                by_id[record_id] = text
+        for item in items:
+            key = record_id(item)
+            if table in UPSERTED or key not in by_id:
+                by_id[key] = body(item)
         unique[table] = list(by_id.items())
     return unique
 
