@@ -5,11 +5,12 @@ its leading sentences."""
 from __future__ import annotations
 
 import json
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ce.core.pipeline._levels import shorten
+from ce.core.pipeline._levels import _sentences, shorten
 from ce.core.schema import LevelOfDetail
 
 SUMMARY, GIST = LevelOfDetail.SUMMARY, LevelOfDetail.GIST
@@ -78,3 +79,18 @@ def test_any_json_outline_is_json_and_not_longer(value: object) -> None:
         assert len(reduced) <= len(text)
         if reduced != text and reduced.lstrip()[:1] in "{[":
             json.loads(reduced)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.sampled_from([*"ab .!?\n\t\r", "。", "！", "？", "x y", "Dr. X", "\n\n"]),
+        max_size=30,
+    ).map("".join)
+)
+def test_sentences_end_after_their_mark_or_at_a_blank_line(text: str) -> None:
+    # the reading of sentences as a look-behind split has it: a sentence keeps its closing
+    # mark, the white space after it goes, and a blank line ends one too
+    expected = [s for s in re.split(r"(?<=[.!?。！？])\s+|\n\s*\n", text) if s]
+    assert _sentences(text) == expected
+    assert _sentences(text) == expected  # again: the text split last is not split again

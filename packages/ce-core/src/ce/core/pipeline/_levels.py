@@ -38,7 +38,13 @@ EVIDENCE_PREAMBLE = (
 _JSON_ITEMS = {LevelOfDetail.SUMMARY: 5, LevelOfDetail.GIST: 2}
 _JSON_CHARS = {LevelOfDetail.SUMMARY: 200, LevelOfDetail.GIST: 60}
 _JSON_DEPTH = {LevelOfDetail.SUMMARY: 6, LevelOfDetail.GIST: 3}
-_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|\n\s*\n")
+# where a sentence ends: after its closing mark and the white space that follows, or at a
+# blank line (a pattern with no look-behind: the regex engine then looks for its first
+# character, not tries every position)
+_SENTENCE_END = re.compile(r"[.!?。！？]\s+|\n\s*\n")
+_CLOSING = frozenset(".!?。！？")
+# the sentences of the last text split: its Summary and its Gist shorten the same text
+_split: tuple[str, list[str]] = ("", [])
 
 
 def shorten(text: str, level: LevelOfDetail) -> str:
@@ -87,10 +93,28 @@ def _reduce(value: Any, level: LevelOfDetail, depth: int) -> Any:
     return value
 
 
+def _sentences(text: str) -> list[str]:
+    """The non-empty sentences of ``text``, each with its closing mark."""
+    global _split
+    held = _split
+    if held[0] == text:
+        return held[1]
+    out: list[str] = []
+    start = 0
+    for end in _SENTENCE_END.finditer(text):
+        at = end.start()
+        out.append(text[start : at + 1 if text[at] in _CLOSING else at])
+        start = end.end()
+    out.append(text[start:])
+    sentences = [s for s in out if s]
+    _split = (text, sentences)
+    return sentences
+
+
 def _leading_sentences(text: str, keep: int) -> str:
     """The leading sentences of ``text`` that fit in ``keep`` characters (the first one cut
     at a word when it alone is longer), and how many sentences were left out."""
-    sentences = [s for s in _SENTENCE_END.split(text.strip()) if s]
+    sentences = _sentences(text.strip())
     lead: list[str] = []
     used = 0
     for sentence in sentences:
