@@ -1,0 +1,115 @@
+"""Machine instructions per LangChain model call with the plugin, counted by callgrind.
+
+Wall-clock figures on a shared 2-CPU machine move by 20-40 % from one run to the next, more
+than a change to the per-call path does. An instruction count does not: this script runs the
+call of ``bench_langchain.py`` (5 sessions holding the 50-message history, 30 calls to warm
+up, then ``--calls`` more, ``invoke``, or ``ainvoke`` on one event loop with ``--ainvoke``,
+with ``ce.langchain.install(engine)``) under
+``valgrind --tool=callgrind`` once with no timed calls and once with them; the difference
+divided by the calls is what one call costs (the interpreter, SQLite, pydantic, tiktoken and
+the engine together; startup and the warm-up cancel out). Needs valgrind on ``PATH``.
+
+    python benchmarks/count_instructions.py [--calls 100] [--ainvoke]
+
+``--run N`` is the inner run under valgrind (not for direct use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
+if _CACHE.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
+
+SESSIONS = 5
+WARM_CALLS = 30
+QUESTIONS = 400  # made in every run alike (their making is not a call's cost)
+
+
+def run(calls: int, awaited: bool) -> None:
+    """The measured process: build the bench, warm up, make ``calls`` calls (``ainvoke``
+    when ``awaited``), exit at once."""
+    import asyncio
+
+    import bench_langchain
+    import history
+
+    import ce.langchain
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = bench_langchain.Bench(Path(tmp), calls, SESSIONS)
+        bench.questions = iter([q for q, _ in history.next_turns(QUESTIONS)])
+        bench.populate()
+        bench.installed = True
+        ce.langchain.install(bench.engine)
+        if awaited:
+
+            async def calls_awaited() -> None:
+                for _ in range(WARM_CALLS + calls):
+                    await bench.time_async()
+
+            asyncio.run(calls_awaited())
+        else:
+            for _ in range(WARM_CALLS + calls):
+                bench.time_sync()
+        sys.stdout.flush()
+        os._exit(0)  # no teardown in the count
+
+
+def instructions(calls: int, awaited: bool) -> int:
+    """Instructions callgrind counts for a process making ``calls`` timed calls."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={tmp}/callgrind.out",
+                sys.executable,
+                str(HERE),
+                "--run",
+                str(calls),
+                *(["--ainvoke"] if awaited else []),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
+        )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count in callgrind's output:\n{out.stderr}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=100, help="calls counted")
+    parser.add_argument("--ainvoke", action="store_true", help="count ainvoke, not invoke")
+    parser.add_argument("--run", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not 0 < args.calls <= QUESTIONS - SESSIONS - WARM_CALLS:
+        parser.error(f"--calls must be between 1 and {QUESTIONS - SESSIONS - WARM_CALLS}")
+    if args.run is not None:
+        run(args.run, args.ainvoke)
+        return
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed")
+    base = instructions(0, args.ainvoke)
+    total = instructions(args.calls, args.ainvoke)
+    per_call = (total - base) / args.calls
+    call = "ainvoke" if args.ainvoke else "invoke"
+    print(f"{per_call / 1e6:.2f} million instructions per {call} call ({args.calls} calls)")
+
+
+if __name__ == "__main__":
+    main()
