@@ -177,12 +177,17 @@ def _config(budget: int, policy: str = "keep_both_and_warn") -> RuntimeConfig:
     )
 
 
+def _engine(store: Store, config: RuntimeConfig) -> ContextEngine:
+    """An engine on ``store`` whose clock and ids are the same in every run."""
+    return ContextEngine(
+        store, config=config, clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
+    )
+
+
 async def _prepare(
     store: Store, config: RuntimeConfig, question: str
 ) -> tuple[PrepareResult, ContextEngine]:
-    engine = ContextEngine(
-        store, config=config, clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
-    )
+    engine = _engine(store, config)
     return await engine.prepare_turn("s", question), engine
 
 
@@ -375,16 +380,9 @@ def test_a_file_of_the_previous_layout_is_upgraded_and_read_newest_first(tmp_pat
         await whole_store.put_session("layout3", doc)
         config = _config(600)
         with newest_first(8, 4):
-            engine = ContextEngine(
-                store, config=config, clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
-            )
+            engine = _engine(store, config)
             cold = await engine.prepare_turn("layout3", "what is the status of A-1?")
-        whole_engine = ContextEngine(
-            whole_store,
-            config=config,
-            clock=SteppingClock(),
-            id_generator=SequentialIdGenerator("n"),
-        )
+        whole_engine = _engine(whole_store, config)
         whole = await whole_engine.prepare_turn("layout3", "what is the status of A-1?")
         _assert_same(whole, cold)
         assert cold.report.conflicts  # the old JSON facts still conflict with the new ones
@@ -437,9 +435,7 @@ def test_the_blocking_engine_reads_the_newest_records_too(tmp_path: Path) -> Non
 
     whole = asyncio.run(fill())
     store = SQLiteStore(tmp_path / "cold.db")
-    engine = ContextEngine(
-        store, config=_config(1500), clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
-    )
+    engine = _engine(store, _config(1500))
     cold = engine.sync.prepare_turn("s", "and now?")
     _assert_same(whole, cold)
     assert engine._entries["s"].partial
@@ -513,12 +509,7 @@ def test_a_cold_prepare_call_on_the_newest_records_does_what_the_whole_session_d
         doc = await whole_store.get_session("s")
         assert doc is not None
         pending = _pending(shape, as_passed(doc.session.messages), trim)
-        engines = [
-            ContextEngine(
-                s, config=config, clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
-            )
-            for s in (whole_store, cold_store)
-        ]
+        engines = [_engine(s, config) for s in (whole_store, cold_store)]
         with newest_first(*sizes):
             whole, cold = [await e.prepare_call("s", pending) for e in engines]
         try:
@@ -549,12 +540,7 @@ async def test_a_cold_prepare_call_on_a_long_session_reads_only_its_newest_recor
     doc = await whole_store.get_session("s")
     assert doc is not None
     history = as_passed(doc.session.messages)
-    engines = [
-        ContextEngine(
-            s, config=_config(2000), clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
-        )
-        for s in (whole_store, store)
-    ]
+    engines = [_engine(s, _config(2000)) for s in (whole_store, store)]
     question = Message(role=Role.USER, content="and now?")
     whole, cold = [await e.prepare_call("s", [*history, question]) for e in engines]
     _assert_same(whole, cold)
@@ -601,12 +587,7 @@ async def test_a_cold_call_inside_a_long_tool_round_reads_back_to_its_question(
     doc = await whole_store.get_session("s")
     assert doc is not None
     pending = as_passed(doc.session.messages)
-    engines = [
-        ContextEngine(
-            s, config=_config(600), clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
-        )
-        for s in (whole_store, store)
-    ]
+    engines = [_engine(s, _config(600)) for s in (whole_store, store)]
     with newest_first(4, 0):
         whole, cold = [await e.prepare_call("s", pending) for e in engines]
     _assert_same(whole, cold)
@@ -629,12 +610,7 @@ async def test_a_cold_prepare_call_on_either_store_does_what_the_whole_session_d
     assert doc is not None
     pending = _pending(shape, as_passed(doc.session.messages), 3)
     stores = [whole_store, opener()]
-    engines = [
-        ContextEngine(
-            s, config=_config(1500), clock=SteppingClock(), id_generator=SequentialIdGenerator("n")
-        )
-        for s in stores
-    ]
+    engines = [_engine(s, _config(1500)) for s in stores]
     whole, cold = [await e.prepare_call("s", pending) for e in engines]
     _assert_same(whole, cold)
     assert cold.report.degradations == whole.report.degradations
