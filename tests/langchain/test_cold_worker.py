@@ -18,8 +18,8 @@ from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import Role
-from ce.core.stores import MemoryStore, SQLiteStore, Store
-from ce.core.testing.engines import note_reads
+from ce.core.stores import SQLiteStore, Store
+from ce.core.testing.engines import note_reads, whole_copy
 
 # RunnableWithMessageHistory and InMemoryChatMessageHistory are deprecated (still shipped)
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -62,14 +62,8 @@ async def test_a_cold_worker_sends_what_a_worker_with_the_whole_session_sends(
     ce.langchain.install(served)
     for i in range(150):  # far more than one model call can keep
         await chain.ainvoke({"question": f"Question {i}: remember the number {i * 7}."}, USER)
-    await served.flush()
     ce.langchain.uninstall()
-    doc = await served.get_session("user-1")
-    await served.close()
-    await served.store.close()
-
-    whole_store = MemoryStore()  # every read of it is the whole session
-    await whole_store.put_session("user-1", doc)
+    whole_store = await whole_copy(served, "user-1")  # every read of it is the whole session
     cold_store = SQLiteStore(tmp_path / "chat.db")  # a new process on the shared store
     note_reads(cold_store, log.append)
     seen, stored = [], []
@@ -137,14 +131,8 @@ async def test_a_cold_worker_runs_an_agent_turn_with_tools_as_a_warm_one_does(
     )
     for i in range(60):
         await agent.ainvoke({"messages": [("user", f"Look up record {i}, please.")]}, thread)
-    await served.flush()
     ce.langchain.uninstall()
-    doc = await served.get_session("user-1")
-    await served.close()
-    await served.store.close()
-
-    whole_store = MemoryStore()
-    await whole_store.put_session("user-1", doc)
+    whole_store = await whole_copy(served, "user-1")
     cold_store = SQLiteStore(tmp_path / "agent.db")
     seen, stored, partial = [], [], []
     for store in (whole_store, cold_store):

@@ -24,9 +24,9 @@ from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import Role
-from ce.core.stores import MemoryStore, SQLiteStore, Store
+from ce.core.stores import SQLiteStore, Store
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
-from ce.core.testing.engines import note_reads
+from ce.core.testing.engines import note_reads, whole_copy
 
 CONFIG = RuntimeConfig(
     model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=1200, reserved_reply_tokens=200)
@@ -68,14 +68,8 @@ async def test_a_cold_worker_sends_what_a_worker_with_the_whole_session_sends(
         first = chat(chats)
         for i in range(120):  # far more than one model call can keep
             await first.achat(f"Question {i}: remember the number {i * 7}.")
-        await served.flush()
         ce.llamaindex.uninstall()
-        doc = await served.get_session("user-1")
-        await served.close()
-        await served.store.close()
-
-        whole_store = MemoryStore()  # every read of it is the whole session
-        await whole_store.put_session("user-1", doc)
+        whole_store = await whole_copy(served, "user-1")  # every read of it: the whole session
         cold_store = SQLiteStore(tmp_path / "chat.db")  # a new process on the shared store
         log: list[str] = []
         # each read with the number of requests sent before it

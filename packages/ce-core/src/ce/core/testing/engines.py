@@ -11,7 +11,7 @@ from ce.core.engine import ContextEngine
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.stores import MemoryStore, Store
 
-__all__ = ["NoBlockingEngine", "deterministic_engine", "no_blocking", "note_reads"]
+__all__ = ["NoBlockingEngine", "deterministic_engine", "no_blocking", "note_reads", "whole_copy"]
 
 
 def deterministic_engine(config: RuntimeConfig | None = None) -> ContextEngine:
@@ -48,6 +48,20 @@ def no_blocking(engine: ContextEngine) -> Iterator[NoBlockingEngine]:
         yield guard
     finally:
         engine.sync = real
+
+
+async def whole_copy(served: ContextEngine, session_id: str) -> MemoryStore:
+    """The session ``served`` holds, copied into a :class:`MemoryStore` (every read of it
+    reads the whole session: what a cold worker's reads are compared with); ``served`` and
+    its store are closed (its deferred records written first)."""
+    await served.flush()
+    doc = await served.get_session(session_id)
+    await served.close()
+    await served.store.close()
+    assert doc is not None, f"no session {session_id!r}"
+    copy = MemoryStore()
+    await copy.put_session(session_id, doc)
+    return copy
 
 
 def note_reads(store: Store, note: Callable[[str], None]) -> None:
