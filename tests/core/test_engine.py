@@ -147,6 +147,144 @@ async def test_a_call_with_nothing_new_commits_once_with_the_reply() -> None:
     assert await store.get_version("s1") == version + 2
 
 
+class CountingStore(MemoryStore):
+    """A MemoryStore that counts its commits and can refuse the next one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commits = 0
+        self.fail_next = False
+
+    async def commit(self, session_id: str, changes: Any, expected_version: int | None = None):  # type: ignore[no-untyped-def]
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError("disk full")
+        self.commits += 1
+        return await super().commit(session_id, changes, expected_version)
+
+
+def usage(usage_id: str) -> ModelUsage:
+    return ModelUsage(model_usage_id=usage_id, provider="openai", model="gpt-4o", total_tokens=9)
+
+
+async def stored_texts(store: MemoryStore | SQLiteStore, session_id: str) -> list[str]:
+    doc = await store.get_session(session_id)
+    assert doc is not None
+    return [m.content for m in doc.session.messages]
+
+
+async def test_a_deferred_prepare_call_is_committed_with_the_model_calls_outcome() -> None:
+    """``defer_commit``: what a model call's input adds is stored by the commit of its
+    outcome (one commit per model call), announced then with the call's turn id; until
+    then the engine sees it and the store does not."""
+    store = CountingStore()
+    bus = InMemoryEventBus()
+    seen: list[Event] = []
+    bus.on_all(seen.append)
+    engine = make_engine(store, event_bus=bus)
+    history = [
+        Message(role=Role.SYSTEM, content="Be brief."),
+        Message(role=Role.USER, content="Hi?"),
+    ]
+    prepared = await engine.prepare_call("s1", history, defer_commit=True)
+    assert store.commits == 0 and await store.get_session("s1") is None
+    assert not [e for e in seen if e.event_type == "MessageAppended"]
+    await engine.record_model_call("s1", usage("u1"), reply=assistant("Hello."))
+    assert store.commits == 1
+    assert await stored_texts(store, "s1") == ["Be brief.", "Hi?", "Hello."]
+    assert [t.turn_id for t in await store.list_turns("s1")] == [prepared.report.turn_id]
+    appended = [e for e in seen if e.event_type == "MessageAppended"]
+    assert [e.turn_id for e in appended][:2] == [prepared.report.turn_id] * 2
+    assert len(appended) == 3
+    # the next call matches the stored history and records only its new question
+    history += [assistant("Hello."), Message(role=Role.USER, content="Bye?")]
+    await engine.prepare_call("s1", history, defer_commit=True)
+    doc = await engine.get_session("s1")  # a read through the engine commits first
+    assert [m.content for m in doc.session.messages][-1] == "Bye?"
+    assert store.commits == 2
+    assert await stored_texts(store, "s1") == ["Be brief.", "Hi?", "Hello.", "Bye?"]
+
+
+async def test_a_deferred_call_survives_a_refused_commit_and_a_full_cache() -> None:
+    """The records a deferred call left are written once, in order, whatever happens to the
+    engine's cached copy of the session before the next commit: evicted by other sessions,
+    a commit that fails (kept for the next one), a flush."""
+    store = CountingStore()
+    engine = make_engine(store, max_cached_sessions=1)
+    question = [Message(role=Role.USER, content="Q1")]
+    await engine.prepare_call("s1", question, defer_commit=True)
+    await engine.prepare_call("s2", [Message(role=Role.USER, content="other")])  # evicts s1
+    # s1 read again from the store: the deferred question is still this engine's
+    again = await engine.prepare_call("s1", question, defer_commit=True)
+    assert [p.content for p in again.assembled_input.parts] == ["Q1"]
+    store.fail_next = True
+    with pytest.raises(OSError):
+        await engine.record_model_call("s1", usage("u1"), reply=assistant("A1"))
+    assert await store.get_session("s1") is None
+    await engine.flush()
+    assert await stored_texts(store, "s1") == ["Q1"]
+    await engine.prepare_call("s1", [*question, assistant("A1")])
+    assert await stored_texts(store, "s1") == ["Q1", "A1"]
+    assert len(await store.list_turns("s1")) == 3
+
+
+async def test_deferred_records_of_at_most_one_call_wait() -> None:
+    """A framework that never records a model call's outcome (its next call brings the
+    reply in its history) still stores every call's input: a deferred call commits what an
+    earlier one left waiting."""
+    store = CountingStore()
+    engine = make_engine(store)
+    history = [Message(role=Role.USER, content="Q1")]
+    await engine.prepare_call("s1", history, defer_commit=True)
+    assert store.commits == 0
+    history += [assistant("A1"), Message(role=Role.USER, content="Q2")]
+    await engine.prepare_call("s1", history, defer_commit=True)
+    assert store.commits == 1
+    assert await stored_texts(store, "s1") == ["Q1", "A1", "Q2"]
+    await engine.prepare_call("s1", history, defer_commit=True)  # nothing new: waits
+    assert store.commits == 1
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_another_writer_between_a_deferred_call_and_its_commit(
+    kind: str, tmp_path: Path
+) -> None:
+    """Another process writes the session while a deferred call's records wait: they are
+    stored after its records (optimistic stores: the refused commit is done again on the
+    session read afresh; SQLite: held from the catch-up to the commit), and the engine's
+    next call sees the session as stored."""
+    if kind == "memory":
+        shared = MemoryStore()
+        store_a: MemoryStore | SQLiteStore = shared
+        store_b: MemoryStore | SQLiteStore = shared
+    else:
+        store_a, store_b = SQLiteStore(tmp_path / "ce.db"), SQLiteStore(tmp_path / "ce.db")
+    a, b = make_engine(store_a), make_engine(store_b)
+    await a.prepare_call("s1", [Message(role=Role.USER, content="Q0")])
+    await a.record_model_call("s1", usage("u0"), reply=assistant("A0"))
+    history = [Message(role=Role.USER, content="Q0"), assistant("A0")]
+    await a.prepare_call("s1", [*history, Message(role=Role.USER, content="Q1")], defer_commit=True)
+    await b.prepare_call("s1", [*history, Message(role=Role.USER, content="B1")])
+    await a.record_model_call("s1", usage("u1"), reply=assistant("A1"))
+    assert await stored_texts(store_a, "s1") == ["Q0", "A0", "B1", "Q1", "A1"]
+    doc = await a.get_session("s1")
+    assert [m.content for m in doc.session.messages] == ["Q0", "A0", "B1", "Q1", "A1"]
+    nxt = await a.prepare_call(
+        "s1",
+        [
+            *history,
+            Message(role=Role.USER, content="B1"),
+            Message(role=Role.USER, content="Q1"),
+            assistant("A1"),
+            Message(role=Role.USER, content="Q2"),
+        ],
+    )
+    assert [p.content for p in nxt.assembled_input.parts] == ["Q0", "A0", "B1", "Q1", "A1", "Q2"]
+    assert await stored_texts(store_a, "s1") == ["Q0", "A0", "B1", "Q1", "A1", "Q2"]
+    for engine in (a, b):
+        await engine.close()
+
+
 async def test_a_continued_history_is_matched_from_where_the_last_call_ended(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -223,5 +223,5 @@ async def test_concurrent_runs_without_identity_stay_apart(engine: ContextEngine
         *(agent.ainvoke({"messages": [("user", f"My word is {canary(n)}.")]}) for n in range(USERS))
     )
     check_isolated(model, 1)
-    sessions = await engine.store.list_sessions()
+    sessions = await engine.list_sessions()  # after the deferred records
     assert len(sessions) == USERS and all(s.startswith("run:") for s in sessions)

@@ -80,7 +80,7 @@ def server_box() -> Iterator[dict[str, Any]]:
 
 
 async def _sessions(engine: ContextEngine) -> list[str]:
-    return list(await engine.store.list_sessions())
+    return list(await engine.list_sessions())  # after the deferred records
 
 
 async def _contents(engine: ContextEngine, session_id: str, role: Role) -> list[str]:

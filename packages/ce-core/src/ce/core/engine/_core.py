@@ -45,13 +45,53 @@ from ce.core.state import AgentState, ModelOutput
 from ce.core.stores import SessionChanges, SessionWriter, SliceStore, Store, WriterStore
 from ce.core.tokens import TokenEstimator
 
-__all__ = ["EngineCore"]
+__all__ = ["Carry", "EngineCore"]
 
 _T = TypeVar("_T")
 
 CONTENDED_SECONDS = 2.0
 """How long after a refused commit an engine's writes to that session hold it from the start
 (on a store that can hold a session), rather than try optimistically first."""
+
+
+class Carry:
+    """What engine calls of a session wrote and left for the session's next commit: turn
+    records, and the records of a ``prepare_call(defer_commit=True)``.
+
+    Records carried are in ``entry``'s state already, after the ones stored up to
+    ``version``: while that entry is cached at that version, the commit that takes them
+    stores them in the order the entry holds them. Otherwise (the entry was read afresh, or
+    absorbed another writer's records after them) the entry is read again after that
+    commit."""
+
+    __slots__ = ("announce", "changes", "entry", "records", "version")
+
+    def __init__(self) -> None:
+        self.changes = SessionChanges()
+        self.announce: list[tuple[str, Message]] = []  # (turn id, message) once stored
+        self.records = False
+        self.entry: SessionEntry | None = None
+        self.version = 0
+
+    def add(self, entry: SessionEntry, changes: SessionChanges, call: WriteLog) -> None:
+        records = changes.has_records()
+        if records:
+            if self.records and not self.holds_order(entry):
+                self.entry = None  # no entry holds them in the order they will be stored
+            else:
+                self.entry, self.version = entry, entry.version
+            self.records = True
+            self.announce.extend((call.turn_id, m) for m in call.new_messages)
+        self.changes = self.changes.merge(changes)
+
+    def holds_order(self, entry: SessionEntry) -> bool:
+        """Whether ``entry`` holds the carried records last, as the next commit stores them."""
+        return entry is self.entry and entry.version == self.version
+
+    def taken_in(self, entry: SessionEntry) -> None:
+        """``entry`` (just read) took the carried records in after what it read."""
+        entry.take_in(self.changes)
+        self.entry, self.version = entry, entry.version
 
 
 class EngineCore(HistoryWriter):
@@ -73,7 +113,7 @@ class EngineCore(HistoryWriter):
     _max_cached: int
     _locks: SessionLocks
     _deferred: DeferredWrites
-    _carried: dict[str, list[TurnRecord]]  # turn records waiting for their session's next commit
+    _carried: dict[str, Carry]  # what waits for its session's next commit
     _contention: dict[str, float]  # session -> until when its writes hold it (monotonic)
     _tails: bool  # the store reads a session's newest records (a SliceStore)
     # session -> how many newest messages and evidences to read when it is not cached (None:
@@ -154,6 +194,9 @@ class EngineCore(HistoryWriter):
 
     async def _cache(self, entry: SessionEntry) -> SessionEntry:
         session_id = entry.session_id
+        carry = self._carried.get(session_id)
+        if carry is not None and carry.records:
+            carry.taken_in(entry)  # written here, not stored yet: this process sees them
         with self._entries_lock:
             self._entries[session_id] = entry
             self._entries.move_to_end(session_id)
@@ -347,41 +390,49 @@ class EngineCore(HistoryWriter):
     ) -> PutResult:
         # the store validates the records again into its own: no copies here
         changes: SessionChanges = entry.state.take_changes(copies=False)
-        carried = self._carried.pop(entry.session_id, None)
-        if carried:
-            changes.turns.extend(carried)
         if turn is not None:
             changes.turns.append(turn)
+        session_id = entry.session_id
+        carry = self._carried.pop(session_id, None)
+        if carry is not None:
+            changes = carry.changes.merge(changes)
         try:
             async with turn_released():  # a store may wait on I/O: not in the loop's turn
                 result = await (
                     call.writer.commit(changes)
                     if call.writer is not None
-                    else self.store.commit(
-                        entry.session_id, changes, expected_version=entry.version
-                    )
+                    else self.store.commit(session_id, changes, expected_version=entry.version)
                 )
         except BaseException:
-            if carried:  # not stored: the session's next commit takes them (or a flush)
-                self._carried.setdefault(entry.session_id, [])[:0] = carried
+            if carry is not None:  # not stored: the session's next commit takes it (or a flush)
+                self._carried[session_id] = carry
             raise
+        if carry is not None and carry.records and not carry.holds_order(entry):
+            # stored after what the entry holds behind the carried records: read it again
+            with self._entries_lock:
+                if self._entries.get(session_id) is entry:
+                    del self._entries[session_id]
         entry.version = result.version
         if result.epoch is not None:
             entry.epoch = result.epoch
-        await self._emit_degradations(entry.session_id, call)
-        for message in call.new_messages:
+        await self._emit_degradations(session_id, call)
+        appended = [
+            *(carry.announce if carry is not None else ()),
+            *((call.turn_id, m) for m in call.new_messages),
+        ]
+        for turn_id, message in appended:
             await self._emit(
                 "MessageAppended",
-                entry.session_id,
-                call.turn_id,
+                session_id,
+                turn_id,
                 message_id=message.message_id,
                 role=message.role.value,
             )
-        await self._emit("Persisted", entry.session_id, call.turn_id, version=result.version)
+        await self._emit("Persisted", session_id, call.turn_id, version=result.version)
         return result
 
     async def _persist_or_carry(
-        self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None
+        self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None, defer: bool = False
     ) -> int:
         """Commit what the call wrote, with its turn record; the session's version after.
 
@@ -389,12 +440,23 @@ class EngineCore(HistoryWriter):
         moving on, e.g. a model call whose input was all stored) commits nothing now: its
         turn record rides with the session's next commit (the recording of the model's
         reply, typically), or is written by :meth:`_drain` before any read of the session's
-        turns, on ``flush()``, ``close()`` and at exit. One commit per model call, not two."""
-        if entry.state.has_pending_records():
+        turns, on ``flush()``, ``close()`` and at exit. With ``defer`` so does everything
+        the call wrote (see ``prepare_call``), unless an earlier call's records still wait
+        (then all are committed now). One commit per model call, not two."""
+        carry = self._carried.get(entry.session_id)
+        if (carry is not None and carry.records) or (
+            not defer and entry.state.has_pending_records()
+        ):  # records of at most one call wait for a commit
             return (await self._persist(entry, call, turn)).version
-        entry.state.forget_run_change()
+        if defer:
+            changes = entry.state.take_changes(copies=False)
+        else:
+            entry.state.forget_run_change()
+            changes = SessionChanges()
         if turn is not None:
-            self._carried.setdefault(entry.session_id, []).append(turn)
+            changes.turns.append(turn)
+        if not changes.is_empty():
+            self._carried.setdefault(entry.session_id, Carry()).add(entry, changes, call)
             note_pending(self)  # type: ignore[arg-type]
         await self._emit_degradations(entry.session_id, call)
         return entry.version

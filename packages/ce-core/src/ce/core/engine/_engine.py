@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from ce.core._drive import checkpoint
 from ce.core.config import RedactionConfig, RuntimeConfig
+from ce.core.engine._core import Carry
 from ce.core.engine._deferred import DeferredWrites, flush_at_exit, note_pending
 from ce.core.engine._prepare import Preparer
 from ce.core.engine._session import SessionEntry, SessionLocks, TailTooShort
@@ -140,7 +141,7 @@ class ContextEngine(Preparer):
         self._max_cached = max_cached_sessions
         self._locks = SessionLocks()
         self._deferred = DeferredWrites()
-        self._carried: dict[str, list[TurnRecord]] = {}
+        self._carried: dict[str, Carry] = {}
         self._contention: dict[str, float] = {}
         self._tails = isinstance(self.store, SliceStore)
         self._tail_sizes: dict[str, tuple[int, int] | None] = {}
@@ -324,10 +325,19 @@ class ContextEngine(Preparer):
         pending_messages: Sequence[Message],
         runtime_config: RuntimeConfig | None = None,
         tool_schemas: list[dict[str, Any]] | None = None,
+        *,
+        defer_commit: bool = False,
     ) -> PrepareResult:
         """Before EVERY model call (tool loops included): record the framework's pending
         messages that are new, keep the current run's in-flight tool chain whole, count
-        ``tool_schemas`` against the budget, and assemble."""
+        ``tool_schemas`` against the budget, and assemble.
+
+        ``defer_commit``: store what the call records with the session's next commit (the
+        recording of this model call's outcome, typically: one commit per model call, not
+        two) rather than now. Until then it is held by this process: every engine call sees
+        it (reads commit it first), other processes do not, and a process killed before that
+        commit loses it; :meth:`flush`, :meth:`close` and a normal interpreter exit commit
+        it."""
         cfg = self._cfg(runtime_config)
 
         async def op(entry: SessionEntry, call: WriteLog) -> PrepareResult:
@@ -337,7 +347,9 @@ class ContextEngine(Preparer):
             own = self._own_run(entry, pending_messages, cfg)
             if entry.partial and own[0] is None and own[1]:
                 raise TailTooShort()  # the run's question is older than what the entry holds
-            return await self._prepare(entry, cfg, call, "call", tool_schemas, own)
+            return await self._prepare(
+                entry, cfg, call, "call", tool_schemas, own, defer=defer_commit
+            )
 
         # a framework passes its whole history: a session not read yet is read from its
         # newest records when they line up with the end of that history (see _tail_start)

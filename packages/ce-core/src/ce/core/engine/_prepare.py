@@ -50,10 +50,13 @@ class Preparer(BlockSummaries):
         kind: str,
         tool_schemas: list[dict[str, Any]] | None,
         own_run: tuple[str | None, list[str]] = (None, []),
+        *,
+        defer: bool = False,
     ) -> PrepareResult:
         """Select and assemble for the session's current state; ``own_run``: the stored ids
         of this call's question and of the tool calls its run made (see
-        ``select_and_assemble``)."""
+        ``select_and_assemble``); ``defer``: leave what the call wrote for the session's
+        next commit (see ``prepare_call``)."""
         started_ns = time.time_ns()  # for the events' observers (a tracing span's start)
         call.prepare = True
         if entry.partial and self._summarizer is not None and cfg.summary.enabled:
@@ -118,7 +121,7 @@ class Preparer(BlockSummaries):
                 report=report,
                 tokenizer=tokenizer_name(self._estimator_for(cfg.model_hint), cfg.model_hint),
             )
-        version = await self._persist_or_carry(entry, call, turn)
+        version = await self._persist_or_carry(entry, call, turn, defer)
         await self._emit_turn_events(
             entry.session_id, call, selection, report, cfg, kind, started_ns
         )

@@ -15,7 +15,7 @@ from ce.core.engine._turn import Unread
 from ce.core.pipeline import SessionIndex, canonical_step
 from ce.core.schema import Evidence, Message, Role, SessionDocument
 from ce.core.state import AgentState
-from ce.core.stores.base import SessionUpdate
+from ce.core.stores.base import SessionChanges, SessionUpdate
 from ce.core.tokens import TokenEstimator
 
 __all__ = [
@@ -131,12 +131,17 @@ class SessionEntry:
         """Absorb an incremental :class:`~ce.core.stores.base.SessionUpdate` of this entry's
         version and epoch (what other writers stored since); the indexes take the new records
         on their next use."""
-        changes = update.changes
+        self.take_in(update.changes)
+        self.version = update.version
+
+    def take_in(self, changes: SessionChanges) -> None:
+        """Absorb records already written elsewhere (stored by another writer, or carried
+        to the session's next commit by an earlier call of this engine) after the ones the
+        entry holds; the version stays."""
         self.state.absorb(changes)
         for message in changes.messages:
             self._count_key(message)
         self._note_evidences(changes.evidences)
-        self.version = update.version
 
     @property
     def doc(self) -> SessionDocument:

@@ -120,9 +120,17 @@ class SyncEngine:
         pending_messages: Sequence[Message],
         runtime_config: RuntimeConfig | None = None,
         tool_schemas: list[dict[str, Any]] | None = None,
+        *,
+        defer_commit: bool = False,
     ) -> PrepareResult:
         return drive(
-            self._engine.prepare_call(session_id, pending_messages, runtime_config, tool_schemas)
+            self._engine.prepare_call(
+                session_id,
+                pending_messages,
+                runtime_config,
+                tool_schemas,
+                defer_commit=defer_commit,
+            )
         )
 
     def commit_assistant_message(

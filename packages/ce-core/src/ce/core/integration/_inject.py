@@ -172,8 +172,9 @@ def prepare_openai_sync(
 ) -> list[dict[str, Any]] | None:
     """Before a model call, from blocking code (with or without a running event loop): hand
     the framework's pending OpenAI-style ``messages`` to ``plugin.engine.prepare_call`` in
-    ``session_id`` (with ``plugin.config`` and ``tool_schemas``) and return the OpenAI-style
-    messages the model must receive instead (with ``plugin.mode == "augment"``, the
+    ``session_id`` (with ``plugin.config`` and ``tool_schemas``; what it records is
+    committed with the recording of the model call's outcome: ``defer_commit``) and return
+    the OpenAI-style messages the model must receive instead (with ``plugin.mode == "augment"``, the
     framework's own messages, redacted, plus the engine's context, see
     :func:`augment_openai`).
     Fail-open like :func:`guarded_sync`, but never unredacted: when the engine (or the
@@ -190,7 +191,9 @@ def prepare_openai_sync(
 
     def prepare() -> list[dict[str, Any]]:
         pending = _authored(messages, authors, history)
-        result = engine.sync.prepare_call(session_id, pending, plugin.config, tool_schemas)
+        result = engine.sync.prepare_call(
+            session_id, pending, plugin.config, tool_schemas, defer_commit=True
+        )
         return _sent(plugin, engine, messages, result)
 
     sent = guarded_sync(plugin, prepare, session_id=session_id, what="prepare_call")
@@ -216,7 +219,9 @@ async def prepare_openai(
 
     async def prepare() -> list[dict[str, Any]]:
         pending = _authored(messages, authors, history)
-        result = await engine.prepare_call(session_id, pending, plugin.config, tool_schemas)
+        result = await engine.prepare_call(
+            session_id, pending, plugin.config, tool_schemas, defer_commit=True
+        )
         return _sent(plugin, engine, messages, result)
 
     sent = await guarded(plugin, prepare, session_id=session_id, what="prepare_call")

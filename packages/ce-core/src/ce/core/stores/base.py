@@ -119,6 +119,20 @@ class SessionChanges:
     def is_empty(self) -> bool:
         return not any(getattr(self, f.name) for f in fields(self))
 
+    def has_records(self) -> bool:
+        """Whether it holds anything of the session document but the run state (turn
+        records are kept beside the document)."""
+        return bool(
+            self.messages
+            or self.tool_calls
+            or self.model_usage
+            or self.evidences
+            or self.context_blocks
+            or self.tasks
+            or self.summary is not None
+            or self.meta is not None
+        )
+
     def merge(self, other: SessionChanges) -> SessionChanges:
         """A new change set with ``other`` applied after this one."""
         return SessionChanges(
