@@ -91,11 +91,11 @@ class EvidenceIngestor:
                 else:
                     basis = f"content|{source.kind.value}|{source.uri}|{content}"
                 key = f"{evidence_type.value}|{self._hasher.digest(basis)}"
-                meta["dedup_key"] = key
             except Exception as exc:
                 degradations.append(("dedup_skipped", f"hashing failed: {exc!r}"))
 
         text, redaction, original = content, None, None
+        keyed = {} if key is None else {"dedup_key": key}  # a digest: nothing to redact
         if self._redactor is not None and opts.redact:
             try:
                 result = self._redactor.redact_text(content)
@@ -117,11 +117,12 @@ class EvidenceIngestor:
                             type=evidence_type,
                             source=source,
                             content=content,
-                            metadata={**meta, "original_of": evidence_id},
+                            metadata={**meta, **keyed, "original_of": evidence_id},
                             links=links or EvidenceLinks(),
                             created_at=self._clock.now_iso(),
                         )
                 text, meta = result.redacted_text, meta_redacted
+        meta.update(keyed)
         evidence = Evidence(
             evidence_id=evidence_id,
             type=evidence_type,
