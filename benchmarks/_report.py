@@ -1,16 +1,21 @@
 """What the benchmark scripts share: the machine line, percentiles, package versions, the
-plugin-overhead table and writing their section of a doc."""
+plugin-overhead table, full garbage collections and writing their section of a doc."""
 
 from __future__ import annotations
 
+import gc
 import platform
 import statistics
+import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 __all__ = [
     "OVERHEAD_HEADER",
+    "FullCollections",
     "cpu_model",
     "overhead_row",
     "package_version",
@@ -24,6 +29,40 @@ OVERHEAD_HEADER = [
     "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
 ]
 """The head of a plugin-overhead table (rows from :func:`overhead_row`)."""
+
+
+class FullCollections:
+    """The interpreter's full garbage collections (its oldest generation) during a ``with``
+    block: how many, and how long they stopped the process in all. The block starts with a
+    ``gc.collect()`` (outside the count), so that what earlier runs left for the collector is
+    not collected during this one."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.paused = 0.0
+        self._started = 0.0
+
+    def __enter__(self) -> FullCollections:
+        gc.collect()
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.count += 1
+            self.paused += time.perf_counter() - self._started
 
 
 def cpu_model() -> str:

@@ -34,7 +34,7 @@ if _CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
 
 import history  # noqa: E402
-from _report import cpu_model, package_version, write_section  # noqa: E402
+from _report import FullCollections, cpu_model, package_version, write_section  # noqa: E402
 from langchain_core.language_models import BaseChatModel  # noqa: E402
 from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
@@ -129,13 +129,15 @@ class Bench:
         await beat
         return wall, max(lateness), cpu / (len(self.sessions) * self.calls)
 
-    def run(self, installed: bool) -> tuple[float, float, float]:
+    def run(self, installed: bool) -> Run:
         """One run of every session's calls on a fresh event loop: (wall, max lateness, CPU
-        per call)."""
+        per call, full garbage collections during the run and their pause)."""
         if installed:
             ce.langchain.install(self.engine)
         try:
-            return asyncio.run(self._run(installed))
+            with FullCollections() as collections:
+                wall, late, cpu = asyncio.run(self._run(installed))
+            return wall, late, cpu, collections.count, collections.paused
         finally:
             if installed:
                 ce.langchain.uninstall()
@@ -145,7 +147,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
 
-Run = tuple[float, float, float]  # wall, max lateness, CPU per call (seconds)
+# wall, max lateness, CPU per call (seconds), full collections, their pause (seconds)
+Run = tuple[float, float, float, int, float]
 
 
 def _row(label: str, runs: list[Run]) -> str:
@@ -155,6 +158,20 @@ def _row(label: str, runs: list[Run]) -> str:
     return (
         f"| {label} | {_ms(wall)} | {', '.join(_ms(r[0]) for r in runs)} | {_ms(late)} "
         f"| {', '.join(_ms(r[1]) for r in runs)} | {cpu * 1000:.2f} |"
+    )
+
+
+def _collections(without: list[Run], with_plugin: list[Run]) -> str:
+    def runs(label: str, variant: list[Run]) -> str:
+        count = sum(r[3] for r in variant)
+        pauses = [f"{_ms(r[4])} ms" for r in variant if r[3]]
+        return f"{label} {count}" + (f" ({', '.join(pauses)})" if pauses else "")
+
+    return (
+        "Each run starts after `gc.collect()` (untimed), so what one run leaves for the "
+        "garbage collector is not collected in the next one's time. Full collections during "
+        f"the runs (they stop the loop): {runs('without the plugin', without)}; "
+        f"{runs('with it', with_plugin)}."
     )
 
 
@@ -187,6 +204,8 @@ def report(
         "",
         f"Wall with / without: **{ratio:.2f}x** (target <= 1.15x). Max lateness with - without: "
         f"**{delta * 1000:+.1f} ms** (target <= +5 ms).",
+        "",
+        _collections(without, with_plugin),
     ]
     return "\n".join(lines) + "\n"
 
