@@ -399,6 +399,15 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python", "benchmarks/bench_langchain.py", "--write", "docs/benchmarks.md", env=_env()
     )
+    session.run(  # the same on PostgreSQL (the server of bench_workers.py below)
+        "python",
+        "benchmarks/bench_langchain.py",
+        "--postgres",
+        "postgresql://postgres@127.0.0.1:5432/test",
+        "--write",
+        "docs/benchmarks.md",
+        env=_env(),
+    )
     session.run(
         "python", "benchmarks/bench_llamaindex.py", "--write", "docs/benchmarks.md", env=_env()
     )

@@ -8,7 +8,10 @@ with it installed. The difference of the medians is what the plugin adds to ever
 ``prepare_call`` (the new question recorded, the assembled input built within the budget) and
 the recording of the run (model usage, the committed reply).
 
-    python benchmarks/bench_langchain.py [--calls 300] [--write docs/benchmarks.md]
+    python benchmarks/bench_langchain.py [--calls 300] [--postgres DSN] [--write docs/benchmarks.md]
+
+``--postgres postgresql://postgres@127.0.0.1:5432/test`` runs the same calls on that
+PostgreSQL server (in a schema of their own, dropped afterwards) instead of an SQLite file.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import os
 import platform
+import secrets
 import sqlite3
 import sys
 import tempfile
@@ -41,7 +45,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 import ce.langchain  # noqa: E402
 from ce.core.config import BudgetConfig, RuntimeConfig  # noqa: E402
 from ce.core.engine import ContextEngine  # noqa: E402
-from ce.core.stores import SQLiteStore  # noqa: E402
+from ce.core.stores import SQLiteStore, open_store  # noqa: E402
 
 MESSAGES = 50  # the history length, unless --messages says otherwise
 BUDGET = 8_000
@@ -72,11 +76,15 @@ class InstantChatModel(BaseChatModel):
 
 
 class Bench:
-    def __init__(self, directory: Path, calls: int, sessions: int) -> None:
+    def __init__(
+        self, directory: Path, calls: int, sessions: int, store_url: str | None = None
+    ) -> None:
         self.calls = calls
         self.sessions = [f"bench-{i}" for i in range(sessions)]
         self.engine = ContextEngine(
-            store=SQLiteStore(str(directory / "sessions.db")),
+            store=open_store(store_url)
+            if store_url
+            else SQLiteStore(str(directory / "sessions.db")),
             config=RuntimeConfig(
                 model_hint="gpt-4o",
                 budget=BudgetConfig(
@@ -166,20 +174,52 @@ class Bench:
         return without[: self.calls], with_plugin[: self.calls]
 
 
-def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]) -> str:
+def drop_schema(dsn: str, schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def store_text(dsn: str | None) -> tuple[str, str]:
+    """How the report names the store: ``(machine line part, setup sentence part)``."""
+    if not dsn:
+        return f"SQLite {sqlite3.sqlite_version}", "an `SQLiteStore` file"
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT version(), current_setting('synchronous_commit')").fetchone()
+    assert row is not None
+    version = str(row[0]).split(" on ")[0]
+    driver = f"psycopg {package_version('psycopg')}"
+    return (
+        f"{version} (synchronous_commit={row[1]}) on 127.0.0.1, {driver}",
+        "a `PostgresStore` (its own schema, the server on the same machine)",
+    )
+
+
+def report(
+    rows: list[str],
+    command: str,
+    bench: Bench,
+    session_sizes: list[int],
+    dsn: str | None = None,
+) -> str:
     versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     low, high = min(session_sizes), max(session_sizes)
     held = f"{low}" if low == high else f"{low}-{high}"
     chars = sum(len(str(m.content)) for m in bench.messages)
+    database, store = store_text(dsn)
     lines = [
         "## LangChain plugin: overhead per model call"
-        + ("" if MESSAGES == 50 else f", {MESSAGES:,}-message history"),
+        + ("" if MESSAGES == 50 else f", {MESSAGES:,}-message history")
+        + (", PostgreSQL" if dsn else ""),
         "",
         f"Command: `{command}`  ",
         f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
         f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
+        f"Python {platform.python_version()}, {database}; "
         f"load average {load:.2f} at the end  ",
         f"Versions: {versions}",
         "",
@@ -192,8 +232,8 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
                 "system prompt, user and assistant turns, tool calls and their results;",
                 f"{chars:,} characters; plus the turns since) and a new user question, whose",
                 "reply then joins the conversation. Without the plugin that is LangChain's own",
-                "cost of a call. With `ce.langchain.install(engine)` (engine on an `SQLiteStore`",
-                f"file, `gpt-4o` tokenizer `o200k_base`, budget {BUDGET:,} input tokens) the same",
+                f"cost of a call. With `ce.langchain.install(engine)` (engine on {store},",
+                f"`gpt-4o` tokenizer `o200k_base`, budget {BUDGET:,} input tokens) the same",
                 "call also runs the plugin: `prepare_call` of the app's messages (the new",
                 "question is the one new record; the assembled input replaces the model's",
                 "input), and the recording of the run (model usage, the committed reply). The",
@@ -207,7 +247,9 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
                 "around the call; p95 interpolated. `invoke` runs the engine inline on the",
                 "calling thread (`engine.sync`); `ainvoke` runs on an event loop and awaits the",
                 "engine there, whose SQLite work runs inline unless it would wait (then in a",
-                "worker thread; see docs/integrations/langchain.md for the seams).",
+                "worker thread; every PostgreSQL round trip goes to a worker thread; see",
+                "docs/integrations/langchain.md for the seams). The call's input is committed",
+                "with its reply and usage: one commit per model call.",
             ]
         ),
         "",
@@ -229,6 +271,9 @@ def main() -> None:
     parser.add_argument(
         "--messages", type=int, default=50, help="messages of the history already stored"
     )
+    parser.add_argument(
+        "--postgres", default=None, help="PostgreSQL server to use instead of an SQLite file"
+    )
     parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
     args = parser.parse_args()
     command = "python benchmarks/bench_langchain.py"
@@ -238,23 +283,34 @@ def main() -> None:
         command += f" --sessions {args.sessions}"
     if args.messages != 50:
         command += f" --messages {args.messages}"
+    store_url = None
+    if args.postgres:
+        command += f" --postgres {args.postgres}"
+        schema = f"bench_langchain_{secrets.token_hex(4)}"
+        store_url = f"{args.postgres}{'&' if '?' in args.postgres else '?'}ce_schema={schema}"
     global MESSAGES
     MESSAGES = args.messages
     if args.write:
         command += f" --write {args.write}"
 
     with tempfile.TemporaryDirectory() as tmp:
-        bench = Bench(Path(tmp), args.calls, args.sessions)
-        bench.populate()
-        sync_times = bench.run(bench.sync_block)
-        async_times = bench.run(bench.async_block)
-        sizes = session_sizes(bench)
-        bench.engine.sync.close()
+        bench = Bench(Path(tmp), args.calls, args.sessions, store_url)
+        try:
+            bench.populate()
+            sync_times = bench.run(bench.sync_block)
+            async_times = bench.run(bench.async_block)
+            sizes = session_sizes(bench)
+        finally:
+            bench.engine.sync.close()
+            if args.postgres:
+                drop_schema(args.postgres, schema)
     rows = [overhead_row("invoke", *sync_times), overhead_row("ainvoke", *async_times)]
-    section = report(rows, command, bench, sizes)
+    section = report(rows, command, bench, sizes, args.postgres)
     print(section)
     if args.write:
         name = "langchain" if MESSAGES == 50 else f"langchain-{MESSAGES}"
+        if store_url:
+            name += "-postgres"
         write_section(args.write, name, section)
 
 
