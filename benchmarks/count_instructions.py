@@ -7,7 +7,8 @@ up, then ``--calls`` more, ``invoke``, or ``ainvoke`` on one event loop with ``-
 with ``ce.langchain.install(engine)``) under
 ``valgrind --tool=callgrind`` once with no timed calls and once with them; the difference
 divided by the calls is what one call costs (the interpreter, SQLite, pydantic, tiktoken and
-the engine together; startup and the warm-up cancel out). Needs valgrind on ``PATH``.
+the engine together; startup and the warm-up cancel out; after the warm-up the heap is
+collected and frozen, see :func:`settle_heap`). Needs valgrind on ``PATH``.
 
     python benchmarks/count_instructions.py [--calls 100] [--ainvoke]
 
@@ -17,6 +18,7 @@ the engine together; startup and the warm-up cancel out). Needs valgrind on ``PA
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import shutil
@@ -34,6 +36,15 @@ if _CACHE.is_dir():
 SESSIONS = 5
 WARM_CALLS = 30
 QUESTIONS = 400  # made in every run alike (their making is not a call's cost)
+
+
+def settle_heap() -> None:
+    """Collect, then freeze what survives: a later full collection walks only what the
+    counted calls added. Otherwise whether one falls among the counted calls (walking every
+    object of the process: 1-2 million instructions a call over 100 calls) depends on what
+    the process allocated before, and moves the count more than a change of the call does."""
+    gc.collect()
+    gc.freeze()
 
 
 def run(calls: int, awaited: bool) -> None:
@@ -55,12 +66,18 @@ def run(calls: int, awaited: bool) -> None:
         if awaited:
 
             async def calls_awaited() -> None:
-                for _ in range(WARM_CALLS + calls):
+                for _ in range(WARM_CALLS):
+                    await bench.time_async()
+                settle_heap()
+                for _ in range(calls):
                     await bench.time_async()
 
             asyncio.run(calls_awaited())
         else:
-            for _ in range(WARM_CALLS + calls):
+            for _ in range(WARM_CALLS):
+                bench.time_sync()
+            settle_heap()
+            for _ in range(calls):
                 bench.time_sync()
         sys.stdout.flush()
         os._exit(0)  # no teardown in the count
@@ -104,6 +121,13 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed")
+    # once without valgrind: every module compiled and cached, so that neither counted
+    # process compiles what the other one reads from its cache
+    subprocess.run(
+        [sys.executable, str(HERE), "--run", "0", *(["--ainvoke"] if args.ainvoke else [])],
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
     base = instructions(0, args.ainvoke)
     total = instructions(args.calls, args.ainvoke)
     per_call = (total - base) / args.calls
