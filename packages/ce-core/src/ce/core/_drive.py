@@ -24,8 +24,8 @@ import asyncio
 import contextvars
 import threading
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 __all__ = [
@@ -71,47 +71,74 @@ _holding: contextvars.ContextVar[_Holding | None] = contextvars.ContextVar(
 )
 
 
-@asynccontextmanager
-async def engine_turn() -> AsyncIterator[None]:
-    """Hold the running loop's turn for the body (see the module docstring); a flow that
-    holds it already, and a call driven inline, go straight in."""
-    if _inline.get() or _holding.get() is not None:
-        yield
-        return
-    loop = asyncio.get_running_loop()
-    with _turns_guard:
-        turn = _turns.get(loop)
-        if turn is None:
-            turn = _turns[loop] = asyncio.Lock()
-    holding = _Holding(turn)
-    await asyncio.sleep(0)  # what else is ready runs first: a call starts at a phase boundary
-    await turn.acquire()
-    holding.held = True
-    token = _holding.set(holding)
-    try:
-        yield
-    finally:
-        _holding.reset(token)
+class _EngineTurn:
+    """:func:`engine_turn`'s context manager (a class: it opens every engine call)."""
+
+    __slots__ = ("holding", "token")
+
+    def __init__(self) -> None:
+        self.holding: _Holding | None = None
+        self.token: contextvars.Token[_Holding | None] | None = None
+
+    async def __aenter__(self) -> None:
+        if _inline.get() or _holding.get() is not None:
+            return
+        loop = asyncio.get_running_loop()
+        with _turns_guard:
+            turn = _turns.get(loop)
+            if turn is None:
+                turn = _turns[loop] = asyncio.Lock()
+        holding = _Holding(turn)
+        await asyncio.sleep(0)  # what else is ready runs first: a call starts at a phase boundary
+        await turn.acquire()
+        holding.held = True
+        self.holding = holding
+        self.token = _holding.set(holding)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        holding = self.holding
+        if holding is None:
+            return
+        assert self.token is not None
+        _holding.reset(self.token)
         if holding.held:
             holding.held = False
-            turn.release()
+            holding.turn.release()
 
 
-@asynccontextmanager
-async def turn_released() -> AsyncIterator[None]:
+def engine_turn() -> AbstractAsyncContextManager[None]:
+    """Hold the running loop's turn for the body (see the module docstring); a flow that
+    holds it already, and a call driven inline, go straight in."""
+    return _EngineTurn()
+
+
+class _TurnReleased:
+    """:func:`turn_released`'s context manager."""
+
+    __slots__ = ("holding",)
+
+    def __init__(self) -> None:
+        self.holding: _Holding | None = None
+
+    async def __aenter__(self) -> None:
+        holding = _holding.get()
+        if holding is None or not holding.held:
+            return
+        holding.held = False
+        holding.turn.release()
+        self.holding = holding
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        holding = self.holding
+        if holding is not None:
+            await holding.turn.acquire()
+            holding.held = True
+
+
+def turn_released() -> AbstractAsyncContextManager[None]:
     """Give the loop's turn up for the body (a wait for something else), if this flow holds
     it; take it again after (a flow cancelled while taking it again holds it no more)."""
-    holding = _holding.get()
-    if holding is None or not holding.held:
-        yield
-        return
-    holding.held = False
-    holding.turn.release()
-    try:
-        yield
-    finally:
-        await holding.turn.acquire()
-        holding.held = True
+    return _TurnReleased()
 
 
 async def checkpoint() -> None:

@@ -9,8 +9,8 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar, cast
 
 from ce.core._drive import engine_turn, inline, settle, turn_released
@@ -238,12 +238,11 @@ class EngineCore(HistoryWriter):
         )
         return await self._cache(entry)
 
-    @asynccontextmanager
-    async def _serialized(self, session_id: str) -> AsyncIterator[None]:
+    def _serialized(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """The session's lock, for the body of an ``async with``."""
         if not session_id:
             raise ValueError("session_id must be a non-empty string")
-        async with self._locks.hold(session_id):
-            yield
+        return self._locks.hold(session_id)
 
     async def _write(
         self,

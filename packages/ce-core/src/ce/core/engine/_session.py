@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from itertools import islice
 from typing import Any
 
@@ -386,10 +386,22 @@ class SessionLocks:
             return
         self._release(session_id)
 
-    @asynccontextmanager
-    async def hold(self, session_id: str) -> AsyncIterator[None]:
-        await self._acquire(session_id)
-        try:
-            yield
-        finally:
-            self._release(session_id)
+    def hold(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """Hold the session's lock for the body of an ``async with``."""
+        return _Held(self, session_id)
+
+
+class _Held:
+    """:meth:`SessionLocks.hold`'s context manager (a class: every engine call opens one)."""
+
+    __slots__ = ("locks", "session_id")
+
+    def __init__(self, locks: SessionLocks, session_id: str) -> None:
+        self.locks = locks
+        self.session_id = session_id
+
+    async def __aenter__(self) -> None:
+        await self.locks._acquire(self.session_id)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.locks._release(self.session_id)
