@@ -244,6 +244,36 @@ async def test_deferred_records_of_at_most_one_call_wait() -> None:
     assert store.commits == 1
 
 
+async def test_a_call_waits_for_the_deferred_records_another_flow_is_writing() -> None:
+    """A queued record of several engine calls (a retriever's documents, one by one) that a
+    flush task is writing: a call for the session made meanwhile waits for all of it, it
+    does not slip in between two of its writes."""
+    engine = make_engine()
+    question = [Message(role=Role.USER, content="Weather in Paris and Oslo?")]
+    await engine.prepare_call("s1", question)
+    source = EvidenceSource(kind=SourceKind.RAG, uri="kb://weather")
+    first_written, go_on = asyncio.Event(), asyncio.Event()
+
+    async def documents() -> None:
+        await engine.ingest_evidence("s1", "Paris is mild.", source, EvidenceType.RAG_DOC)
+        first_written.set()
+        await go_on.wait()
+        await engine.ingest_evidence("s1", "Oslo is cold.", source, EvidenceType.RAG_DOC)
+
+    engine.defer("s1", documents)
+    flushing = asyncio.create_task(engine.flush("s1"))
+    await first_written.wait()
+    prepared = asyncio.create_task(engine.prepare_call("s1", question))
+    for _ in range(20):  # the loop runs every other step it can: the call still waits
+        await asyncio.sleep(0)
+    assert not prepared.done()
+    go_on.set()
+    result = await prepared
+    await flushing
+    system = result.assembled_input.parts[0].content
+    assert "Paris is mild." in system and "Oslo is cold." in system
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 async def test_another_writer_between_a_deferred_call_and_its_commit(
     kind: str, tmp_path: Path

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from ce.core.engine._session import SessionLocks
+
 if TYPE_CHECKING:
     from ce.core.engine._engine import ContextEngine
 
@@ -39,6 +41,8 @@ class DeferredWrites:
     def __init__(self) -> None:
         self._queues: dict[str, deque[Work]] = {}
         self._lock = threading.Lock()
+        self._running = SessionLocks()  # held by the flow that runs a session's queue
+        self._active: dict[str, int] = {}  # sessions whose queue a flow is running
 
     def add(self, session_id: str, work: Work) -> None:
         with self._lock:
@@ -65,23 +69,35 @@ class DeferredWrites:
 
     async def run(self, session_id: str) -> None:
         """Run the session's queued writes in order, one at a time (each one fails alone:
-        logged). A run cancelled in the middle of a write (its event loop shutting down)
-        puts that write back at the head of the queue, to run again later: the engine's
-        record writes are idempotent."""
-        if _draining.get() or session_id not in self._queues:
+        logged). While another flow runs them (a flush task on the loop, a hook's thread),
+        wait for it to end: a work may be several engine calls, and a call that went on
+        between two of them would miss the later ones. A run cancelled in the middle of a
+        write (its event loop shutting down) puts that write back at the head of the queue,
+        to run again later: the engine's record writes are idempotent."""
+        if _draining.get():
             return
-        token = _draining.set(True)
-        try:
-            while (work := self._pop(session_id)) is not None:
-                try:
-                    await work()
-                except asyncio.CancelledError:
-                    self._push_back(session_id, work)
-                    raise
-                except Exception:
-                    logger.exception("a deferred record of session %r failed", session_id)
-        finally:
-            _draining.reset(token)
+        with self._lock:
+            if session_id not in self._queues and session_id not in self._active:
+                return
+        async with self._running.hold(session_id):
+            with self._lock:
+                self._active[session_id] = self._active.get(session_id, 0) + 1
+            token = _draining.set(True)
+            try:
+                while (work := self._pop(session_id)) is not None:
+                    try:
+                        await work()
+                    except asyncio.CancelledError:
+                        self._push_back(session_id, work)
+                        raise
+                    except Exception:
+                        logger.exception("a deferred record of session %r failed", session_id)
+            finally:
+                _draining.reset(token)
+                with self._lock:
+                    left = self._active.pop(session_id) - 1
+                    if left:
+                        self._active[session_id] = left
 
 
 def note_pending(engine: ContextEngine) -> None:
