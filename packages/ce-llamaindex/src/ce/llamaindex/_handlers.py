@@ -17,6 +17,7 @@ logged and reported as ``Degraded`` events by the integration kit's guards.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import AsyncGenerator, Generator, Mapping
@@ -267,6 +268,9 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         if messages is None:
             return
         try:
+            # the loop runs what else is ready first: this call's work does not lengthen the
+            # loop step in which LlamaIndex ended the previous call and began this one
+            await asyncio.sleep(0)
             sent = await inject_async(tracker.plugin, call.session_id, messages, tools)
         except BaseException:  # fail_closed, or the task cancelled: the model is not called
             call.skip = True
