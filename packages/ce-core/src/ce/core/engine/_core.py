@@ -64,23 +64,25 @@ class Carry:
     absorbed another writer's records after them) the entry is read again after that
     commit."""
 
-    __slots__ = ("announce", "changes", "entry", "records", "version")
+    __slots__ = ("announce", "changes", "entry", "version")
 
     def __init__(self) -> None:
         self.changes = SessionChanges()
         self.announce: list[tuple[str, Message]] = []  # (turn id, message) once stored
-        self.records = False
         self.entry: SessionEntry | None = None
         self.version = 0
 
+    @property
+    def records(self) -> bool:
+        """Whether it carries records of the session document (not only turn records)."""
+        return self.changes.has_records()
+
     def add(self, entry: SessionEntry, changes: SessionChanges, call: WriteLog) -> None:
-        records = changes.has_records()
-        if records:
+        if changes.has_records():
             if self.records and not self.holds_order(entry):
                 self.entry = None  # no entry holds them in the order they will be stored
             else:
                 self.entry, self.version = entry, entry.version
-            self.records = True
             self.announce.extend((call.turn_id, m) for m in call.new_messages)
         self.changes = self.changes.merge(changes)
 

@@ -42,7 +42,7 @@ class DeferredWrites:
         self._queues: dict[str, deque[Work]] = {}
         self._lock = threading.Lock()
         self._running = SessionLocks()  # held by the flow that runs a session's queue
-        self._active: dict[str, int] = {}  # sessions whose queue a flow is running
+        self._active: set[str] = set()  # sessions whose queue a flow is running
 
     def add(self, session_id: str, work: Work) -> None:
         with self._lock:
@@ -80,8 +80,8 @@ class DeferredWrites:
             if session_id not in self._queues and session_id not in self._active:
                 return
         async with self._running.hold(session_id):
-            with self._lock:
-                self._active[session_id] = self._active.get(session_id, 0) + 1
+            with self._lock:  # one flow at a time holds the session's run
+                self._active.add(session_id)
             token = _draining.set(True)
             try:
                 while (work := self._pop(session_id)) is not None:
@@ -95,9 +95,7 @@ class DeferredWrites:
             finally:
                 _draining.reset(token)
                 with self._lock:
-                    left = self._active.pop(session_id) - 1
-                    if left:
-                        self._active[session_id] = left
+                    self._active.discard(session_id)
 
 
 def note_pending(engine: ContextEngine) -> None:
