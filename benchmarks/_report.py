@@ -17,9 +17,12 @@ __all__ = [
     "OVERHEAD_HEADER",
     "FullCollections",
     "cpu_model",
+    "drop_schema",
     "overhead_row",
     "package_version",
     "percentile",
+    "postgres_version",
+    "schema_url",
     "write_section",
 ]
 
@@ -63,6 +66,36 @@ class FullCollections:
         else:
             self.count += 1
             self.paused += time.perf_counter() - self._started
+
+
+def postgres_version(dsn: str) -> str | None:
+    """The server's version and commit durability setting, or None when psycopg is missing
+    or the server does not answer."""
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    try:
+        with psycopg.connect(dsn, connect_timeout=3) as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+            durability = conn.execute("SHOW synchronous_commit").fetchone()
+    except psycopg.Error:
+        return None
+    if not version or not durability:
+        return None
+    return f"{version[0]} (synchronous_commit={durability[0]})"
+
+
+def schema_url(dsn: str, schema: str) -> str:
+    """The store URL of ``schema`` (its own tables) in the database of ``dsn``."""
+    return f"{dsn}{'&' if '?' in dsn else '?'}ce_schema={schema}"
+
+
+def drop_schema(dsn: str, schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def cpu_model() -> str:

@@ -37,7 +37,16 @@ if _CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
 
 import history  # noqa: E402
-from _report import OVERHEAD_HEADER, cpu_model, overhead_row, package_version, write_section  # noqa: E402
+from _report import (  # noqa: E402
+    OVERHEAD_HEADER,
+    cpu_model,
+    drop_schema,
+    overhead_row,
+    package_version,
+    postgres_version,
+    schema_url,
+    write_section,
+)
 from langchain_core.language_models import BaseChatModel  # noqa: E402
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
@@ -174,26 +183,12 @@ class Bench:
         return without[: self.calls], with_plugin[: self.calls]
 
 
-def drop_schema(dsn: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
 def store_text(dsn: str | None) -> tuple[str, str]:
     """How the report names the store: ``(machine line part, setup sentence part)``."""
     if not dsn:
         return f"SQLite {sqlite3.sqlite_version}", "an `SQLiteStore` file"
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT version(), current_setting('synchronous_commit')").fetchone()
-    assert row is not None
-    version = str(row[0]).split(" on ")[0]
-    driver = f"psycopg {package_version('psycopg')}"
     return (
-        f"{version} (synchronous_commit={row[1]}) on 127.0.0.1, {driver}",
+        f"PostgreSQL {postgres_version(dsn)} on 127.0.0.1, psycopg {package_version('psycopg')}",
         "a `PostgresStore` (its own schema, the server on the same machine)",
     )
 
@@ -287,7 +282,7 @@ def main() -> None:
     if args.postgres:
         command += f" --postgres {args.postgres}"
         schema = f"bench_langchain_{secrets.token_hex(4)}"
-        store_url = f"{args.postgres}{'&' if '?' in args.postgres else '?'}ce_schema={schema}"
+        store_url = schema_url(args.postgres, schema)
     global MESSAGES
     MESSAGES = args.messages
     if args.write:

@@ -48,7 +48,13 @@ _CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
 if _CACHE.is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
 
-from _report import cpu_model, write_section  # noqa: E402
+from _report import (  # noqa: E402
+    cpu_model,
+    drop_schema,
+    postgres_version,
+    schema_url,
+    write_section,
+)
 
 from ce.core.testing.load import KillPoint, LoadConfig, LoadResult, run_load  # noqa: E402
 
@@ -63,31 +69,6 @@ NewStore = Callable[[], tuple[str, Callable[[], None]]]
 class Run:
     store: str
     result: LoadResult
-
-
-def postgres_version(dsn: str) -> str | None:
-    """The server's version and commit durability setting, or None when psycopg is missing
-    or the server does not answer."""
-    try:
-        import psycopg
-    except ImportError:
-        return None
-    try:
-        with psycopg.connect(dsn, connect_timeout=3) as conn:
-            version = conn.execute("SHOW server_version").fetchone()
-            durability = conn.execute("SHOW synchronous_commit").fetchone()
-    except psycopg.Error:
-        return None
-    if not version or not durability:
-        return None
-    return f"{version[0]} (synchronous_commit={durability[0]})"
-
-
-def drop_schema(dsn: str, schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 ACCEPTANCE_SHAPES = [(4, 4), (16, 4), (16, 1)]
@@ -384,7 +365,7 @@ def main() -> None:
         def postgres_url() -> tuple[str, Callable[[], None]]:
             schema = f"bench_workers_{secrets.token_hex(4)}"
             return (
-                f"{args.postgres}{'&' if '?' in args.postgres else '?'}ce_schema={schema}",
+                schema_url(args.postgres, schema),
                 lambda: drop_schema(args.postgres, schema),
             )
 
