@@ -28,6 +28,7 @@ from ce.core.events import InMemoryEventBus
 from ce.core.primitives import SequentialIdGenerator
 from ce.core.schema import Message, Role
 from ce.core.stores import (
+    MemoryStore,
     PostgresStore,
     SessionChanges,
     SQLiteStore,
@@ -36,6 +37,7 @@ from ce.core.stores import (
 )
 from ce.core.stores._sqlite_locks import LockFile, lock_path, session_offset
 from ce.core.stores._sqlite_locks import supported as locks_supported
+from ce.core.stores.base import OwnedChanges
 
 Opener = Callable[[], Any]
 """Opens another store object on the same storage (the ``opener`` fixture of conftest.py)."""
@@ -165,6 +167,50 @@ async def test_a_failed_commit_stores_nothing_and_the_store_goes_on(
     async with first.writer("s") as writer:
         await writer.commit(SessionChanges(messages=[_message("two", "m2")]))
     assert await second.get_version("s") == 2
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["writer", "commit"])
+async def test_the_engines_records_are_serialized_strictly_not_validated_again(
+    stores: tuple[Any, Any], held: bool
+) -> None:
+    """A store that keeps only JSON does not validate the engine's records again
+    (``OwnedChanges``), but a value of another type than its field's still refuses the
+    whole commit: nothing of it is stored, and the store goes on."""
+    first, second = stores
+    assert first.keeps_json
+
+    async def commit(changes: SessionChanges) -> None:
+        if held:
+            async with first.writer("s") as writer:
+                await writer.commit(changes)
+        else:
+            await first.commit("s", changes)
+
+    await commit(OwnedChanges(messages=[_message("one", "m1")]))
+    bad_role = _message("bad", "m3")
+    bad_role.role = "not a role"  # type: ignore[assignment]
+    bad_text = _message("", "m4").model_copy(update={"content": 5})
+    for bad in (bad_role, bad_text):
+        with pytest.raises(SchemaValidationError, match="not JSON-serializable"):
+            await commit(OwnedChanges(messages=[_message("two", "m2"), bad]))
+    doc = await second.get_session("s")
+    assert doc is not None and [m.content for m in doc.session.messages] == ["one"]
+    assert not _held_elsewhere(first, "s")
+    await commit(OwnedChanges(messages=[_message("two", "m2")]))
+    doc = await second.get_session("s")
+    assert doc is not None and [m.content for m in doc.session.messages] == ["one", "two"]
+
+
+async def test_a_store_that_keeps_records_copies_the_engines_own() -> None:
+    """A store that keeps the record objects (the in-memory one) validates ``OwnedChanges``
+    again into records of its own: what the caller changes afterwards is not stored."""
+    store = MemoryStore()
+    assert not store.keeps_json
+    message = _message("as committed", "m1")
+    await store.commit("s", OwnedChanges(messages=[message]))
+    message.content = "changed afterwards"
+    doc = await store.get_session("s")
+    assert doc is not None and [m.content for m in doc.session.messages] == ["as committed"]
 
 
 async def test_a_second_commit_holds_again_and_is_refused_after_another_writer(

@@ -43,6 +43,7 @@ from ce.core.schema import (
 )
 from ce.core.state import AgentState, ModelOutput
 from ce.core.stores import SessionChanges, SessionWriter, SliceStore, Store, WriterStore
+from ce.core.stores.base import OwnedChanges
 from ce.core.tokens import TokenEstimator
 
 __all__ = ["Carry", "EngineCore"]
@@ -389,7 +390,7 @@ class EngineCore(HistoryWriter):
     async def _persist(
         self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None
     ) -> PutResult:
-        # the store validates the records again into its own: no copies here
+        # the store makes the records its own (copies or JSON): no copies here
         changes: SessionChanges = entry.state.take_changes(copies=False)
         if turn is not None:
             changes.turns.append(turn)
@@ -397,6 +398,7 @@ class EngineCore(HistoryWriter):
         carry = self._carried.pop(session_id, None)
         if carry is not None:
             changes = carry.changes.merge(changes)
+        changes = OwnedChanges.of(changes)  # made by the schema's constructors
         try:
             async with turn_released():  # a store may wait on I/O: not in the loop's turn
                 result = await (

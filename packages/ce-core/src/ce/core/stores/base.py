@@ -42,7 +42,7 @@ import abc
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -77,6 +77,7 @@ __all__ = [
     "BaseStore",
     "BlockFilter",
     "EvidenceFilter",
+    "OwnedChanges",
     "SessionChanges",
     "SessionSlice",
     "SessionUpdate",
@@ -259,10 +260,7 @@ def _revalidated(
 ) -> _M:
     """``record`` validated again from its stored JSON form (``exclude_none``), as a new
     instance of ``model``; that JSON goes into ``bodies`` under the new instance's id."""
-    if not isinstance(record, model):
-        raise SchemaValidationError(
-            [(path, f"expected {model.__name__}, got {type(record).__name__}")]
-        )
+    record = _of_type(model, record, path)
     try:
         body = record.model_dump_json(exclude_none=True, warnings=False)
         checked = model.model_validate_json(body)
@@ -275,6 +273,29 @@ def _revalidated(
     if bodies is not None:
         bodies[id(checked)] = body
     return checked
+
+
+def _serialized(
+    model: type[_M], record: object, path: str, bodies: dict[int, str] | None = None
+) -> _M:
+    """``record`` itself, serialized strictly into ``bodies`` (a value of another type than
+    its field's raises): for a record made by the schema's validating constructor."""
+    record = _of_type(model, record, path)
+    try:
+        body = record.model_dump_json(exclude_none=True, warnings="error")
+    except PydanticSerializationError as exc:
+        raise SchemaValidationError([(path, f"not JSON-serializable: {exc}")]) from None
+    if bodies is not None:
+        bodies[id(record)] = body
+    return record
+
+
+def _of_type(model: type[_M], record: object, path: str) -> _M:
+    if not isinstance(record, model):
+        raise SchemaValidationError(
+            [(path, f"expected {model.__name__}, got {type(record).__name__}")]
+        )
+    return record
 
 
 @dataclass
@@ -348,6 +369,18 @@ def slice_document(doc: SessionDocument, version: int, epoch: str) -> SessionSli
     return SessionSlice(changes, version, epoch)
 
 
+class OwnedChanges(SessionChanges):
+    """A change set whose records were all made by the schema's validating constructors (or
+    copied from such records with values of their fields' types), as the engine makes them.
+    A store that keeps only the records' JSON (:attr:`BaseStore.keeps_json`) serializes them
+    strictly, a value of the wrong type raising :class:`SchemaValidationError`, instead of
+    validating each one again from its JSON."""
+
+    @classmethod
+    def of(cls, changes: SessionChanges) -> OwnedChanges:
+        return cls(**{f.name: getattr(changes, f.name) for f in fields(SessionChanges)})
+
+
 @dataclass
 class CheckedChanges(SessionChanges):
     """A change set validated by :meth:`BaseStore.commit`: records of the store's own, with
@@ -361,16 +394,19 @@ class CheckedChanges(SessionChanges):
         return body if body is not None else record.model_dump_json(exclude_none=True)
 
 
-def _revalidated_changes(changes: SessionChanges) -> CheckedChanges:
+def _revalidated_changes(changes: SessionChanges, again: bool = True) -> CheckedChanges:
+    """``changes`` as a store keeps them: each record validated again from its JSON into a
+    new one, or (``again`` false) serialized strictly (see :func:`_serialized`)."""
     bodies: dict[int, str] = {}
+    check = _revalidated if again else _serialized
 
     def each(items: list[Any], model: type[_M], key: str) -> list[_M]:
         if not isinstance(items, list):
             raise SchemaValidationError([(key, "must be a list")])
-        return [_revalidated(model, item, f"{key}.{i}", bodies) for i, item in enumerate(items)]
+        return [check(model, item, f"{key}.{i}", bodies) for i, item in enumerate(items)]
 
     def one(value: object, model: type[_M], key: str) -> _M | None:
-        return None if value is None else _revalidated(model, value, key, bodies)
+        return None if value is None else check(model, value, key, bodies)
 
     return CheckedChanges(
         messages=each(changes.messages, Message, "messages"),
@@ -502,6 +538,10 @@ class BaseStore(abc.ABC):
     none, so every stored message has a stable id. ``clock`` timestamps audit records.
     """
 
+    keeps_json: ClassVar[bool] = False
+    """Whether the store keeps only the JSON of the records it commits, never the objects:
+    it need not validate an :class:`OwnedChanges` again to own its records."""
+
     def __init__(
         self, *, id_generator: IdGenerator | None = None, clock: Clock | None = None
     ) -> None:
@@ -520,14 +560,18 @@ class BaseStore(abc.ABC):
 
     def _checked(self, session_id: str, changes: SessionChanges) -> CheckedChanges:
         """``changes`` as :meth:`commit` stores them: ids filled in, validated again into
-        records of the store's own (raises :class:`SchemaValidationError`)."""
+        records of the store's own, or serialized strictly where the store keeps only JSON
+        and the records are the engine's own (:class:`OwnedChanges`); raises
+        :class:`SchemaValidationError`."""
         _check_session_id(session_id)
         if any(m.message_id is None for m in changes.messages):
             changes.messages = [
                 m if m.message_id else m.model_copy(update={"message_id": self._ids.generate()})
                 for m in changes.messages
             ]
-        return _revalidated_changes(changes)
+        return _revalidated_changes(
+            changes, again=not (self.keeps_json and isinstance(changes, OwnedChanges))
+        )
 
     @abc.abstractmethod
     async def _commit(

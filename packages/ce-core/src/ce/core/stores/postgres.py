@@ -187,6 +187,8 @@ class PostgresStore(BaseStore):
     the store is closed.
     """
 
+    keeps_json = True
+
     def __init__(
         self,
         dsn: str,

@@ -121,6 +121,8 @@ class SQLiteStore(BaseStore):
     naming the path when the file is not a database, has a newer layout, or cannot be opened.
     """
 
+    keeps_json = True
+
     def __init__(
         self,
         path: str | Path,
