@@ -8,7 +8,7 @@ S = 1, 4 and 16 (``--sessions``; ``w`` stands for N). A turn is six engine calls
 plugins make them (``prepare_turn``, ``record_model_call`` with the tool call,
 ``ingest_evidence`` of the tool's output, ``record_tool_call``, ``prepare_call`` with the
 tool message, ``record_model_call`` with the answer). Then the
-checker reads every session back and compares it with the workers' fsync'd logs of
+checker reads every session back and compares it with the workers' logs of
 acknowledged calls. One more run per store SIGKILLs a worker in the middle of a turn. Then
 4 workers on 4 sessions, 16 on 4 and 16 on 1 run again twice: with each model call taking
 ``--model-ms`` (awaited, as an app awaits its model), and with each worker kept on one
@@ -212,11 +212,12 @@ def report(
         "await that long for each of the turn's two model calls (before its "
         "`record_model_call`). Rows routed `round` send each worker's turns round the "
         "sessions as above; `sticky` rows keep worker w on session w mod S. Each worker "
-        "logs every acknowledged call (one JSON line, "
-        "fsync'd). Turns/s is all workers' completed turns over the wall time from the "
-        "start barrier to the last worker's exit; latency is one turn's wall time in its "
-        "worker; worker CPU per turn is the CPU time of all workers (every thread) from the "
-        "start barrier to their last turn, over the turns. On SQLite the engine holds the "
+        "logs every acknowledged call (one JSON line, written to the operating system, not "
+        "fsync'd: a SIGKILL does not lose it). Turns/s is all workers' completed turns over "
+        "the wall time from the start barrier to the last worker's exit; latency is one "
+        "turn's wall time in its worker; worker CPU per turn is the CPU time of all "
+        "workers (every thread) from the start barrier to their last turn, over the turns. "
+        "On SQLite the engine holds the "
         "session for every write, from its catch-up read to its commit, with the store's "
         "per-session lock (a byte of the lock file beside the database: writers of the "
         "session queue for it in the kernel, writers of other sessions go on, and the "

@@ -27,7 +27,9 @@ Every id is the framework's and unique per worker and turn (``<run>-w<w>-t<t>-us
 ``...-tool`` for the tool call, ``...-usage-1``...), so a record stored twice shows. A
 :class:`~ce.core.errors.VersionConflictError` that the engine raises (after its own retries)
 is retried by the worker at once with the same ids. After each engine call returns, the
-worker appends a JSON line to its log, flushed and fsync'd: the acknowledged operations.
+worker appends a JSON line to its log and flushes it to the operating system: the
+acknowledged operations (a SIGKILL does not lose what the OS holds, so no fsync, which on one
+disk would serialize the workers on each other's flushes and weigh on the figures).
 The checker then reads every session back through a fresh store and counts, against the
 logs, records lost or stored twice, records nobody acknowledged, tool messages not answering
 exactly one call, calls without a result, engine calls stored in part, and whether a fresh
