@@ -53,3 +53,44 @@ def test_a_message_changed_in_place_after_its_conversion_goes_as_the_engine_has_
     first, second = from_openai(sent, app, history.pending, history)
     assert first is not app[0] and first.content == "hi"
     assert second is not app[1] and second.content == "ok"
+
+
+def test_a_message_in_several_sessions_histories_is_not_converted_again_on_each_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # one system prompt object in every user's history: each session's history holds its own
+    # conversion of it, and the check that it is unchanged reads neither of them again
+    from ce.llamaindex import _convert
+
+    memo = HistoryMemo()
+    shared = ChatMessage(role=MessageRole.SYSTEM, content="You are terse.")
+    apps = {
+        "alice": [shared, ChatMessage(role=MessageRole.USER, content="hi")],
+        "bob": [shared, ChatMessage(role=MessageRole.USER, content="hello")],
+    }
+    histories = {
+        s: memo.convert(s, app, to_openai, lambda message: False) for s, app in apps.items()
+    }
+    conversions: list[int] = []
+
+    def counting(messages: list[ChatMessage]) -> list[dict[str, object]]:
+        conversions.append(len(messages))
+        return to_openai(messages)
+
+    monkeypatch.setattr(_convert, "to_openai", counting)
+    for _ in range(2):
+        for session, app in apps.items():
+            history = histories[session]
+            assert history is not None
+            sent = [dict(d) for d in history.pending]
+            out = from_openai(sent, app, history.pending, history)
+            assert all(m is a for m, a in zip(out, app, strict=True))
+    assert conversions == []
+    shared.content = "You are verbose."  # changed in place: now it is read again
+    history = histories["alice"]
+    assert history is not None
+    first, _ = from_openai(
+        [dict(d) for d in history.pending], apps["alice"], history.pending, history
+    )
+    assert first is not shared and first.content == "You are terse."
+    assert conversions == [1]

@@ -214,12 +214,18 @@ def _fields(message: ChatMessage) -> tuple[Any, ...]:
     )
 
 
+def _same_dict(made: dict[str, Any], held: dict[str, Any]) -> bool:
+    return made is held or made == held
+
+
 def _unchanged_since(message: ChatMessage, history: History, position: int) -> bool:
     """Whether the app's message at ``position`` of ``history`` still reads as it did when
     the history was converted: its fields hold what they held then (the dict the history
     holds was made of it by :func:`to_openai`), or it converts to the same dict now."""
     held = _converted.get(id(message))
-    if held is not None and held[0] is message and held[2] is history.pending[position]:
+    # the dict the history holds, or an equal one (a message in several sessions' histories
+    # was converted for each of them)
+    if held is not None and held[0] is message and _same_dict(held[2], history.pending[position]):
         fields = _fields(message)
         if len(fields) == len(held[1]) and all(map(operator.is_, fields, held[1])):
             return True
