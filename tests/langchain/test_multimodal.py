@@ -199,6 +199,40 @@ async def test_a_message_changed_in_place_after_a_call_never_goes_as_it_now_is(
     assert second[2] is messages[2] and second[3] is messages[3]
 
 
+@pytest.mark.parametrize("path", ["invoke", "ainvoke"])
+async def test_a_shared_message_changed_in_place_never_goes_as_it_now_is_in_any_session(
+    path: str, engine: ContextEngine
+) -> None:
+    # one message object in two users' histories, changed in place between their calls:
+    # the session that converted it before the change must not send it as it now is, though
+    # the other session converted it since
+    ce.langchain.install(engine)
+    shared = HumanMessage("Hi!")
+    histories: dict[str, list[BaseMessage]] = {
+        s: [SystemMessage("You are terse."), shared] for s in ("alice", "bob")
+    }
+    model = replies("one", "two", "three")
+
+    async def call(session: str) -> None:
+        messages = histories[session]
+        config: Any = {"metadata": {"ce_session_id": session}}
+        if path == "invoke":
+            messages.append(await asyncio.to_thread(model.invoke, messages, config))
+        else:
+            messages.append(await model.ainvoke(messages, config))
+
+    await call("alice")
+    shared.content = f"Hi! Mail {CANARY}"  # changed in place, after alice's call
+    await call("bob")
+    histories["alice"].append(HumanMessage("And now?"))
+    await call("alice")
+    # (the first call got the shared object itself: it reads as changed now)
+    assert CANARY not in texts(model.seen[1]) and CANARY not in texts(model.seen[2])
+    last = model.seen[-1]
+    assert [m.content for m in last[1:]] == ["Hi!", "one", "And now?"]
+    assert last[1] is not shared
+
+
 async def test_a_rewritten_message_is_copied_once_and_again_when_the_app_changes_it(
     engine: ContextEngine,
 ) -> None:

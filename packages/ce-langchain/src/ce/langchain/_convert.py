@@ -208,7 +208,14 @@ def _unchanged_since(message: BaseMessage, history: History, position: int) -> b
     """Whether the app's message at ``position`` of ``history`` still reads as it did when
     the history was converted (it may have been changed in place since)."""
     held = _converted.get(id(message))
-    if held is not None and held[0] is message and _same(_read(message), held[1]):
+    if (
+        held is not None
+        and held[0] is message
+        and _same(_read(message), held[1])
+        # what it read then is what the history holds (a message in several sessions'
+        # histories may have been converted for another one since it changed)
+        and held[2] == [history.pending[position]]
+    ):
         return True
     converted = [dict(m) for m in convert_to_openai_messages([message])]
     return len(converted) == 1 and history.matches(position, converted[0])
