@@ -226,3 +226,71 @@ def test_a_message_read_as_the_one_before_it_is_a_repeat() -> None:
     second = memo.convert("s", app, to_openai, lambda m: False)  # across the two calls too
     assert first is not None and first.repeats == []
     assert second is not None and second.repeats == [2, 4]
+
+
+# -- a message changed in place since it was converted ---------------------------------------
+
+
+class _Part:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class _Msg:
+    """A framework message: fields in ``__dict__``, its content a list of parts."""
+
+    def __init__(self, role: str, *texts: str) -> None:
+        self.role = role
+        self.parts = [_Part(t) for t in texts]
+        self.meta: dict[str, Any] = {}
+
+
+class _Slotted:
+    __slots__ = ("content", "role")
+
+    def __init__(self, role: str, content: str) -> None:
+        self.role, self.content = role, content
+
+
+def _dicts(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        text = m.content if isinstance(m, _Slotted) else "".join(p.text for p in m.parts)
+        out.append({"role": m.role, "content": text})
+    return out
+
+
+def test_a_message_reads_as_converted_until_a_field_or_part_gets_another_value() -> None:
+    memo = HistoryMemo()
+    first, second = _Msg("user", "hi", "there"), _Slotted("assistant", "ok")
+    history = memo.convert("s", [first, second], _dicts, lambda m: False)
+    assert history is not None
+    assert history.reads_as_converted(0, first) and history.reads_as_converted(1, second)
+    assert not history.reads_as_converted(0, second)  # not the message at that position
+    assert not history.reads_as_converted(1, _Slotted("assistant", "ok"))  # an equal copy
+    second.content = "ok, done"
+    assert not history.reads_as_converted(1, second)
+    first.parts[1].text = "you"  # a part's field
+    assert not history.reads_as_converted(0, first)
+    first.parts[1].text = "there"  # back to the very value read: reads as converted again
+    assert history.reads_as_converted(0, first)
+    first.parts.append(_Part("!"))  # a part added to the same list
+    assert not history.reads_as_converted(0, first)
+    first.parts.pop()
+    first.role = "system"
+    assert not history.reads_as_converted(0, first)
+
+
+def test_a_continued_history_keeps_the_fingerprints_of_earlier_messages() -> None:
+    memo = HistoryMemo()
+    shared = _Msg("system", "be terse")
+    app = [shared, _Msg("user", *(f"p{i}" for i in range(300)))]  # a long list of parts
+    memo.convert("a", app, _dicts, lambda m: False)
+    other = memo.convert("b", [shared, _Msg("user", "hello")], _dicts, lambda m: False)
+    app.append(_Msg("assistant", "ok"))
+    history = memo.convert("a", app, _dicts, lambda m: False)
+    assert history is not None and other is not None
+    assert all(history.reads_as_converted(i, m) for i, m in enumerate(app))
+    shared.parts[0].text = "be verbose"
+    assert not history.reads_as_converted(0, shared)
+    assert not other.reads_as_converted(0, shared)

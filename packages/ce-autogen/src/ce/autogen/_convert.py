@@ -362,7 +362,10 @@ def from_sent(
         """Whether unit ``j`` still reads as it did when it was converted."""
         if history is None:
             return True
-        return history.matches(j, to_openai([pending.units[j]], agent, peers)[0])
+        unit = pending.units[j]
+        return history.reads_as_converted(j, unit) or history.matches(
+            j, to_openai([unit], agent, peers)[0]
+        )
 
     out: list[LLMMessage] = []
     results: list[FunctionExecutionResult] = []

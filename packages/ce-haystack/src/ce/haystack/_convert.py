@@ -224,7 +224,10 @@ def _unchanged_since(pending: Pending, source: int) -> bool:
     history = pending.history
     if history is None:
         return True
-    return history.matches(source, to_openai([pending.messages[source]])[0])
+    message = pending.messages[source]
+    return history.reads_as_converted(source, message) or history.matches(
+        source, to_openai([message])[0]
+    )
 
 
 def from_sent(sent: Sequence[Mapping[str, Any]], pending: Pending) -> list[Any]:

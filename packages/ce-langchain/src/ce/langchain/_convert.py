@@ -22,6 +22,7 @@ from ce.core.schema import Message, ModelInvocation
 
 __all__ = [
     "ai_to_message",
+    "fingerprint",
     "from_openai",
     "message_text",
     "opaque",
@@ -60,7 +61,9 @@ _converted: dict[int, tuple[BaseMessage, tuple[Any, ...], list[dict[str, Any]]]]
 _converted_lock = threading.Lock()
 
 
-def _read(message: BaseMessage) -> tuple[Any, ...]:
+def fingerprint(message: BaseMessage) -> tuple[Any, ...]:
+    """What a conversion of ``message`` reads: its content, tool calls, additional kwargs,
+    name, tool call id, and the number of its content blocks."""
     content = message.content
     # isinstance, not getattr with a default: a pydantic model's missing attribute is slow
     return (
@@ -89,7 +92,7 @@ def to_openai(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     each call, a message met before unchanged is not converted again."""
     out: list[dict[str, Any]] = []
     for message in messages:
-        read = _read(message)
+        read = fingerprint(message)
         held = _converted.get(id(message))
         if held is None or held[0] is not message or not _same(read, held[1]):
             dicts = [dict(m) for m in convert_to_openai_messages([message])]
@@ -206,16 +209,9 @@ def _copy_with_text(message: BaseMessage, text: str, media: bool) -> BaseMessage
 
 def _unchanged_since(message: BaseMessage, history: History, position: int) -> bool:
     """Whether the app's message at ``position`` of ``history`` still reads as it did when
-    the history was converted (it may have been changed in place since)."""
-    held = _converted.get(id(message))
-    if (
-        held is not None
-        and held[0] is message
-        and _same(_read(message), held[1])
-        # what it read then is what the history holds (a message in several sessions'
-        # histories may have been converted for another one since it changed)
-        and held[2] == [history.pending[position]]
-    ):
+    the history was converted: no field of it (or of its content blocks) was given another
+    value since, or it converts to the same dict now (it may have been changed in place)."""
+    if history.reads_as_converted(position, message):
         return True
     converted = [dict(m) for m in convert_to_openai_messages([message])]
     return len(converted) == 1 and history.matches(position, converted[0])

@@ -30,6 +30,7 @@ from ce.core.integration import (
     prepare_openai_sync,
 )
 from ce.langchain._convert import (
+    fingerprint,
     message_text,
     opaque,
     reconcile,
@@ -179,7 +180,9 @@ def inject_sync(
     the engine or the conversion fails, the app's own ``messages`` come back redacted (as
     they are only when redaction is off or failed too)."""
     try:
-        history = plugin.histories.convert(session_id, messages, to_openai, opaque)
+        history = plugin.histories.convert(
+            session_id, messages, to_openai, opaque, fingerprint_of=fingerprint
+        )
         pending = to_openai(messages) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:
@@ -207,7 +210,9 @@ async def inject_async(
 ) -> list[BaseMessage]:
     """The coroutine twin of :func:`inject_sync`."""
     try:
-        history = plugin.histories.convert(session_id, messages, to_openai, opaque)
+        history = plugin.histories.convert(
+            session_id, messages, to_openai, opaque, fingerprint_of=fingerprint
+        )
         pending = to_openai(messages) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import operator
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +28,7 @@ from ce.core.integration import History, RewriteMemo, message_from_openai, recon
 from ce.core.schema import Message, ModelInvocation
 
 __all__ = [
+    "fingerprint",
     "from_openai",
     "message_text",
     "reply_to_message",
@@ -197,15 +197,9 @@ def _content(message: ChatMessage) -> str | list[dict[str, Any]]:
     return media
 
 
-# The latest dict :func:`to_openai` made of a message, by the message object, with the
-# message's field values then (see :func:`_unchanged_since`).
-_converted: dict[int, tuple[ChatMessage, tuple[Any, ...], dict[str, Any]]] = {}
-_CONVERTED_MAX = 8192
-
-
-def _fields(message: ChatMessage) -> tuple[Any, ...]:
-    """The values of ``message``'s fields and of its blocks' fields (compared by identity:
-    a field given a new value, ``content`` set, a block added or its text set, shows)."""
+def fingerprint(message: ChatMessage) -> tuple[Any, ...]:
+    """What a conversion of ``message`` reads: the values of its fields and of its blocks'
+    fields, and the number of its blocks."""
     blocks = message.blocks
     return (
         *message.__dict__.values(),
@@ -214,22 +208,13 @@ def _fields(message: ChatMessage) -> tuple[Any, ...]:
     )
 
 
-def _same_dict(made: dict[str, Any], held: dict[str, Any]) -> bool:
-    return made is held or made == held
-
-
 def _unchanged_since(message: ChatMessage, history: History, position: int) -> bool:
     """Whether the app's message at ``position`` of ``history`` still reads as it did when
-    the history was converted: its fields hold what they held then (the dict the history
-    holds was made of it by :func:`to_openai`), or it converts to the same dict now."""
-    held = _converted.get(id(message))
-    # the dict the history holds, or an equal one (a message in several sessions' histories
-    # was converted for each of them)
-    if held is not None and held[0] is message and _same_dict(held[2], history.pending[position]):
-        fields = _fields(message)
-        if len(fields) == len(held[1]) and all(map(operator.is_, fields, held[1])):
-            return True
-    return history.matches(position, to_openai([message])[0])
+    the history was converted: no field of it or of its blocks was given another value
+    since, or it converts to the same dict now."""
+    return history.reads_as_converted(position, message) or history.matches(
+        position, to_openai([message])[0]
+    )
 
 
 def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -248,10 +233,6 @@ def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             call_id = message.additional_kwargs.get("tool_call_id")
             entry["tool_call_id"] = str(call_id or "")
         converted.append(entry)
-        with _lock:
-            if len(_converted) >= _CONVERTED_MAX:
-                _converted.clear()
-            _converted[id(message)] = (message, _fields(message), entry)
     return converted
 
 

@@ -31,7 +31,7 @@ from ce.core.integration import (
     prepare_openai,
     prepare_openai_sync,
 )
-from ce.llamaindex._convert import from_openai, to_openai, tool_schemas
+from ce.llamaindex._convert import fingerprint, from_openai, to_openai, tool_schemas
 
 if TYPE_CHECKING:
     from llama_index.core.base.llms.types import ChatMessage
@@ -80,7 +80,9 @@ def inject_sync(
     the schemas of ``tools`` are counted against the budget. Raises the error with
     ``plugin.fail_closed``."""
     try:
-        history = plugin.histories.convert(session_id, messages, to_openai, _opaque)
+        history = plugin.histories.convert(
+            session_id, messages, to_openai, _opaque, fingerprint_of=fingerprint
+        )
         pending = to_openai(messages) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:
@@ -103,7 +105,9 @@ async def inject_async(
 ) -> list[ChatMessage] | None:
     """The coroutine twin of :func:`inject_sync`."""
     try:
-        history = plugin.histories.convert(session_id, messages, to_openai, _opaque)
+        history = plugin.histories.convert(
+            session_id, messages, to_openai, _opaque, fingerprint_of=fingerprint
+        )
         pending = to_openai(messages) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:

@@ -11,7 +11,9 @@ history.
 
 A message object changed in place after a call passed it is not read again: the engine holds
 what it read then. When such a message would reach the model as the app's own object, the
-plugin checks it first (see :meth:`History.matches`) and sends the engine's version instead.
+plugin checks it first and sends the engine's version instead: :meth:`History.reads_as_converted`
+tells without converting it again whether none of its fields (nor of its parts) was given
+another value since; only when one was does :meth:`History.matches` compare a new conversion.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ce.core.integration._convert import openai_to_messages
@@ -38,7 +40,9 @@ class History:
     the indexes reconciling needs: each key's positions, the positions of system, user and
     tool messages, and of each tool call id's results (all ascending). ``repeats``: the
     positions of the messages that read as the one before them (equal dicts as the engine
-    reads them, opaque content aside), for frameworks that hand a message on twice."""
+    reads them, opaque content aside), for frameworks that hand a message on twice.
+    ``fingerprints``: what each message read as when it was converted (its
+    ``fingerprint_of``, by default :func:`fingerprint`)."""
 
     app: list[Any]
     pending: list[dict[str, Any]]
@@ -49,11 +53,77 @@ class History:
     by_role: dict[str, list[int]]
     results: dict[Hashable, list[int]]
     repeats: list[int]
+    fingerprints: list[Fingerprint] = field(default_factory=list)
+    fingerprint_of: Callable[[Any], Fingerprint] = field(default=lambda message: ())
 
     def matches(self, position: int, pending: Mapping[str, Any]) -> bool:
         """Whether ``pending``, the app message at ``position`` converted now, is still what
         the history holds for it."""
         return openai_key(pending) == self.keys[position]
+
+    def reads_as_converted(self, position: int, message: Any) -> bool:
+        """Whether ``message`` is the app message at ``position`` and each of its fields,
+        and of its parts, holds the very value (or an equal one) it held when it was
+        converted (see :func:`fingerprint`), so this never converts it again. False says
+        nothing: convert it and ask :meth:`matches`."""
+        if position >= len(self.fingerprints) or self.app[position] is not message:
+            return False
+        try:
+            return bool(self.fingerprint_of(message) == self.fingerprints[position])
+        except Exception:  # a value that cannot be compared (e.g. an array): converted again
+            return False
+
+
+Fingerprint = tuple[Any, ...]
+_ATOMS = (str, int, float, bool, bytes, type(None))
+
+
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    names = _SLOTS.get(cls)
+    if names is None:
+        found: list[str] = []
+        for klass in cls.__mro__:
+            declared = getattr(klass, "__slots__", ())
+            for name in (declared,) if isinstance(declared, str) else declared:
+                if name not in ("__dict__", "__weakref__"):
+                    found.append(name)
+        names = _SLOTS[cls] = tuple(found)
+    return names
+
+
+def _values(obj: Any) -> tuple[Any, ...]:
+    """The values of an object's fields (its ``__dict__`` or slots; a mapping's values)."""
+    if isinstance(obj, Mapping):
+        return tuple(obj.values())
+    held = getattr(obj, "__dict__", None)
+    if held is not None:
+        return tuple(held.values())
+    return tuple(getattr(obj, name, None) for name in _slots(type(obj)))
+
+
+def fingerprint(message: Any) -> Fingerprint:
+    """What a framework message reads as, cheaply: the values of its fields and, for each
+    list among them (content parts, blocks, items), its length and the values of its parts'
+    fields, compared item by item (by identity first). A field given another value, a part
+    added, removed or given another value all show; a value changed inside a nested dict or
+    list of a part does not."""
+    fields = getattr(message, "__dict__", None)
+    refs = tuple(fields.values()) if fields is not None else _values(message)
+    out: list[Any] | None = None
+    for value in refs:
+        if isinstance(value, (list, tuple)):
+            if out is None:
+                out = list(refs)
+            out.append(len(value))
+            for item in value:
+                if isinstance(item, _ATOMS):
+                    continue
+                fields = getattr(item, "__dict__", None)
+                out.extend(fields.values() if fields is not None else _values(item))
+    return refs if out is None else tuple(out)
 
 
 def _opaque_key(key: Key) -> Key:
@@ -92,20 +162,25 @@ class HistoryMemo:
         to_openai: Callable[[Sequence[Any]], list[dict[str, Any]]],
         opaque: Callable[[Any], bool],
         author: Callable[[Any], Author | None] | None = None,
+        fingerprint_of: Callable[[Any], Fingerprint] | None = None,
     ) -> History | None:
         """The history of a call passing ``app`` in ``session_id``: the messages after the
         previous call's (when ``app`` begins with them) converted with ``to_openai`` (one
         dict per message), ``opaque`` telling which carry content the engine cannot read,
         ``author`` who wrote each (multi-agent frameworks; the neutral message is written by
         it). ``session_id`` may be any key that fixes what these functions return for a
-        message (e.g. a session as one agent sees it). None when ``to_openai`` does not give
-        one dict per message. Raises what ``to_openai`` raises and :class:`ValueError` for a
-        malformed message."""
+        message (e.g. a session as one agent sees it). ``fingerprint_of``: what a message
+        reads as (see :meth:`History.reads_as_converted`; default :func:`fingerprint`), a
+        cheaper one where a plugin knows what its conversion reads. None when ``to_openai``
+        does not give one dict per message. Raises what ``to_openai`` raises and
+        :class:`ValueError` for a malformed message."""
+        fingerprint_of = fingerprint_of or fingerprint
         with self._lock:
             previous = self._held.get(session_id)
         count = len(previous.app) if previous is not None else 0
         if (
             previous is None
+            or previous.fingerprint_of is not fingerprint_of
             or len(app) < count
             or not all(map(operator.is_, app[:count], previous.app))
         ):
@@ -114,6 +189,7 @@ class HistoryMemo:
         pending = to_openai(new)
         if len(pending) != len(new):
             return None
+        prints = [fingerprint_of(message) for message in new]
         keys = [openai_key(d) for d in pending]
         before = openai_key(previous.pending[-1]) if previous and previous.pending else None
         repeats = [
@@ -140,7 +216,15 @@ class HistoryMemo:
                 messages[offset] = message.model_copy(update=update)
         if previous is None:
             history = History(
-                list(app), pending, keys, messages, hidden, *index_keys(keys), repeats
+                list(app),
+                pending,
+                keys,
+                messages,
+                hidden,
+                *index_keys(keys),
+                repeats,
+                prints,
+                fingerprint_of,
             )
         else:
             history = History(
@@ -151,6 +235,8 @@ class HistoryMemo:
                 [*previous.opaque, *(count + offset for offset in hidden)],
                 *index_keys(keys, count, previous.positions, previous.by_role, previous.results),
                 [*previous.repeats, *repeats],
+                [*previous.fingerprints, *prints],
+                fingerprint_of,
             )
         with self._lock:
             self._held[session_id] = history
