@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ce.core.integration import HistoryMemo, openai_key, reconcile_openai
 from ce.core.integration._reconcile import Key
-from ce.core.schema import Role
+from ce.core.schema import Author, AuthorKind, Role
 
 # -- an oracle: the reconciler's rules, applied by scanning every app message ---------------
 
@@ -294,3 +294,31 @@ def test_a_continued_history_keeps_the_fingerprints_of_earlier_messages() -> Non
     shared.parts[0].text = "be verbose"
     assert not history.reads_as_converted(0, shared)
     assert not other.reads_as_converted(0, shared)
+
+
+def test_an_agents_history_converted_anew_is_copied_for_its_authors_once() -> None:
+    # a framework that builds its agents anew converts the same history on every call: each
+    # message is copied for its author once, the shared conversion is never changed
+    app = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    writers = {0: Author(kind=AuthorKind.USER, id="u1"), 1: Author(kind=AuthorKind.AGENT, id="a")}
+
+    def convert(key: str) -> Any:
+        history = HistoryMemo().convert(
+            key,
+            app,
+            lambda ms: [dict(m) for m in ms],
+            lambda m: False,
+            lambda m: writers[app.index(m)],
+        )
+        assert history is not None
+        return history.messages
+
+    first, again = convert("s1"), convert("s2")
+    assert [m.author for m in first] == [writers[0], writers[1]]
+    assert all(a is b for a, b in zip(first, again, strict=True))  # the same copies
+    writers[1] = Author(kind=AuthorKind.AGENT, id="b")
+    other = convert("s3")
+    assert other[0] is first[0] and other[1] is not first[1]
+    assert other[1].author == writers[1] and first[1].author == Author(
+        kind=AuthorKind.AGENT, id="a"
+    )

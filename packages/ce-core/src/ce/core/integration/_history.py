@@ -126,6 +126,27 @@ def fingerprint(message: Any) -> Fingerprint:
     return refs if out is None else tuple(out)
 
 
+_AUTHORED_MAX = 8192
+# A converted message (shared, read-only: see ``openai_to_messages``) as written by an agent,
+# by the message object and the author: a framework that builds its agents anew converts the
+# same history on every call, and each message is copied for its author once.
+_authored: dict[tuple[int, str, str], tuple[Message, Message]] = {}
+_authored_lock = threading.Lock()
+
+
+def _written_by(message: Message, writer: Author) -> Message:
+    key = (id(message), writer.kind.value, writer.id)
+    held = _authored.get(key)
+    if held is not None and held[0] is message:
+        return held[1]
+    copy = message.model_copy(update={"author": writer})
+    with _authored_lock:
+        if len(_authored) >= _AUTHORED_MAX:
+            _authored.clear()
+        _authored[key] = (message, copy)
+    return copy
+
+
 def _opaque_key(key: Key) -> Key:
     role, _, call_id, name, calls = key
     return (role, object(), call_id, name, calls)
@@ -211,6 +232,9 @@ class HistoryMemo:
             if author is not None:
                 writer = author(new[offset])
                 if writer is not None and message.author != writer:
+                    if not update:
+                        messages[offset] = _written_by(message, writer)
+                        continue
                     update["author"] = writer
             if update:
                 messages[offset] = message.model_copy(update=update)
