@@ -322,3 +322,52 @@ def test_an_agents_history_converted_anew_is_copied_for_its_authors_once() -> No
     assert other[1].author == writers[1] and first[1].author == Author(
         kind=AuthorKind.AGENT, id="a"
     )
+
+
+def test_a_call_that_passes_a_few_messages_as_new_equal_objects_continues_the_history() -> None:
+    # a prompt template builds its system message anew on every call, a memory keeps its own
+    # copy of the question: the history goes on, converting only those and what is new
+    converted: list[str] = []
+
+    def to_openai(messages: Sequence[Any]) -> list[dict[str, Any]]:
+        converted.extend(m["content"] for m in messages)
+        return [dict(m) for m in messages]
+
+    memo = HistoryMemo()
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    first = memo.convert("s", [{"role": "system", "content": "be terse"}, *turn], to_openai, _no)
+    assert first is not None and converted == ["be terse", "hi", "hello"]
+    converted.clear()
+    system = {"role": "system", "content": "be terse"}  # an equal, new object
+    app = [system, *turn, {"role": "user", "content": "and now?"}]
+    history = memo.convert("s", app, to_openai, _no)
+    assert history is not None and converted == ["be terse", "and now?"]
+    assert history.app[0] is system and history.reads_as_converted(0, system)
+    assert [m.content for m in history.messages] == ["be terse", "hi", "hello", "and now?"]
+    converted.clear()
+    changed = [{"role": "system", "content": "be verbose"}, *app[1:]]  # another prompt
+    history = memo.convert("s", changed, to_openai, _no)
+    # the new object read once to compare it, then the whole list converted again
+    assert history is not None
+    assert converted == ["be verbose", "be verbose", "hi", "hello", "and now?"]
+    assert history.messages[0].content == "be verbose"
+
+
+def test_a_call_that_passes_many_previous_messages_anew_is_converted_whole() -> None:
+    converted: list[str] = []
+
+    def to_openai(messages: Sequence[Any]) -> list[dict[str, Any]]:
+        converted.extend(m["content"] for m in messages)
+        return [dict(m) for m in messages]
+
+    memo = HistoryMemo()
+    app = [{"role": "user", "content": f"q{i}"} for i in range(12)]
+    memo.convert("s", app, to_openai, _no)
+    converted.clear()
+    again = [dict(m) for m in app]  # every message a new object (a history loaded anew)
+    history = memo.convert("s", again, to_openai, _no)
+    assert history is not None and converted == [m["content"] for m in app]
+
+
+def _no(message: Any) -> bool:
+    return False

@@ -5,7 +5,9 @@ OpenAI dict, keying it and building its neutral :class:`~ce.core.schema.Message`
 makes a call's cost grow with the conversation. :class:`HistoryMemo` keeps, per session, the
 previous call's framework messages with those conversions: when a call's messages begin with
 the very objects the previous call passed (the history continued), only the messages after
-them are converted. :func:`~ce.core.integration.reconcile_openai` then finds the app messages
+them are converted. A few of those may be new objects that convert to the same dicts (a
+prompt template's system message, built on every call; a memory's own copy of the question):
+only they are converted again, to compare. :func:`~ce.core.integration.reconcile_openai` then finds the app messages
 through the history's indexes, in time that grows with what the engine sends, not with the
 history.
 
@@ -18,6 +20,7 @@ another value since; only when one was does :meth:`History.matches` compare a ne
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import threading
 from collections import OrderedDict
@@ -126,6 +129,51 @@ def fingerprint(message: Any) -> Fingerprint:
     return refs if out is None else tuple(out)
 
 
+_RECREATED_MAX = 8
+"""How many of the previous call's messages a call may pass as new objects (a prompt template's
+system message, built on every call) and still continue that call's history."""
+
+
+def _recreated(
+    previous: History,
+    app: Sequence[Any],
+    to_openai: Callable[[Sequence[Any]], list[dict[str, Any]]],
+    opaque: Callable[[Any], bool],
+    author: Callable[[Any], Author | None] | None,
+) -> History | None:
+    """``previous`` with the app's new objects in its place where the call passes, instead
+    of the previous call's very objects, a few new ones that convert to the same dicts (as
+    readable, and written by the same author): a prompt template builds its system message
+    anew on every call, an agent built anew its system message, a memory its copy of the
+    question. None when more differ, or one reads otherwise."""
+    count = len(previous.app)
+    changed = [i for i in range(count) if app[i] is not previous.app[i]]
+    if len(changed) > _RECREATED_MAX:
+        return None
+    objects = [app[i] for i in changed]
+    dicts = to_openai(objects)
+    if len(dicts) != len(objects):
+        return None
+    hidden = set(previous.opaque)
+    for i, message, converted in zip(changed, objects, dicts, strict=True):
+        if (
+            converted != previous.pending[i]
+            or opaque(message) != (i in hidden)
+            or (author is not None and author(message) != previous.messages[i].author)
+        ):
+            return None
+    objects_at = dict(zip(changed, objects, strict=True))
+    fingerprint_of = previous.fingerprint_of
+    return dataclasses.replace(
+        previous,
+        app=[objects_at.get(i, m) for i, m in enumerate(previous.app)],
+        fingerprints=[
+            fingerprint_of(objects_at[i]) if i in objects_at else f
+            for i, f in enumerate(previous.fingerprints)
+        ],
+    )
+
+
 _AUTHORED_MAX = 8192
 # A converted message (shared, read-only: see ``openai_to_messages``) as written by an agent,
 # by the message object and the author: a framework that builds its agents anew converts the
@@ -203,7 +251,10 @@ class HistoryMemo:
             previous is None
             or previous.fingerprint_of is not fingerprint_of
             or len(app) < count
-            or not all(map(operator.is_, app[:count], previous.app))
+            or (
+                not all(map(operator.is_, app[:count], previous.app))
+                and (previous := _recreated(previous, app, to_openai, opaque, author)) is None
+            )
         ):
             previous, count = None, 0
         new = list(app[count:])
