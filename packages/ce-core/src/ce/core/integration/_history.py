@@ -7,9 +7,9 @@ previous call's framework messages with those conversions: when a call's message
 the very objects the previous call passed (the history continued), only the messages after
 them are converted. A few of those may be new objects that convert to the same dicts (a
 prompt template's system message, built on every call; a memory's own copy of the question):
-only they are converted again, to compare. :func:`~ce.core.integration.reconcile_openai` then finds the app messages
-through the history's indexes, in time that grows with what the engine sends, not with the
-history.
+only they are converted again, to compare. :func:`~ce.core.integration.reconcile_openai`
+then finds the app messages through the history's indexes, in time that grows with what the
+engine sends, not with the history.
 
 A message object changed in place after a call passed it is not read again: the engine holds
 what it read then. When such a message would reach the model as the app's own object, the
@@ -146,10 +146,12 @@ def _recreated(
     readable, and written by the same author): a prompt template builds its system message
     anew on every call, an agent built anew its system message, a memory its copy of the
     question. None when more differ, or one reads otherwise."""
-    count = len(previous.app)
-    changed = [i for i in range(count) if app[i] is not previous.app[i]]
-    if len(changed) > _RECREATED_MAX:
-        return None
+    changed: list[int] = []
+    for i, (now, then) in enumerate(zip(app, previous.app, strict=False)):
+        if now is not then:
+            changed.append(i)
+            if len(changed) > _RECREATED_MAX:
+                return None
     objects = [app[i] for i in changed]
     dicts = to_openai(objects)
     if len(dicts) != len(objects):
