@@ -261,9 +261,9 @@ def _copy_with_text(message: Any, text: str) -> Any:
 def _reads_as_held(message: Any, history: History, position: int) -> bool:
     """Whether the app's ``message`` at ``position`` of ``history`` still reads as it did
     when the history was converted (it may have been changed in place since)."""
-    return not opaque(message) and (
-        history.reads_as_converted(position, message) or history.matches(position, _entry(message))
-    )
+    if history.reads_as_converted(position, message):  # as readable as it was then, too
+        return position not in history.opaque
+    return not opaque(message) and history.matches(position, _entry(message))
 
 
 def from_sent(
