@@ -324,15 +324,21 @@ def test_an_agents_history_converted_anew_is_copied_for_its_authors_once() -> No
     )
 
 
-def test_a_call_that_passes_a_few_messages_as_new_equal_objects_continues_the_history() -> None:
-    # a prompt template builds its system message anew on every call, a memory keeps its own
-    # copy of the question: the history goes on, converting only those and what is new
-    converted: list[str] = []
+def _recording(converted: list[str]) -> Any:
+    """A ``to_openai`` for dict messages that notes the content of each one it converts."""
 
     def to_openai(messages: Sequence[Any]) -> list[dict[str, Any]]:
         converted.extend(m["content"] for m in messages)
         return [dict(m) for m in messages]
 
+    return to_openai
+
+
+def test_a_call_that_passes_a_few_messages_as_new_equal_objects_continues_the_history() -> None:
+    # a prompt template builds its system message anew on every call, a memory keeps its own
+    # copy of the question: the history goes on, converting only those and what is new
+    converted: list[str] = []
+    to_openai = _recording(converted)
     memo = HistoryMemo()
     turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     first = memo.convert("s", [{"role": "system", "content": "be terse"}, *turn], to_openai, _no)
@@ -355,11 +361,7 @@ def test_a_call_that_passes_a_few_messages_as_new_equal_objects_continues_the_hi
 
 def test_a_call_that_passes_many_previous_messages_anew_is_converted_whole() -> None:
     converted: list[str] = []
-
-    def to_openai(messages: Sequence[Any]) -> list[dict[str, Any]]:
-        converted.extend(m["content"] for m in messages)
-        return [dict(m) for m in messages]
-
+    to_openai = _recording(converted)
     memo = HistoryMemo()
     app = [{"role": "user", "content": f"q{i}"} for i in range(12)]
     memo.convert("s", app, to_openai, _no)
