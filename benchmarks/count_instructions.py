@@ -3,8 +3,8 @@ callgrind.
 
 Wall-clock figures on a shared 2-CPU machine move by 20-40 % from one run to the next, more
 than a change to the per-call path does. An instruction count moves much less (two runs of
-one version mostly within 1 %, though a run now and then counts 10-20 % more: the store's
-background checkpoints and the interpreter's collections fall differently; repeat a count
+one version mostly within 1 %, though a run now and then counts 10-20 % more, most likely where
+the store's background checkpoints and the collector's passes fall; repeat a count
 that surprises). This script runs the
 call of ``bench_langchain.py`` (5 sessions holding the 50-message history, 30 calls to warm
 up, then ``--calls`` more, ``invoke``, or ``ainvoke`` on one event loop with ``--ainvoke``,
