@@ -281,6 +281,24 @@ def test_a_message_reads_as_converted_until_a_field_or_part_gets_another_value()
     assert not history.reads_as_converted(0, first)
 
 
+def test_a_message_changed_in_place_is_unchanged_only_when_it_converts_the_same() -> None:
+    memo = HistoryMemo()
+    message = _Slotted("user", "hi")
+    history = memo.convert("s", [message], _dicts, lambda m: False)
+    assert history is not None
+    never = []
+    assert history.unchanged(0, message, lambda m: never.append(m))  # not converted again
+    assert never == []
+    message.content = "".join(["h", "i"])  # an equal value, another object
+    assert history.unchanged(0, message, lambda m: never.append(m))  # reads as it did
+    message.content = "hello"
+    assert not history.unchanged(0, message, lambda m: _dicts([m])[0])
+    assert not history.unchanged(0, message, lambda m: None)  # cannot go as it is
+    message.content = "hi"
+    message.role = "user"  # the same value: reads as converted
+    assert history.unchanged(0, message, lambda m: None) and never == []
+
+
 def test_a_continued_history_keeps_the_fingerprints_of_earlier_messages() -> None:
     memo = HistoryMemo()
     shared = _Msg("system", "be terse")

@@ -362,10 +362,7 @@ def from_sent(
         """Whether unit ``j`` still reads as it did when it was converted."""
         if history is None:
             return True
-        unit = pending.units[j]
-        return history.reads_as_converted(j, unit) or history.matches(
-            j, to_openai([unit], agent, peers)[0]
-        )
+        return history.unchanged(j, pending.units[j], lambda u: to_openai([u], agent, peers)[0])
 
     out: list[LLMMessage] = []
     results: list[FunctionExecutionResult] = []

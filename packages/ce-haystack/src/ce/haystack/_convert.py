@@ -222,11 +222,8 @@ def _unchanged_since(pending: Pending, source: int) -> bool:
     """Whether the app message ``source`` still reads as the history ``pending`` comes from
     holds it (the app may have changed it in place since it was converted)."""
     history = pending.history
-    if history is None:
-        return True
-    message = pending.messages[source]
-    return history.reads_as_converted(source, message) or history.matches(
-        source, to_openai([message])[0]
+    return history is None or history.unchanged(
+        source, pending.messages[source], lambda m: to_openai([m])[0]
     )
 
 

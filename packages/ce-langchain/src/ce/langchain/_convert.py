@@ -207,14 +207,10 @@ def _copy_with_text(message: BaseMessage, text: str, media: bool) -> BaseMessage
     return message.model_copy(update={"content": blocks})
 
 
-def _unchanged_since(message: BaseMessage, history: History, position: int) -> bool:
-    """Whether the app's message at ``position`` of ``history`` still reads as it did when
-    the history was converted: no field of it (or of its content blocks) was given another
-    value since, or it converts to the same dict now (it may have been changed in place)."""
-    if history.reads_as_converted(position, message):
-        return True
-    converted = [dict(m) for m in convert_to_openai_messages([message])]
-    return len(converted) == 1 and history.matches(position, converted[0])
+def _one_dict(message: BaseMessage) -> dict[str, Any] | None:
+    """``message`` converted again, as one OpenAI dict (None when it makes several)."""
+    converted = convert_to_openai_messages([message])
+    return dict(converted[0]) if len(converted) == 1 else None
 
 
 def opaque(message: BaseMessage) -> bool:
@@ -252,7 +248,7 @@ def reconcile(
         if origin.source is None or (
             origin.text is None
             and history is not None
-            and not _unchanged_since(app[origin.source], history, origin.source)
+            and not history.unchanged(origin.source, app[origin.source], _one_dict)
         ):
             out.append(None)
             built.append(i)

@@ -208,15 +208,6 @@ def fingerprint(message: ChatMessage) -> tuple[Any, ...]:
     )
 
 
-def _unchanged_since(message: ChatMessage, history: History, position: int) -> bool:
-    """Whether the app's message at ``position`` of ``history`` still reads as it did when
-    the history was converted: no field of it or of its blocks was given another value
-    since, or it converts to the same dict now."""
-    return history.reads_as_converted(position, message) or history.matches(
-        position, to_openai([message])[0]
-    )
-
-
 def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """LlamaIndex messages as OpenAI chat message dicts (the text; image, audio and document
     blocks as OpenAI content parts, in order; tool calls and tool call ids kept)."""
@@ -351,7 +342,9 @@ def from_openai(
         if origin.source is None or (
             origin.text is None
             and history is not None
-            and not _unchanged_since(originals[origin.source], history, origin.source)
+            and not history.unchanged(
+                origin.source, originals[origin.source], lambda m: to_openai([m])[0]
+            )
         ):
             result.append(_build(message))
         elif origin.text is None:

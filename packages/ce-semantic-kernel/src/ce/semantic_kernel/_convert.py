@@ -261,9 +261,7 @@ def _copy_with_text(message: Any, text: str) -> Any:
 def _reads_as_held(message: Any, history: History, position: int) -> bool:
     """Whether the app's ``message`` at ``position`` of ``history`` still reads as it did
     when the history was converted (it may have been changed in place since)."""
-    if history.reads_as_converted(position, message):  # as readable as it was then, too
-        return position not in history.opaque
-    return not opaque(message) and history.matches(position, _entry(message))
+    return history.unchanged(position, message, lambda m: None if opaque(m) else _entry(m))
 
 
 def from_sent(

@@ -13,9 +13,10 @@ engine sends, not with the history.
 
 A message object changed in place after a call passed it is not read again: the engine holds
 what it read then. When such a message would reach the model as the app's own object, the
-plugin checks it first and sends the engine's version instead: :meth:`History.reads_as_converted`
-tells without converting it again whether none of its fields (nor of its parts) was given
-another value since; only when one was does :meth:`History.matches` compare a new conversion.
+plugin checks it first (:meth:`History.unchanged`) and sends the engine's version instead:
+:meth:`History.reads_as_converted` tells without converting it again whether none of its
+fields (nor of its parts) was given another value since; only when one was does
+:meth:`History.matches` compare a new conversion.
 """
 
 from __future__ import annotations
@@ -63,6 +64,22 @@ class History:
         """Whether ``pending``, the app message at ``position`` converted now, is still what
         the history holds for it."""
         return openai_key(pending) == self.keys[position]
+
+    def unchanged(
+        self,
+        position: int,
+        message: Any,
+        convert: Callable[[Any], Mapping[str, Any] | None],
+    ) -> bool:
+        """Whether the app's ``message`` at ``position`` still reads as the history holds it,
+        before it goes to the model as the app's own object (the app may have changed it in
+        place since it was converted): it reads as converted (:meth:`reads_as_converted`),
+        or ``convert`` (the plugin's conversion of one message; None: it cannot go as it is)
+        makes what the history holds (:meth:`matches`)."""
+        if self.reads_as_converted(position, message):
+            return True
+        converted = convert(message)
+        return converted is not None and self.matches(position, converted)
 
     def reads_as_converted(self, position: int, message: Any) -> bool:
         """Whether ``message`` is the app message at ``position`` and each of its fields,
