@@ -1,7 +1,7 @@
 """Development sessions. ``python3 -m nox`` runs the default ones (what CI runs).
 
-Each framework plugin will add one ``tests-<framework>`` session with its own virtualenv
-holding only that framework, and list it in ``nox.options.sessions``.
+Each framework plugin has one ``tests-<framework>`` session, at the lowest supported and the
+latest release of its framework, each in a virtualenv holding only that framework.
 """
 
 from __future__ import annotations
