@@ -4,7 +4,8 @@ service: the chat is one session for both agents (each agent's channel thread ha
 random id), each request starts with its own agent's instructions, the replies are stored once
 with their agent as author and the researcher's reaches the writer once; the strategies'
 prompts are recorded in child scopes and never rewritten (no engine context, not in the
-conversation)."""
+conversation); a model call the app makes while it consumes the chat's replies is the app's
+own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from semantic_kernel.agents.strategies import (
     KernelFunctionSelectionStrategy,
     KernelFunctionTerminationStrategy,
 )
+from semantic_kernel.connectors.ai.open_ai import OpenAIChatPromptExecutionSettings
+from semantic_kernel.contents import ChatHistory
 from semantic_kernel.functions import KernelFunctionFromPrompt
 from semantic_kernel.prompt_template import PromptTemplateConfig
 from sk_apps import kernel_with, wire
@@ -145,4 +148,36 @@ async def test_a_chat_without_a_session_is_one_run_across_its_invocations(
     assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
         "Brief me on Oslo.",
         "And Bergen?",
+    ]
+
+
+async def test_a_model_call_made_while_consuming_the_chat_is_the_apps_own(
+    engine: ContextEngine,
+) -> None:
+    classifier = "SYS-MOD: classifier"
+    with ScriptedOpenAIServer(_script) as server:
+        chat = _chat(server)
+        service = chat.agents[0].kernel.get_service(type=None)
+        ce.semantic_kernel.install(engine)
+        await chat.add_chat_message("Brief me on Oslo.")
+        async for message in chat.invoke():
+            history = ChatHistory(system_message=classifier)
+            history.add_user_message(f"Classify: {message.content}")
+            await service.get_chat_message_content(history, OpenAIChatPromptExecutionSettings())
+        requests = server.requests
+    classified = [r for r in requests if r["messages"][-1]["content"].startswith("Classify")]
+    assert len(classified) == 2
+    for request in classified:
+        assert [m["role"] for m in request["messages"]] == ["system", "user"]
+        assert "Brief me on Oslo." not in wire(request)
+    agents = [r for r in requests if r not in classified and "SELECT" not in wire(r)]
+    assert all(classifier not in wire(r) for r in agents)
+    runs = [s for s in await engine.list_sessions() if s.startswith("run:") and "/" not in s]
+    assert len(runs) == 3  # the chat's run and one of the app's own per call
+    docs = [(await engine.get_session(run)).session for run in runs]
+    (team,) = [d for d in docs if any(m.content == "Brief me on Oslo." for m in d.messages)]
+    assert all("Classify" not in (m.content or "") for m in team.messages)
+    assert [m.author.id for m in team.messages if m.role is Role.ASSISTANT and m.author] == [
+        "researcher",
+        "writer",
     ]

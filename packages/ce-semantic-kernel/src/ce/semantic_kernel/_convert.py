@@ -30,8 +30,10 @@ from ce.core.integration import History, RewriteMemo, message_from_openai, recon
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 
 __all__ = [
+    "SUMMARY_KEY",
     "Pending",
     "continued",
+    "conversation",
     "from_sent",
     "message_text",
     "normalise_usage",
@@ -41,6 +43,19 @@ __all__ = [
     "to_pending",
     "tool_schemas",
 ]
+
+
+SUMMARY_KEY = "__summary__"
+"""The metadata key SK's ``ChatHistorySummarizationReducer`` marks its summary message with
+(``SUMMARY_METADATA_KEY``)."""
+
+
+def conversation(messages: Sequence[Any]) -> list[Any]:
+    """``messages`` without the summaries SK's ``ChatHistorySummarizationReducer`` put in
+    place of older turns: the session holds those turns (their requests went through the
+    engine), and the engine fits them to the budget itself, so a summary is neither stored as
+    a turn nor sent beside the turns it summarizes."""
+    return [m for m in messages if not (getattr(m, "metadata", None) or {}).get(SUMMARY_KEY)]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -40,6 +40,7 @@ from ce.semantic_kernel._convert import (
     Pending,
     author,
     continued,
+    conversation,
     from_sent,
     message_text,
     normalise_usage,
@@ -72,9 +73,11 @@ class Seam:
     def _pending(
         self, session_id: str, messages: list[Any]
     ) -> tuple[Pending, History | None, list[Author | None] | None]:
-        """The request's messages as the engine reads them, the converted history the engine
-        is handed them from (None: from their dicts, converted again) and their authors
-        (None: no message has one). Raises what the conversion raises."""
+        """The request's messages as the engine reads them (a summarization reducer's summary
+        left out: see :func:`conversation`), the converted history the engine is handed them
+        from (None: from their dicts, converted again) and their authors (None: no message has
+        one). Raises what the conversion raises."""
+        messages = conversation(messages)
         history = self.plugin.histories.convert(session_id, messages, to_openai, opaque, author)
         if history is None:
             pending = to_pending(messages)

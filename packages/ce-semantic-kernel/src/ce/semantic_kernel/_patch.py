@@ -11,7 +11,9 @@
   ``get_streaming_chat_message_contents`` (class level, no connector overrides them) bind the
   call's scope and wrap the service's inner methods on first use (see ``_inject`` for why).
 - ``ChatCompletionAgent.get_response`` / ``invoke`` / ``invoke_stream`` and
-  ``_ensure_thread_exists_with_messages`` note the agent and its thread (the session).
+  ``_ensure_thread_exists_with_messages`` note the agent and its thread (the session);
+  ``ChatHistoryAgentThread.reduce`` notes the thread (its reducer's model call is the
+  thread's internal call).
 - ``AgentGroupChat.invoke`` / ``invoke_stream`` make the chat one scope for its agents.
 - ``ChatHistorySummarizationReducer.reduce`` and the kernel-function selection and
   termination strategies of ``AgentGroupChat`` mark their model calls as SK internal calls.
@@ -37,10 +39,12 @@ from ce.semantic_kernel._scopes import (
     CallSite,
     agent_frame,
     call_site,
+    in_callers_frames,
     internal_kind,
     internal_scope,
     outer_team_scope,
     scope_for_call,
+    stepped,
     team_scope,
 )
 
@@ -64,13 +68,14 @@ def _service_targets() -> list[tuple[Any, str]]:
 
 
 def _agent_targets() -> list[tuple[Any, str]]:
-    from semantic_kernel.agents import ChatCompletionAgent
+    from semantic_kernel.agents import ChatCompletionAgent, ChatHistoryAgentThread
 
     return [
         (ChatCompletionAgent, "get_response"),
         (ChatCompletionAgent, "invoke"),
         (ChatCompletionAgent, "invoke_stream"),
         (ChatCompletionAgent, "_ensure_thread_exists_with_messages"),
+        (ChatHistoryAgentThread, "reduce"),
     ]
 
 
@@ -144,7 +149,12 @@ class Patches:
         ledger.wrap(stream[0], stream[1], self._make_stream)
         ledger.register(self._unwrap_services, "inner methods of chat services")
         for owner, attr in _agent_targets():
-            maker = self._make_thread if attr.startswith("_ensure") else self._make_agent_call
+            if attr == "reduce":
+                maker = self._make_thread_reduce
+            elif attr.startswith("_ensure"):
+                maker = self._make_thread
+            else:
+                maker = self._make_agent_call
             ledger.wrap(owner, attr, maker)
         for owner, attr in _team_targets():
             ledger.wrap(owner, attr, self._make_team)
@@ -236,21 +246,17 @@ class Patches:
         patches = self
 
         @functools.wraps(original)
-        async def get_streaming_chat_message_contents(
+        def get_streaming_chat_message_contents(
             service: Any, chat_history: Any, settings: Any, **kwargs: Any
-        ) -> AsyncGenerator[Any, None]:
-            site = patches._site(service, kwargs)
-            if site is None:
-                async for chunks in original(service, chat_history, settings, **kwargs):
-                    yield chunks
-                return
-            patches._ensure_wrapped(service)
-            token = call_site.set(site)
-            try:
-                async for chunks in original(service, chat_history, settings, **kwargs):
-                    yield chunks
-            finally:
-                call_site.reset(token)
+        ) -> AsyncGenerator[Any, Any]:
+            def site() -> CallSite | None:
+                found = patches._site(service, kwargs)
+                if found is not None:
+                    patches._ensure_wrapped(service)
+                return found
+
+            # the call's site is set for each step only, not for the consumer's loop body
+            return stepped(call_site, site, original(service, chat_history, settings, **kwargs))
 
         return get_streaming_chat_message_contents
 
@@ -262,13 +268,16 @@ class Patches:
         if inspect.isasyncgenfunction(original):
 
             @functools.wraps(original)
-            async def invoke(agent: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
-                token = agent_frame.set(AgentFrame(_thread_id(kwargs), str(agent.name or "")))
-                try:
-                    async for item in original(agent, *args, **kwargs):
-                        yield item
-                finally:
-                    agent_frame.reset(token)
+            def invoke(agent: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+                def frame() -> AgentFrame:
+                    return AgentFrame(_thread_id(kwargs), str(agent.name or ""))
+
+                # the agent's frame is set for each step only: a model call the app makes
+                # while it consumes the replies, or in its callback, is its own
+                callback = kwargs.get("on_intermediate_message")
+                if callback is not None:
+                    kwargs["on_intermediate_message"] = in_callers_frames(callback)
+                return stepped(agent_frame, frame, original(agent, *args, **kwargs))
 
             return invoke
 
@@ -294,6 +303,20 @@ class Patches:
 
         return _ensure_thread_exists_with_messages
 
+    def _make_thread_reduce(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        async def reduce(thread: Any, *args: Any, **kwargs: Any) -> Any:
+            # the thread's session, as for its agent's calls: a summarization reducer's
+            # request is recorded in "<thread's session>/summarize:<id>"
+            thread_id = getattr(thread, "id", None)
+            token = agent_frame.set(AgentFrame(str(thread_id) if thread_id else None, ""))
+            try:
+                return await original(thread, *args, **kwargs)
+            finally:
+                agent_frame.reset(token)
+
+        return reduce
+
     # -- group chats ------------------------------------------------------------------------
 
     def _chat_scope(self, chat: Any) -> Scope:
@@ -308,17 +331,14 @@ class Patches:
         patches = self
 
         @functools.wraps(original)
-        async def invoke(chat: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
-            if is_suppressed() or not patches.plugin.installed or team_scope.get() is not None:
-                async for item in original(chat, *args, **kwargs):
-                    yield item
-                return
-            token = team_scope.set(patches._chat_scope(chat))
-            try:
-                async for item in original(chat, *args, **kwargs):
-                    yield item
-            finally:
-                team_scope.reset(token)
+        def invoke(chat: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+            def scope() -> Scope | None:
+                if is_suppressed() or not patches.plugin.installed or team_scope.get() is not None:
+                    return None
+                return patches._chat_scope(chat)
+
+            # the chat's scope is set for each step only, not for the consumer's loop body
+            return stepped(team_scope, scope, original(chat, *args, **kwargs))
 
         return invoke
 

@@ -23,13 +23,20 @@ kernel-function selection and termination strategies) are recorded in a child sc
 
 SK passes no run object along, so the frames live in context variables: set by the plugin's
 hooks around a call and read by the hooks inside it (each parallel function call of the loop
-runs in its own ``asyncio.gather`` task, so they do not mix).
+runs in its own ``asyncio.gather`` task, so they do not mix). An async generator runs in the
+context of the code that consumes it, so around a streamed call (an agent's ``invoke`` /
+``invoke_stream``, a group chat's, a service's streaming call) a frame is set for each step of
+the generator only (:func:`stepped`): the consumer's own code between the items, and a model
+call it makes there, never sees it. An app's callback SK calls from inside the agent's own code
+(``on_intermediate_message``) runs in the frames of the code that called the agent
+(:func:`in_callers_frames`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -46,15 +53,18 @@ __all__ = [
     "Var",
     "agent_frame",
     "call_site",
+    "in_callers_frames",
     "internal_kind",
     "outer_team_scope",
     "run_scope",
     "scope_for_call",
+    "stepped",
     "team_scope",
     "tool_frame",
 ]
 
 _T = TypeVar("_T")
+_Y = TypeVar("_Y")
 
 
 class Var(Generic[_T]):
@@ -74,6 +84,43 @@ class Var(Generic[_T]):
         # a reset from another context (a generator closed elsewhere): that context ends anyway
         with contextlib.suppress(ValueError):
             self._var.reset(token)
+
+
+async def stepped(
+    var: Var[_T], value: Callable[[], _T | None], steps: AsyncGenerator[_Y, Any]
+) -> AsyncGenerator[_Y, Any]:
+    """What ``steps`` yields, with ``var`` set while ``steps`` runs and reset before each item
+    is handed on: the code ``steps`` runs (each step, and its closing) sees the value, the
+    code consuming the items between two steps does not. ``value`` is read at the first step
+    (``None``: ``var`` is left as it is). A value sent in (``asend``) and an exception thrown
+    in (``athrow``) are passed on to ``steps``; closing this generator closes ``steps``."""
+    bound = value()
+    sent: Any = None
+    thrown: BaseException | None = None
+    try:
+        while True:
+            token = var.set(bound) if bound is not None else None
+            try:
+                item = await (steps.asend(sent) if thrown is None else steps.athrow(thrown))
+            except StopAsyncIteration:
+                return
+            finally:
+                if token is not None:
+                    var.reset(token)
+            sent, thrown = None, None
+            try:
+                sent = yield item
+            except GeneratorExit:
+                raise
+            except BaseException as exc:  # thrown in by the consumer: raised inside ``steps``
+                thrown = exc
+    finally:
+        token = var.set(bound) if bound is not None else None
+        try:
+            await steps.aclose()
+        finally:
+            if token is not None:
+                var.reset(token)
 
 
 @dataclass
@@ -118,6 +165,33 @@ call_site: Var[CallSite] = Var("ce_sk_call")
 run_scope: Var[Scope] = Var("ce_sk_run")
 team_scope: Var[Scope] = Var("ce_sk_team")
 internal_kind: Var[str] = Var("ce_sk_internal")
+
+
+_FRAMES: tuple[Var[Any], ...] = (
+    agent_frame,
+    tool_frame,
+    call_site,
+    run_scope,
+    team_scope,
+    internal_kind,
+)
+
+
+def in_callers_frames(callback: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """``callback`` run with the frames the code calling this holds now: SK awaits an app's
+    callback (an agent's ``on_intermediate_message``) inside the agent's own code, where a model
+    call the callback makes would otherwise be the agent's."""
+    held = [(var, var.get()) for var in _FRAMES]
+
+    async def in_frames(*args: Any, **kwargs: Any) -> Any:
+        tokens = [(var, var.set(value)) for var, value in held]
+        try:
+            return await callback(*args, **kwargs)
+        finally:
+            for var, token in reversed(tokens):
+                var.reset(token)
+
+    return in_frames
 
 
 def explicit_session(arguments: Any) -> Any:
