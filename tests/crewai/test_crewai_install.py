@@ -42,7 +42,7 @@ async def test_uninstall_puts_everything_back(engine: ContextEngine) -> None:
     handlers = _handlers()
     plugin = ce.crewai.install(engine, session_id="s-off")
     assert Crew.kickoff is not kickoff and OpenAICompletion.call is not call
-    assert _handlers() == handlers + 6
+    assert _handlers() == handlers + 8
     plugin.uninstall()
     assert (Crew.kickoff, Crew.akickoff) == (kickoff, akickoff)
     assert (OpenAICompletion.call, OpenAICompletion.acall) == (call, acall)

@@ -49,23 +49,23 @@ def authors_of(messages: list[dict[str, Any]], role: str | None) -> list[Author 
     return [author if m.get("role") == Role.ASSISTANT.value else None for m in messages]
 
 
-def reply_tool_calls(reply: Any) -> list[tuple[str, str]]:
-    """``(call id, tool name)`` of each tool call a native reply asks for."""
+def reply_tool_calls(reply: Any) -> list[tuple[str, str, Any]]:
+    """``(call id, tool name, arguments)`` of each tool call a native reply asks for (the
+    arguments as the reply has them: JSON text or a dict)."""
     if not isinstance(reply, list):
         return []
-    calls: list[tuple[str, str]] = []
+    calls: list[tuple[str, str, Any]] = []
     for call in reply:
         if isinstance(call, Mapping):
             call_id, function = call.get("id"), call.get("function")
         else:
             call_id, function = getattr(call, "id", None), getattr(call, "function", None)
-        name = (
-            function.get("name")
-            if isinstance(function, Mapping)
-            else getattr(function, "name", None)
-        )
+        if isinstance(function, Mapping):
+            name, args = function.get("name"), function.get("arguments")
+        else:
+            name, args = getattr(function, "name", None), getattr(function, "arguments", None)
         if isinstance(call_id, str) and isinstance(name, str):
-            calls.append((call_id, name))
+            calls.append((call_id, name, args))
     return calls
 
 

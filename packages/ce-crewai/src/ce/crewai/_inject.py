@@ -62,8 +62,8 @@ class Injector:
         return self.runs.target(run, task, _role(agent))
 
     def _note(self, target: Target, reply: Any) -> None:
-        for call_id, name in reply_tool_calls(reply):
-            self.runs.note_call_id(target.session_id, name, call_id)
+        for call_id, name, args in reply_tool_calls(reply):
+            self.runs.note_call(target, name, call_id, args)
 
     def _prepare_sync(
         self,

@@ -1,6 +1,6 @@
 """CrewAI's event bus -> engine: tasks (status, dependencies, result evidence), model calls
-(usage with their task, an agent's final answer as its message) and tool runs (id, status,
-duration, task).
+(usage with their task, an agent's final answer as its message) and tool runs, finished or
+raised (id, status, error, duration, task).
 
 The bus runs sync handlers on its thread pool, in a copy of the emitting context: a handler
 finds its run there (else by the task's id) and queues its writes on the session
@@ -18,6 +18,7 @@ from ce.core.integration import (
     Recorder,
     RetrievalHit,
     ToolRun,
+    error_text,
     guarded,
     is_suppressed,
     model_usage_from_call,
@@ -104,6 +105,7 @@ class Recorders:
         self.runs = runs
         self._lock = threading.Lock()
         self._started: dict[str, float] = {}  # LLM call id -> start time
+        self._tools_started: dict[str, float] = {}  # tool started event id -> start time
 
     def handlers(self) -> list[tuple[str, Callable[[Any, Any], None]]]:
         """``(event class name in crewai.events, handler)`` pairs."""
@@ -113,7 +115,9 @@ class Recorders:
             ("TaskFailedEvent", self.on_task_failed),
             ("LLMCallStartedEvent", self.on_llm_started),
             ("LLMCallCompletedEvent", self.on_llm_completed),
+            ("ToolUsageStartedEvent", self.on_tool_started),
             ("ToolUsageFinishedEvent", self.on_tool_finished),
+            ("ToolUsageErrorEvent", self.on_tool_error),
         ]
 
     def _queue(self, session_id: str, what: str, work: Callable[[Recorder], Any]) -> None:
@@ -241,21 +245,64 @@ class Recorders:
 
     # -- tool runs -------------------------------------------------------------------------
 
+    def on_tool_started(self, source: Any, event: Any) -> None:
+        with self._lock:
+            self._tools_started[event.event_id] = event.timestamp.timestamp()
+
+    def _tool_start(self, event: Any) -> float | None:
+        """When the tool run that ``event`` ends started (forgotten now)."""
+        with self._lock:
+            return self._tools_started.pop(event.started_event_id or "", None)
+
     def on_tool_finished(self, source: Any, event: Any) -> None:
-        run = self.runs.run_of(event.task_id)
-        if run is None:
-            return
-        target = self.runs.target(run, event.task_id, getattr(event, "agent_role", None))
+        self._tool_start(event)
         failure = getattr(event, "failure", None)
-        call_id = self.runs.take_call_id(target.session_id, event.tool_name)
-        run_record = ToolRun(
-            tool_call_id=call_id or str(event.started_event_id or event.event_id),
-            name=event.tool_name,
-            args=event.tool_args,
+        self._record_tool(
+            event,
             result=None if failure is not None else str(event.output),
             error=str(failure) if failure is not None else None,
             started_at=event.started_at.timestamp(),
             ended_at=event.finished_at.timestamp(),
+        )
+
+    def on_tool_error(self, source: Any, event: Any) -> None:
+        """A tool that raised: CrewAI reports it with this event instead of a finished one
+        (the model gets the error text as the tool's result)."""
+        started = self._tool_start(event)
+        ended = event.timestamp.timestamp()
+        error = event.error
+        self._record_tool(
+            event,
+            result=None,
+            error=error_text(error) if isinstance(error, BaseException) else str(error),
+            started_at=ended if started is None else started,
+            ended_at=ended,
+        )
+
+    def _record_tool(
+        self,
+        event: Any,
+        *,
+        result: str | None,
+        error: str | None,
+        started_at: float,
+        ended_at: float,
+    ) -> None:
+        """Record the tool run ``event`` ends, under the id of the model's tool call it ran
+        (matched by tool and arguments), else of CrewAI's event (the text format)."""
+        run = self.runs.run_of(event.task_id)
+        if run is None:
+            return
+        target = self.runs.target(run, event.task_id, getattr(event, "agent_role", None))
+        call_id = self.runs.take_call_id(target, event.tool_name, event.tool_args)
+        run_record = ToolRun(
+            tool_call_id=call_id or str(event.started_event_id or event.event_id),
+            name=event.tool_name,
+            args=event.tool_args,
+            result=result,
+            error=error,
+            started_at=started_at,
+            ended_at=ended_at,
         )
         task_id = target.task_id
 

@@ -1,0 +1,209 @@
+"""Tool runs: a tool that raises is recorded as an error (native tool calling and the text
+format), and each native tool call keeps its own id, arguments and result, also when CrewAI
+runs a reply's calls in parallel and they finish out of order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+from typing import Any
+
+from crew_apps import llm
+from crewai import Agent, Crew, Task
+from crewai.events import crewai_event_bus
+from crewai.llms.providers.openai.completion import OpenAICompletion
+from crewai.tools import tool
+
+import ce.crewai
+from ce.core.engine import ContextEngine
+from ce.core.integration import Scope
+from ce.core.schema import SessionDocument, ToolCall
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.crewai import CrewAIPlugin
+from ce.crewai._scopes import Run, Runs, Target
+
+FENCE = re.compile(r'<evidence id="([^"]+)" tool="(\w+)" status="(\w+)">')
+
+
+def _fences(request: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Tool call id -> (evidence id, status) of each fenced tool result of a request."""
+    fences = {}
+    for message in request["messages"]:
+        if message["role"] == "tool":
+            found = FENCE.search(message["content"])
+            assert found is not None, message["content"]
+            fences[message["tool_call_id"]] = (found.group(1), found.group(3))
+    return fences
+
+
+def _result(doc: SessionDocument, run: ToolCall) -> str:
+    (evidence,) = run.result_evidence_ids
+    return doc.evidences[evidence].content
+
+
+async def _kickoff(engine: ContextEngine, session_id: str, agent: Agent, text: str) -> None:
+    task = Task(name="work", description=text, expected_output="x", agent=agent)
+    ce.crewai.install(engine, session_id=session_id)
+    await asyncio.to_thread(Crew(agents=[agent], tasks=[task]).kickoff)
+    crewai_event_bus.flush()
+
+
+async def test_a_raising_tool_is_an_error_and_the_next_call_keeps_its_own_id(
+    engine: ContextEngine,
+) -> None:
+    """CrewAI reports a raising tool with ``ToolUsageErrorEvent`` (no finished event): its
+    run is recorded with status error, the error as its result, its task and duration, and
+    the model is told so; the tool's next call is recorded under its own id."""
+    calls: list[str] = []
+
+    @tool("flaky")
+    def flaky(q: str) -> str:
+        """A tool that fails on its first call."""
+        calls.append(q)
+        if len(calls) == 1:
+            time.sleep(0.05)
+            raise ValueError(f"backend exploded for {q}")
+        return f"ok for {q}"
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        done = sum(1 for m in body["messages"] if m["role"] == "tool")
+        if done == 0:
+            return ScriptedResponse(tool_calls=[("call_A", "flaky", json.dumps({"q": "first"}))])
+        if done == 1:
+            return ScriptedResponse(tool_calls=[("call_B", "flaky", json.dumps({"q": "second"}))])
+        return ScriptedResponse(text="done.")
+
+    with ScriptedOpenAIServer(script) as server:
+        agent = Agent(role="Lead", goal="g", backstory="b", llm=llm(server), tools=[flaky])
+        await _kickoff(engine, "s-raise", agent, "Use flaky twice.")
+        requests = server.requests
+    assert calls == ["first", "second"] and len(requests) == 3
+    doc = await engine.get_session("s-raise")
+    assert doc is not None
+    (task,) = doc.session.task_state.todo_list.tasks
+    runs = {r.tool_call_id: r for r in doc.session.tool_state.tool_calls}
+    assert set(runs) == {"call_A", "call_B"}
+    failed, fine = runs["call_A"], runs["call_B"]
+    assert (failed.status.value, failed.task_id, failed.args_digest) == (
+        "error",
+        task.task_id,
+        {"q": "first"},
+    )
+    assert failed.duration_ms >= 50
+    assert _result(doc, failed) == "ValueError: backend exploded for first"
+    assert (fine.status.value, fine.task_id, fine.args_digest) == (
+        "success",
+        task.task_id,
+        {"q": "second"},
+    )
+    assert _result(doc, fine) == "ok for second"
+    fences = _fences(requests[2])
+    assert fences["call_A"] == (failed.result_evidence_ids[0], "error")
+    assert fences["call_B"] == (fine.result_evidence_ids[0], "success")
+
+
+async def test_a_raising_tool_in_the_text_format_is_recorded_as_errors(
+    engine: ContextEngine,
+) -> None:
+    """The Thought/Action loop retries a raising tool (each attempt its own run), then hands
+    the error to the model: each attempt is an error run of the task."""
+
+    class TextOnly(OpenAICompletion):
+        def supports_function_calling(self) -> bool:
+            return False
+
+    @tool("broken")
+    def broken(q: str) -> str:
+        """A tool that always fails."""
+        raise ValueError(f"backend exploded for {q}")
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if "backend exploded" in json.dumps(body["messages"]):
+            return ScriptedResponse(text="Thought: give up\nFinal Answer: no data.")
+        return ScriptedResponse(
+            text='Thought: look it up\nAction: broken\nAction Input: {"q": "first"}'
+        )
+
+    with ScriptedOpenAIServer(script) as server:
+        model = TextOnly(model="gpt-4o-mini", base_url=server.base_url, api_key="sk-scripted")
+        agent = Agent(role="Lead", goal="g", backstory="b", llm=model, tools=[broken])
+        await _kickoff(engine, "s-raise-text", agent, "Use broken.")
+    doc = await engine.get_session("s-raise-text")
+    assert doc is not None
+    (task,) = doc.session.task_state.todo_list.tasks
+    runs = doc.session.tool_state.tool_calls
+    assert runs and len({r.tool_call_id for r in runs}) == len(runs)
+    for run in runs:
+        assert (run.tool, run.status.value, run.task_id) == ("broken", "error", task.task_id)
+        assert _result(doc, run) == "ValueError: backend exploded for first"
+
+
+async def test_parallel_calls_of_one_tool_keep_their_own_ids_and_results(
+    engine: ContextEngine,
+) -> None:
+    """One reply asks for the same tool twice; CrewAI runs both at once and the first one
+    finishes last: each call id keeps its own arguments and result, and each tool result the
+    model gets back cites its own evidence."""
+    rome_done = threading.Event()
+    finished: list[str] = []
+
+    @tool("weather")
+    def weather(city: str) -> str:
+        """Get the weather of a city."""
+        if city == "Oslo":
+            assert rome_done.wait(timeout=10)
+        finished.append(city)
+        if city == "Rome":
+            rome_done.set()
+        return f"weather of {city}"
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="Both looked up.")
+        return ScriptedResponse(
+            tool_calls=[
+                ("call_OSLO", "weather", json.dumps({"city": "Oslo"})),
+                ("call_ROME", "weather", '{ "city" :"Rome" }'),
+            ]
+        )
+
+    with ScriptedOpenAIServer(script) as server:
+        agent = Agent(role="Forecaster", goal="g", backstory="b", llm=llm(server), tools=[weather])
+        await _kickoff(engine, "s-parallel", agent, "Weather in Oslo and Rome?")
+        requests = server.requests
+    assert finished == ["Rome", "Oslo"]
+    doc = await engine.get_session("s-parallel")
+    assert doc is not None
+    runs = {r.tool_call_id: r for r in doc.session.tool_state.tool_calls}
+    assert set(runs) == {"call_OSLO", "call_ROME"}
+    fences = _fences(requests[-1])
+    for call_id, city in [("call_OSLO", "Oslo"), ("call_ROME", "Rome")]:
+        run = runs[call_id]
+        assert run.args_digest == {"city": city}
+        assert _result(doc, run) == f"weather of {city}"
+        assert fences[call_id] == (run.result_evidence_ids[0], "success")
+
+
+def test_a_tool_event_takes_the_call_id_asked_with_its_arguments() -> None:
+    """The id a tool run is recorded under: the call asked for with the same arguments (in
+    any JSON spelling), the earliest of equal ones, else the earliest; none once its run
+    ended."""
+    runs = Runs(CrewAIPlugin())
+    run = Run("r1", Scope("s", "explicit"))
+    target = Target(run, "s")
+    for call_id, args in [
+        ("c1", '{"city": "Oslo", "days": 2}'),
+        ("c2", '{"city": "Rome"}'),
+        ("c3", {"city": "Rome"}),
+        ("c4", "{not json"),
+    ]:
+        runs.note_call(target, "weather", call_id, args)
+    assert runs.take_call_id(target, "weather", {"city": "Rome"}) == "c2"
+    assert runs.take_call_id(target, "weather", {"days": 2, "city": "Oslo"}) == "c1"
+    assert runs.take_call_id(target, "other", {"city": "Rome"}) is None
+    assert runs.take_call_id(target, "weather", "{not json") == "c3"
+    runs.end(run)
+    assert runs.take_call_id(target, "weather", {}) is None
