@@ -80,6 +80,24 @@ async def test_a_failed_run_is_fenced_with_its_error_status() -> None:
     assert fenced(tool["content"]) == {"id": evidence_id, "tool": "read_mail", "status": "error"}
 
 
+async def test_a_repeated_output_is_fenced_with_the_evidence_it_was_stored_as() -> None:
+    # the second run's output is the first one's: stored once, and both fences name it
+    engine = deterministic_engine()
+    _, evidence_id = await _run(engine)
+    await engine.prepare_call("s", [Message(role=Role.USER, content="And again?")])
+    await engine.commit_assistant_message("s", _asks("c2"))
+    again = await Recorder(engine, "s").record_tool_run(
+        ToolRun("c2", "read_mail", {}, INJECTION, None, 2.0, 2.5)
+    )
+    assert again.evidence_id == evidence_id
+    prepared = await engine.prepare_call("s", [_result("c2", INJECTION)])
+    sent = to_openai_messages(prepared.assembled_input.parts)
+    tools = [m["content"] for m in sent if m["role"] == "tool"]
+    assert [fenced(t) for t in tools] == [
+        {"id": evidence_id, "tool": "read_mail", "status": "success"}
+    ] * 2
+
+
 async def test_a_tool_message_without_a_recorded_run_is_fenced_without_an_id() -> None:
     engine = deterministic_engine()
     await engine.prepare_call("s", [Message(role=Role.USER, content="Weather?")])

@@ -469,9 +469,14 @@ class SessionIndex:
         status = record.status.value if record is not None else None
         if status is None and recorded:
             status = recorded[0].metadata.get("status")
+        evidence_id = recorded[0].evidence_id if recorded else None
+        if evidence_id is None and record is not None and record.result_evidence_ids:
+            # a result the session held already (the same output of an earlier call) was not
+            # stored again: the run names the evidence it was deduplicated to
+            evidence_id = record.result_evidence_ids[0]
         return fence_tool_result(
             text,
-            evidence_id=recorded[0].evidence_id if recorded else None,
+            evidence_id=evidence_id,
             tool=result.name or name,
             status=status if isinstance(status, str) else None,
         )
