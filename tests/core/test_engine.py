@@ -14,6 +14,8 @@ from ce.core.engine import ContextEngine, current_session_id
 from ce.core.engine._session import SessionLocks
 from ce.core.errors import BudgetExceededError, InvariantViolationError
 from ce.core.events import Event, InMemoryEventBus
+from ce.core.formats import to_openai_messages
+from ce.core.pipeline import document_pointer
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import (
     EvidenceSource,
@@ -423,6 +425,47 @@ async def test_retrieved_text_a_prompt_quotes_is_sent_once_as_evidence() -> None
     assert again.assembled_input == result.assembled_input
 
 
+DOC = "Oslo gets 9 C and light rain this weekend in the city centre."
+
+
+async def _rendered_turn(engine: ContextEngine) -> str:
+    """Turn 1 of a RAG app: its prompt quoted a retrieved document (stored with a pointer)."""
+    evidence = await engine.ingest_evidence(
+        "s1", DOC, EvidenceSource(kind=SourceKind.RAG, uri="kb://oslo"), EvidenceType.RAG_DOC
+    )
+    prompt = f"Documents:\n{document_pointer(evidence.evidence_id)}\nQuestion: Weather in Oslo?"
+    await engine.prepare_call("s1", [Message(role=Role.USER, content=prompt)])
+    await engine.commit_assistant_message("s1", assistant("Rain."))
+    return prompt
+
+
+@pytest.mark.parametrize("kept", ["the prompt as rendered", "the bare question"])
+async def test_an_earlier_turn_the_app_keeps_in_another_form_is_not_recorded_again(
+    kept: str,
+) -> None:
+    store = MemoryStore()
+    engine = make_engine(store)
+    stored = await _rendered_turn(engine)
+    earlier = (
+        "Documents:\n" + DOC + "\nQuestion: Weather in Oslo?"
+        if kept == "the prompt as rendered"
+        else "Weather in Oslo?"
+    )
+    history = [Message(role=Role.USER, content=earlier), assistant("Rain.")]
+    for question in ("Wind in Bergen?", "And on Sunday?"):
+        history.append(Message(role=Role.USER, content=question))
+        result = await engine.prepare_call("s1", history)
+        history.append(assistant("Windy."))
+        await engine.commit_assistant_message("s1", history[-1])
+    sent = to_openai_messages(result.assembled_input.parts)
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert sent[1]["content"] == stored and "".join(str(m) for m in sent).count(DOC) == 1
+    doc = await store.get_session("s1")
+    assert doc is not None
+    users = [m.content for m in doc.session.messages if m.role is Role.USER]
+    assert users == [stored, "Wind in Bergen?", "And on Sunday?"]
+
+
 async def test_an_answer_citing_evidence_ids_is_stored_with_those_refs() -> None:
     """The model sees each evidence fenced with its id; a committed answer that names ids
     gets the matching ``refs`` (in the order it cites them), so the answer traces to its
@@ -588,6 +631,59 @@ async def test_the_same_retriever_hit_ingested_twice_is_one_evidence() -> None:
     other = await engine.ingest_evidence("s1", "Oslo is the capital.", source, EvidenceType.RAG_DOC)
     assert other.evidence_id != first.evidence_id
     assert len((await store.get_session("s1")).evidences) == 2  # type: ignore[union-attr]
+
+
+async def test_a_retrieved_documents_path_and_name_are_redacted_on_the_wire_and_in_the_store(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    engine = make_engine(SQLiteStore(str(path)))  # type: ignore[arg-type]
+    source = EvidenceSource(
+        kind=SourceKind.RAG,
+        name="inbox of jane.doe@example.com",
+        uri="/uploads/jane.doe@example.com/oslo.txt",
+    )
+    stored = await engine.ingest_evidence(
+        "s1", "Oslo gets light rain.", source, EvidenceType.RAG_DOC, metadata={"score": 0.9}
+    )
+    assert stored.source.uri == "/uploads/[REDACTED:email]/oslo.txt"
+    assert stored.source.name == "inbox of [REDACTED:email]"
+    result = await engine.prepare_turn("s1", "Weather in Oslo?")
+    system = result.assembled_input.parts[0].content
+    assert 'uri="/uploads/[REDACTED:email]/oslo.txt"' in system
+    # the same document retrieved again is still one evidence
+    again = await engine.ingest_evidence(
+        "s1", "Oslo gets light rain.", source, EvidenceType.RAG_DOC, metadata={"score": 0.9}
+    )
+    assert again.evidence_id == stored.evidence_id
+    await engine.close()
+    assert b"jane.doe@example.com" not in b"".join(
+        p.read_bytes() for p in tmp_path.iterdir() if p.is_file()
+    )
+
+
+@pytest.mark.parametrize(("score", "confidence"), [(0.0, 0.0), (0.42, 0.42), (1, 1.0)])
+async def test_a_score_in_zero_to_one_is_the_confidence(score: float, confidence: float) -> None:
+    engine = make_engine()
+    source = EvidenceSource(kind=SourceKind.RAG, uri="kb://doc")
+    stored = await engine.ingest_evidence(
+        "s1", "text", source, EvidenceType.RAG_DOC, metadata={"score": score}
+    )
+    assert stored.confidence == pytest.approx(confidence)
+
+
+@pytest.mark.parametrize("score", [2.9, 12.0, -0.3])
+async def test_a_raw_score_outside_zero_to_one_is_no_confidence(score: float) -> None:
+    # BM25 scores and distances rank documents; clamped to [0, 1] they all read as certain
+    engine = make_engine()
+    source = EvidenceSource(kind=SourceKind.RAG, uri="kb://doc")
+    stored = await engine.ingest_evidence(
+        "s1", "text", source, EvidenceType.RAG_DOC, metadata={"score": score}
+    )
+    assert stored.confidence is None
+    assert stored.metadata["score"] == score
+    result = await engine.prepare_turn("s1", "question")
+    assert 'confidence="' not in result.assembled_input.parts[0].content
 
 
 async def test_evidence_renders_fenced_with_provenance_in_the_system_message() -> None:

@@ -951,7 +951,8 @@ async def test_recorder_writes_retrieval_hits_with_confidence_and_dedup() -> Non
         "k": 1,
     }
     assert alpha.links.tool_call_id == "c9"
-    assert beta.confidence == 1.0
+    # a score outside [0, 1] (BM25, a distance) ranks; it is no confidence
+    assert (beta.confidence, beta.metadata["score"]) == (None, 1.7)
 
 
 async def test_recorder_writes_model_calls_with_their_output() -> None:

@@ -68,7 +68,7 @@ async def test_every_request_gets_the_sessions_input(example: ModuleType) -> Non
     assert [u.rsplit("Question: ", 1)[-1] for u in users] == list(example.QUESTIONS)
     hits = [e for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC]
     assert [(h.source.uri, h.content) for h in hits] == [example.GUIDES[0]]
-    assert all(f"see evidence {hits[0].evidence_id}" in u for u in users)
+    assert all(f"evidence {hits[0].evidence_id}]" in u for u in users)
     (call,) = doc.session.tool_state.tool_calls
     assert (call.tool_call_id, call.tool, call.status.value) == (
         "call_forecast",

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import pytest
-from haystack import Pipeline
+from haystack import Document, Pipeline, component
 from haystack.components.agents import Agent
 from haystack.components.builders import ChatPromptBuilder
 from haystack.dataclasses import ChatMessage
@@ -20,6 +20,7 @@ from hs_apps import FixedRetriever, generator, wire
 import ce.haystack
 from ce.core.engine import ContextEngine
 from ce.core.integration import SESSION_KEY
+from ce.core.pipeline import document_pointer
 from ce.core.schema import EvidenceType, Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, no_blocking
 
@@ -93,13 +94,66 @@ async def test_inlined_documents_reach_the_model_once_fenced_with_their_id(
             rf'<evidence id="{evidence.evidence_id}"[^>]*>\n(.*?)\n</evidence>', system, re.S
         )
         assert block is not None and block.group(1) == content
-        assert f"see evidence {evidence.evidence_id}" in request["messages"][-1]["content"]
+        assert document_pointer(evidence.evidence_id) in request["messages"][-1]["content"]
     assert system.startswith(SYSTEM)
     assert request["messages"][-1]["content"].endswith("Question: Weather in Oslo?")
     (usage,) = doc.session.model_usage
     assert (usage.prompt_tokens, usage.completion_tokens, usage.provider) == (42, 4, "openai")
     (user,) = [m for m in doc.session.messages if m.role is Role.USER]
     assert all(content not in user.content for _, content, _ in DOCS)  # stored once too
+
+
+@component
+class ByQuery:
+    """A retriever answering each query with the one document ``DOCS`` holds for it."""
+
+    @component.output_types(documents=list[Document])
+    def run(self, query: str) -> dict[str, Any]:
+        uri, content, score = DOCS[0] if "Oslo" in query else DOCS[1]
+        return {"documents": [Document(content=content, meta={"source": uri}, score=score)]}
+
+
+@pytest.mark.parametrize("kept", ["rendered prompts", "bare questions"])
+async def test_conversational_rag_sends_each_turn_and_document_once(
+    kept: str, engine: ContextEngine
+) -> None:
+    # the app's history is what the pipeline sent (the prompt with the turn's documents
+    # inline, so turn 2 passes turn 1's document inline again) or the bare questions, and
+    # the replies; either way the session holds each turn once, as it was sent
+    user = ChatMessage.from_user(
+        "Documents:\n{% for d in documents %}{{ d.content }}\n{% endfor %}Question: {{ query }}"
+    )
+    replies = iter(["Rain.", "Windy."])
+    with ScriptedOpenAIServer(lambda _: ScriptedResponse(text=next(replies))) as server:
+        pipeline = Pipeline(metadata={SESSION_KEY: "s-conv"})
+        pipeline.add_component("retriever", ByQuery())
+        pipeline.add_component("prompt", ChatPromptBuilder(variables=["documents", "query"]))
+        pipeline.add_component("llm", generator(server))
+        pipeline.connect("retriever.documents", "prompt.documents")
+        pipeline.connect("prompt.prompt", "llm.messages")
+        ce.haystack.install(engine)
+        history = [ChatMessage.from_system(SYSTEM)]
+        for query in ("Weather in Oslo?", "Wind in Bergen?"):
+            result = pipeline.run(
+                {
+                    "retriever": {"query": query},
+                    "prompt": {"template": [*history, user], "query": query},
+                },
+                include_outputs_from={"prompt"},
+            )
+            reply = result["llm"]["replies"][0]
+            if kept == "rendered prompts":
+                history = [*result["prompt"]["prompt"], reply]
+            else:
+                history = [*history, ChatMessage.from_user(query), reply]
+        _, second = server.requests
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "user"]
+    for _, content, _ in DOCS:
+        assert wire(second).count(content) == 1  # fenced once, never inline
+    assert (DOCS[0][1] in history[1].text) is (kept == "rendered prompts")  # the app's own
+    doc = await engine.get_session("s-conv")
+    users = [m.content for m in doc.session.messages if m.role is Role.USER]
+    assert [u.rsplit("Question: ", 1)[1] for u in users] == ["Weather in Oslo?", "Wind in Bergen?"]
 
 
 async def test_without_the_plugin_the_prompt_inlines_the_documents(engine: ContextEngine) -> None:

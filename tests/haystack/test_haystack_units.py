@@ -57,7 +57,7 @@ def test_inline_documents_become_pointers_to_their_evidence() -> None:
         {"role": "tool", "content": doc, "tool_call_id": "c1"},
     ]
     out = inline_evidence(dicts, [(doc, "ev-1"), ("short", "ev-2")])
-    assert out[1]["content"] == "Documents:\n[document: see evidence ev-1]\nQuestion: rain?"
+    assert out[1]["content"] == "Documents:\n[retrieved document: evidence ev-1]\nQuestion: rain?"
     assert out[0] == dicts[0] and out[2] == dicts[2] and out[3] == dicts[3]
     assert dicts[1]["content"].startswith("Documents:\nOslo")  # the app's dicts unchanged
 

@@ -49,6 +49,7 @@ from ce.core.integration import (
     record_awaited,
     redact_openai,
 )
+from ce.core.pipeline import document_pointer
 from ce.haystack._convert import (
     Pending,
     agent_author,
@@ -89,7 +90,7 @@ def inline_evidence(
             text = content
             for document, evidence_id in documents:
                 if len(document) >= _MIN_INLINE and document in text:
-                    text = text.replace(document, f"[document: see evidence {evidence_id}]")
+                    text = text.replace(document, document_pointer(evidence_id))
             if text != content:
                 entry = {**entry, "content": text}
         out.append(dict(entry))

@@ -4,7 +4,7 @@ hook.
 - ``haystack.pipeline.run`` binds the run's frame (its scope: see ``_scopes``);
   ``haystack.component.run`` of a retriever (a component taking a ``query``, a
   ``query_embedding`` or ``queries``) records its ``documents`` as ``rag_doc`` evidence (source,
-  score as confidence, id and metadata) and keeps them on the run's frame, so a prompt that
+  score, id and metadata) and keeps them on the run's frame, so a prompt that
   inlines them sends them once (see ``_inject``).
 - ``haystack.agent.step`` / ``.step.llm`` / ``.step.tool`` note the tool calls the model asked
   for and time each tool run; a run started inside a tool (a sub-agent, a pipeline behind a

@@ -19,7 +19,7 @@ from ce.core.engine._session import (
     message_key,
 )
 from ce.core.errors import InvariantViolationError, RedactionError
-from ce.core.pipeline import canonical_step, transcript_parts
+from ce.core.pipeline import canonical_step, document_pointer, transcript_parts
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
     EvidenceType,
@@ -133,17 +133,40 @@ def _quoting_evidence(entry: SessionEntry, text: str) -> str:
     memo = entry.quoted_memo
     if memo is not None and memo[0] == text and memo[1] == state:
         return memo[2]
-    given = text
-    for evidence in islice(reversed(evidences.values()), _QUOTED_RECENT):
-        content = evidence.content
-        if (
-            evidence.type is EvidenceType.RAG_DOC
-            and len(content) >= _QUOTED_MIN_CHARS
-            and content in text
-        ):
-            text = text.replace(content, f"[retrieved document: evidence {evidence.evidence_id}]")
-    entry.quoted_memo = (given, state, text)
+    quoted = _quoted_documents(entry, text)
+    entry.quoted_memo = (text, state, quoted)
+    return quoted
+
+
+def _quoted_documents(entry: SessionEntry, text: str) -> str:
+    """``text`` with every one of the session's newest retrieved documents that it quotes
+    whole replaced by :func:`~ce.core.pipeline.document_pointer` (``text`` itself when it
+    quotes none)."""
+    for evidence in islice(reversed(entry.doc.evidences.values()), _QUOTED_RECENT):
+        if evidence.type is not EvidenceType.RAG_DOC:
+            continue
+        content = evidence.content.strip()
+        if len(content) >= _QUOTED_MIN_CHARS and content in text:
+            text = text.replace(content, document_pointer(evidence.evidence_id))
     return text
+
+
+_WITHIN_MIN_CHARS = 16  # a shorter question could be part of any prompt
+_WITHIN_RECENT = 256  # the newest messages an app's earlier question is looked for in
+
+
+def _asked_within(entry: SessionEntry, text: str) -> bool:
+    """Whether the user message ``text`` (an earlier turn of an app's history, which the
+    session does not hold as such) is part of a longer user message the session holds: the
+    prompt the app rendered around its question (retrieved documents, instructions) and sent
+    on that turn, while its history keeps the bare question."""
+    question = text.strip()
+    if len(question) < _WITHIN_MIN_CHARS:
+        return False
+    return any(
+        m.role is Role.USER and len(m.content) > len(question) and question in m.content
+        for m in islice(reversed(entry.doc.session.messages), _WITHIN_RECENT)
+    )
 
 
 _ID_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:~-]{7,}")
@@ -535,6 +558,12 @@ class HistoryWriter:
                     )
                 ):
                     continue
+                if (
+                    message.role is Role.USER
+                    and message is not asked
+                    and self._held_in_another_form(entry, message, key, seen, cfg)
+                ):
+                    continue
             if message.role is Role.USER:
                 media = any(p.type != "text" for p in message.parts or ())
                 if not message.content.strip() and not media:
@@ -549,6 +578,33 @@ class HistoryWriter:
                     self._write_assistant(entry, message, cfg, call)
             else:
                 self._write_tool_result(entry, message, cfg, call)
+
+    def _held_in_another_form(
+        self,
+        entry: SessionEntry,
+        message: Message,
+        key: tuple[Any, ...],
+        seen: dict[tuple[Any, ...], int],
+        cfg: RuntimeConfig,
+    ) -> bool:
+        """Whether ``message`` (a user message of the history before the newest, new by its
+        text ``key``) is an earlier turn the session holds in another form: with the
+        retrieved documents it quotes replaced by pointers (see
+        :func:`~ce.core.pipeline.document_pointer`; an app that keeps the prompts it sent
+        passes an earlier turn's documents again, which the turn stored as pointers; counted
+        as that message in ``seen``), or inside the prompt the app rendered around it (see
+        :func:`_asked_within`). Such a message is not recorded again: the session's form of
+        the turn is what the model gets."""
+        text = self._stored_text(message.content, cfg)
+        quoted = _quoted_documents(entry, text)
+        if quoted == text:
+            return _asked_within(entry, text)
+        held = message_key(message, quoted)
+        if seen.get(held, 0) >= entry.key_counts.get(held, 0):
+            return _asked_within(entry, text)
+        seen[key] -= 1
+        seen[held] = seen.get(held, 0) + 1
+        return True
 
     def _own_run(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig

@@ -185,24 +185,22 @@ def tool_result_evidence(run: ToolRun) -> EvidenceDraft:
 
 
 def evidence_from_hit(hit: RetrievalHit, tool_call_id: str | None = None) -> EvidenceDraft:
-    """The ``rag_doc`` evidence of one retrieval hit: source uri, score as confidence, doc id
-    and version in the metadata; linked to ``tool_call_id`` when a tool retrieved it."""
+    """The ``rag_doc`` evidence of one retrieval hit: source uri, the score (which becomes
+    the confidence when it is one, see :class:`~ce.core.pipeline.IngestOptions`), doc id and
+    version in the metadata; linked to ``tool_call_id`` when a tool retrieved it."""
     metadata = dict(hit.metadata)
     if hit.doc_id is not None:
         metadata["doc_id"] = hit.doc_id
     if hit.doc_version is not None:
         metadata["doc_version"] = hit.doc_version
-    confidence = None
     if hit.score is not None:
         metadata["score"] = hit.score
-        confidence = min(1.0, max(0.0, float(hit.score)))
     return EvidenceDraft(
         content=hit.content,
         source=EvidenceSource(kind=SourceKind.RAG, uri=hit.uri),
         evidence_type=EvidenceType.RAG_DOC,
         links=EvidenceLinks(tool_call_id=tool_call_id) if tool_call_id else None,
         metadata=metadata,
-        options=IngestOptions(confidence=confidence),
     )
 
 

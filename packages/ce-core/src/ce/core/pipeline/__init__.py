@@ -21,6 +21,7 @@ from ce.core.pipeline._ingest import EvidenceIngestor, IngestOptions, PreparedEv
 from ce.core.pipeline._levels import (
     EVIDENCE_PREAMBLE,
     LEVELS,
+    document_pointer,
     fence_evidence,
     fence_tool_result,
     shorten,
@@ -91,6 +92,7 @@ __all__ = [
     "Summarizer",
     "SummaryDraft",
     "canonical_step",
+    "document_pointer",
     "evidence_priority",
     "fence_evidence",
     "fence_tool_result",

@@ -22,8 +22,10 @@ __all__ = ["EvidenceIngestor", "IngestOptions", "PreparedEvidence"]
 
 @dataclass(frozen=True)
 class IngestOptions:
-    """``confidence`` given here wins over a ``score`` in the metadata; ``args_digest``
-    makes a tool result's dedup key its tool and arguments instead of its content."""
+    """``confidence`` given here wins over a ``score`` in the metadata, which is taken as
+    the confidence only when it lies in [0, 1] (a similarity, a probability; a raw BM25 score
+    or a distance says nothing about confidence and stays a score); ``args_digest`` makes a
+    tool result's dedup key its tool and arguments instead of its content."""
 
     redact: bool = True
     dedup: bool = True
@@ -79,8 +81,13 @@ class EvidenceIngestor:
         degradations: list[tuple[str, str]] = []
         confidence = opts.confidence
         score = meta.get("score")
-        if confidence is None and isinstance(score, (int, float)) and not isinstance(score, bool):
-            confidence = min(1.0, max(0.0, float(score)))
+        if (
+            confidence is None
+            and isinstance(score, (int, float))
+            and not isinstance(score, bool)
+            and 0.0 <= score <= 1.0
+        ):
+            confidence = float(score)
         evidence_id = self._ids.generate()
 
         key: str | None = None
@@ -100,16 +107,24 @@ class EvidenceIngestor:
             try:
                 result = self._redactor.redact_text(content)
                 meta_redacted, meta_rules = self._redactor.redact_value(meta)
+                # a document's path or URL (a user's folder, a signed link) is sent with it
+                named, source_rules = (
+                    self._redactor.redact_value([source.name, source.uri])
+                    if source.name or source.uri
+                    else ([], [])
+                )
             except RedactionError as exc:
                 degradations.append(("redaction_failed", str(exc)))
                 meta["has_sensitive"] = True
             else:
-                rules = sorted(set(result.applied_rules) | set(meta_rules))
+                rules = sorted(set(result.applied_rules) | set(meta_rules) | set(source_rules))
                 if rules:
                     redaction = RedactionRecord(
                         evidence_id=evidence_id,
                         rules_applied=rules,
-                        fields_redacted=int(result.has_sensitive) + len(meta_rules),
+                        fields_redacted=int(result.has_sensitive)
+                        + len(meta_rules)
+                        + len(source_rules),
                     )
                     if self._dual_store:
                         original = Evidence(
@@ -122,6 +137,8 @@ class EvidenceIngestor:
                             created_at=self._clock.now_iso(),
                         )
                 text, meta = result.redacted_text, meta_redacted
+                if source_rules:
+                    source = source.model_copy(update={"name": named[0], "uri": named[1]})
         meta.update(keyed)
         evidence = Evidence(
             evidence_id=evidence_id,

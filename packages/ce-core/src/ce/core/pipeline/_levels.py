@@ -11,6 +11,7 @@ from ce.core.schema import Evidence, LevelOfDetail
 __all__ = [
     "EVIDENCE_PREAMBLE",
     "LEVELS",
+    "document_pointer",
     "fence_evidence",
     "fence_tool_result",
     "shorten",
@@ -134,6 +135,12 @@ def _leading_sentences(text: str, keep: int) -> str:
 
 def _attr(value: str) -> str:
     return value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+
+
+def document_pointer(evidence_id: str) -> str:
+    """What stands in a prompt for a retrieved document it quoted whole: the model gets the
+    document once, fenced as the evidence ``evidence_id``."""
+    return f"[retrieved document: evidence {evidence_id}]"
 
 
 def fence_evidence(evidence: Evidence, body: str) -> str:
