@@ -8,6 +8,7 @@ without a server.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from ce.core._drive import run_blocking
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.errors import SchemaValidationError, StoreError, VersionConflictError
@@ -35,6 +37,7 @@ from ce.core.stores import (
     Store,
     WriterStore,
 )
+from ce.core.stores import _sqlite_sql as sqlite_sql
 from ce.core.stores._sqlite_locks import LockFile, lock_path, session_offset
 from ce.core.stores._sqlite_locks import supported as locks_supported
 from ce.core.stores.base import OwnedChanges
@@ -575,3 +578,107 @@ async def test_a_writer_that_takes_no_lock_makes_a_held_commit_refused_and_redon
     ]
     await engine.close()
     await older.close()
+
+
+async def test_a_caller_cancelled_during_blocking_work_waits_for_it_then_undoes_it() -> None:
+    inside, go = threading.Event(), threading.Event()
+    undone: list[str] = []
+
+    def take() -> str:
+        inside.set()
+        go.wait(10)
+        return "the lock"
+
+    task = asyncio.create_task(run_blocking(take, undo=undone.append))
+    await asyncio.to_thread(inside.wait, 10)
+    task.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)  # the cancellation reaches the task, which waits for the thread
+    assert not task.done() and undone == []
+    go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert undone == ["the lock"]
+
+
+@pytest.mark.skipif(not locks_supported(), reason="no lock files on this platform")
+async def test_a_writer_cancelled_during_its_read_ends_cancelled_and_frees_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an event loop shutting down cancels a flush whose whole-session read runs in a worker
+    # thread: the connection must not be rolled back and pooled while the thread still reads
+    store = SQLiteStore(str(tmp_path / "s.db"))
+    engine = ContextEngine(store, config=RuntimeConfig(), id_generator=SequentialIdGenerator())
+    await engine.prepare_turn("s", "first")
+    inside, go = threading.Event(), threading.Event()
+    read = sqlite_sql.read_since
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        inside.set()
+        go.wait(10)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(sqlite_sql, "read_since", slow)
+
+    async def block() -> None:
+        async with store.writer("s") as writer:
+            await writer.read_since(0)
+
+    task = asyncio.create_task(block())
+    await asyncio.to_thread(inside.wait, 10)
+    task.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not task.done()
+    go.set()
+    with pytest.raises(asyncio.CancelledError):  # not a StoreError from a rollback beside it
+        await task
+    monkeypatch.setattr(sqlite_sql, "read_since", read)
+    assert not _held_elsewhere(store, "s")
+    await engine.prepare_turn("s", "second")
+    doc = await store.get_session("s")
+    assert doc is not None and [m.content for m in doc.session.messages] == ["first", "second"]
+    await engine.close()
+
+
+@pytest.mark.skipif(not locks_supported(), reason="no lock files on this platform")
+async def test_a_writer_cancelled_while_waiting_for_the_session_leaves_it_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = SQLiteStore(str(tmp_path / "s.db")), SQLiteStore(str(tmp_path / "s.db"))
+    waiting, done = threading.Event(), asyncio.Event()
+    take = second._take
+
+    def noted(*args: Any) -> None:
+        waiting.set()
+        take(*args)
+
+    monkeypatch.setattr(second, "_take", noted)
+
+    async def holder() -> None:
+        async with first.writer("s"):
+            await done.wait()
+
+    held = asyncio.create_task(holder())
+    while not _held_elsewhere(second, "s"):
+        await asyncio.sleep(0)
+    waiter = asyncio.create_task(_enter(second, "s"))
+    await asyncio.to_thread(waiting.wait, 10)
+    waiter.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    done.set()
+    await held
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    # the lock its thread took after the cancellation was given back
+    assert not _held_elsewhere(first, "s")
+    async with second.writer("s") as writer:
+        assert await writer.read_since(0) is None
+    await first.close()
+    await second.close()
+
+
+async def _enter(store: SQLiteStore, session_id: str) -> None:
+    async with store.writer(session_id):
+        pass

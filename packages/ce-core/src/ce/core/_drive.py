@@ -21,6 +21,7 @@ blocks another call for longer than its own CPU work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 import weakref
@@ -159,13 +160,28 @@ def inline() -> bool:
     return _inline.get()
 
 
-async def run_blocking(fn: Callable[[], _T]) -> _T:
+async def run_blocking(fn: Callable[[], _T], undo: Callable[[_T], object] | None = None) -> _T:
     """Run the blocking ``fn`` (a store's database work): inline when the engine call is
-    driven inline, else in a worker thread so the caller's event loop goes on."""
+    driven inline, else in a worker thread so the caller's event loop goes on.
+
+    A worker thread cannot be stopped: a caller cancelled meanwhile (its event loop shutting
+    down, a timeout) waits for ``fn`` to end before the cancellation goes on, so that what it
+    does next (a rollback on the same connection, the connection back in its pool) never runs
+    beside ``fn``; when ``fn`` returned, ``undo`` is called with its result first (to give
+    back what it took: a lock, a pooled connection)."""
     if _inline.get():
         return fn()
     async with turn_released():
-        return await asyncio.to_thread(fn)
+        running = asyncio.ensure_future(asyncio.to_thread(fn))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            while not running.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({running})
+            if undo is not None and not running.cancelled() and running.exception() is None:
+                undo(running.result())
+            raise
 
 
 async def _awaited(awaitable: Awaitable[_T]) -> _T:

@@ -323,7 +323,7 @@ class PostgresStore(BaseStore):
         if pool is None:
             raise StoreError(f"{self._where}: store is closed")
         try:
-            conn = await run_blocking(pool.getconn)
+            conn = await run_blocking(pool.getconn, undo=pool.putconn)
         except psycopg.Error as exc:
             raise StoreError(f"{self._where}: {exc}") from exc
         held = _Writer(self, conn, session_id)

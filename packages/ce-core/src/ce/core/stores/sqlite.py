@@ -249,7 +249,9 @@ class SQLiteStore(BaseStore):
         """Take the lock byte ``offset``: right here when it is free, else waited for in a
         worker thread (inline, when the engine call is driven inline)."""
         if not locks.try_lock(offset):
-            await run_blocking(functools.partial(self._take, locks, offset))
+            await run_blocking(
+                functools.partial(self._take, locks, offset), undo=lambda _: locks.unlock(offset)
+            )
 
     def _session_write(
         self,
