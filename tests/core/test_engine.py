@@ -408,14 +408,20 @@ async def test_retrieved_text_a_prompt_quotes_is_sent_once_as_evidence() -> None
     await engine.ingest_evidence(
         "s1", "30 days", EvidenceSource(kind=SourceKind.RAG), EvidenceType.RAG_DOC
     )
-    prompt = f"Answer from the context.\n---\n{doc_text}\n---\nBe brief: 30 days or not."
+    short = "Oslo doc: oslo facts."  # a short document still reads as one (16+ characters)
+    await engine.ingest_evidence(
+        "s1", short, EvidenceSource(kind=SourceKind.RAG, uri="kb://oslo"), EvidenceType.RAG_DOC
+    )
+    prompt = (
+        f"Answer from the context.\n---\n{doc_text}\n{short}\n---\nBe brief: 30 days or not."
+    )
     history = [
         Message(role=Role.SYSTEM, content=prompt),
         Message(role=Role.USER, content="Can I return my order?"),
     ]
     result = await engine.prepare_call("s1", history)
     system = result.assembled_input.parts[0].content
-    assert system.count(doc_text) == 1
+    assert system.count(doc_text) == 1 and system.count(short) == 1
     assert f'<evidence id="{evidence.evidence_id}"' in system
     assert f"[retrieved document: evidence {evidence.evidence_id}]" in system
     assert "Be brief: 30 days or not." in system  # the short evidence is not cut out

@@ -115,7 +115,7 @@ def _answers_waiting_call(entry: SessionEntry, framework_id: str) -> bool:
     return framework_id in waiting or entry.call_aliases.get(framework_id) in waiting
 
 
-_QUOTED_MIN_CHARS = 32  # shorter evidence could match ordinary instruction text
+_QUOTED_MIN_CHARS = 16  # shorter evidence could match ordinary instruction text
 _QUOTED_RECENT = 64  # the newest retrieved documents a framework's prompt may quote
 
 
