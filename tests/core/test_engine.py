@@ -412,9 +412,7 @@ async def test_retrieved_text_a_prompt_quotes_is_sent_once_as_evidence() -> None
     await engine.ingest_evidence(
         "s1", short, EvidenceSource(kind=SourceKind.RAG, uri="kb://oslo"), EvidenceType.RAG_DOC
     )
-    prompt = (
-        f"Answer from the context.\n---\n{doc_text}\n{short}\n---\nBe brief: 30 days or not."
-    )
+    prompt = f"Answer from the context.\n---\n{doc_text}\n{short}\n---\nBe brief: 30 days or not."
     history = [
         Message(role=Role.SYSTEM, content=prompt),
         Message(role=Role.USER, content="Can I return my order?"),
