@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("llama_index.llms.openai")
 
-from llama_index.core import Document, VectorStoreIndex
+from llama_index.core import Document, PromptTemplate, VectorStoreIndex
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.chat_engine import CondensePlusContextChatEngine, SimpleChatEngine
 from llama_index.core.embeddings import MockEmbedding
@@ -252,6 +252,106 @@ async def test_a_nested_call_naming_its_own_session_goes_there(
     assert sorted(await _sessions(engine)) == ["expert-log", "outer-n"]
     assert len(await engine.list_turns("expert-log")) == 2
     assert "OUTER-SYS" not in str((await engine.get_session("expert-log")).session.messages)
+
+
+# -- prompt calls without an open parent: a streamed synthesis, an app's own predict --------
+
+CHAT_TURN = "PRIVATECHATTURN: hello, I am the user."
+DOC_TEXTS = ("Paris is mild in autumn.", "Oslo is cold in autumn.")
+
+
+def _chat_or_synthesis(body: dict[str, Any]) -> ScriptedResponse:
+    return ScriptedResponse(text="chat reply" if CHAT_TURN in _text(body) else "partial answer")
+
+
+def _private_chat() -> list[ChatMessage]:
+    return [
+        ChatMessage(role="system", content="CHAT-SYS"),
+        ChatMessage(role="user", content=CHAT_TURN),
+    ]
+
+
+async def _assert_only_the_chat_in(engine: ContextEngine, session_id: str) -> None:
+    assert await _contents(engine, session_id, Role.USER) == [CHAT_TURN]
+    assert await _contents(engine, session_id, Role.ASSISTANT) == ["chat reply"]
+    assert len((await engine.get_session(session_id)).session.model_usage) == 1
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["refine", "compact"])
+async def test_a_streaming_query_engines_synthesis_stays_out_of_the_chat(
+    mode: str, path: str, engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    """A streaming query engine's last synthesizer call (``llm.stream`` / ``astream``) is
+    made when the app reads the response, after the query returned, with no open span
+    above it; in a session that already holds a chat it is still a component: every
+    synthesizer request holds its own prompt only (none of the chat, each retrieved text
+    once: no evidence block repeating the text the prompt quotes), each is recorded in a
+    child scope of the session, and the chat session gains no synthesizer turn."""
+    server = server_box["server"] = ScriptedOpenAIServer(_chat_or_synthesis).start()
+    llm = _openai(server)
+    query_engine = _docs_index().as_query_engine(
+        llm=llm, streaming=True, response_mode=mode, similarity_top_k=2
+    )
+    ce.llamaindex.install(engine)
+
+    def run_sync() -> str:
+        with instrument_tags({"ce_session_id": "chat-q"}):
+            llm.chat(_private_chat())
+            return "".join(query_engine.query("What about Paris?").response_gen)
+
+    async def run_async() -> str:
+        with instrument_tags({"ce_session_id": "chat-q"}):
+            await llm.achat(_private_chat())
+            response = await query_engine.aquery("What about Paris?")
+            return "".join([t async for t in response.async_response_gen()])
+
+    answer = await asyncio.to_thread(run_sync) if path == "sync" else await run_async()
+    assert answer == "partial answer"
+    chat, *synthesis = server.requests
+    assert CHAT_TURN in _text(chat) and synthesis
+    assert len(synthesis) == (2 if mode == "refine" else 1)  # refine: one call per node
+    for request in synthesis:
+        assert CHAT_TURN not in _text(request) and "CHAT-SYS" not in _text(request)
+        assert all(_text(request).count(doc) <= 1 for doc in DOC_TEXTS)
+        assert "<evidence" not in _text(request)
+    assert all(any(doc in _text(r) for r in synthesis) for doc in DOC_TEXTS)
+    await _assert_only_the_chat_in(engine, "chat-q")
+    children = [s for s in await _sessions(engine) if s != "chat-q"]
+    assert len(children) == len(synthesis)
+    assert all(s.startswith("chat-q/OpenAI.") and s.count("/") == 1 for s in children)
+
+
+async def test_a_top_level_prompt_call_is_a_child_scope_of_its_session(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    """An app's own ``llm.predict`` / ``apredict`` under a named session goes to
+    ``<session>/<its span id>``: it receives its prompt only, and the session keeps its chat."""
+    server = server_box["server"] = ScriptedOpenAIServer(_chat_or_synthesis).start()
+    llm = _openai(server)
+    ce.llamaindex.install(engine)
+    prompt = PromptTemplate("Classify this text: {text}")
+
+    def run_sync() -> str:
+        with instrument_tags({"ce_session_id": "chat-p"}):
+            llm.chat(_private_chat())
+            return llm.predict(prompt, text="SYNCTEXT")
+
+    assert await asyncio.to_thread(run_sync) == "partial answer"
+    with instrument_tags({"ce_session_id": "chat-p"}):
+        assert await llm.apredict(prompt, text="ASYNCTEXT") == "partial answer"
+    _, *predicts = server.requests
+    assert [r["messages"] for r in predicts] == [
+        [{"role": "user", "content": f"Classify this text: {word}"}]
+        for word in ("SYNCTEXT", "ASYNCTEXT")
+    ]
+    await _assert_only_the_chat_in(engine, "chat-p")
+    children = sorted(s for s in await _sessions(engine) if s != "chat-p")
+    spans = [s.removeprefix("chat-p/").split("-", 1)[0] for s in children]
+    assert spans == ["OpenAI.apredict", "OpenAI.predict"]  # the prompt calls' span ids
+    for child in children:
+        (user,) = await _contents(engine, child, Role.USER)
+        assert user.startswith("Classify this text: ")
 
 
 # -- a chat engine's condense step ---------------------------------------------------------
@@ -640,6 +740,56 @@ async def test_a_tool_call_id_reused_across_turns_keeps_the_session_injected(
     last = requests[-1]["messages"]
     assert last[-1]["role"] == "tool" and last[-1]["tool_call_id"].startswith("call_0")
     assert last[-2]["tool_calls"][0]["id"] == last[-1]["tool_call_id"]
+
+
+def _summarizing_script(body: dict[str, Any]) -> ScriptedResponse:
+    if "OUTER-SYS" not in _system(body):
+        return ScriptedResponse(text="NESTED SUMMARY")
+    if body["messages"][-1]["role"] == "tool":
+        return ScriptedResponse(text="done")
+    turn = sum(m["role"] == "user" for m in body["messages"])
+    arguments = json.dumps({"text": f"TEXT-OF-TURN-{turn}"})
+    return ScriptedResponse(tool_calls=[("call_0", "summarize", arguments)])
+
+
+async def test_tool_runs_reusing_a_call_id_get_child_scopes_of_their_own(
+    engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    """The model answers ``call_0`` in both turns; each turn's tool makes its own LLM call.
+    The second run's child scope is named by the id the session stores the reused call
+    under (``call_0~2``): its nested request holds only its own messages, not the first
+    turn's exchange."""
+    server = server_box["server"] = ScriptedOpenAIServer(_summarizing_script).start()
+    llm = _openai(server)
+
+    async def summarize(text: str) -> str:
+        """Summarize a text."""
+        messages = [
+            ChatMessage(role="system", content="SUMMARIZER-SYS"),
+            ChatMessage(role="user", content=f"Summarize: {text}"),
+        ]
+        return str((await llm.achat(messages)).message.content)
+
+    agent = FunctionAgent(
+        tools=[FunctionTool.from_defaults(summarize)], llm=llm, system_prompt=OUTER_SYS
+    )
+    ce.llamaindex.install(engine)
+    for turn in ("first turn", "second turn"):
+        with instrument_tags({"ce_session_id": "outer-r"}):
+            assert await _drive(agent, turn) == "done"
+    nested = [r for r in server.requests if "SUMMARIZER-SYS" in _text(r)]
+    assert [r["messages"] for r in nested] == [
+        [
+            {"role": "system", "content": "SUMMARIZER-SYS"},
+            {"role": "user", "content": f"Summarize: TEXT-OF-TURN-{turn}"},
+        ]
+        for turn in (1, 2)
+    ]
+    assert await _sessions(engine) == ["outer-r", "outer-r/call_0", "outer-r/call_0~2"]
+    doc = await engine.get_session("outer-r")
+    assert [t.tool_call_id for t in doc.session.tool_state.tool_calls] == ["call_0", "call_0~2"]
+    for child, turn in (("outer-r/call_0", 1), ("outer-r/call_0~2", 2)):
+        assert await _contents(engine, child, Role.USER) == [f"Summarize: TEXT-OF-TURN-{turn}"]
 
 
 class _BrokenStore:

@@ -184,7 +184,11 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
                 name, args = _tool_input(cast(BaseTool, instance), arguments)  # is_tool
                 call_id = tracker.asked_call_id(outer.session_id, name, args) or id_
             info.scope = resolve_scope(
-                plugin, run_id=info.root, explicit=info.named, parent=outer, parent_call_id=call_id
+                plugin,
+                run_id=info.root,
+                explicit=info.named,
+                parent=outer,
+                parent_call_id=tracker.tool_scope_id(outer.session_id, call_id),
             )
             _open_tool(info, outer.session_id, call_id, name, args, quiet=is_suppressed())
             info.tool_pending = step is not None

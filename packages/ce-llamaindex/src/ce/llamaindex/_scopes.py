@@ -10,10 +10,13 @@ A span's scope is its parent span's, except where something changes it:
   chat engine uses), else ``install(session_id=...)``, else ``run:<root span id>``. A span
   deeper in a top-level run that names a session (new tags, a new ``engine.session``) or, in a
   run scoped by the install default or by the run itself, brings a memory with an identity, is
-  resolved again the same way.
+  resolved again the same way. A prompt call without a known parent (an app's own
+  ``llm.predict``, the synthesizer call a streaming query engine's response generator makes
+  when the app reads it) is resolved the same way and is a component of that session.
 - **Components** (a nested call, :meth:`ce.core.integration.Scope.child`): an agent's tool run
-  (the ``call_tool`` step, id: the model's tool-call id; or a tool the app or a tool body calls
-  itself, id: the call id of the latest reply asking for it, else the span id); a prompt call
+  (the ``call_tool`` step, id: the model's tool-call id, ``<id>~2``, ``<id>~3``, ... for a run
+  of an id the session's runs already used; or a tool the app or a tool body calls itself,
+  id: the call id of the latest reply asking for it, else the span id); a prompt call
   of an LLM (``predict`` / ``complete`` / ``structured_predict`` families: a condense step, a
   response synthesizer's call, an LLM-backed helper; id: the span id) except the answer a chat
   engine's response synthesizer makes (``CondensePlusContextChatEngine``,
@@ -236,6 +239,13 @@ def span_scope(
     own = next((s for s in map(memory_session, memories) if s), None)
     if parent is None:
         scope = resolve_scope(plugin, run_id=id_, explicit=named, framework=own)
+        if isinstance(instance, BaseLLM) and method in _PROMPT_METHODS:
+            # a prompt call is never the conversation, also without a parent: an app's own
+            # llm.predict, or the last call of a streaming query engine's synthesizer, which its
+            # response generator makes when the app reads it, after query() returned; that span
+            # opens with no parent id at all (keeping the closed query spans as parents, as for
+            # a chat engine's stream, would not reach it), so it is its session's component
+            scope = scope.child(id_)
         info = SpanInfo(parent=parent_id, root=id_, scope=scope)
     else:
         info = SpanInfo(
