@@ -1,8 +1,10 @@
 """Teams on the real AutoGen: a team's agents share the team run's session, each call starts
 with its own agent's system message, a peer's reply reaches an agent as a user message named
 after the peer (never as the agent's own assistant turn) and is stored once with the peer as
-author; a SelectorGroupChat's speaker-selection prompts are recorded, never rewritten; a model
-call nested in a tool call (an AgentTool) goes to a child scope."""
+author; an agent's own tool-call summary or handoff message never comes back to it (each
+request is the one plain AutoGen sends), also after a resume in a new process; a
+SelectorGroupChat's speaker-selection prompts are recorded, never rewritten; a model call
+nested in a tool call (an AgentTool) goes to a child scope."""
 
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from autogen_agentchat.tools import AgentTool
 from autogen_apps import client, wire
 
 import ce.autogen
+from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.formats import from_openai_messages
 from ce.core.schema import AuthorKind, ModelUsageStage, Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
-from ce.core.testing.assertions import assert_tool_pairs_intact
+from ce.core.testing.assertions import assert_tool_pairs_intact, unfenced
 
 MARK = "NOTEBOOK-MARK-TEAM"
 SYSTEMS = {"alice": "You are Alice, the researcher.", "bob": "You are Bob, the critic."}
@@ -458,3 +461,237 @@ async def test_a_user_proxys_messages_stay_the_users(engine: ContextEngine) -> N
     assert answer.role is Role.USER
     assert answer.author is not None
     assert (answer.author.kind, answer.author.id) == (AuthorKind.USER, "human")
+
+
+def _shape(request: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """A request's messages as the model reads them: role, name, text (a tool result without
+    the engine's evidence fence), tool call ids, the id a tool result answers."""
+    return [
+        (
+            m["role"],
+            m.get("name"),
+            unfenced(m.get("content")),
+            [c["id"] for c in m.get("tool_calls") or ()],
+            m.get("tool_call_id"),
+        )
+        for m in request["messages"]
+    ]
+
+
+def _summarizing_script(body: dict[str, Any]) -> ScriptedResponse:
+    """Alice calls the weather tool on every turn (AutoGen then answers with her
+    ``ToolCallSummaryMessage``, ``reflect_on_tool_use=False``); bob replies."""
+    speaker, n = _speaker(body), len(body["messages"])
+    if speaker == "alice":
+        return ScriptedResponse(tool_calls=[(f"call_a{n}", "weather", '{"city": "Oslo"}')])
+    return ScriptedResponse(text=f"bob-says-{n}")
+
+
+def _summarizing_agents(server: ScriptedOpenAIServer) -> list[AssistantAgent]:
+    return [
+        AssistantAgent(
+            "alice", model_client=client(server), tools=[weather], system_message=SYSTEMS["alice"]
+        ),
+        AssistantAgent("bob", model_client=client(server), system_message=SYSTEMS["bob"]),
+    ]
+
+
+async def test_an_agents_own_tool_call_summary_never_comes_back_as_its_own_turn(
+    engine: ContextEngine,
+) -> None:
+    """AutoGen shows an agent's ``ToolCallSummaryMessage`` to its peers only; its own next
+    call holds its tool call and result, never the summary as its own assistant turn. Every
+    request is the one plain AutoGen sends (tool results fenced as evidence), and the summary
+    is stored once, when the team emits it, before bob's reply."""
+
+    async def run(install: bool) -> list[dict[str, Any]]:
+        with ScriptedOpenAIServer(_summarizing_script) as server:
+            team = RoundRobinGroupChat(
+                _summarizing_agents(server), termination_condition=MaxMessageTermination(5)
+            )
+            if install:
+                ce.autogen.install(engine)
+            with engine.session("s-summary"):
+                await team.run(task=TASK)
+            if install:
+                ce.autogen.uninstall()
+            return server.requests
+
+    plain = await run(install=False)
+    requests = await run(install=True)
+    assert [_speaker(r) for r in requests] == ["alice", "bob", "alice", "bob"]
+    assert [_shape(r) for r in requests] == [_shape(r) for r in plain]
+    assert [m["role"] for m in requests[2]["messages"]] == [
+        "system",
+        "user",
+        "assistant",  # alice's tool call, then its result; no summary of hers
+        "tool",
+        "user",
+    ]
+    doc = await engine.get_session("s-summary")
+    stored = [m for m in doc.session.messages if m.role is not Role.SYSTEM]
+    summaries = [m for m in stored if m.meta.get("autogen_emitted")]
+    assert [(m.content, m.meta["autogen_emitted"]) for m in summaries] == [
+        ("sunny in Oslo", "ToolCallSummaryMessage")
+    ] * 2
+    assert all(m.author is not None and m.author.id == "alice" for m in summaries)
+    first = stored.index(summaries[0])
+    assert stored[first - 1].tool_calls  # right after alice's tool call, in emitted order
+    assert stored[first + 1].content.startswith("bob-says")
+
+
+async def test_a_handoff_message_never_comes_back_to_the_agent_that_handed_off(
+    engine: ContextEngine,
+) -> None:
+    """A ``Swarm``: each agent's ``HandoffMessage`` (and tool-call summary) reaches the other
+    as its user message and never comes back to its author as its own assistant turn; every
+    request is the one plain AutoGen sends, and the handoffs are stored in the order the
+    team emits them."""
+    travel, refunder = "You are a travel agent.", "You are the flights refunder."
+
+    def refund_flight(flight_id: str) -> str:
+        """Refund a flight."""
+        return f"Flight {flight_id} refunded"
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        messages, n = body["messages"], len(body["messages"])
+        calls = [c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()]
+        if travel in messages[0]["content"]:
+            if "transfer_to_flights_refunder" in calls:
+                return ScriptedResponse(text="All set. TERMINATE")
+            return ScriptedResponse(
+                tool_calls=[(f"call_t{n}", "transfer_to_flights_refunder", "{}")]
+            )
+        if "refund_flight" not in calls:
+            args = json.dumps({"flight_id": "ABC123"})
+            return ScriptedResponse(tool_calls=[(f"call_r{n}", "refund_flight", args)])
+        return ScriptedResponse(tool_calls=[(f"call_b{n}", "transfer_to_travel_agent", "{}")])
+
+    async def run(install: bool) -> list[dict[str, Any]]:
+        from autogen_agentchat.conditions import TextMentionTermination
+
+        with ScriptedOpenAIServer(script) as server:
+            agents = [
+                AssistantAgent(
+                    "travel_agent",
+                    model_client=client(server),
+                    handoffs=["flights_refunder"],
+                    system_message=travel,
+                ),
+                AssistantAgent(
+                    "flights_refunder",
+                    model_client=client(server),
+                    handoffs=["travel_agent"],
+                    tools=[refund_flight],
+                    system_message=refunder,
+                ),
+            ]
+            stop = TextMentionTermination("TERMINATE") | MaxMessageTermination(12)
+            team = Swarm(agents, termination_condition=stop)
+            if install:
+                ce.autogen.install(engine)
+            with engine.session("s-handoff"):
+                await team.run(task="Refund flight ABC123 please.")
+            if install:
+                ce.autogen.uninstall()
+            return server.requests
+
+    plain = await run(install=False)
+    requests = await run(install=True)
+    assert len(requests) == len(plain) == 4
+    assert [_shape(r) for r in requests] == [_shape(r) for r in plain]
+    back = requests[3]["messages"]  # the travel agent, after the refunder handed back
+    assert [(m["role"], m.get("name")) for m in back[1:]] == [
+        ("user", "user"),
+        ("assistant", None),  # its own handoff call and its result, no handoff message
+        ("tool", None),
+        ("user", "flights_refunder"),
+        ("user", "flights_refunder"),
+    ]
+    doc = await engine.get_session("s-handoff")
+    emitted = [
+        (m.author.id if m.author else None, m.meta["autogen_emitted"])
+        for m in doc.session.messages
+        if m.meta.get("autogen_emitted")
+    ]
+    assert emitted == [
+        ("travel_agent", "HandoffMessage"),
+        ("flights_refunder", "ToolCallSummaryMessage"),
+        ("flights_refunder", "HandoffMessage"),
+    ]
+
+
+async def test_a_team_resumed_in_a_new_process_tells_its_agents_messages_apart(
+    engine: ContextEngine,
+) -> None:
+    """A team saved with ``save_state`` and loaded into new agents by a new process (a new
+    engine on the same store, the plugin installed anew): the engine's input holds messages
+    written before (a peer's tool calls, an agent's own summaries) that the new process never
+    saw; their authors are read from the session, so each request is the one plain AutoGen
+    sends: bob never gets alice's tool call as his own, alice never her summary."""
+
+    async def run(install: bool) -> list[dict[str, Any]]:
+        with ScriptedOpenAIServer(_summarizing_script) as server:
+            team = RoundRobinGroupChat(
+                _summarizing_agents(server), termination_condition=MaxMessageTermination(4)
+            )
+            if install:
+                ce.autogen.install(engine)
+            with engine.session("s-resumed"):
+                await team.run(task=TASK)
+            state = await team.save_state()
+            if install:
+                ce.autogen.uninstall()
+            before = len(server.requests)
+            # the new process: new agents, a new engine on the same store, a new install
+            later = ContextEngine(engine.store, config=RuntimeConfig(model_hint="gpt-4o"))
+            team = RoundRobinGroupChat(
+                _summarizing_agents(server), termination_condition=MaxMessageTermination(3)
+            )
+            await team.load_state(state)
+            if install:
+                ce.autogen.install(later)
+            with later.session("s-resumed"):
+                await team.run(task="And tomorrow?")
+            if install:
+                ce.autogen.uninstall()
+            await later.flush()
+            return server.requests[before:]
+
+    plain = await run(install=False)
+    requests = await run(install=True)
+    assert [_speaker(r) for r in requests] == ["bob", "alice"]
+    assert [_shape(r) for r in requests] == [_shape(r) for r in plain]
+    bob = requests[0]["messages"]
+    assert not any(m.get("tool_calls") or m["role"] == "tool" for m in bob)
+
+
+async def test_a_teams_next_run_in_a_new_session_keeps_each_agents_view(
+    engine: ContextEngine,
+) -> None:
+    """Two runs of one team that name no session: each run is its own session, and the
+    second one receives the first run's messages from the agents' model contexts. An
+    agent's summary and tool calls from the first run are still told apart: every request
+    holds the messages plain AutoGen sends (alice never her summary as her own turn, bob
+    never her tool calls); the second session stores the carried-over messages in the order
+    the agents first pass them, so bob's last request has alice's first summary later."""
+
+    async def run(install: bool) -> list[dict[str, Any]]:
+        with ScriptedOpenAIServer(_summarizing_script) as server:
+            team = RoundRobinGroupChat(
+                _summarizing_agents(server), termination_condition=MaxMessageTermination(3)
+            )
+            if install:
+                ce.autogen.install(engine)
+            await team.run(task=TASK)
+            await team.run(task="And tomorrow?")
+            if install:
+                ce.autogen.uninstall()
+            return server.requests
+
+    plain = await run(install=False)
+    requests = await run(install=True)
+    assert [_speaker(r) for r in requests] == ["alice", "bob", "alice", "bob"]
+    assert [_shape(r) for r in requests[:3]] == [_shape(r) for r in plain[:3]]
+    assert sorted(map(repr, _shape(requests[3]))) == sorted(map(repr, _shape(plain[3])))
+    assert len([s for s in await engine.list_sessions() if s.startswith("run:")]) == 2

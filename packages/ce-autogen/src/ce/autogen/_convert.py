@@ -8,6 +8,8 @@ message as the assistant message it is in the session (recorded once, with the p
 author), and :func:`from_sent` turns the engine's input back into the calling agent's view: a
 peer's message is a user message named after the peer again, never the agent's own assistant
 turn, and a peer's tool calls (with their results) are left out, as AutoGen leaves them out.
+An agent's own tool-call summary or handoff message (stored when the team emits it, see
+:func:`emitted_message`) is left out of its own view: AutoGen shows it to the peers only.
 
 ``HeadAndTailChatCompletionContext``'s "Skipped N messages." placeholder is left out: the
 session holds what it stands for.
@@ -46,14 +48,16 @@ from autogen_core.models import (
     UserMessage,
 )
 
+from ce.autogen._record import EMITTED
 from ce.core.integration import History, RewriteMemo, message_from_openai, reconcile_openai
-from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
+from ce.core.schema import Author, AuthorKind, Message, ModelInvocation, Role
 
 __all__ = [
     "MergedSystem",
     "Pending",
     "Unit",
     "author_of",
+    "emitted_message",
     "from_sent",
     "opaque",
     "redacted_natively",
@@ -323,17 +327,38 @@ def _copy_with_text(original: LLMMessage, text: str) -> LLMMessage:
 
 class AuthorLookup:
     """Who wrote an assistant message the engine assembled that is not among the agent's
-    own pending messages (history from the store): by its text or its tool call ids."""
+    own pending messages (history from the store): by its text or its tool call ids; and
+    which of them an agent emitted without AutoGen putting them into its own model context
+    (``emitted``: text -> agent, see :func:`emitted_message`)."""
 
-    def __init__(self, texts: Mapping[str, str], calls: Mapping[str, str]) -> None:
+    def __init__(
+        self, texts: Mapping[str, str], calls: Mapping[str, str], emitted: Mapping[str, str]
+    ) -> None:
         self.texts = texts
         self.calls = calls
+        self.emitted = emitted
 
     def author(self, text: str, call_ids: Sequence[str]) -> str | None:
         for call_id in call_ids:
             if call_id in self.calls:
                 return self.calls[call_id]
         return self.texts.get(text) if text else None
+
+    def explains(self, sent: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether the author of every assistant message of ``sent`` with text or tool calls
+        is known."""
+        for message in sent:
+            if message.get("role") != "assistant":
+                continue
+            calls = [str(c.get("id") or "") for c in message.get("tool_calls") or ()]
+            if calls:
+                if not all(c in self.calls for c in calls):
+                    return False
+                continue
+            text = _text(message.get("content"))
+            if text and text not in self.texts:
+                return False
+        return True
 
 
 def from_sent(
@@ -432,6 +457,8 @@ def from_sent(
                 )
                 for c in message.get("tool_calls") or ()
             ]
+            if lookup is not None and not calls and lookup.emitted.get(text) == agent:
+                continue  # its own summary or handoff message: never in its own model context
             author = lookup.author(text, [c.id for c in calls]) if lookup else None
             if author is not None and author != agent and author in peers:
                 if calls:  # a peer's tool calls are its own business, as in AutoGen
@@ -445,6 +472,29 @@ def from_sent(
                 out.append(AssistantMessage(content=text, source=agent))
     flush()
     return out
+
+
+def emitted_message(message: Any, agent: str) -> Message | None:
+    """The chat message ``message`` (the final message of an agent's turn in a team) as the
+    neutral assistant :class:`Message` written by ``agent``, when it is one AutoGen shows the
+    agent's peers but never puts into the agent's own model context: a
+    ``ToolCallSummaryMessage`` (the tool results, ``reflect_on_tool_use=False``) or a
+    ``HandoffMessage``; its meta :data:`~ce.autogen._record.EMITTED` names its type.
+    ``None`` for any other message (a model reply, which its model call records) and for
+    one without text."""
+    from autogen_agentchat.messages import HandoffMessage, ToolCallSummaryMessage
+
+    if not isinstance(message, (ToolCallSummaryMessage, HandoffMessage)):
+        return None
+    text = _text(message.to_model_message().content)
+    if not text.strip():
+        return None
+    return Message(
+        role=Role.ASSISTANT,
+        content=text,
+        author=agent_author(agent),
+        meta={EMITTED: type(message).__name__},
+    )
 
 
 def redacted_natively(redactor: Any, messages: Sequence[LLMMessage]) -> list[LLMMessage] | None:

@@ -43,7 +43,13 @@ from ce.autogen._convert import (
     tool_schemas,
 )
 from ce.autogen._record import model_call, write
-from ce.core.integration import fail_open, is_suppressed, prepare_openai
+from ce.core.integration import (
+    RUN_SESSION_PREFIX,
+    fail_open,
+    guarded,
+    is_suppressed,
+    prepare_openai,
+)
 from ce.core.schema import ModelUsageStage
 
 if TYPE_CHECKING:
@@ -101,7 +107,7 @@ async def prepare(
             pending.continued(history)
         schemas = tool_schemas(tools)
         if peers:
-            _note_peers(site, pending)
+            _note_authors(site, pending)
     except Exception as exc:
         return await fail_open(plugin, session_id, "convert messages", exc, redact)
     authors = None if pending.history is not None else pending.authors  # the history's own
@@ -110,8 +116,8 @@ async def prepare(
     )
     if sent is None:
         return None
+    lookup = await _lookup(site, sent) if peers else None
     try:
-        lookup = AuthorLookup(*site.book.authors(session_id)) if peers else None
         return from_sent(sent, messages, pending, site.agent, peers, lookup)
     except Exception as exc:
         return await fail_open(plugin, session_id, "convert messages", exc, redact)
@@ -124,18 +130,50 @@ def _view_key(site: CallSite) -> str:
     return "\x1f".join((site.session_id, site.agent, *sorted(site.frame.peers)))
 
 
-def _note_peers(site: CallSite, pending: Any) -> None:
-    """Note the author of each peer message the book does not know yet (one that was no
-    model reply of this process: a tool-call summary, a reply from another process), as
-    written and as the session stores it."""
+async def _lookup(site: CallSite, sent: Sequence[Mapping[str, Any]]) -> AuthorLookup:
+    """The authors of the assistant messages of the engine's input ``sent`` for a team
+    agent's call. When the book does not know one (written by another process, or before
+    this one started: a team resumed with ``load_state``), the authors the session stores
+    are read into the book, once per session (a run's own new session is never read)."""
+    book, session_id = site.book, site.session_id
+    lookup = AuthorLookup(*book.authors(session_id))
+    if (
+        session_id.startswith(RUN_SESSION_PREFIX)  # a run's own (or nested in one): all new
+        or lookup.explains(sent)
+        or not book.note_read(session_id)
+    ):
+        return lookup
+    plugin = site.plugin
+
+    async def read() -> None:
+        doc = await plugin.engine.get_session(session_id)
+        book.note_stored(session_id, doc.session.messages)
+
+    await guarded(plugin, read, session_id=session_id, what="read the session's authors")
+    return AuthorLookup(*book.authors(session_id))
+
+
+def _note_authors(site: CallSite, pending: Any) -> None:
+    """Note the authors the book does not know yet in this session of the call's messages:
+    of each tool call (the agent's own, or a peer's a handoff passed on) and of each peer
+    message (a reply from another process, a message of an agent the plugin does not act
+    on, a message an earlier run in another session carried over: as written and as the
+    session stores it; one its author emitted in an earlier run as emitted, see
+    :meth:`~ce.autogen._record.Book.note_emitted`)."""
     book, session_id = site.book, site.session_id
     redactor: Any = None
     for entry, author in zip(pending.dicts, pending.authors, strict=True):
+        if entry.get("role") != "assistant" or author is None:
+            continue
+        calls = [str(c.get("id") or "") for c in entry.get("tool_calls") or ()]
+        if calls:
+            unknown = [c for c in calls if not book.knows_call(session_id, c)]
+            if unknown:
+                book.note_reply(session_id, author.id, (), unknown)
+            continue
         text = entry.get("content")
         if (
-            entry.get("role") != "assistant"
-            or author is None
-            or author.id == site.agent
+            author.id == site.agent
             or not isinstance(text, str)
             or not text
             or book.knows(session_id, text)
@@ -146,7 +184,10 @@ def _note_peers(site: CallSite, pending: Any) -> None:
         texts = [text]
         if redactor:
             texts.append(redactor.redact_text(text).redacted_text)
-        book.note_reply(session_id, author.id, texts, ())
+        if book.emitted_before(author.id, text):  # in an earlier run's session
+            book.note_emitted(session_id, author.id, texts)
+        else:
+            book.note_reply(session_id, author.id, texts, ())
 
 
 def _usage_args(inner: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

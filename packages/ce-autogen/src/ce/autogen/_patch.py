@@ -5,7 +5,8 @@ the start of a turn and calls it from its class methods ``_call_llm`` (every cal
 loop) and ``_reflect_on_tool_use_flow`` (the reflection); its static ``_execute_tool_call``
 runs each tool call (AutoGen's call id, ``is_error``), its static
 ``_update_model_context_with_memory`` queries the memories. The plugin replaces these four
-class attributes, and ``on_messages_stream`` (a turn of a standalone agent starts a run) and
+class attributes, and ``on_messages_stream`` (a turn of a standalone agent starts a run; a
+team agent's turn that ends with a tool-call summary or a handoff message stores it) and
 ``BaseGroupChat.run_stream`` (a team's run), and ``SelectorGroupChatManager._select_speaker``
 (the speaker-selection prompt, recorded only), each by a function that does its part around
 the original; and ``FunctionTool.run``, whose sync tool bodies AutoGen runs in an executor
@@ -29,7 +30,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
-from ce.autogen._convert import arguments_of
+from ce.autogen._convert import arguments_of, emitted_message
 from ce.autogen._inject import CallSite, EngineClient, RecordingClient
 from ce.autogen._record import hits_from_memory, tool_run, write
 from ce.autogen._scopes import Frame, ToolFrame, agents_of, current_tool, in_tool
@@ -38,7 +39,7 @@ from ce.core.integration import is_suppressed
 if TYPE_CHECKING:
     from ce.autogen._record import Book
     from ce.autogen._scopes import Runs
-    from ce.core.integration import PatchLedger, Plugin
+    from ce.core.integration import PatchLedger, Plugin, Recorder
 
 __all__ = ["Patches", "patched_targets"]
 
@@ -94,23 +95,56 @@ class Patches:
     # -- runs -------------------------------------------------------------------------------
 
     def _make_on_messages_stream(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        runs = self.runs
+        from autogen_agentchat.base import Response
+
+        runs, emitted = self.runs, self._emitted
 
         async def on_messages_stream(
             agent: Any, *args: Any, **kwargs: Any
         ) -> AsyncGenerator[Any, None]:
             frame: Frame | None = None
-            if not is_suppressed() and runs.team_frame(agent) is None:
-                frame = Frame(runs.new_scope())
-                runs.bind_agent(agent, frame)
+            in_team = False
+            if not is_suppressed():
+                in_team = runs.team_frame(agent) is not None
+                if not in_team:
+                    frame = Frame(runs.new_scope())
+                    runs.bind_agent(agent, frame)
             try:
                 async for item in original(agent, *args, **kwargs):
+                    if in_team and isinstance(item, Response):
+                        await emitted(agent, item.chat_message)
                     yield item
             finally:
                 if frame is not None:
                     runs.unbind(frame)
 
         return on_messages_stream
+
+    async def _emitted(self, agent: Any, chat_message: Any) -> None:
+        """A team agent's turn ended with ``chat_message``: when it is a message AutoGen
+        shows the peers but never puts into the agent's own model context (a tool-call
+        summary, a handoff message, see :func:`emitted_message`), it is stored now, in the
+        order the team emits it, with the agent as author, and noted as the agent's emitted
+        message (it never comes back to the agent as its own assistant turn)."""
+        plugin, book = self.plugin, self.book
+        frame = self.runs.for_context(getattr(agent, "_model_context", None))
+        if frame is None or not plugin.installed:
+            return
+        name = str(getattr(agent, "name", ""))
+        message = emitted_message(chat_message, name)
+        if message is None:
+            return
+        session_id = frame.session_id
+
+        async def record(recorder: Recorder) -> None:
+            texts = [message.content]
+            redactor = plugin.engine.redactor_for(plugin.config)
+            if redactor is not None:
+                texts.append(redactor.redact_text(message.content).redacted_text)
+            book.note_emitted(session_id, name, texts)
+            await recorder.engine.commit_assistant_message(session_id, message)
+
+        await write(plugin, session_id, "record emitted message", record)
 
     def _make_run_stream(self, original: Callable[..., Any]) -> Callable[..., Any]:
         runs = self.runs

@@ -29,13 +29,13 @@ from ce.core.integration import (
 from ce.core.integration import (
     record_awaited as write,
 )
-from ce.core.schema import ModelUsageStage
+from ce.core.schema import AuthorKind, Message, ModelUsageStage, Role
 
 if TYPE_CHECKING:
     from autogen_core.models import CreateResult
 
 
-__all__ = ["Book", "hits_from_memory", "model_name", "write"]
+__all__ = ["EMITTED", "Book", "hits_from_memory", "model_name", "write"]
 
 _URI_KEYS = ("source", "uri", "url", "file_path", "path")
 _SCORE_KEYS = ("score", "relevance", "similarity")
@@ -44,6 +44,12 @@ _SMALL = 512
 _SESSIONS_KEPT = 1024
 _PER_SESSION = 4096
 _MEMORY_TEXTS = 4096
+_EMITTED_KEPT = 4096
+
+EMITTED = "autogen_emitted"
+"""The meta key of a message the plugin stored for an agent that AutoGen never puts into that
+agent's own model context (a ``ToolCallSummaryMessage``, a ``HandoffMessage``): its AutoGen
+message type."""
 
 
 def model_name(client: Any) -> str:
@@ -163,12 +169,17 @@ def _levels(text: str) -> list[str]:
 
 class Book:
     """What the plugin remembers between calls: who wrote the assistant messages of each
-    session (by text, redacted text and tool call id: the engine's input names no author)
+    session (by text, redacted text and tool call id: the engine's input names no author),
+    which of them an agent emitted without AutoGen ever putting them into its own model
+    context (a tool-call summary, a handoff message), which sessions' stored authors were read,
     and the system messages memories added to model contexts. Bounded (oldest first out)."""
 
     def __init__(self) -> None:
         self._texts: OrderedDict[str, dict[str, str]] = OrderedDict()
         self._calls: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._emitted: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self._ever_emitted: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._read: OrderedDict[str, None] = OrderedDict()
         self._memory: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -199,14 +210,77 @@ class Book:
             for call_id in call_ids:
                 by_call[call_id] = agent
 
+    def note_emitted(self, session_id: str, agent: str, texts: Sequence[str]) -> None:
+        """Agent ``agent`` emitted a message with these texts (raw and as stored) that AutoGen
+        shows its peers but never puts into the agent's own model context (a tool-call
+        summary, a handoff message). Noted as :meth:`note_reply` notes a reply, and as the
+        agent's emitted message."""
+        self.note_reply(session_id, agent, texts, ())
+        forms = {form for text in texts if text for form in _levels(text)}
+        with self._lock:
+            emitted = self._session(self._emitted, session_id)
+            for text in forms:
+                emitted[text] = agent
+            for text in texts:
+                self._ever_emitted[(agent, text)] = None
+                self._ever_emitted.move_to_end((agent, text))
+            while len(self._ever_emitted) > _EMITTED_KEPT:
+                self._ever_emitted.popitem(last=False)
+
+    def emitted_before(self, agent: str, text: str) -> bool:
+        """Whether agent ``agent`` emitted a message with ``text`` in any session (a team's
+        next run in a new session carries its earlier messages over in its agents' model
+        contexts)."""
+        return (agent, text) in self._ever_emitted
+
     def knows(self, session_id: str, text: str) -> bool:
         """Whether the author of ``text`` in ``session_id`` is noted."""
         return text in self._texts.get(session_id, {})
 
-    def authors(self, session_id: str) -> tuple[dict[str, str], dict[str, str]]:
-        """The texts and the tool call ids of ``session_id`` with their authors."""
+    def knows_call(self, session_id: str, call_id: str) -> bool:
+        """Whether the author of tool call ``call_id`` in ``session_id`` is noted."""
+        return call_id in self._calls.get(session_id, {})
+
+    def authors(self, session_id: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """The texts and the tool call ids of ``session_id`` with their authors, and the
+        texts of the messages its agents emitted (see :meth:`note_emitted`) with theirs."""
         with self._lock:
-            return dict(self._texts.get(session_id, {})), dict(self._calls.get(session_id, {}))
+            return (
+                dict(self._texts.get(session_id, {})),
+                dict(self._calls.get(session_id, {})),
+                dict(self._emitted.get(session_id, {})),
+            )
+
+    def note_read(self, session_id: str) -> bool:
+        """Note that the stored authors of ``session_id`` are read (see
+        :meth:`note_stored`); False when they were read before."""
+        with self._lock:
+            if session_id in self._read:
+                self._read.move_to_end(session_id)
+                return False
+            self._read[session_id] = None
+            while len(self._read) > _SESSIONS_KEPT:
+                self._read.popitem(last=False)
+            return True
+
+    def note_stored(self, session_id: str, messages: Sequence[Message]) -> None:
+        """Note the authors of the assistant messages ``session_id`` stores (written by
+        another process, or before this one started): each agent's message by its text as
+        stored and its tool call ids, a message the plugin recorded as emitted (meta
+        :data:`EMITTED`) as emitted."""
+        for message in messages:
+            author = message.author
+            if (
+                message.role is not Role.ASSISTANT
+                or author is None
+                or author.kind is not AuthorKind.AGENT
+            ):
+                continue
+            if message.meta.get(EMITTED):
+                self.note_emitted(session_id, author.id, [message.content])
+                continue
+            calls = [c.tool_call_id for c in message.tool_calls or ()]
+            self.note_reply(session_id, author.id, [message.content], calls)
 
     def note_memory(self, text: str) -> None:
         """A memory added this system message to a model context."""
