@@ -9,8 +9,11 @@ import json
 import re
 import threading
 import time
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from crew_apps import llm
 from crewai import Agent, Crew, Task
 from crewai.events import crewai_event_bus
@@ -23,6 +26,7 @@ from ce.core.integration import Scope
 from ce.core.schema import SessionDocument, ToolCall
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 from ce.crewai import CrewAIPlugin
+from ce.crewai._record import Recorders
 from ce.crewai._scopes import Run, Runs, Target
 
 FENCE = re.compile(r'<evidence id="([^"]+)" tool="(\w+)" status="(\w+)">')
@@ -207,3 +211,33 @@ def test_a_tool_event_takes_the_call_id_asked_with_its_arguments() -> None:
     assert runs.take_call_id(target, "weather", "{not json") == "c3"
     runs.end(run)
     assert runs.take_call_id(target, "weather", {}) is None
+
+
+def test_a_tool_error_handled_before_its_start_is_recorded_with_its_duration(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CrewAI runs event handlers on a thread pool: a raised tool's error event may be
+    handled before its start event. It is recorded once the start is handled, with the run's
+    duration; a finished run's late start is forgotten."""
+    recorders = Recorders(CrewAIPlugin(), Runs(CrewAIPlugin()))
+    recorded: list[tuple[float, float, str | None]] = []
+    monkeypatch.setattr(
+        recorders,
+        "_record_tool",
+        lambda event, *, result, error, started_at, ended_at: recorded.append(
+            (started_at, ended_at, error)
+        ),
+    )
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    end = start + timedelta(milliseconds=80)
+    error = SimpleNamespace(started_event_id="e1", timestamp=end, error="boom")
+    recorders.on_tool_error(None, error)
+    assert recorded == []
+    recorders.on_tool_started(None, SimpleNamespace(event_id="e1", timestamp=start))
+    assert recorded == [(start.timestamp(), end.timestamp(), "boom")]
+    finished = SimpleNamespace(
+        started_event_id="e2", failure=None, output="ok", started_at=start, finished_at=end
+    )
+    recorders.on_tool_finished(None, finished)
+    recorders.on_tool_started(None, SimpleNamespace(event_id="e2", timestamp=start))
+    assert recorders._tools_started == {} and recorders._tools_ended == set()

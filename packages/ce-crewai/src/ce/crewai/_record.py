@@ -106,6 +106,9 @@ class Recorders:
         self._lock = threading.Lock()
         self._started: dict[str, float] = {}  # LLM call id -> start time
         self._tools_started: dict[str, float] = {}  # tool started event id -> start time
+        # handlers run on a thread pool: an end may be handled before its start
+        self._tools_ended: set[str] = set()  # started event ids whose run ended first
+        self._errors_early: dict[str, tuple[Any, Any]] = {}  # the same, for a raised tool
 
     def handlers(self) -> list[tuple[str, Callable[[Any, Any], None]]]:
         """``(event class name in crewai.events, handler)`` pairs."""
@@ -247,15 +250,20 @@ class Recorders:
 
     def on_tool_started(self, source: Any, event: Any) -> None:
         with self._lock:
-            self._tools_started[event.event_id] = event.timestamp.timestamp()
-
-    def _tool_start(self, event: Any) -> float | None:
-        """When the tool run that ``event`` ends started (forgotten now)."""
-        with self._lock:
-            return self._tools_started.pop(event.started_event_id or "", None)
+            if event.event_id in self._tools_ended:
+                self._tools_ended.discard(event.event_id)
+                return
+            early = self._errors_early.pop(event.event_id, None)
+            if early is None:
+                self._tools_started[event.event_id] = event.timestamp.timestamp()
+                return
+        self._record_error(*early, started=event.timestamp.timestamp())
 
     def on_tool_finished(self, source: Any, event: Any) -> None:
-        self._tool_start(event)
+        key = event.started_event_id or ""
+        with self._lock:  # the event has the run's times: its start is not needed
+            if self._tools_started.pop(key, None) is None and key:
+                self._tools_ended.add(key)
         failure = getattr(event, "failure", None)
         self._record_tool(
             event,
@@ -268,7 +276,15 @@ class Recorders:
     def on_tool_error(self, source: Any, event: Any) -> None:
         """A tool that raised: CrewAI reports it with this event instead of a finished one
         (the model gets the error text as the tool's result)."""
-        started = self._tool_start(event)
+        key = event.started_event_id or ""
+        with self._lock:
+            started = self._tools_started.pop(key, None)
+            if started is None and key:  # recorded when its start is handled (its duration)
+                self._errors_early[key] = (source, event)
+                return
+        self._record_error(source, event, started=started)
+
+    def _record_error(self, source: Any, event: Any, *, started: float | None) -> None:
         ended = event.timestamp.timestamp()
         error = event.error
         self._record_tool(
