@@ -197,3 +197,51 @@ async def test_a_nested_call_naming_its_own_session_goes_there(engine: ContextEn
     assert await user_texts(engine, "notes") == ["the sky is blue"]
     assert await user_texts(engine, "main") == ["remember this"]
     assert texts(helper.seen[0]) == "the sky is blue"
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+async def test_a_reused_tool_call_id_gives_each_tool_run_its_own_child_scope(
+    engine: ContextEngine, use_async: bool
+) -> None:
+    helper = Scripted(script=lambda seen: f"SUMMARY of {str(seen[-1].content).split()[-1]}")
+    summarize_prompt = ChatPromptTemplate.from_messages(
+        [("system", HELPER_SYSTEM), ("human", "Summarize: {text}")]
+    )
+
+    @tool
+    def summarize(text: str) -> str:
+        """Summarize a text with a helper model."""
+        return str((summarize_prompt | helper).invoke({"text": text}).content)
+
+    outer = replies(  # the provider answers call_0 in every turn
+        call("summarize", {"text": "document ALPHA"}, "call_0"),
+        "Done.",
+        call("summarize", {"text": "document BETA"}, "call_0"),
+        "Done again.",
+    )
+    agent = create_agent(
+        outer, tools=[summarize], system_prompt=OUTER_SYSTEM, checkpointer=InMemorySaver()
+    )
+    ce.langchain.install(engine)
+    config: Any = {"configurable": {"thread_id": "trip"}}
+    for topic in ("ALPHA", "BETA"):
+        inputs = {"messages": [("user", f"summarize the {topic} document")]}
+        if use_async:
+            await agent.ainvoke(inputs, config)
+        else:
+            await asyncio.to_thread(agent.invoke, inputs, config)
+
+    # each tool run's nested call received only its own messages
+    first, second = helper.seen
+    assert [(m.type, m.content) for m in first[1:]] == [("human", "Summarize: document ALPHA")]
+    assert [(m.type, m.content) for m in second[1:]] == [("human", "Summarize: document BETA")]
+    assert "ALPHA" not in texts(second)
+    # ... each recorded in a child scope of its own, named like the engine's reused call
+    assert set(await engine.list_sessions()) == {"trip", "trip/call_0", "trip/call_0~2"}
+    assert await user_texts(engine, "trip/call_0") == ["Summarize: document ALPHA"]
+    assert await user_texts(engine, "trip/call_0~2") == ["Summarize: document BETA"]
+    # the outer agent's post-tool calls end with their own tool's result
+    assert [unfenced(outer.seen[i][-1].content) for i in (1, 3)] == [
+        "SUMMARY of ALPHA",
+        "SUMMARY of BETA",
+    ]

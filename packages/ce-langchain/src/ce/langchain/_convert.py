@@ -21,7 +21,9 @@ from ce.core.integration import History, RewriteMemo, message_from_openai, recon
 from ce.core.schema import Message, ModelInvocation
 
 __all__ = [
+    "SUMMARY_SOURCE",
     "ai_to_message",
+    "conversation",
     "fingerprint",
     "from_openai",
     "message_text",
@@ -50,6 +52,23 @@ _MEDIA_TYPES = frozenset(
         "document",
     }
 )
+
+
+SUMMARY_SOURCE = "summarization"
+"""The ``additional_kwargs["lc_source"]`` LangChain's ``SummarizationMiddleware`` marks the
+summary message it puts in place of older turns with."""
+
+
+def conversation(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """``messages`` without the summaries LangChain's ``SummarizationMiddleware`` put in place
+    of older turns: the session holds those turns (their calls went through the engine), and
+    the engine fits them to the budget itself, so a summary is neither stored as a user turn
+    nor sent beside the turns it summarizes."""
+    return [
+        m
+        for m in messages
+        if not (m.type == "human" and m.additional_kwargs.get("lc_source") == SUMMARY_SOURCE)
+    ]
 
 
 _CONVERTED_MAX = 8192

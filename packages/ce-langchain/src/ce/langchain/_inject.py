@@ -30,6 +30,7 @@ from ce.core.integration import (
     prepare_openai_sync,
 )
 from ce.langchain._convert import (
+    conversation,
     fingerprint,
     message_text,
     opaque,
@@ -37,12 +38,13 @@ from ce.langchain._convert import (
     to_openai,
     tool_schemas,
 )
-from ce.langchain._scopes import parent_run_id
+from ce.langchain._scopes import in_hook_node, parent_run_id
 
 if TYPE_CHECKING:
     from ce.langchain._plugin import LangChainPlugin
 
 __all__ = [
+    "INTERNAL_CALL_KEY",
     "SKIP_METADATA_KEY",
     "SKIP_TAG",
     "already_injected",
@@ -60,9 +62,13 @@ SKIP_TAG = "ce:skip"
 SKIP_METADATA_KEY = "ce_skip"
 """Metadata key with the same effect as :data:`SKIP_TAG` when true."""
 
-# create_agent runs middleware hooks as graph nodes named "<Middleware>.<hook>"; model calls
-# made there (the summarizer's, a tool selector's) are helper calls, not the agent's.
-_HELPER_NODE_SUFFIXES = (".before_model", ".after_model", ".before_agent", ".after_agent")
+INTERNAL_CALL_KEY = "lc_internal_call"
+"""Metadata key LangChain (``INTERNAL_CALL_METADATA_KEY``, langchain 1.4 on) puts on the model
+calls its ``create_agent`` middleware makes for itself (a summarizer's, a tool selector's, a
+tool emulator's): such a call is left alone."""
+_INTERNAL_SOURCES = frozenset({"summarization", "tool_selection", "tool_emulation"})
+# The ``lc_source`` metadata of those calls (the only mark of the summarizer's on the releases
+# before the internal-call key).
 
 # Set while a middleware / wrapper has already injected: the global patch then stays out.
 _injected: ContextVar[bool] = ContextVar("ce_langchain_injected", default=False)
@@ -90,10 +96,12 @@ def already_injected() -> Iterator[None]:
 
 
 def should_skip(
-    tags: Sequence[str] | None, metadata: Mapping[str, Any] | None, *, check_node: bool = True
+    tags: Sequence[str] | None, metadata: Mapping[str, Any] | None, *, model_call: bool = True
 ) -> bool:
-    """Whether a run is left alone: suppressed context, the skip tag or metadata, or (with
-    ``check_node``) a model call made inside a ``create_agent`` middleware hook node."""
+    """Whether a run is left alone: suppressed context, the skip tag or metadata, or (for a
+    ``model_call``) a ``create_agent`` middleware's own model call: marked internal by
+    LangChain (:data:`INTERNAL_CALL_KEY`, or the ``lc_source`` of its summarizer, tool
+    selector or tool emulator), or made inside a middleware hook node."""
     if is_suppressed():
         return True
     if tags and SKIP_TAG in tags:
@@ -101,8 +109,13 @@ def should_skip(
     metadata = metadata or {}
     if metadata.get(SKIP_METADATA_KEY):
         return True
-    node = metadata.get("langgraph_node")
-    return check_node and isinstance(node, str) and node.endswith(_HELPER_NODE_SUFFIXES)
+    if not model_call:
+        return False
+    return (
+        bool(metadata.get(INTERNAL_CALL_KEY))
+        or metadata.get("lc_source") in _INTERNAL_SOURCES
+        or in_hook_node(metadata)
+    )
 
 
 def current_config() -> tuple[list[str], dict[str, Any], dict[str, Any]]:
@@ -176,14 +189,18 @@ def inject_sync(
     tools: Sequence[Any] | None = None,
 ) -> list[BaseMessage]:
     """The messages the model receives instead of ``messages`` in ``session_id``; the schemas
-    of the bound ``tools`` are counted against the budget. Fail-open, never unredacted: when
-    the engine or the conversion fails, the app's own ``messages`` come back redacted (as
-    they are only when redaction is off or failed too)."""
+    of the bound ``tools`` are counted against the budget. A ``SummarizationMiddleware``
+    summary is left out (:func:`~ce.langchain._convert.conversation`), but with
+    ``mode="augment"``, which sends the app's own history rather than the stored one.
+    Fail-open, never unredacted: when the engine or the conversion fails, the app's own
+    ``messages`` (a summary included) come back redacted (as they are only when redaction is
+    off or failed too)."""
     try:
+        own = messages if plugin.mode == "augment" else conversation(messages)
         history = plugin.histories.convert(
-            session_id, messages, to_openai, opaque, fingerprint_of=fingerprint
+            session_id, own, to_openai, opaque, fingerprint_of=fingerprint
         )
-        pending = to_openai(messages) if history is None else history.pending
+        pending = to_openai(own) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:
         redacted = fail_open_sync(
@@ -194,7 +211,7 @@ def inject_sync(
     if sent is None:
         return messages
     try:
-        return reconcile(messages, pending, sent, history)
+        return reconcile(own, pending, sent, history)
     except Exception as exc:
         redacted = fail_open_sync(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
@@ -210,10 +227,11 @@ async def inject_async(
 ) -> list[BaseMessage]:
     """The coroutine twin of :func:`inject_sync`."""
     try:
+        own = messages if plugin.mode == "augment" else conversation(messages)
         history = plugin.histories.convert(
-            session_id, messages, to_openai, opaque, fingerprint_of=fingerprint
+            session_id, own, to_openai, opaque, fingerprint_of=fingerprint
         )
-        pending = to_openai(messages) if history is None else history.pending
+        pending = to_openai(own) if history is None else history.pending
         schemas = tool_schemas(tools)
     except Exception as exc:
         redacted = await fail_open(
@@ -224,7 +242,7 @@ async def inject_async(
     if sent is None:
         return messages
     try:
-        return reconcile(messages, pending, sent, history)
+        return reconcile(own, pending, sent, history)
     except Exception as exc:
         redacted = await fail_open(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)

@@ -46,7 +46,7 @@ from ce.langchain._inject import (
     new_run_id,
     should_skip,
 )
-from ce.langchain._scopes import messages_key, set_blocking
+from ce.langchain._scopes import messages_key, parent_run_id, set_blocking
 
 if TYPE_CHECKING:
     from langchain_core.language_models import BaseChatModel
@@ -115,7 +115,9 @@ def _scope(
             run_id = config["run_id"] = new_run_id()
     tags = [*(config.get("tags") or []), *(model.tags or [])]
     metadata = {**(config.get("metadata") or {}), **(model.metadata or {})}
-    if should_skip(tags, metadata):
+    # a config of the call's own replaces the run metadata naming the graph node it runs in:
+    # a middleware hook node is found from the call's parent run as well
+    if should_skip(tags, metadata) or plugin.tracker.in_hook(parent_run_id(config)):
         return None
     run_id = run_id if isinstance(run_id, UUID) else None
     return call_scope(plugin, config, tags, metadata, run_id), run_id

@@ -33,8 +33,9 @@ class LangChainPlugin(Plugin):
     Options of :meth:`install`: ``patch=False`` records only and leaves injection to
     :func:`middleware`. Calls are left alone (neither rewritten nor recorded) inside
     :func:`ce.core.integration.suppressed`, for models or runs tagged ``"ce:skip"`` (or with
-    metadata ``{"ce_skip": True}``), and inside ``create_agent`` middleware hook nodes
-    (``before_model`` / ``after_model``: the summarizer's own calls).
+    metadata ``{"ce_skip": True}``), and for a ``create_agent`` middleware's own model calls
+    (a summarizer's, a tool selector's: those LangChain marks internal, and those made in a
+    middleware hook node such as ``before_model``).
 
     Sessions follow :func:`ce.core.integration.resolve_scope`: ``ce_session_id`` metadata,
     ``engine.session()``, the LangGraph ``thread_id`` or the ``RunnableWithMessageHistory``

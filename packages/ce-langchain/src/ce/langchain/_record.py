@@ -246,7 +246,7 @@ class RecordingHandler(BaseCallbackHandler):
         scope = self.tracker.start(
             run_id, parent_run_id, "tool", metadata, tags, call_id=tool_call_id
         )
-        if not self.plugin.installed or should_skip(tags, metadata, check_node=False):
+        if not self.plugin.installed or should_skip(tags, metadata, model_call=False):
             return
         self._start(
             run_id,
@@ -312,7 +312,7 @@ class RecordingHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         scope = self.tracker.start(run_id, parent_run_id, "retriever", metadata, tags)
-        if not self.plugin.installed or should_skip(tags, metadata, check_node=False):
+        if not self.plugin.installed or should_skip(tags, metadata, model_call=False):
             return
         parent_tool = None
         if parent_run_id is not None:

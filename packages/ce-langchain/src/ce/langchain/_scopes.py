@@ -13,7 +13,12 @@ tools, retrievers, chat models: parent link and scope, dropped when the run ends
 - a run under a tool or a retriever is nested: ``<outer>/<tool_call_id>`` (a retriever: its
   run id), so an LLM-backed tool, a sub-agent called as a tool or an LLM query rewriter never
   sees nor changes the outer conversation (only a ``ce_session_id`` / ``engine.session()``
-  none of the enclosing scopes has takes it elsewhere).
+  none of the enclosing scopes has takes it elsewhere); a tool-call id the model reuses
+  (``call_0`` in every turn) names each run's scope apart: ``<outer>/call_0``, then
+  ``<outer>/call_0~2``, ``<outer>/call_0~3``, as the engine renames the reused call;
+- a run inside a ``create_agent`` middleware hook node (``<Middleware>.before_model``, ...),
+  or under such a run, is a hook run (:meth:`ScopeTracker.in_hook`): the model calls made
+  there are the middleware's own, left alone.
 
 Injection (before a chat model's run starts) and recording (its callbacks) ask the same
 tracker, so one call is assembled from and recorded into one session.
@@ -42,6 +47,7 @@ __all__ = [
     "explicit_session",
     "framework_identity",
     "in_blocking_call",
+    "in_hook_node",
     "make_history_merge",
     "make_tool_arun",
     "make_tool_run",
@@ -60,6 +66,11 @@ _FRAMEWORK_KEYS = (HISTORY_KEY, "thread_id", "session_id")
 _NESTING_KINDS = frozenset({"tool", "retriever"})
 _PENDING_MAX = 4096
 _NODES_MAX = 65536  # runs never ended (an abandoned stream) are forgotten beyond this
+_SESSIONS_KEPT = 4096  # the sessions whose tool-call ids are remembered (the latest used)
+
+# create_agent runs middleware hooks as graph nodes named "<Middleware>.<hook>"; model calls
+# made there (a summarizer's) are the middleware's own, not the agent's.
+_HOOK_NODE_SUFFIXES = (".before_model", ".after_model", ".before_agent", ".after_agent")
 
 # The tool_call_id of the tool run starting in this context (langchain-core < 1.1 does not
 # pass it to on_tool_start; the nested calls of the tool body need it before the tool ends).
@@ -98,6 +109,14 @@ def framework_identity(metadata: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+def in_hook_node(metadata: Mapping[str, Any] | None) -> bool:
+    """Whether a run's metadata places it in a ``create_agent`` middleware hook node
+    (``langgraph_node`` ``"<Middleware>.before_model"``, ``.after_model``, ``.before_agent``,
+    ``.after_agent``)."""
+    node = (metadata or {}).get("langgraph_node")
+    return isinstance(node, str) and node.endswith(_HOOK_NODE_SUFFIXES)
+
+
 def parent_run_id(config: Mapping[str, Any] | None) -> UUID | None:
     """The run a call made with ``config`` runs under (its callback manager's parent)."""
     callbacks = (config or {}).get("callbacks")
@@ -132,7 +151,8 @@ class _Node:
     parent: UUID | None
     kind: str
     scope: Scope
-    call_id: str
+    call_id: str  # what a nested run's scope is named after: unique in the session
+    hook: bool  # in a create_agent middleware hook node
 
 
 class ScopeTracker:
@@ -148,6 +168,7 @@ class ScopeTracker:
         self.plugin = plugin
         self._nodes: dict[UUID, _Node] = {}
         self._pending: OrderedDict[Hashable, tuple[Scope, object]] = OrderedDict()
+        self._call_ids: OrderedDict[str, set[str]] = OrderedDict()
         self._lock = threading.Lock()
 
     def _node(self, run_id: UUID | None) -> _Node | None:
@@ -222,19 +243,43 @@ class ScopeTracker:
         call_id: str | None = None,
         pending_key: Hashable | None = None,
     ) -> Scope:
-        """Follow run ``run_id`` (``kind``: chain, tool, retriever, model) until :meth:`end`;
-        its scope: the one :meth:`for_call` registered for it (by run id, else by
-        ``pending_key``), else :meth:`resolve`'s."""
+        """Follow run ``run_id`` (``kind``: chain, tool, retriever, model; a tool run's
+        ``call_id``: its ``tool_call_id``) until :meth:`end`; its scope: the one
+        :meth:`for_call` registered for it (by run id, else by ``pending_key``), else
+        :meth:`resolve`'s."""
         by_id, by_key = self._take(run_id), self._take(pending_key)
         scope = by_id or by_key
         if scope is None:
             scope = self.resolve(run_id, parent, metadata, tags)
-        node = _Node(parent=parent, kind=kind, scope=scope, call_id=call_id or str(run_id))
+        named = str(run_id) if call_id is None else self._unique_call_id(scope.session_id, call_id)
+        hook = in_hook_node(metadata)
         with self._lock:
-            self._nodes[run_id] = node
+            outer = self._nodes.get(parent) if parent is not None else None
+            hook = hook or (outer is not None and outer.hook)
+            self._nodes[run_id] = _Node(
+                parent=parent, kind=kind, scope=scope, call_id=named, hook=hook
+            )
             if len(self._nodes) > _NODES_MAX:
                 del self._nodes[next(iter(self._nodes))]
         return scope
+
+    def _unique_call_id(self, session_id: str, call_id: str) -> str:
+        """The id naming the child scope of a run of tool call ``call_id`` in session
+        ``session_id``: ``call_id`` the first time; for a reused id (a model may answer
+        ``call_0`` in every turn) the first of ``call_0~2``, ``call_0~3``, ... no earlier run
+        used, as the engine renames a reused call in the session, so each run's nested calls
+        get a scope of their own. Remembered in this process, for the latest few thousand
+        sessions."""
+        with self._lock:
+            used = self._call_ids.pop(session_id, set())
+            self._call_ids[session_id] = used  # the latest used last
+            while len(self._call_ids) > _SESSIONS_KEPT:
+                self._call_ids.popitem(last=False)
+            unique, n = call_id, 2
+            while unique in used:
+                unique, n = f"{call_id}~{n}", n + 1
+            used.add(unique)
+        return unique
 
     def end(self, run_id: UUID) -> None:
         """Stop following run ``run_id`` (a no-op for a run never started)."""
@@ -245,6 +290,12 @@ class ScopeTracker:
         """The scope of a run in flight, or ``None``."""
         node = self._node(run_id)
         return None if node is None else node.scope
+
+    def in_hook(self, run_id: UUID | None) -> bool:
+        """Whether run ``run_id`` (in flight) is in a ``create_agent`` middleware hook node:
+        a model call under it is the middleware's own, whatever its own config says."""
+        node = self._node(run_id)
+        return node is not None and node.hook
 
     def for_call(
         self,
@@ -282,10 +333,11 @@ class ScopeTracker:
         return None if entry is None else entry[0]
 
     def clear(self) -> None:
-        """Forget every run and pending call (on uninstall)."""
+        """Forget every run, pending call and tool-call id (on uninstall)."""
         with self._lock:
             self._nodes.clear()
             self._pending.clear()
+            self._call_ids.clear()
 
 
 def messages_key(messages: Sequence[object]) -> tuple[str, tuple[int, ...]]:
