@@ -470,6 +470,38 @@ async def test_an_earlier_turn_the_app_keeps_in_another_form_is_not_recorded_aga
     assert users == [stored, "Wind in Bergen?", "And on Sunday?"]
 
 
+async def test_documents_a_user_message_quotes_are_sent_once_as_evidence() -> None:
+    # a RAG chain that formats the retrieved documents into the human message
+    store = MemoryStore()
+    engine = make_engine(store)
+    rag = EvidenceSource(kind=SourceKind.RAG, uri="kb://refunds")
+    refund = "REFUND-DOC: refunds are accepted within 30 days of delivery."
+    shipping = "SHIP-DOC: orders ship within two working days from Oslo."
+    first = await engine.ingest_evidence("s1", refund, rag, EvidenceType.RAG_DOC)
+    asked = Message(role=Role.USER, content=f"Context: {refund}\nQuestion: Can I get a refund?")
+    for _ in range(2):  # a retried call records nothing twice
+        result = await engine.prepare_call("s1", [asked])
+    sent = to_openai_messages(result.assembled_input.parts)
+    assert sent[-1]["content"] == (
+        f"Context: {document_pointer(first.evidence_id)}\nQuestion: Can I get a refund?"
+    )
+    assert "".join(str(m) for m in sent).count(refund) == 1  # fenced as evidence
+    await engine.commit_assistant_message("s1", assistant("Yes, within 30 days."))
+    await engine.ingest_evidence("s1", shipping, rag, EvidenceType.RAG_DOC)
+    history = [
+        asked,
+        assistant("Yes, within 30 days."),
+        Message(role=Role.USER, content=f"Context: {shipping}\nQuestion: And shipping?"),
+    ]
+    result = await engine.prepare_call("s1", history)
+    wire = "".join(str(m) for m in to_openai_messages(result.assembled_input.parts))
+    assert wire.count(refund) == 1 and wire.count(shipping) == 1
+    doc = await store.get_session("s1")
+    assert doc is not None
+    users = [m.content for m in doc.session.messages if m.role is Role.USER]
+    assert len(users) == 2 and all("-DOC:" not in u for u in users)
+
+
 async def test_an_answer_citing_evidence_ids_is_stored_with_those_refs() -> None:
     """The model sees each evidence fenced with its id; a committed answer that names ids
     gets the matching ``refs`` (in the order it cites them), so the answer traces to its

@@ -1,13 +1,14 @@
-"""A LangChain RAG chain (retriever | format docs into the system prompt | ChatOpenAI): the
-plugin records the retrieved documents as evidence and the prompt quotes them, so the model
-would get them twice. It gets each once, fenced with its evidence id, the prompt pointing at it
-(ChatOpenAI on the scripted OpenAI server, sync and async)."""
+"""A LangChain RAG chain (retriever | format docs into the system prompt, or into the human
+message | ChatOpenAI): the plugin records the retrieved documents as evidence and the prompt
+quotes them, so the model would get them twice. It gets each once, fenced with its evidence
+id, the prompt pointing at it (ChatOpenAI on the scripted OpenAI server, sync and async)."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import AsyncIterator
+from operator import itemgetter
 from typing import Any
 
 import pytest
@@ -16,8 +17,9 @@ pytest.importorskip("langchain_openai")
 
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
+from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnablePassthrough
 from langchain_openai import ChatOpenAI
@@ -98,3 +100,54 @@ async def test_a_rag_chain_sends_each_document_once_as_evidence(
         assert f"evidence {evidence_id}" in system.split("## Evidence")[0]
     assert system.startswith("Answer from the handbook excerpts below.")
     assert json.dumps(request).count("Refunds are accepted within 30 days") == 5  # one copy
+
+
+class ByTopic(BaseRetriever):
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        text, source = (POLICY, "kb://refunds") if "refund" in query else (SHIPPING, "kb://ship")
+        return [Document(page_content=text.strip(), metadata={"source": source})]
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_documents_formatted_into_the_human_message_are_sent_once(
+    path: str, engine: ContextEngine
+) -> None:
+    # Context: {context} / Question: {question} as the human message, the app's history of
+    # bare questions and answers: each turn's document once, fenced, on every later turn too
+    prompt = ChatPromptTemplate.from_messages(
+        [
+            ("system", "Answer from the context."),
+            MessagesPlaceholder("chat_history"),
+            ("human", "Context: {context}\nQuestion: {question}"),
+        ]
+    )
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="ok")) as server:
+        model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-test")
+        context = itemgetter("question") | ByTopic() | (lambda ds: ds[0].page_content)
+        chain = (
+            {
+                "context": context,
+                "question": itemgetter("question"),
+                "chat_history": itemgetter("chat_history"),
+            }
+            | prompt
+            | model
+            | StrOutputParser()
+        )
+        ce.langchain.install(engine, session_id="rag-human")
+        history: list[Any] = []
+        for question in ("Can I get a refund?", "How fast do you ship?"):
+            data = {"question": question, "chat_history": history}
+            answer = chain.invoke(data) if path == "sync" else await chain.ainvoke(data)
+            history += [HumanMessage(question), AIMessage(answer)]
+        ce.langchain.uninstall()
+        first, second = server.requests
+    policy, shipping = "Refunds are accepted within 30 days", "Orders ship within two"
+    assert json.dumps(first).count(policy) == 5 and shipping not in json.dumps(first)
+    assert json.dumps(second).count(policy) == 5 and json.dumps(second).count(shipping) == 5
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "user"]
+    doc = await engine.get_session("rag-human")
+    users = [m.content for m in doc.session.messages if m.role.value == "user"]
+    assert len(users) == 2 and not any(policy in u or shipping in u for u in users)

@@ -303,7 +303,7 @@ class HistoryWriter:
         text, rules = self._redact_text(message.content, cfg, call)
         meta, meta_rules = self._redact_value(dict(message.meta), cfg, call)
         stored = entry.state.append_model_input(
-            text,
+            _quoted_documents(entry, text),  # a RAG prompt's documents: sent once, as evidence
             author=message.author,
             refs=message.refs,
             lod=message.lod,
@@ -558,10 +558,8 @@ class HistoryWriter:
                     )
                 ):
                     continue
-                if (
-                    message.role is Role.USER
-                    and message is not asked
-                    and self._held_in_another_form(entry, message, key, seen, cfg)
+                if message.role is Role.USER and self._held_in_another_form(
+                    entry, message, key, seen, cfg, asked=message is asked
                 ):
                     continue
             if message.role is Role.USER:
@@ -586,25 +584,28 @@ class HistoryWriter:
         key: tuple[Any, ...],
         seen: dict[tuple[Any, ...], int],
         cfg: RuntimeConfig,
+        *,
+        asked: bool,
     ) -> bool:
-        """Whether ``message`` (a user message of the history before the newest, new by its
-        text ``key``) is an earlier turn the session holds in another form: with the
-        retrieved documents it quotes replaced by pointers (see
-        :func:`~ce.core.pipeline.document_pointer`; an app that keeps the prompts it sent
-        passes an earlier turn's documents again, which the turn stored as pointers; counted
-        as that message in ``seen``), or inside the prompt the app rendered around it (see
-        :func:`_asked_within`). Such a message is not recorded again: the session's form of
-        the turn is what the model gets."""
+        """Whether the user message ``message`` (new by its text ``key``) is one the session
+        holds in another form: with the retrieved documents it quotes replaced by pointers
+        (see :func:`~ce.core.pipeline.document_pointer`: the session stores a user message so,
+        and the app passes it on later calls as it wrote it; counted as that message in
+        ``seen``; the newest message, ``asked``, only when the session's history ends with
+        it), or, for a message before the newest, inside the prompt the app rendered around
+        it (see :func:`_asked_within`). Such a message is not recorded again: the session's
+        form of the turn is what the model gets."""
         text = self._stored_text(message.content, cfg)
         quoted = _quoted_documents(entry, text)
-        if quoted == text:
-            return _asked_within(entry, text)
-        held = message_key(message, quoted)
-        if seen.get(held, 0) >= entry.key_counts.get(held, 0):
-            return _asked_within(entry, text)
-        seen[key] -= 1
-        seen[held] = seen.get(held, 0) + 1
-        return True
+        if quoted != text:
+            held = message_key(message, quoted)
+            if seen.get(held, 0) < entry.key_counts.get(held, 0) and (
+                not asked or entry.last_key == held
+            ):
+                seen[key] -= 1
+                seen[held] = seen.get(held, 0) + 1
+                return True
+        return not asked and _asked_within(entry, text)
 
     def _own_run(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
@@ -621,8 +622,12 @@ class HistoryWriter:
             if message.role is Role.USER:
                 if not calls:
                     return None, []
-                key = message_key(message, self._stored_text(message.content, cfg))
-                return entry.user_ids.get(key), calls
+                text = self._stored_text(message.content, cfg)
+                question = entry.user_ids.get(message_key(message, text))
+                if question is None:  # stored with the documents it quotes as pointers
+                    quoted = message_key(message, _quoted_documents(entry, text))
+                    question = entry.user_ids.get(quoted)
+                return question, calls
             for request in message.tool_calls or ():
                 framework_id = request.tool_call_id
                 calls.append(entry.call_aliases.get(framework_id, framework_id))
