@@ -28,6 +28,7 @@ from ce.core.integration import (
     RetrievalHit,
     Scope,
     ToolRun,
+    ToolScopeIds,
     assembled_to_openai,
     error_text,
     guarded,
@@ -1199,3 +1200,13 @@ def test_ledger_for_subclasses_reaches_classes_made_before_and_after_until_undo(
         pass
 
     assert seen == ["Before", "After"] and Base.made[-1] == "Later"
+
+
+def test_tool_scope_ids_name_each_run_of_a_reused_call_id_apart() -> None:
+    ids = ToolScopeIds(sessions=2)
+    assert [ids.take("s", "call_0") for _ in range(3)] == ["call_0", "call_0~2", "call_0~3"]
+    assert ids.take("t", "call_0") == "call_0"  # per session
+    ids.take("u", "x")  # a third session: the least recently used one ("s") is forgotten
+    assert ids.take("s", "call_0") == "call_0"
+    ids.clear()
+    assert ids.take("t", "call_0") == "call_0"

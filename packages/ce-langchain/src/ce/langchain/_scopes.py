@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from ce.core.engine import current_session_id
-from ce.core.integration import SESSION_KEY, Scope, resolve_scope
+from ce.core.integration import SESSION_KEY, Scope, ToolScopeIds, resolve_scope
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -66,7 +66,6 @@ _FRAMEWORK_KEYS = (HISTORY_KEY, "thread_id", "session_id")
 _NESTING_KINDS = frozenset({"tool", "retriever"})
 _PENDING_MAX = 4096
 _NODES_MAX = 65536  # runs never ended (an abandoned stream) are forgotten beyond this
-_SESSIONS_KEPT = 4096  # the sessions whose tool-call ids are remembered (the latest used)
 
 # create_agent runs middleware hooks as graph nodes named "<Middleware>.<hook>"; model calls
 # made there (a summarizer's) are the middleware's own, not the agent's.
@@ -168,7 +167,7 @@ class ScopeTracker:
         self.plugin = plugin
         self._nodes: dict[UUID, _Node] = {}
         self._pending: OrderedDict[Hashable, tuple[Scope, object]] = OrderedDict()
-        self._call_ids: OrderedDict[str, set[str]] = OrderedDict()
+        self._call_ids = ToolScopeIds()  # the child scopes of tool runs, per session
         self._lock = threading.Lock()
 
     def _node(self, run_id: UUID | None) -> _Node | None:
@@ -251,7 +250,7 @@ class ScopeTracker:
         scope = by_id or by_key
         if scope is None:
             scope = self.resolve(run_id, parent, metadata, tags)
-        named = str(run_id) if call_id is None else self._unique_call_id(scope.session_id, call_id)
+        named = str(run_id) if call_id is None else self._call_ids.take(scope.session_id, call_id)
         hook = in_hook_node(metadata)
         with self._lock:
             outer = self._nodes.get(parent) if parent is not None else None
@@ -262,24 +261,6 @@ class ScopeTracker:
             if len(self._nodes) > _NODES_MAX:
                 del self._nodes[next(iter(self._nodes))]
         return scope
-
-    def _unique_call_id(self, session_id: str, call_id: str) -> str:
-        """The id naming the child scope of a run of tool call ``call_id`` in session
-        ``session_id``: ``call_id`` the first time; for a reused id (a model may answer
-        ``call_0`` in every turn) the first of ``call_0~2``, ``call_0~3``, ... no earlier run
-        used, as the engine renames a reused call in the session, so each run's nested calls
-        get a scope of their own. Remembered in this process, for the latest few thousand
-        sessions."""
-        with self._lock:
-            used = self._call_ids.pop(session_id, set())
-            self._call_ids[session_id] = used  # the latest used last
-            while len(self._call_ids) > _SESSIONS_KEPT:
-                self._call_ids.popitem(last=False)
-            unique, n = call_id, 2
-            while unique in used:
-                unique, n = f"{call_id}~{n}", n + 1
-            used.add(unique)
-        return unique
 
     def end(self, run_id: UUID) -> None:
         """Stop following run ``run_id`` (a no-op for a run never started)."""
@@ -337,7 +318,7 @@ class ScopeTracker:
         with self._lock:
             self._nodes.clear()
             self._pending.clear()
-            self._call_ids.clear()
+        self._call_ids.clear()
 
 
 def messages_key(messages: Sequence[object]) -> tuple[str, tuple[int, ...]]:

@@ -188,7 +188,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
                 run_id=info.root,
                 explicit=info.named,
                 parent=outer,
-                parent_call_id=tracker.tool_scope_id(outer.session_id, call_id),
+                parent_call_id=tracker.tool_scope_ids.take(outer.session_id, call_id),
             )
             _open_tool(info, outer.session_id, call_id, name, args, quiet=is_suppressed())
             info.tool_pending = step is not None

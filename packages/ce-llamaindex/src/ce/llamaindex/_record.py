@@ -21,6 +21,7 @@ from ce.core.integration import (
     Recorder,
     RetrievalHit,
     ToolRun,
+    ToolScopeIds,
     error_text,
     record_sync,
 )
@@ -37,9 +38,6 @@ __all__ = ["LlmCall", "Tracker", "call_args", "hits_from_nodes", "tokens_of"]
 
 CLOSED_KEPT = 4096
 """How many closed chat-engine streaming spans the tracker keeps for their streams' spans."""
-
-SESSIONS_KEPT = 4096
-"""How many sessions the tracker remembers the tool-call ids of (the latest used)."""
 
 _URI_KEYS = ("source", "uri", "url", "file_path", "file_name")
 _METADATA_VALUE_MAX = 512
@@ -136,7 +134,7 @@ class Tracker:
         self.closed: OrderedDict[str, SpanInfo] = OrderedDict()
         self.calls: dict[str, LlmCall] = {}
         self._asked: dict[str, list[tuple[str, str, Any]]] = {}
-        self._call_ids: OrderedDict[str, set[str]] = OrderedDict()
+        self.tool_scope_ids = ToolScopeIds()  # the child scopes of tool runs, per session
         self.lock = threading.Lock()
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -191,24 +189,6 @@ class Tracker:
                     return call_id
         return None
 
-    def tool_scope_id(self, session_id: str, call_id: str) -> str:
-        """The id naming the child scope of a run of tool call ``call_id`` made in session
-        ``session_id``: the call id itself the first time; for a reused id (a model may answer
-        ``call_0`` in every turn) the first of ``call_0~2``, ``call_0~3``, ... no earlier run
-        used, as the engine renames a reused call in the session, so each run gets a scope of
-        its own. The ids are remembered in this process, for the latest
-        :data:`SESSIONS_KEPT` sessions."""
-        with self.lock:
-            used = self._call_ids.pop(session_id, set())
-            self._call_ids[session_id] = used  # the latest used last
-            while len(self._call_ids) > SESSIONS_KEPT:
-                self._call_ids.popitem(last=False)
-            unique, n = call_id, 2
-            while unique in used:
-                unique, n = f"{call_id}~{n}", n + 1
-            used.add(unique)
-        return unique
-
     # -- LLM calls --------------------------------------------------------------------------
 
     @staticmethod
@@ -227,7 +207,7 @@ class Tracker:
             self.spans.clear()
             self.closed.clear()
             self._asked.clear()
-            self._call_ids.clear()
+        self.tool_scope_ids.clear()
         for call in calls:
             self.restore(call)
 

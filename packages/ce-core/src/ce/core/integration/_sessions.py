@@ -18,6 +18,8 @@ elsewhere.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -31,6 +33,7 @@ __all__ = [
     "SESSION_KEY",
     "Scope",
     "ScopeSource",
+    "ToolScopeIds",
     "child_session_id",
     "resolve_scope",
     "run_session_id",
@@ -137,3 +140,36 @@ def resolve_scope(
     if plugin.session_id:
         return Scope(plugin.session_id, "install")
     return Scope(run_session_id(run_id), "run")
+
+
+class ToolScopeIds:
+    """The ids naming the child scopes of tool runs (``parent_call_id`` of
+    :func:`resolve_scope`), per session: a tool call's id the first time; for an id the
+    session's runs used before (a model may answer ``call_0`` in every turn) the first of
+    ``<id>~2``, ``<id>~3``, ... no earlier run used, the names the engine gives a reused call
+    id in the session, so each run's nested calls get a scope of their own. Remembered in
+    this process for the ``sessions`` latest used sessions: a worker that did not see the
+    earlier run names it ``<id>`` again. Thread-safe."""
+
+    def __init__(self, sessions: int = 4096) -> None:
+        self._sessions = sessions
+        self._used: OrderedDict[str, set[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, session_id: str, call_id: str) -> str:
+        """The id of the child scope of a run of tool call ``call_id`` in ``session_id``."""
+        with self._lock:
+            used = self._used.pop(session_id, set())
+            self._used[session_id] = used  # the latest used last
+            while len(self._used) > self._sessions:
+                self._used.popitem(last=False)
+            unique, n = call_id, 2
+            while unique in used:
+                unique, n = f"{call_id}~{n}", n + 1
+            used.add(unique)
+        return unique
+
+    def clear(self) -> None:
+        """Forget every id."""
+        with self._lock:
+            self._used.clear()
