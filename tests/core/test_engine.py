@@ -470,6 +470,25 @@ async def test_an_earlier_turn_the_app_keeps_in_another_form_is_not_recorded_aga
     assert users == [stored, "Wind in Bergen?", "And on Sunday?"]
 
 
+async def test_a_history_recorded_in_one_call_keeps_each_of_its_user_messages() -> None:
+    # only what the session held before the call can be another form of a message
+    store = MemoryStore()
+    engine = make_engine(store)
+    rendered = "Documents: Oslo gets rain.\nQuestion: Weather in Oslo?"
+    history = [
+        Message(role=Role.USER, content=rendered),
+        assistant("Rain."),
+        Message(role=Role.USER, content="Weather in Oslo?"),
+        assistant("Still rain."),
+        Message(role=Role.USER, content="Thanks!"),
+    ]
+    await engine.prepare_call("s1", history)
+    doc = await store.get_session("s1")
+    assert doc is not None
+    users = [m.content for m in doc.session.messages if m.role is Role.USER]
+    assert users == [rendered, "Weather in Oslo?", "Thanks!"]
+
+
 async def test_documents_a_user_message_quotes_are_sent_once_as_evidence() -> None:
     # a RAG chain that formats the retrieved documents into the human message
     store = MemoryStore()

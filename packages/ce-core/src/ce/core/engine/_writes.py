@@ -155,18 +155,21 @@ _WITHIN_MIN_CHARS = 16  # a shorter question could be part of any prompt
 _WITHIN_RECENT = 256  # the newest messages an app's earlier question is looked for in
 
 
-def _asked_within(entry: SessionEntry, text: str) -> bool:
+def _asked_within(entry: SessionEntry, text: str, held: int) -> bool:
     """Whether the user message ``text`` (an earlier turn of an app's history, which the
-    session does not hold as such) is part of a longer user message the session holds: the
-    prompt the app rendered around its question (retrieved documents, instructions) and sent
-    on that turn, while its history keeps the bare question."""
+    session does not hold as such) is part of a longer user message among the session's
+    first ``held`` messages (those it held before the call): the prompt the app rendered
+    around its question (retrieved documents, instructions) and sent on that turn, while its
+    history keeps the bare question."""
     question = text.strip()
     if len(question) < _WITHIN_MIN_CHARS:
         return False
-    return any(
-        m.role is Role.USER and len(m.content) > len(question) and question in m.content
-        for m in islice(reversed(entry.doc.session.messages), _WITHIN_RECENT)
-    )
+    messages = entry.doc.session.messages
+    for i in range(held - 1, max(held - _WITHIN_RECENT, 0) - 1, -1):
+        m = messages[i]
+        if m.role is Role.USER and len(m.content) > len(question) and question in m.content:
+            return True
+    return False
 
 
 _ID_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:~-]{7,}")
@@ -509,6 +512,7 @@ class HistoryWriter:
         messages start in ``pending`` and the last system message before (see
         :meth:`_tail_start`); the messages before are not matched."""
         known_ids = entry.message_ids
+        before = len(entry.doc.session.messages)  # the messages held before this call
         last = len(pending) - 1
         start, seen, system = _unchanged_prefix(entry, pending, cfg)
         if not start and tail_start is not None:  # the entry's messages start there
@@ -559,7 +563,7 @@ class HistoryWriter:
                 ):
                     continue
                 if message.role is Role.USER and self._held_in_another_form(
-                    entry, message, key, seen, cfg, asked=message is asked
+                    entry, message, key, seen, cfg, asked=message is asked, before=before
                 ):
                     continue
             if message.role is Role.USER:
@@ -586,6 +590,7 @@ class HistoryWriter:
         cfg: RuntimeConfig,
         *,
         asked: bool,
+        before: int,
     ) -> bool:
         """Whether the user message ``message`` (new by its text ``key``) is one the session
         holds in another form: with the retrieved documents it quotes replaced by pointers
@@ -593,8 +598,9 @@ class HistoryWriter:
         and the app passes it on later calls as it wrote it; counted as that message in
         ``seen``; the newest message, ``asked``, only when the session's history ends with
         it), or, for a message before the newest, inside the prompt the app rendered around
-        it (see :func:`_asked_within`). Such a message is not recorded again: the session's
-        form of the turn is what the model gets."""
+        it among the ``before`` messages the session held before the call (see
+        :func:`_asked_within`). Such a message is not recorded again: the session's form of
+        the turn is what the model gets."""
         text = self._stored_text(message.content, cfg)
         quoted = _quoted_documents(entry, text)
         if quoted != text:
@@ -605,7 +611,7 @@ class HistoryWriter:
                 seen[key] -= 1
                 seen[held] = seen.get(held, 0) + 1
                 return True
-        return not asked and _asked_within(entry, text)
+        return not asked and before > 0 and _asked_within(entry, text, before)
 
     def _own_run(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
