@@ -16,7 +16,12 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import is_suppressed, prepare_openai, prepare_openai_sync
+from ce.core.integration import (
+    is_suppressed,
+    prepare_openai,
+    prepare_openai_sync,
+    tool_chains_as_text,
+)
 from ce.crewai._convert import authors_of, pending_messages, reply_tool_calls, tool_schemas
 from ce.crewai._scopes import Runs, Target, current_call, current_run
 
@@ -31,6 +36,14 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
+
+
+def _for_call(sent: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
+    """The engine's messages for a call with ``tools``. A shared session can hand an agent
+    without tools another agent's tool calls and results, which Anthropic and Bedrock reject
+    in a request that defines no tools (CrewAI itself never sends them one): such a call gets
+    them as plain assistant text."""
+    return sent if tools else tool_chains_as_text(sent)
 
 
 def _role(agent: Any) -> str | None:
@@ -86,9 +99,9 @@ class Injector:
                 return original(llm, messages, *args, **kwargs)
             target = injector._target(kwargs)
             pending = pending_messages(messages)
-            schemas = tool_schemas(kwargs.get("tools", args[0] if args else None))
-            sent = injector._prepare_sync(target, pending, schemas)
-            chosen = messages if sent is None or not injector.inject else sent
+            tools = kwargs.get("tools", args[0] if args else None)
+            sent = injector._prepare_sync(target, pending, tool_schemas(tools))
+            chosen = messages if sent is None or not injector.inject else _for_call(sent, tools)
             run_token = current_run.set(target.run)
             call_token = current_call.set(target)
             try:
@@ -109,15 +122,15 @@ class Injector:
                 return await original(llm, messages, *args, **kwargs)
             target = injector._target(kwargs)
             pending = pending_messages(messages)
-            schemas = tool_schemas(kwargs.get("tools", args[0] if args else None))
+            tools = kwargs.get("tools", args[0] if args else None)
             sent = await prepare_openai(
                 injector.plugin,
                 target.session_id,
                 pending,
-                schemas,
+                tool_schemas(tools),
                 authors_of(pending, target.role),
             )
-            chosen = messages if sent is None or not injector.inject else sent
+            chosen = messages if sent is None or not injector.inject else _for_call(sent, tools)
             run_token = current_run.set(target.run)
             call_token = current_call.set(target)
             try:

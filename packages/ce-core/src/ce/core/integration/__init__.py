@@ -6,7 +6,9 @@ check), :class:`PatchLedger` (every hook recorded and undone), :func:`suppressed
 neutral records and their :class:`Recorder` (:func:`record_sync` from blocking hooks),
 conversion between assembled input and OpenAI-style message dicts, and
 :func:`prepare_openai` / :func:`prepare_openai_sync` (a guarded ``prepare_call`` on such
-dicts, falling back to the framework's own messages redacted).
+dicts, falling back to the framework's own messages redacted), and
+:func:`tool_chains_as_text` (tool calls and results as plain text, for a request without
+tools).
 """
 
 from ce.core.integration._convert import (
@@ -15,6 +17,7 @@ from ce.core.integration._convert import (
     message_from_part,
     openai_to_messages,
 )
+from ce.core.integration._flatten import tool_chains_as_text
 from ce.core.integration._guard import (
     INTEGRATION_FAILED,
     REDACTION_FAILED,
@@ -132,6 +135,7 @@ __all__ = [
     "run_session_id",
     "suppressed",
     "tool_call_from_run",
+    "tool_chains_as_text",
     "tool_result_evidence",
     "tool_status",
 ]

@@ -1,0 +1,100 @@
+"""Tool chains of OpenAI-style chat messages as plain assistant text."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["tool_chains_as_text"]
+
+_PLAIN = {"role", "content", "name"}
+_TOOL_KEYS = ("tool_calls", "tool_call_id")
+
+
+def _text(content: Any) -> str:
+    """A message's content as text (the text parts of a list of content parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        texts = [
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, Mapping) and part.get("type") == "text"
+        ]
+        return "\n".join(t for t in texts if t)
+    return str(content)
+
+
+def _call_line(call: Any) -> tuple[str | None, str, str]:
+    """``(call id, tool name, "[called name(arguments)]")`` of one ``tool_calls`` entry."""
+    call = call if isinstance(call, Mapping) else {}
+    function = call.get("function")
+    function = function if isinstance(function, Mapping) else {}
+    name = str(function.get("name") or "tool")
+    args = function.get("arguments")
+    args_text = "" if args is None else args if isinstance(args, str) else str(args)
+    call_id = call.get("id")
+    return (call_id if isinstance(call_id, str) else None), name, f"[called {name}({args_text})]"
+
+
+def tool_chains_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` (OpenAI-style chat dicts) with every tool call and tool result as plain
+    assistant text, for a request that defines no tools.
+
+    Some providers reject tool blocks in a request without tools (Anthropic: "Requests which
+    include tool_use or tool_result blocks must define tools"; Bedrock: "The toolConfig field
+    must be defined ..."), while a shared session can hand one agent another agent's tool
+    chain. Each assistant message with ``tool_calls`` becomes an assistant message holding its
+    own content, then one ``[called <name>(<arguments>)]`` line per call; each
+    ``role: "tool"`` result is appended to that same message as ``[<name> returned:]`` and its
+    content, so a call and its result stay together and user / assistant alternation holds.
+    Adjacent assistant text messages next to such a chain are merged into one. No
+    ``tool_calls`` or ``tool_call_id`` key is left; every other message is copied unchanged.
+    Returns fresh dicts; ``messages`` is not changed."""
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    chained = False  # whether out[-1] holds text made from a tool chain
+
+    def add(text: str, *, chain: bool) -> None:
+        """Append assistant ``text``: to ``out[-1]`` when it is assistant text and one of the
+        two comes from a tool chain, else as a message of its own."""
+        nonlocal chained
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and (chain or chained)
+            and last.get("role") == "assistant"
+            and isinstance(last.get("content"), (str, type(None)))
+            and set(last) <= _PLAIN
+        ):
+            before = last.get("content") or ""
+            last["content"] = f"{before}\n{text}" if before and text else before or text
+        else:
+            out.append({"role": "assistant", "content": text})
+        chained = chained or chain
+
+    for message in messages:
+        role = message.get("role")
+        content = message.get("content")
+        if role == "assistant" and message.get("tool_calls"):
+            lines = [_text(content)] if content else []
+            for call in message.get("tool_calls") or ():
+                call_id, name, line = _call_line(call)
+                if call_id is not None:
+                    names[call_id] = name
+                lines.append(line)
+            add("\n".join(line for line in lines if line), chain=True)
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            name = message.get("name") or (names.get(call_id) if call_id else None) or "tool"
+            add(f"[{name} returned:]\n{_text(content)}", chain=True)
+        elif (
+            chained and role == "assistant" and isinstance(content, str) and set(message) <= _PLAIN
+        ):
+            add(content, chain=False)  # the answer after a chain: one assistant message
+        else:
+            out.append({k: v for k, v in message.items() if k not in _TOOL_KEYS})
+            chained = False
+    return out
