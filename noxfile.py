@@ -169,6 +169,9 @@ def tests_semantic_kernel(session: nox.Session, semantic_kernel: str) -> None:
         "-e",
         SEMANTIC_KERNEL,
         *SEMANTIC_KERNEL_VERSIONS[semantic_kernel],
+        # semantic_kernel.agents.orchestration (its runtime) imports protobuf: 1.35 declares it,
+        # the latest 1.x (1.45) no longer does
+        "protobuf",
     )
     session.run("pytest", "tests/semantic_kernel", *session.posargs, env=_env())
 
