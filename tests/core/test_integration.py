@@ -20,6 +20,7 @@ from ce.core.errors import SessionNotFoundError
 from ce.core.events import Event
 from ce.core.integration import (
     INTEGRATION_FAILED,
+    AskedToolCalls,
     ModelCall,
     PatchLedger,
     Plugin,
@@ -29,6 +30,7 @@ from ce.core.integration import (
     Scope,
     ToolRun,
     ToolScopeIds,
+    arguments_key,
     assembled_to_openai,
     error_text,
     guarded,
@@ -1210,3 +1212,20 @@ def test_tool_scope_ids_name_each_run_of_a_reused_call_id_apart() -> None:
     assert ids.take("s", "call_0") == "call_0"
     ids.clear()
     assert ids.take("t", "call_0") == "call_0"
+
+
+def test_asked_tool_calls_give_each_run_the_call_with_its_arguments() -> None:
+    asked = AskedToolCalls()
+    asked.note("s", [("c1", "weather", '{"city": "Oslo"}'), ("c2", "weather", {"city": "Rome"})])
+    asked.note("s", [("c3", "weather", "{not json")])
+    # a run ending first takes its own call, whichever form its arguments have
+    assert asked.take("s", "weather", '{"city":"Rome"}', fallback=False) == "c2"
+    assert asked.take("s", "other", {}, fallback=True) is None
+    assert asked.take("s", "weather", {"city": "Bergen"}, fallback=False) is None
+    assert asked.take("s", "weather", {"city": "Bergen"}, fallback=True) == "c1"
+    asked.note("s", [("c4", "weather", {})], replace=True)  # a new reply supersedes
+    assert asked.take("s", "weather", "{not json", fallback=True) == "c4"
+    asked.note(("run", "s"), [("c5", "lookup", {})])
+    asked.drop(lambda key: key == ("run", "s"))
+    assert asked.take(("run", "s"), "lookup", {}, fallback=True) is None
+    assert arguments_key('{"b": 1, "a": [2]}') == arguments_key({"a": [2], "b": 1})

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import Scope, resolve_scope
+from ce.core.integration import AskedToolCalls, Scope, resolve_scope
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -88,20 +87,6 @@ def _key(task: Any) -> str | None:
     return str(key) if key is not None else None
 
 
-def _args_key(args: Any) -> str | None:
-    """Tool call arguments (JSON text or its parsed value) as one canonical text, so the
-    model's tool call and CrewAI's tool event compare equal; None when they do not parse."""
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    try:
-        return json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError):
-        return None
-
-
 class Runs:
     """The runs of one install: started, looked up by context or task, and the native tool
     calls each model call asked for (CrewAI's tool events carry no call id)."""
@@ -110,8 +95,7 @@ class Runs:
         self.plugin = plugin
         self._lock = threading.Lock()
         self._by_task: dict[str, Run] = {}
-        # (run id, session id, tool) -> (call id, arguments key) of each call not run yet
-        self._asked: dict[tuple[str, str, str], list[tuple[str, str | None]]] = {}
+        self._asked = AskedToolCalls()  # by (run id, session id): the calls not run yet
 
     def begin(
         self,
@@ -152,8 +136,7 @@ class Runs:
             for key in run.tasks:
                 if self._by_task.get(key) is run:
                     del self._by_task[key]
-            for asked in [k for k in self._asked if k[0] == run.run_id]:
-                del self._asked[asked]
+        self._asked.drop(lambda key: isinstance(key, tuple) and key[0] == run.run_id)
 
     def run_of(self, task: Any) -> Run | None:
         """The run of the current context, else the latest run of ``task``'s crew."""
@@ -180,26 +163,12 @@ class Runs:
     def note_call(self, target: Target, tool: str, call_id: str, args: Any) -> None:
         """Note that the model call of ``target`` asked for ``tool`` with ``args`` as
         ``call_id``, for the tool event of that run (:meth:`take_call_id`)."""
-        key = (target.run.run_id, target.session_id, tool)
-        with self._lock:
-            self._asked.setdefault(key, []).append((call_id, _args_key(args)))
+        self._asked.note((target.run.run_id, target.session_id), [(call_id, tool, args)])
 
     def take_call_id(self, target: Target, tool: str, args: Any) -> str | None:
         """The id of the noted call of ``tool`` in ``target`` that ran with ``args`` (CrewAI
         may run a reply's calls in parallel and finish them in any order): the earliest
         noted with the same arguments, else (arguments that do not parse or match) the
         earliest noted; None when none is waiting (the text format has no call ids)."""
-        key = (target.run.run_id, target.session_id, tool)
-        wanted = _args_key(args)
-        with self._lock:
-            asked = self._asked.get(key)
-            if not asked:
-                return None
-            index = next(
-                (i for i, (_, noted) in enumerate(asked) if wanted is not None and noted == wanted),
-                0,
-            )
-            call_id = asked.pop(index)[0]
-            if not asked:
-                del self._asked[key]
-            return call_id
+        key = (target.run.run_id, target.session_id)
+        return self._asked.take(key, tool, args, fallback=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ce.core.integration import (
+    AskedToolCalls,
     ModelCall,
     Recorder,
     RetrievalHit,
@@ -133,7 +134,7 @@ class Tracker:
         self.spans: dict[str, SpanInfo] = {}
         self.closed: OrderedDict[str, SpanInfo] = OrderedDict()
         self.calls: dict[str, LlmCall] = {}
-        self._asked: dict[str, list[tuple[str, str, Any]]] = {}
+        self._asked = AskedToolCalls()  # by session: the calls of its latest reply
         self.tool_scope_ids = ToolScopeIds()  # the child scopes of tool runs, per session
         self.lock = threading.Lock()
 
@@ -181,13 +182,7 @@ class Tracker:
         """The id of the first call of the session's latest model reply with this tool name
         and arguments that no tool run has claimed yet (for tools the app calls itself,
         outside an agent's ``call_tool`` step)."""
-        with self.lock:
-            asked = self._asked.get(session_id, [])
-            for index, (call_id, asked_name, asked_args) in enumerate(asked):
-                if asked_name == name and asked_args == args:
-                    del asked[index]
-                    return call_id
-        return None
+        return self._asked.take(session_id, name, args, fallback=False)
 
     # -- LLM calls --------------------------------------------------------------------------
 
@@ -206,7 +201,7 @@ class Tracker:
             self.calls.clear()
             self.spans.clear()
             self.closed.clear()
-            self._asked.clear()
+        self._asked.clear()
         self.tool_scope_ids.clear()
         for call in calls:
             self.restore(call)
@@ -237,13 +232,11 @@ class Tracker:
             params=call.params,
         )
         reply = reply_to_message(message, call.provider, call.model)
-        with self.lock:  # the calls of the session's latest reply, for asked_call_id
-            if reply.tool_calls:
-                self._asked[call.session_id] = [
-                    (c.tool_call_id, c.name, c.arguments) for c in reply.tool_calls
-                ]
-            else:
-                self._asked.pop(call.session_id, None)
+        self._asked.note(  # the calls of the session's latest reply, for asked_call_id
+            call.session_id,
+            [(c.tool_call_id, c.name, c.arguments) for c in reply.tool_calls or ()],
+            replace=True,
+        )
 
         self.write(
             call.session_id,

@@ -11,6 +11,7 @@ dicts, falling back to the framework's own messages redacted), and
 tools).
 """
 
+from ce.core.integration._asked import AskedToolCalls, arguments_key
 from ce.core.integration._convert import (
     assembled_to_openai,
     message_from_openai,
@@ -85,6 +86,7 @@ __all__ = [
     "REDACTION_FAILED",
     "RUN_SESSION_PREFIX",
     "SESSION_KEY",
+    "AskedToolCalls",
     "EvidenceDraft",
     "History",
     "HistoryMemo",
@@ -103,6 +105,7 @@ __all__ = [
     "SentMessages",
     "ToolRun",
     "ToolScopeIds",
+    "arguments_key",
     "assembled_to_openai",
     "augment_openai",
     "child_session_id",
