@@ -907,10 +907,15 @@ def _ce_summary(result: Any, h_system: str, last_user: str, counter: Counter) ->
     }
 
 
+PRIMER = "What changed since my last question?"
+"""The question of the process that served a session before the cold ones (``prime``)."""
+
+
 async def ce_child(mode: str, db: Path, n: int, turns: int) -> dict[str, Any]:
     """Runs in a fresh process: one cold turn (``cold``), one cold ``prepare_call`` with the
-    whole history as a framework passes it (``cold_call``), or one untimed turn and ``turns``
-    warm ones."""
+    whole history as a framework passes it (``cold_call``), one untimed turn and ``turns``
+    warm ones (``warm``), or the turn of a process that served the session before (``prime``:
+    its question is :data:`PRIMER`; it stores the token counts it computed)."""
     from ce.core.engine import ContextEngine
     from ce.core.schema import Message, ModelInvocation, Role
     from ce.core.stores import SQLiteStore
@@ -919,7 +924,7 @@ async def ce_child(mode: str, db: Path, n: int, turns: int) -> dict[str, Any]:
     counter = Counter()
     texts = history.next_turns(turns + 1)
     system = history.generate(6).messages[0].content  # the same system prompt for every n
-    question = Message(role=Role.USER, content=texts[0][0])
+    question = Message(role=Role.USER, content=PRIMER if mode == "prime" else texts[0][0])
     passed: list[Message] = []
     if mode == "cold_call":  # the framework's own message objects, built before the clock
         stored, _ = history.to_ce_changes(history.generate(n, SEED), SESSION_ID)
@@ -993,6 +998,18 @@ async def run_ce(
             _copy_db(pristine, db)
             colds.append(_child(["--child", "cold", "--db", str(db), "--n", str(n)], timeout))
             print(f"ce N={n:,} cold #{i + 1}: {colds[-1]['first'] * 1e3:,.1f} ms", file=sys.stderr)
+        served = workdir / f"served-{n}.db"
+        _copy_db(pristine, served)
+        _child(["--child", "prime", "--db", str(served), "--n", str(n)], timeout)
+        counted = []
+        for i in range(cold_runs):
+            db = workdir / f"counted-{n}-{i}.db"
+            _copy_db(served, db)
+            counted.append(_child(["--child", "cold", "--db", str(db), "--n", str(n)], timeout))
+            print(
+                f"ce N={n:,} cold, counts stored #{i + 1}: {counted[-1]['first'] * 1e3:,.1f} ms",
+                file=sys.stderr,
+            )
         calls = []
         for i in range(cold_runs):
             db = workdir / f"call-{n}-{i}.db"
@@ -1013,7 +1030,7 @@ async def run_ce(
             f"over {len(warm['samples'])} turns",
             file=sys.stderr,
         )
-        out[n] = {"cold": colds, "cold_call": calls, "warm": warm}
+        out[n] = {"cold": colds, "cold_counted": counted, "cold_call": calls, "warm": warm}
     return out
 
 
@@ -1106,15 +1123,17 @@ def peers_table(sizes: list[int], peers: dict[str, Any]) -> list[str]:
 def ce_table(ce: dict[int, dict[str, Any]]) -> list[str]:
     lines = [
         "| N messages / evidences | cold median (ms) | cold p95 (ms) "
+        "| cold, counts stored, median (ms) | cold, counts stored, p95 (ms) "
         "| cold `prepare_call` median (ms) | cold `prepare_call` p95 (ms) | warm median (ms) "
         "| warm p95 (ms) | parts (conversation msgs) | tokens used / budget "
         "| shared count of parts | evidences kept | system kept | last user kept "
         "| pairs intact |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- "
-        "| --- | --- |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | --- | --- | --- |",
     ]
     for n, r in ce.items():
         cold = [c["first"] for c in r["cold"]]
+        counted = [c["first"] for c in r["cold_counted"]]
         call = [c["first"] for c in r["cold_call"]]
         w = r["warm"]
         pairs = w["orphan_results"] == 0 and w["unanswered_calls"] == 0
@@ -1126,6 +1145,7 @@ def ce_table(ce: dict[int, dict[str, Any]]) -> list[str]:
         )
         lines.append(
             f"| {n:,} / {n:,} | {_ms(statistics.median(cold))} | {_ms(percentile(cold, 95))} "
+            f"| {_ms(statistics.median(counted))} | {_ms(percentile(counted, 95))} "
             f"| {_ms(statistics.median(call))} | {_ms(percentile(call, 95))} "
             f"| {_ms(statistics.median(w['samples']))} | {_ms(percentile(w['samples'], 95))} "
             f"| {w['parts']} ({w['conversation_msgs']}) | {w['token_used']:,} / "
@@ -1179,6 +1199,7 @@ def acceptance(
         )
     for key, what, ratio in (
         ("cold", "Cold `prepare_turn`", "cold_growth"),
+        ("cold_counted", "Cold `prepare_turn`, token counts stored", "cold_counted_growth"),
         ("cold_call", "Cold `prepare_call` with the whole history", "cold_call_growth"),
     ):
         cold = {n: statistics.median([c["first"] for c in r[key]]) for n, r in (ce or {}).items()}
@@ -1272,7 +1293,13 @@ def report(
         f"{cold_runs} processes, each on a fresh copy of the file (in the OS page cache). "
         "A cold turn reads the session's newest records from the store (64 messages, 64 "
         "evidences and what goes with them), twice as many again while the budget could "
-        "keep older ones; it never reads the whole session. **Cold `prepare_call`**: the "
+        "keep older ones; it never reads the whole session. The session was written without "
+        "the engine, so its rows hold no token counts (as after a bulk import, or in a file "
+        "of an earlier layout): the cold turn tokenizes every text it could keep. **Cold, "
+        "counts stored**: the same, on copies of the file after one process served the "
+        f"session (a cold `prepare_turn` of {PRIMER!r}, which stored the token counts it "
+        "computed with its question): the cold turn takes the counts it reads with the "
+        "records and tokenizes only what they do not cover. **Cold `prepare_call`**: the "
         "same, but the first call is `prepare_call` with the whole history as a framework "
         "passes it (N messages of its own, built before the clock, then the new user "
         "message); the engine matches the end of that list against the session's newest "
@@ -1363,7 +1390,9 @@ async def main() -> None:
         "--max-call", type=float, default=120.0, help="skip cells projected over this (s)"
     )
     parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
-    parser.add_argument("--child", choices=("cold", "cold_call", "warm"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", choices=("cold", "cold_call", "warm", "prime"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--db", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--turns", type=int, default=0, help=argparse.SUPPRESS)

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ce.core.engine._core as engine_core
+from ce.core import tokens
 from ce.core.config import BudgetConfig, ConflictConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
@@ -343,17 +344,22 @@ async def test_a_budget_that_keeps_more_than_the_first_read_reads_more(tmp_path:
     await store.close()
 
 
-def test_a_file_of_the_previous_layout_is_upgraded_and_read_newest_first(tmp_path: Path) -> None:
-    """``layout3.db`` was written by ce-core's previous layout (``PRAGMA user_version = 3``):
-    a session of 60 turns with tool calls and results, retrieved documents linked to calls,
-    JSON facts that conflict, a model-written summary of a message and a block pinning the
-    first evidence (see ``data/make_layout3.py``)."""
-    db = tmp_path / "layout3.db"
-    shutil.copyfile(DATA / "layout3.db", db)
+@pytest.mark.parametrize("layout", [3, 4])
+def test_a_file_of_an_earlier_layout_is_upgraded_and_read_newest_first(
+    tmp_path: Path, layout: int
+) -> None:
+    """``layout3.db`` and ``layout4.db`` were written by earlier layouts of ce-core (``PRAGMA
+    user_version`` 3: before partial reads; 4: before token counts were kept): a session of
+    60 turns with tool calls and results, retrieved documents linked to calls, JSON facts that
+    conflict, a model-written summary of a message and a block pinning the first evidence (see
+    ``data/make_layout.py``)."""
+    name = f"layout{layout}"
+    db = tmp_path / f"{name}.db"
+    shutil.copyfile(DATA / f"{name}.db", db)
     with sqlite3.connect(db) as conn:
         (before,) = conn.execute("PRAGMA user_version").fetchone()
     conn.close()
-    assert before == 3
+    assert before == layout
 
     async def run() -> None:
         store = SQLiteStore(db)
@@ -363,8 +369,8 @@ def test_a_file_of_the_previous_layout_is_upgraded_and_read_newest_first(tmp_pat
             facts = conn.execute("SELECT COUNT(*) FROM evidences WHERE facts = 1").fetchone()
             links = conn.execute("SELECT COUNT(*) FROM evidences WHERE link IS NOT NULL").fetchone()
         conn.close()
-        assert after == sqlite_module.USER_VERSION == 4
-        doc = await store.get_session("layout3")
+        assert after == sqlite_module.USER_VERSION == 5
+        doc = await store.get_session(name)
         assert doc is not None
         assert system == (sum(m.role is Role.SYSTEM for m in doc.session.messages),)
         assert facts == (sum(may_state_facts(e) for e in doc.evidences.values()),)
@@ -377,18 +383,23 @@ def test_a_file_of_the_previous_layout_is_upgraded_and_read_newest_first(tmp_pat
             > 0
         )
         whole_store = MemoryStore()
-        await whole_store.put_session("layout3", doc)
+        await whole_store.put_session(name, doc)
         config = _config(600)
         with newest_first(8, 4):
             engine = _engine(store, config)
-            cold = await engine.prepare_turn("layout3", "what is the status of A-1?")
+            cold = await engine.prepare_turn(name, "what is the status of A-1?")
         whole_engine = _engine(whole_store, config)
-        whole = await whole_engine.prepare_turn("layout3", "what is the status of A-1?")
+        whole = await whole_engine.prepare_turn(name, "what is the status of A-1?")
         _assert_same(whole, cold)
         assert cold.report.conflicts  # the old JSON facts still conflict with the new ones
-        assert engine._entries["layout3"].partial
+        assert engine._entries[name].partial
         await engine.close()
         await store.close()
+        with sqlite3.connect(db) as conn:
+            rows = conn.execute("SELECT tokens FROM messages WHERE tokens IS NOT NULL").fetchall()
+        conn.close()
+        # the question's row keeps what the cold call tokenized (the upgraded rows had none)
+        assert len(rows) == 1 and "tiktoken:o200k_base" in json.loads(rows[0][0])
 
     asyncio.run(run())
 
@@ -420,6 +431,51 @@ async def test_a_cold_worker_on_either_store_assembles_from_the_newest_records(
     assert engine._entries["s"].partial
     await engine.close()
     await engine.store.close()
+
+
+async def test_a_cold_worker_takes_the_token_counts_another_worker_stored(
+    opener: Callable[[], Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that has not seen a session tokenizes only what no worker counted before:
+    the counts the first worker computed were stored with its question, and read back with
+    the newest records; what it assembles is what a whole read of the session gives."""
+    import tiktoken
+
+    changes = commits(_long_history(120), refer_to_first=True, summary_upto=-1)
+    writer = opener()
+    await _write(writer, changes)  # stored without the engine: no counts yet
+    await writer.close()
+    encoded: list[str] = []
+    encode = tiktoken.Encoding.encode_ordinary
+
+    def counting(self: tiktoken.Encoding, text: str) -> list[int]:
+        encoded.append(text)
+        return encode(self, text)
+
+    monkeypatch.setattr(tiktoken.Encoding, "encode_ordinary", counting)
+    monkeypatch.setattr(tokens, "_MEMO", {})  # a new process: no counts read yet
+    config = _config(3000)
+    store = opener()
+    _, engine = await _prepare(store, config, "and now?")
+    await engine.close()
+    doc = await store.get_session("s")
+    await store.close()
+    assert doc is not None and doc.session.messages[-1].content == "and now?"
+    first_worker = len(encoded)
+    assert first_worker > 40  # every text of what it could keep
+
+    whole_store = MemoryStore()
+    await whole_store.put_session("s", doc)
+    whole, _ = await _prepare(whole_store, config, "and later?")
+    encoded.clear()
+    monkeypatch.setattr(tokens, "_MEMO", {})  # another new process
+    store = opener()
+    cold, engine = await _prepare(store, config, "and later?")
+    await engine.close()
+    await store.close()
+    assert engine._entries["s"].partial
+    _assert_same(whole, cold)
+    assert "and later?" in encoded and len(encoded) <= 3, encoded
 
 
 def test_the_blocking_engine_reads_the_newest_records_too(tmp_path: Path) -> None:

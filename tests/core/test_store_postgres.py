@@ -917,9 +917,9 @@ async def test_layout_1_is_upgraded_with_role_facts_and_link_from_the_bodies(
     assert sql.execute(columns, (schema,)).fetchall() == []
 
     store = PostgresStore(postgres_dsn, schema=schema)
-    assert pg_sql.LAYOUT_VERSION == LAYOUT_VERSION == 2
+    assert pg_sql.LAYOUT_VERSION == LAYOUT_VERSION == 3
     layout = sql.execute(f'SELECT version FROM "{schema}".layout ORDER BY 1').fetchall()
-    assert layout == [(1,), (2,)]
+    assert layout == [(1,), (2,), (3,)]
     assert sql.execute(columns, (schema,)).fetchall() == [
         ("evidences", "facts"),
         ("evidences", "link"),
@@ -997,7 +997,14 @@ async def test_layout_1_is_upgraded_with_role_facts_and_link_from_the_bodies(
     # opening the upgraded schema again changes nothing
     await PostgresStore(postgres_dsn, schema=schema).close()
     layout = sql.execute(f'SELECT version FROM "{schema}".layout ORDER BY 1').fetchall()
-    assert layout == [(1,), (2,)]
+    assert layout == [(1,), (2,), (3,)]
+    counts = sql.execute(
+        "SELECT table_name FROM information_schema.columns"
+        " WHERE table_schema = %s AND column_name = 'tokens' ORDER BY 1",
+        (schema,),
+    ).fetchall()
+    assert counts == [("evidences",), ("messages",)]  # none stored for the upgraded rows
+    assert sql.execute(f'SELECT count(tokens) FROM "{schema}".messages').fetchone() == (0,)
 
 
 def test_upgrade_whitespace_is_what_python_strips() -> None:

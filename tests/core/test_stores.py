@@ -21,7 +21,7 @@ import pytest
 
 import ce.core.stores._docops as docops
 import ce.core.stores.sqlite as sqlite_module
-from ce.core.errors import StoreError
+from ce.core.errors import SchemaValidationError, StoreError
 from ce.core.schema import (
     Evidence,
     EvidenceLinks,
@@ -429,7 +429,7 @@ async def test_sqlite_turns_are_rows_of_their_own(tmp_path: Path) -> None:
 
 def _layout_1(db: Path) -> None:
     """Turn the current layout at ``db`` into layout 1 (no ``turns`` table, no ``epoch``
-    column, no version indexes, no columns for partial reads)."""
+    column, no version indexes, no columns for partial reads or token counts)."""
     with sqlite3.connect(db) as conn:
         for trigger in ("messages_role", "evidences_tags"):
             conn.execute(f"DROP TRIGGER {trigger}")
@@ -438,6 +438,8 @@ def _layout_1(db: Path) -> None:
         conn.execute("ALTER TABLE messages DROP COLUMN role")
         conn.execute("ALTER TABLE evidences DROP COLUMN facts")
         conn.execute("ALTER TABLE evidences DROP COLUMN link")
+        conn.execute("ALTER TABLE messages DROP COLUMN tokens")
+        conn.execute("ALTER TABLE evidences DROP COLUMN tokens")
         conn.execute("DROP TABLE turns")
         for table in DOCUMENT_TABLES:
             conn.execute(f"DROP INDEX {table}_by_version")
@@ -459,7 +461,7 @@ async def test_sqlite_layout_1_file_is_upgraded_on_open(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         (user_version,) = conn.execute("PRAGMA user_version").fetchone()
     conn.close()
-    assert user_version == sqlite_module.USER_VERSION == 4
+    assert user_version == sqlite_module.USER_VERSION == 5
     assert await upgraded.get_session("s1") == records.expected_document("s1", changes)
     update = await upgraded.read_since("s1")
     assert update is not None and update.epoch == "" and update.version == 1
@@ -627,3 +629,12 @@ async def test_sqlite_rows_an_older_ce_core_writes_get_their_tags(tmp_path: Path
     assert part is not None and part.instruction == system
     assert [e.evidence_id for e in part.fact_sources] == ["e1"]
     await store.close()
+
+
+def test_token_counts_ride_with_a_change_set_but_are_no_patch_key() -> None:
+    first = SessionChanges(messages=[_message("m1")], token_counts={"m1": "{}"})
+    merged = first.merge(SessionChanges(messages=[_message("m2")], token_counts={"m2": "[]"}))
+    assert merged.token_counts == {"m1": "{}", "m2": "[]"}
+    assert SessionChanges(token_counts={"m1": "{}"}).is_empty()  # counts alone store nothing
+    with pytest.raises(SchemaValidationError, match="token_counts"):
+        SessionChanges.from_patch({"token_counts": {"m1": "{}"}})

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ce.core import tokens as tokens_module
 from ce.core.schema import Message, MessagePart, Role, ToolCallRequest
 from ce.core.tokens import (
     DEFAULT_ENCODING,
@@ -22,7 +23,10 @@ from ce.core.tokens import (
     CharBasedEstimator,
     TiktokenEstimator,
     TokenEstimator,
+    collecting_counts,
     openai_encoding_for,
+    remember_counts,
+    text_digest,
 )
 
 CACHE_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "tiktoken-cache"
@@ -663,3 +667,63 @@ def test_char_estimator_stays_near_real_tokenizers(
 @given(st.text(min_size=1))
 def test_char_estimator_is_never_zero_for_text(text: str) -> None:
     assert CharBasedEstimator().estimate_text(text) >= 1
+
+
+# -- counts stored with records ----------------------------------------------------------------
+
+
+@needs_exact
+def test_a_block_collects_the_counts_its_tokenizer_computed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tokens_module, "_MEMO", {})
+    estimator = TiktokenEstimator(on_degraded=_never_degraded)
+    estimator.estimate_text("counted before the block")
+    with collecting_counts() as fresh:
+        first = estimator.estimate_text("a new text of the call")
+        estimator.estimate_text("counted before the block")  # a cache hit: not computed here
+    estimator.estimate_text("after the block")
+    assert fresh == {"tiktoken:o200k_base": {text_digest("a new text of the call"): first}}
+    kept: dict[str, dict[str, int]] = {}
+    with collecting_counts(kept) as same:
+        estimator.estimate_text("another one")
+    assert same is kept and list(kept["tiktoken:o200k_base"]) == [text_digest("another one")]
+
+
+@needs_exact
+def test_a_remembered_count_replaces_tokenizing_that_text_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tokens_module, "_MEMO", {})
+    encoded: list[str] = []
+    encode = tiktoken.Encoding.encode_ordinary
+
+    def counting(self: Any, text: str) -> list[int]:
+        encoded.append(text)
+        return list(encode(self, text))
+
+    monkeypatch.setattr(tiktoken.Encoding, "encode_ordinary", counting)
+    text, other = "a text another process counted", "a text nobody counted"
+    true = TiktokenEstimator(on_degraded=_never_degraded).estimate_text(text)
+    encoded.clear()
+    remember_counts(
+        {
+            "tiktoken:o200k_base": {text_digest(text): true, "not-a-digest": -1},
+            "tiktoken:cl100k_base": {text_digest(other): 1},  # another tokenizer's
+            "broken": 5,  # type: ignore[dict-item]
+        }
+    )
+    estimator = TiktokenEstimator(on_degraded=_never_degraded)
+    with collecting_counts() as fresh:
+        assert estimator.estimate_text(text) == true
+        assert estimator.estimate_text(other) > 1
+    assert encoded == [other]  # the remembered text was not tokenized
+    assert list(fresh["tiktoken:o200k_base"]) == [text_digest(other)]  # only what it computed
+    assert estimator.estimate_text(text) == true  # now in the estimator's own cache
+
+
+def test_stored_counts_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokens_module, "_MEMO", {})
+    monkeypatch.setattr(tokens_module, "_MEMO_MAX", 3)
+    remember_counts({"t": {f"d{i}": i for i in range(5)}})
+    assert list(tokens_module._MEMO) == [("t", "d2"), ("t", "d3"), ("t", "d4")]

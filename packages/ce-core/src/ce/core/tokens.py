@@ -17,16 +17,24 @@ and every reply is primed with ``REPLY_PRIMING_TOKENS``.
 A message's images, files and audio (its ``parts``) cost what :func:`part_tokens` says:
 OpenAI's published image rule for the models it covers, documented estimates otherwise (see
 that function and ``docs/concepts/multimodal.md``).
+
+Counts that cost a tokenizer run are kept with the stored records (see
+:func:`collecting_counts` and :func:`remember_counts`): a process that reads a session it has
+not seen takes the counts another process computed, keyed by a digest of each text, instead
+of tokenizing the text again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ce.core._media_tokens import (
@@ -63,12 +71,16 @@ __all__ = [
     "TOOLS_OVERHEAD_TOKENS",
     "CharBasedEstimator",
     "DegradedCallback",
+    "StoredCounts",
     "TiktokenEstimator",
     "TokenEstimator",
+    "collecting_counts",
     "image_size",
     "openai_encoding_for",
     "openai_image_tokens",
     "part_tokens",
+    "remember_counts",
+    "text_digest",
     "tokenizer_name",
 ]
 
@@ -94,6 +106,70 @@ DegradedCallback = Callable[[str, str], None]
 _ENCODE_CHUNK_CHARS = 65_536
 # The cache also bounds the characters its keys keep alive (it holds the texts themselves).
 _CACHE_MAX_CHARS = 32 * 1024 * 1024
+
+
+StoredCounts = dict[str, dict[str, int]]
+"""Token counts as stored with records: tokenizer (``tiktoken:<encoding>``) -> text digest
+(:func:`text_digest`) -> count."""
+
+_FRESH: ContextVar[StoredCounts | None] = ContextVar("ce_fresh_counts", default=None)
+_MEMO: dict[tuple[str, str], int] = {}
+_MEMO_LOCK = threading.Lock()
+_MEMO_MAX = 50_000
+"""How many counts read from a store wait for their text at most (oldest dropped first)."""
+_FRESH_MAX = 4_096
+"""How many counts one store write keeps at most."""
+
+
+def text_digest(text: str) -> str:
+    """The key a stored count of ``text`` is kept under (80 bits of BLAKE2b)."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
+
+
+@contextmanager
+def collecting_counts(into: StoredCounts | None = None) -> Iterator[StoredCounts]:
+    """Within the block, every count a tokenizer computes (not one taken from a cache or from
+    :func:`remember_counts`) is added to the dict it yields (``into``, or a new one), to be
+    stored with what the block writes."""
+    fresh: StoredCounts = {} if into is None else into
+    token = _FRESH.set(fresh)
+    try:
+        yield fresh
+    finally:
+        _FRESH.reset(token)
+
+
+def remember_counts(counts: Mapping[str, Mapping[str, int]]) -> None:
+    """Take counts read from a store: the next time a tokenizer named in ``counts`` meets a
+    text of one of the digests, it uses the count instead of tokenizing the text. Entries
+    that are not a digest and a non-negative count are ignored (a stored count is a hint)."""
+    with _MEMO_LOCK:
+        for tokenizer, by_digest in counts.items():
+            if not isinstance(tokenizer, str) or not isinstance(by_digest, Mapping):
+                continue
+            for digest, count in by_digest.items():
+                if isinstance(digest, str) and type(count) is int and count >= 0:
+                    _MEMO[(tokenizer, digest)] = count
+        while len(_MEMO) > _MEMO_MAX:
+            _MEMO.pop(next(iter(_MEMO)), None)
+
+
+def _counted(tokenizer: str, text: str, compute: Callable[[str], int]) -> int:
+    """``compute(text)``, unless a stored count of the text was remembered; a computed count
+    joins the block of :func:`collecting_counts` around the call, if any."""
+    fresh = _FRESH.get()
+    if fresh is None and not _MEMO:
+        return compute(text)
+    digest = text_digest(text)
+    value = _MEMO.pop((tokenizer, digest), None) if _MEMO else None
+    if value is not None:
+        return value
+    value = compute(text)
+    if fresh is not None:
+        by_digest = fresh.setdefault(tokenizer, {})
+        if len(by_digest) < _FRESH_MAX:
+            by_digest[digest] = value
+    return value
 
 
 @runtime_checkable
@@ -486,9 +562,13 @@ class TiktokenEstimator:
 
     def _make_counter(self, name: str, encoding: Encoding) -> Callable[[str], int]:
         cached = self._cache.count
+        tokenizer = f"tiktoken:{name}"
+
+        def tokenize(text: str) -> int:
+            return sum(len(encoding.encode_ordinary(p)) for p in _split_for_encoding(text))
 
         def encode(text: str) -> int:
-            return sum(len(encoding.encode_ordinary(p)) for p in _split_for_encoding(text))
+            return _counted(tokenizer, text, tokenize)
 
         def counter(text: str) -> int:
             return cached(name, text, encode) if text else 0

@@ -5,6 +5,7 @@ ingestion."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import threading
 import time
@@ -22,6 +23,7 @@ from ce.core.engine._session import (
     SessionEntry,
     SessionLocks,
     TailTooShort,
+    remember_stored_counts,
 )
 from ce.core.engine._turn import Unread
 from ce.core.engine._writes import HistoryWriter, WriteLog
@@ -44,7 +46,7 @@ from ce.core.schema import (
 from ce.core.state import AgentState, ModelOutput
 from ce.core.stores import SessionChanges, SessionWriter, SliceStore, Store, WriterStore
 from ce.core.stores.base import OwnedChanges
-from ce.core.tokens import TokenEstimator
+from ce.core.tokens import StoredCounts, TokenEstimator, collecting_counts
 
 __all__ = ["Carry", "EngineCore"]
 
@@ -190,6 +192,7 @@ class EngineCore(HistoryWriter):
         state = AgentState(session_id, clock=self.clock, id_generator=self.ids, live_returns=True)
         version, epoch = 0, ""
         if update is not None:
+            remember_stored_counts(update.changes)
             state.absorb(update.changes)
             version, epoch = update.version, update.epoch
         entry = SessionEntry(session_id, state, version, self._estimator_for, epoch)
@@ -221,6 +224,7 @@ class EngineCore(HistoryWriter):
         state = AgentState(session_id, clock=self.clock, id_generator=self.ids, live_returns=True)
         if part is None:
             return await self._cache(SessionEntry(session_id, state, 0, self._estimator_for))
+        remember_stored_counts(part.changes)
         state.absorb(part.changes)
         if part.instruction is not None:
             state.note_instruction(part.instruction)
@@ -287,7 +291,18 @@ class EngineCore(HistoryWriter):
     ) -> _T:
         """Run ``op`` on the session; on a version conflict read the session again and redo
         it: holding the session when the store can (then the redo is not refused), else up
-        to ``conflict_retries`` times (see the class docstring)."""
+        to ``conflict_retries`` times (see the class docstring). What the call tokenizes, in
+        any attempt, is stored with its first new record (see :func:`_attach_counts`)."""
+        with collecting_counts(call.counts):
+            return await self._attempts(session_id, call, op, tail)
+
+    async def _attempts(
+        self,
+        session_id: str,
+        call: WriteLog,
+        op: Callable[[SessionEntry], Awaitable[_T]],
+        tail: bool,
+    ) -> _T:
         store = self.store
         if getattr(store, "prefers_holding", False):  # every write holds: nothing to track
             return await self._attempt_held(
@@ -398,6 +413,7 @@ class EngineCore(HistoryWriter):
         carry = self._carried.pop(session_id, None)
         if carry is not None:
             changes = carry.changes.merge(changes)
+        _attach_counts(changes, call.counts)
         changes = OwnedChanges.of(changes)  # made by the schema's constructors
         try:
             async with turn_released():  # a store may wait on I/O: not in the loop's turn
@@ -562,3 +578,18 @@ class EngineCore(HistoryWriter):
             type=evidence.type.value,
             redacted=redacted,
         )
+
+
+def _attach_counts(changes: SessionChanges, counts: StoredCounts) -> None:
+    """Give ``changes`` the token counts the call computed, with its first new message (else
+    its first new evidence); taken once (a second commit of the call does not repeat them)."""
+    if not counts:
+        return
+    first = next(
+        (m.message_id for m in changes.messages if m.message_id),
+        changes.evidences[0].evidence_id if changes.evidences else None,
+    )
+    if first is None:
+        return
+    changes.token_counts[first] = json.dumps(counts, separators=(",", ":"))
+    counts.clear()

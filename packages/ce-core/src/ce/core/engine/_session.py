@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -16,7 +17,7 @@ from ce.core.pipeline import SessionIndex, canonical_step
 from ce.core.schema import Evidence, Message, Role, SessionDocument
 from ce.core.state import AgentState
 from ce.core.stores.base import SessionChanges, SessionUpdate
-from ce.core.tokens import TokenEstimator
+from ce.core.tokens import TokenEstimator, remember_counts
 
 __all__ = [
     "FRAMEWORK_CALL_ID",
@@ -28,6 +29,7 @@ __all__ = [
     "SessionLocks",
     "TailTooShort",
     "message_key",
+    "remember_stored_counts",
 ]
 
 TAIL_MESSAGES = 64
@@ -138,6 +140,7 @@ class SessionEntry:
         """Absorb records already written elsewhere (stored by another writer, or carried
         to the session's next commit by an earlier call of this engine) after the ones the
         entry holds; the version stays."""
+        remember_stored_counts(changes)
         self.state.absorb(changes)
         for message in changes.messages:
             self._count_key(message)
@@ -405,3 +408,15 @@ class _Held:
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.locks._release(self.session_id)
+
+
+def remember_stored_counts(changes: SessionChanges) -> None:
+    """Take the token counts read with the records of ``changes`` (see
+    :func:`~ce.core.tokens.remember_counts`); counts that are not valid JSON are ignored."""
+    for text in changes.token_counts.values():
+        try:
+            counts = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(counts, dict):
+            remember_counts(counts)

@@ -33,6 +33,7 @@ from ce.core.schema import (
 )
 from ce.core.state import AgentState, ModelOutput, ToolResult, can_transition
 from ce.core.stores import SessionWriter, SliceStore, Store
+from ce.core.tokens import StoredCounts
 
 __all__ = ["ACTIVE_RUN", "HistoryWriter", "WriteLog"]
 
@@ -59,6 +60,8 @@ class WriteLog:
         self.errors: list[tuple[str, str]] = []
         self.writer: SessionWriter | None = None  # the session held for this call, if so
         self.prepare = False  # a prepare_turn / prepare_call: its report holds all of the above
+        # token counts the call's tokenizer computed, stored with its first new record
+        self.counts: StoredCounts = {}
 
     def restart(self) -> None:
         """Forget what an attempt that stored nothing noted (it is done again)."""

@@ -201,6 +201,12 @@ _LAYOUTS: list[list[str]] = [
         "CREATE INDEX evidences_facts ON {s}.evidences (session_id, seq) WHERE facts",
         "CREATE INDEX evidences_by_link ON {s}.evidences (session_id, link) WHERE link IS NOT NULL",
     ],
+    [
+        # the token counts written with a record (``SessionChanges.token_counts``); rows
+        # stored before have none (NULL)
+        "ALTER TABLE {s}.messages ADD COLUMN tokens TEXT",
+        "ALTER TABLE {s}.evidences ADD COLUMN tokens TEXT",
+    ],
 ]
 """``_LAYOUTS[n]`` holds the statements that take a schema from layout ``n`` to ``n + 1``
 (layout 0 is an empty schema). A later layout appends its upgrade step here. Statements are
@@ -237,11 +243,12 @@ _TAG_VALUES: dict[str, Callable[[Any], object]] = {
     "role": lambda role: role,
     "facts": bool,
     "link": _link_value,
+    "tokens": lambda tokens: tokens,
 }
 """``_rows.TAGGED`` column -> its value in PostgreSQL from the value ``_rows.row_tags`` gives
 (``facts`` is a BOOLEAN)."""
 
-_TAG_TYPES = {"role": "text", "facts": "boolean", "link": "text"}
+_TAG_TYPES = {"role": "text", "facts": "boolean", "link": "text", "tokens": "text"}
 """``_rows.TAGGED`` column -> its SQL type."""
 
 
@@ -520,10 +527,11 @@ class _Head(NamedTuple):
 
 
 def _read(
-    conn: Conn, s: str, session_id: str, version: int, epoch: str
+    conn: Conn, s: str, session_id: str, version: int, epoch: str, counts: dict[str, str]
 ) -> tuple[_Head, dict[str, list[tuple[str, str]]]] | None:
     """The session's head and the ``(record_id, body)`` rows of its document tables in stored
-    order, in one statement (one snapshot); None when the session does not exist.
+    order, in one statement (one snapshot), the token counts of the rows that have any added
+    to ``counts``; None when the session does not exist.
 
     Only the rows written after ``version`` are read when ``epoch`` is the stored one and
     ``0 < version <= stored version`` (then ``since`` is ``version``), else every row
@@ -536,9 +544,11 @@ def _read(
     )
     parts = [
         "SELECT '' AS kind, 0::bigint AS seq, NULL::text AS record_id, NULL::text AS body,"
+        " NULL::text AS tokens,"
         " version, epoch, schema_version, summary, run_state, meta, since FROM head",
         *(
             f"SELECT '{table}', seq, {RECORD_TABLES[table]}, body,"
+            f" {'tokens' if table in _COUNTED else 'NULL'},"
             " NULL, NULL, NULL, NULL, NULL, NULL, NULL"
             f" FROM {s}.{table} WHERE session_id = %(sid)s"
             " AND version > (SELECT since FROM head)"
@@ -552,9 +562,11 @@ def _read(
     )
     head: _Head | None = None
     bodies: dict[str, list[tuple[str, str]]] = {table: [] for table in DOCUMENT_TABLES}
-    for kind, _, record_id, body, *head_columns in rows:
+    for kind, _, record_id, body, tokens, *head_columns in rows:
         if kind:
             bodies[kind].append((record_id, body))
+            if tokens is not None:
+                counts[record_id] = tokens
         else:
             head = _Head(*head_columns)
     if head is None:
@@ -566,7 +578,7 @@ def _read(
 def load(conn: Conn, s: str, session_id: str) -> SessionDocument | None:
     """The stored document, or None. Raises :class:`StoreError` when it was written with
     another schema version or does not validate."""
-    read = _read(conn, s, session_id, 0, "")
+    read = _read(conn, s, session_id, 0, "", {})
     if read is None:
         return None
     head, rows = read
@@ -581,11 +593,12 @@ def read_since(
     """What changed after ``version`` of ``epoch`` (see
     :class:`~ce.core.stores.base.SessionUpdate`): only the rows written since, found through
     the version indexes, in one statement; None when the session does not exist."""
-    read = _read(conn, s, session_id, version, epoch)
+    counts: dict[str, str] = {}
+    read = _read(conn, s, session_id, version, epoch, counts)
     if read is None:
         return None
     head, rows = read
-    changes = changes_from_rows(session_id, (head.summary, head.run_state, head.meta), rows)
+    changes = changes_from_rows(session_id, (head.summary, head.run_state, head.meta), rows, counts)
     return SessionUpdate(head.version, head.epoch, complete=head.since == 0, changes=changes)
 
 
@@ -594,6 +607,12 @@ _NO_END = 1 << 62
 
 _HEAD_PAD = ", NULL" * 10
 """The head columns of the rows of :func:`_tail_sql` that are not its head row."""
+
+_COUNTED = ("messages", "evidences")
+"""The record tables whose rows keep token counts (a ``tokens`` column)."""
+
+_NO_COUNTS = ", NULL, NULL"
+"""The record id and token counts of the rows of :func:`_tail_sql` that have none."""
 
 
 def _tail_sql(s: str) -> str:
@@ -615,9 +634,10 @@ def _tail_sql(s: str) -> str:
     return (
         f"WITH head AS (SELECT version, epoch, schema_version, summary, run_state, meta"
         f" FROM {s}.sessions WHERE session_id = %(sid)s),"
-        f" newest AS (SELECT seq, body FROM {s}.messages WHERE session_id = %(sid)s"
-        " ORDER BY seq DESC LIMIT %(messages)s),"
-        f" run AS (SELECT seq, body FROM {s}.evidences WHERE session_id = %(sid)s"
+        f" newest AS (SELECT seq, body, message_id, tokens FROM {s}.messages"
+        " WHERE session_id = %(sid)s ORDER BY seq DESC LIMIT %(messages)s),"
+        f" run AS (SELECT seq, body, evidence_id, tokens FROM {s}.evidences"
+        " WHERE session_id = %(sid)s"
         " ORDER BY seq DESC LIMIT %(evidences)s),"
         f" cut AS (SELECT COALESCE((SELECT min(seq) FROM newest), {_NO_END}) AS m_seq,"
         " CASE WHEN %(evidences)s > 0 THEN COALESCE((SELECT min(seq) FROM run), -1)"
@@ -627,19 +647,19 @@ def _tail_sql(s: str) -> str:
         f" (SELECT count(*) FROM {s}.messages WHERE session_id = %(sid)s AND seq < cut.m_seq),"
         f" (SELECT count(*) FROM {s}.evidences WHERE session_id = %(sid)s AND seq < cut.e_seq),"
         f" (SELECT count(*) FROM {s}.messages WHERE session_id = %(sid)s AND role = 'system'"
-        " AND seq < cut.m_seq)"
+        " AND seq < cut.m_seq), NULL::text, NULL::text"
         " FROM head, cut"
-        f" UNION ALL SELECT 'messages', seq, body{_HEAD_PAD} FROM newest"
-        f" UNION ALL SELECT 'evidences', seq, body{_HEAD_PAD} FROM run"
+        f" UNION ALL SELECT 'messages', seq, body{_HEAD_PAD}, message_id, tokens FROM newest"
+        f" UNION ALL SELECT 'evidences', seq, body{_HEAD_PAD}, evidence_id, tokens FROM run"
         + "".join(
-            f" UNION ALL SELECT '{table}', seq, body{_HEAD_PAD} FROM {s}.{table}"
+            f" UNION ALL SELECT '{table}', seq, body{_HEAD_PAD}{_NO_COUNTS} FROM {s}.{table}"
             " WHERE session_id = %(sid)s"
             for table in ("context_blocks", "tasks")
         )
-        + f" UNION ALL (SELECT 'instruction', seq, body{_HEAD_PAD} FROM {s}.messages"
+        + f" UNION ALL (SELECT 'instruction', seq, body{_HEAD_PAD}{_NO_COUNTS} FROM {s}.messages"
         " WHERE session_id = %(sid)s AND role = 'system' AND seq < (SELECT m_seq FROM cut)"
         " ORDER BY seq DESC LIMIT 1)"
-        f" UNION ALL SELECT 'fact_sources', seq, body{_HEAD_PAD} FROM {s}.evidences"
+        f" UNION ALL SELECT 'fact_sources', seq, body{_HEAD_PAD}{_NO_COUNTS} FROM {s}.evidences"
         " WHERE session_id = %(sid)s AND facts AND seq < (SELECT e_seq FROM cut)"
     )
 
@@ -708,13 +728,16 @@ def read_tail(
     kinds = ("messages", "evidences", "context_blocks", "tasks", "instruction", "fact_sources")
     rows: dict[str, list[tuple[int, str]]] = {kind: [] for kind in kinds}
     linked: dict[str, list[tuple[int, str]]] = {"link": [], "ref": [], "tool_calls": []}
+    counts: dict[str, str] = {}
     with _snapshot(conn):
         head: tuple[Any, ...] | None = None
-        for kind, seq, body, *head_columns in conn.execute(
+        for kind, seq, body, *head_columns, record_id, tokens in conn.execute(
             _tail_sql(s), {"sid": session_id, "messages": messages, "evidences": evidences}
         ):
             if kind:
                 rows[kind].append((seq, body))
+                if tokens is not None:
+                    counts[record_id] = tokens
             else:
                 head = (seq, *head_columns)
         if head is None:
@@ -736,6 +759,7 @@ def read_tail(
                 "context_blocks": [("", body) for _, body in rows["context_blocks"]],
                 "tasks": [("", body) for _, body in rows["tasks"]],
             },
+            counts,
         )
         calls = [c.tool_call_id for m in changes.messages for c in m.tool_calls or ()]
         own = [*calls, *(m.message_id for m in changes.messages if m.message_id)]

@@ -37,6 +37,7 @@ __all__ = [
     "UPSERTED",
     "changes_from_rows",
     "check_schema_version",
+    "counted_rows",
     "document_from_rows",
     "head_updates",
     "record_json",
@@ -127,23 +128,30 @@ def record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
     return unique
 
 
-TAGGED = {"messages": ("role",), "evidences": ("facts", "link")}
-"""Record tables with columns beside the body that a partial read looks rows up by: a
-message's role (the newest system message before a slice), whether an evidence may state
-facts (:func:`~ce.core.schema._document.may_state_facts`) and what it belongs to
-(:func:`~ce.core.schema._document.evidence_link`)."""
+TAGGED = {"messages": ("role", "tokens"), "evidences": ("facts", "link", "tokens")}
+"""Record tables with columns beside the body: what a partial read looks rows up by (a
+message's role: the newest system message before a slice; whether an evidence may state facts,
+:func:`~ce.core.schema._document.may_state_facts`, and what it belongs to,
+:func:`~ce.core.schema._document.evidence_link`), and the token counts written with the record
+(``SessionChanges.token_counts``; NULL when none)."""
 
 
 def row_tags(changes: SessionChanges) -> dict[str, dict[str, tuple[object, ...]]]:
     """The values of the :data:`TAGGED` columns of the records of ``changes``, per table and
     record id (of the first record of an id, the one :func:`record_rows` keeps)."""
+    counts = changes.token_counts
     messages: dict[str, tuple[object, ...]] = {}
     for m in changes.messages:
-        messages.setdefault(_message_id(m), (m.role.value,))
+        message_id = _message_id(m)
+        messages.setdefault(message_id, (m.role.value, counts.get(message_id)))
     evidences: dict[str, tuple[object, ...]] = {}
     for e in changes.evidences:
         if e.evidence_id not in evidences:
-            evidences[e.evidence_id] = (int(may_state_facts(e)), evidence_link(e))
+            evidences[e.evidence_id] = (
+                int(may_state_facts(e)),
+                evidence_link(e),
+                counts.get(e.evidence_id),
+            )
     return {"messages": messages, "evidences": evidences}
 
 
@@ -201,11 +209,12 @@ def changes_from_rows(
     session_id: str,
     head: tuple[str | None, str, str | None],
     rows: dict[str, list[tuple[str, str]]],
+    token_counts: dict[str, str] | None = None,
 ) -> SessionChanges:
     """The records of ``(record_id, body)`` rows of the document tables, with the session
-    row's current ``summary``, ``run_state`` and ``meta``, as the changes of a
-    :class:`~ce.core.stores.base.SessionUpdate`. Raises :class:`StoreError` when a body does
-    not validate."""
+    row's current ``summary``, ``run_state`` and ``meta`` and the ``token_counts`` read with
+    them, as the changes of a :class:`~ce.core.stores.base.SessionUpdate`. Raises
+    :class:`StoreError` when a body does not validate."""
     summary, run_state, meta = head
 
     def parsed(table: str, model: type[_M]) -> list[_M]:
@@ -222,6 +231,20 @@ def changes_from_rows(
             summary=None if summary is None else Summary.model_validate_json(summary),
             run=RunState.model_validate_json(run_state),
             meta=None if meta is None else Meta.model_validate_json(meta),
+            token_counts=token_counts or {},
         )
     except ValidationError as exc:
         raise StoreError(f"session {session_id!r} is corrupt: {exc}") from exc
+
+
+def counted_rows(
+    rows: list[tuple[str, str, str | None]], counts: dict[str, str]
+) -> list[tuple[str, str]]:
+    """``(record_id, body)`` of ``(record_id, body, tokens)`` rows, each row's token counts
+    (when it has any) added to ``counts`` under its record id."""
+    out = []
+    for record_id, body, tokens in rows:
+        if tokens is not None:
+            counts[record_id] = tokens
+        out.append((record_id, body))
+    return out

@@ -18,6 +18,7 @@ from ce.core.stores._rows import (
     RECORD_TABLES,
     changes_from_rows,
     check_schema_version,
+    counted_rows,
     document_from_rows,
 )
 from ce.core.stores.base import (
@@ -47,7 +48,7 @@ __all__ = [
 _M = TypeVar("_M", bound=BaseModel)
 
 
-USER_VERSION = 4
+USER_VERSION = 5
 """The layout version this module writes into ``PRAGMA user_version``."""
 
 
@@ -74,6 +75,12 @@ _TAG_COLUMNS = [
     "ALTER TABLE evidences ADD COLUMN link TEXT",
 ]
 """The columns a partial read looks rows up by (see ``_rows.TAGGED``)."""
+
+_COUNT_COLUMNS = [
+    "ALTER TABLE messages ADD COLUMN tokens TEXT",
+    "ALTER TABLE evidences ADD COLUMN tokens TEXT",
+]
+"""The token counts written with a record (``SessionChanges.token_counts``; NULL: none)."""
 
 _TAG_INDEXES = [
     "CREATE INDEX messages_system ON messages (session_id, seq) WHERE role = 'system'",
@@ -155,6 +162,7 @@ _DDL = [
     *_TAG_COLUMNS,
     *_TAG_INDEXES,
     *_TAG_TRIGGERS,
+    *_COUNT_COLUMNS,
 ]
 """The statements that create the current layout in an empty file."""
 
@@ -168,6 +176,8 @@ _MIGRATIONS: dict[int, list[str]] = {
     ],
     # files written before partial reads: their rows get the columns' values from the bodies
     3: [*_TAG_COLUMNS, *_TAG_BACKFILL, *_TAG_INDEXES, *_TAG_TRIGGERS],
+    # files written before token counts were kept: their rows have none (NULL)
+    4: _COUNT_COLUMNS,
 }
 """Layout version -> the statements that upgrade it to the next version."""
 
@@ -244,17 +254,20 @@ def prepare(conn: sqlite3.Connection, synchronous: str, busy_timeout: float) -> 
 
 
 def _rows(
-    conn: sqlite3.Connection, session_id: str, since: int = 0
+    conn: sqlite3.Connection, session_id: str, since: int = 0, counts: dict[str, str] | None = None
 ) -> dict[str, list[tuple[str, str]]]:
-    """The ``(record_id, body)`` rows of the document tables written after ``since``."""
-    return {
-        table: conn.execute(
-            f"SELECT {RECORD_TABLES[table]}, body FROM {table}"
+    """The ``(record_id, body)`` rows of the document tables written after ``since``; with
+    ``counts``, the token counts of their messages and evidences are added to it."""
+    rows: dict[str, list[tuple[str, str]]] = {}
+    for table in DOCUMENT_TABLES:
+        counted = counts is not None and table in ("messages", "evidences")
+        found = conn.execute(
+            f"SELECT {RECORD_TABLES[table]}, body{', tokens' if counted else ''} FROM {table}"
             " WHERE session_id = ? AND version > ? ORDER BY seq",
             (session_id, since),
         ).fetchall()
-        for table in DOCUMENT_TABLES
-    }
+        rows[table] = counted_rows(found, counts) if counts is not None and counted else found
+    return rows
 
 
 def load(conn: sqlite3.Connection, session_id: str) -> SessionDocument | None:
@@ -295,8 +308,9 @@ def read_since_in(
     same_history = stored_epoch == epoch and 0 < version <= stored
     if same_history and version == stored:
         return SessionUpdate(stored, stored_epoch, complete=False, changes=SessionChanges())
-    rows = _rows(conn, session_id, version if same_history else 0)
-    changes = changes_from_rows(session_id, (summary, run_state, meta), rows)
+    counts: dict[str, str] = {}
+    rows = _rows(conn, session_id, version if same_history else 0, counts)
+    changes = changes_from_rows(session_id, (summary, run_state, meta), rows, counts)
     return SessionUpdate(stored, stored_epoch, complete=not same_history, changes=changes)
 
 
@@ -312,10 +326,12 @@ def read_tail(
             return None
         stored, epoch, _, summary, run_state, meta = head
         newest = conn.execute(
-            "SELECT seq, body FROM messages WHERE session_id = ? ORDER BY seq DESC LIMIT ?",
+            "SELECT seq, body, message_id, tokens FROM messages WHERE session_id = ?"
+            " ORDER BY seq DESC LIMIT ?",
             (session_id, messages),
         ).fetchall()
         newest.reverse()
+        counts = {rid: tokens for _, _, rid, tokens in newest if tokens is not None}
         message_seq = newest[0][0] if newest else _NO_END
         run = (
             conn.execute(
@@ -331,23 +347,27 @@ def read_tail(
             session_id,
             (summary, run_state, meta),
             {
-                "messages": [("", body) for _, body in newest],
+                "messages": [("", body) for _, body, _, _ in newest],
                 "tool_calls": [],
                 "model_usage": [],
                 "evidences": [],
                 "context_blocks": blocks,
                 "tasks": _all_rows(conn, "tasks", session_id),
             },
+            counts,
         )
         calls = [c.tool_call_id for m in changes.messages for c in m.tool_calls or ()]
         links = [*calls, *(m.message_id for m in changes.messages if m.message_id)]
         refs = [ref.evidence_id for block in changes.context_blocks for ref in block.refs]
-        found: dict[int, str] = dict(
-            conn.execute(
-                "SELECT seq, body FROM evidences WHERE session_id = ? AND seq >= ?",
-                (session_id, evidence_seq),
-            ).fetchall()
-        )
+        found: dict[int, str] = {}
+        for seq, body, evidence_id, tokens in conn.execute(
+            "SELECT seq, body, evidence_id, tokens FROM evidences"
+            " WHERE session_id = ? AND seq >= ?",
+            (session_id, evidence_seq),
+        ):
+            found[seq] = body
+            if tokens is not None:
+                counts[evidence_id] = tokens
         found.update(_where_in(conn, "evidences", "link", session_id, links))
         found.update(_where_in(conn, "evidences", "evidence_id", session_id, refs))
         changes.evidences = [_parsed(session_id, Evidence, found[seq]) for seq in sorted(found)]

@@ -104,6 +104,13 @@ class SessionChanges:
     (skipped when their id is already stored); ``context_blocks`` and ``tasks`` are upserted by
     id; ``summary``, ``run`` and ``meta`` replace the stored value when given. ``turns`` are
     kept beside the document (see the module docstring).
+
+    ``token_counts`` maps the id of a message or an evidence of the change set to token
+    counts (JSON, see :data:`~ce.core.tokens.StoredCounts`) that a store keeping them stores
+    with that record and gives back with it (:attr:`BaseStore.keeps_token_counts`): counts
+    the engine computed while writing, so that a process reading the records later need not
+    tokenize their texts again. They are a hint: a reader checks each against the digest of
+    the text it counts.
     """
 
     messages: list[Message] = field(default_factory=list)
@@ -116,9 +123,10 @@ class SessionChanges:
     summary: Summary | None = None
     run: RunState | None = None
     meta: Meta | None = None
+    token_counts: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def is_empty(self) -> bool:
-        return not any(getattr(self, f.name) for f in fields(self))
+        return not any(getattr(self, f.name) for f in fields(self) if f.name != "token_counts")
 
     def has_records(self) -> bool:
         """Whether it holds anything of the session document but the run state (turn
@@ -147,6 +155,7 @@ class SessionChanges:
             summary=other.summary or self.summary,
             run=other.run or self.run,
             meta=other.meta or self.meta,
+            token_counts={**self.token_counts, **other.token_counts},
         )
 
     @classmethod
@@ -155,7 +164,7 @@ class SessionChanges:
 
         Raises :class:`SchemaValidationError` for unknown keys or invalid records.
         """
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"token_counts"}
         unknown = sorted(set(patch) - known)
         if unknown:
             raise SchemaValidationError([(key, "unknown patch key") for key in unknown])
@@ -419,6 +428,7 @@ def _revalidated_changes(changes: SessionChanges, again: bool = True) -> Checked
         summary=one(changes.summary, Summary, "summary"),
         run=one(changes.run, RunState, "run"),
         meta=one(changes.meta, Meta, "meta"),
+        token_counts=changes.token_counts,
         bodies=bodies,
     )
 
@@ -541,6 +551,10 @@ class BaseStore(abc.ABC):
     keeps_json: ClassVar[bool] = False
     """Whether the store keeps only the JSON of the records it commits, never the objects:
     it need not validate an :class:`OwnedChanges` again to own its records."""
+
+    keeps_token_counts: ClassVar[bool] = False
+    """Whether the store keeps a change set's ``token_counts`` with their records and gives
+    them back with those records from ``read_since`` and ``read_tail``."""
 
     def __init__(
         self, *, id_generator: IdGenerator | None = None, clock: Clock | None = None

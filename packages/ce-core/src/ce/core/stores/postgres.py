@@ -188,6 +188,7 @@ class PostgresStore(BaseStore):
     """
 
     keeps_json = True
+    keeps_token_counts = True
 
     def __init__(
         self,

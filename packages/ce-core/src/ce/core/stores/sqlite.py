@@ -122,6 +122,7 @@ class SQLiteStore(BaseStore):
     """
 
     keeps_json = True
+    keeps_token_counts = True
 
     def __init__(
         self,

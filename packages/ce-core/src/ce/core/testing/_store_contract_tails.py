@@ -28,7 +28,7 @@ from ce.core.schema import (
 )
 from ce.core.schema._document import evidence_link, may_state_facts
 from ce.core.state import AgentState, ModelOutput, ToolResult
-from ce.core.stores.base import SessionSlice, SliceStore, Store
+from ce.core.stores.base import SessionChanges, SessionSlice, SliceStore, Store
 
 __all__ = ["TailContract"]
 
@@ -180,3 +180,33 @@ class TailContract:
         assert got == [stored[0], stored[3], stored[-1]]  # stored order, unknown ids left out
         assert await store.read_messages("tail", []) == []
         assert await store.read_messages("tail", ["a\x00b"]) == []  # no stored id holds U+0000
+
+    async def test_token_counts_come_back_with_their_records(self, store: Store) -> None:
+        """A store that keeps token counts (``keeps_token_counts``) gives each back with its
+        message or evidence from ``read_since`` and ``read_tail``; one that does not drops
+        them, and nothing else of the commit."""
+        doc = await _session(store)
+        message = doc.session.messages[-1].model_copy(update={"message_id": "counted-m"})
+        evidence = next(iter(doc.evidences.values())).model_copy(
+            update={"evidence_id": "counted-e", "content": "counted"}
+        )
+        counts = {
+            "counted-m": json.dumps({"tiktoken:o200k_base": {"ab" * 10: 7}}),
+            "counted-e": json.dumps({"tiktoken:o200k_base": {"cd" * 10: 3}}),
+        }
+        read = await store.read_since("tail")
+        assert read is not None
+        changes = SessionChanges(messages=[message], evidences=[evidence], token_counts=counts)
+        await store.commit("tail", changes)
+        keeps = getattr(store, "keeps_token_counts", False)
+        update = await store.read_since("tail", read.version, read.epoch)
+        assert update is not None  # what was added (or, for some stores, the whole session)
+        assert update.changes.messages[-1].message_id == "counted-m"
+        assert update.changes.evidences[-1].evidence_id == "counted-e"
+        assert update.changes.token_counts == (counts if keeps else {})
+        whole = await store.read_since("tail")
+        assert whole is not None and whole.changes.token_counts == (counts if keeps else {})
+        if isinstance(store, SliceStore):
+            part = await store.read_tail("tail", messages=1, evidences=1)
+            assert part is not None
+            assert part.changes.token_counts == (counts if keeps else {})

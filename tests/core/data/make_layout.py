@@ -1,15 +1,17 @@
-"""Writes ``layout3.db``: a session stored by the SQLite layout of ``PRAGMA user_version = 3``
-(ce-core before partial reads), for the upgrade test in ``test_cold_start.py``.
+"""Writes ``layout<N>.db``: a session ``layout<N>`` stored by the SQLite layout of ``PRAGMA
+user_version = N``, for the upgrade tests in ``test_cold_start.py``: layout 3 (ce-core before
+partial reads, commit 5874991), layout 4 (before token counts were kept, commit 1961fa5).
 
-Run it with that ce-core on the path (``git worktree add ../old 5874991`` and
-``PYTHONPATH=../old/packages/ce-core/src python tests/core/data/make_layout3.py``); the
-records it writes use only what both layouts share.
+Run it with that ce-core on the path (``git worktree add ../old 1961fa5`` and
+``PYTHONPATH=../old/packages/ce-core/src python tests/core/data/make_layout.py 4``); the
+records it writes use only what the layouts share.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
@@ -38,14 +40,15 @@ INV = ModelInvocation(provider="openai", model="gpt-4o")
 STATUSES = ("shipped", "pending", "lost")
 
 
-async def main() -> None:
-    path = HERE / "layout3.db"
+async def main(layout: int) -> None:
+    name = f"layout{layout}"
+    path = HERE / f"{name}.db"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     store = SQLiteStore(path)
-    state = AgentState("layout3", clock=SteppingClock(), id_generator=SequentialIdGenerator("m"))
+    state = AgentState(name, clock=SteppingClock(), id_generator=SequentialIdGenerator("m"))
     state.set_system_instruction("You answer questions about orders.")
-    await store.commit("layout3", state.take_changes())
+    await store.commit(name, state.take_changes())
     for turn in range(60):
         state.append_model_input(f"question {turn} about order A-1 " + "alpha " * (turn % 7))
         source = EvidenceSource(kind=SourceKind.RAG, uri=f"kb://doc-{turn}")
@@ -123,9 +126,9 @@ async def main() -> None:
                     refs=[Ref(evidence_id="doc-0")],
                 )
             )
-        await store.commit("layout3", state.take_changes())
+        await store.commit(name, state.take_changes())
     await store.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
