@@ -34,10 +34,12 @@ from ce.core.schema import (
     EvidenceType,
     Message,
     ModelInvocation,
+    ModelUsage,
     PrepareResult,
     Priority,
     Ref,
     Role,
+    SessionDocument,
     SourceKind,
     ToolCallRequest,
 )
@@ -476,6 +478,78 @@ async def test_a_cold_worker_takes_the_token_counts_another_worker_stored(
     assert engine._entries["s"].partial
     _assert_same(whole, cold)
     assert "and later?" in encoded and len(encoded) <= 3, encoded
+
+
+async def _record_three_replies(store: Store, *, cold: bool) -> None:
+    """A first reply (framework id ``fw-1``, output "Same answer."), a long history after
+    it, then a new question and three replies: the same text again without an id, the
+    first reply's id again, and one with a tool call (the last needs the whole session)."""
+    writer = _engine(store, _config(1500))
+    source = EvidenceSource(kind=SourceKind.LLM, name="gpt-4o")
+    same = ("Same answer.", source)
+
+    def usage(key: str) -> ModelUsage:
+        return ModelUsage(model_usage_id=key, provider="openai", model="gpt-4o", total_tokens=9)
+
+    def reply(message_id: str | None = None, **fields: object) -> Message:
+        return Message(role=Role.ASSISTANT, content="Same answer.", message_id=message_id, **fields)
+
+    await writer.record_model_call("s", usage("u0"), reply=reply("fw-1"), output=same)
+    await writer.close()
+    for change in commits(_long_history(150), refer_to_first=False, summary_upto=-1)[1:]:
+        await store.commit("s", change)
+    engine = _engine(store, _config(1500)) if cold else writer
+    await engine.prepare_turn("s", "and now?")
+    await engine.record_model_call("s", usage("u1"), reply=reply(), output=same)
+    await engine.record_model_call("s", usage("u1"), output=same)  # recorded again
+    await engine.record_model_call("s", usage("u2"), reply=reply("fw-1"), output=same)
+    if cold:
+        assert engine._entries["s"].partial  # no whole read so far
+    call = ToolCallRequest(tool_call_id="c-new", name="lookup", raw_arguments="{}")
+    await engine.record_model_call("s", usage("u3"), reply=reply(None, tool_calls=[call]))
+    if cold:
+        assert not engine._entries["s"].partial  # the reply's call ids need every stored one
+    await engine.close()
+
+
+async def test_a_cold_worker_records_replies_on_the_newest_records(
+    opener: Callable[[], Store],
+) -> None:
+    """``record_model_call`` on a process that has not read the session: the reply's id and
+    the output's deduplication key are looked up in the store, so what is stored is what an
+    engine holding the whole session stores."""
+    cold_store = opener()
+    await _record_three_replies(cold_store, cold=True)
+    cold = await cold_store.get_session("s")
+    await cold_store.close()
+    whole_store = MemoryStore()
+    await _record_three_replies(whole_store, cold=False)
+    whole = await whole_store.get_session("s")
+    assert cold is not None and whole is not None
+
+    def messages(doc: SessionDocument) -> list[tuple[object, ...]]:
+        return [
+            (m.role, m.content, m.message_id if m.message_id == "fw-1" else None)
+            for m in doc.session.messages
+        ]
+
+    def evidences(doc: SessionDocument) -> list[tuple[object, ...]]:
+        return [(e.type, e.content, e.links.model_usage_id) for e in doc.evidences.values()]
+
+    assert messages(cold) == messages(whole)
+    assert evidences(cold) == evidences(whole)
+    usages = [u.model_usage_id for u in cold.session.model_usage]
+    assert usages == [u.model_usage_id for u in whole.session.model_usage]
+    assert usages == ["u0", "u1", "u2", "u3"]
+    outputs = [e for e in cold.evidences.values() if e.type is EvidenceType.LLM_OUTPUT]
+    assert len(outputs) == 1 and outputs[0].links.model_usage_id == "u0"  # deduplicated
+    assert [m.message_id for m in cold.session.messages].count("fw-1") == 1
+    # the reply with the stored id was not written again
+    assert [(m.content, bool(m.tool_calls)) for m in cold.session.messages[-3:]] == [
+        ("and now?", False),
+        ("Same answer.", False),
+        ("Same answer.", True),
+    ]
 
 
 def test_the_blocking_engine_reads_the_newest_records_too(tmp_path: Path) -> None:

@@ -838,6 +838,8 @@ _UPGRADED_EVIDENCES = [
     records.evidence("json-object", content='{"a": 1}'),
     records.evidence("json-array", content="[1]"),
     records.evidence("plain", content="no facts here"),
+    records.evidence("keyed", content="ingested", metadata={"dedup_key": "rag_doc|k1"}),
+    records.evidence("key-not-text", content="odd", metadata={"dedup_key": 5}),
     records.evidence("spaces", content=" \t\r\n\x0b\x0c\x1c\x85\xa0\u2028\u3000{}"),
     records.evidence("nul-first", content="\x00{}"),
     records.evidence("backslash-first", content="\\u0000{}"),
@@ -929,7 +931,16 @@ async def test_layout_1_is_upgraded_with_role_facts_and_link_from_the_bodies(
         "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND indexdef LIKE %s",
         (schema, "% WHERE %"),
     ).fetchall()
-    assert sorted(indexes) == [("evidences_by_link",), ("evidences_facts",), ("messages_system",)]
+    assert sorted(indexes) == [
+        ("evidences_by_dedup",),
+        ("evidences_by_link",),
+        ("evidences_facts",),
+        ("messages_system",),
+    ]
+    keys = sql.execute(
+        f'SELECT evidence_id, dedup FROM "{schema}".evidences WHERE dedup IS NOT NULL'
+    ).fetchall()
+    assert keys == [("keyed", "rag_doc|k1")]
     roles = sql.execute(f'SELECT message_id, role FROM "{schema}".messages ORDER BY seq')
     assert roles.fetchall() == [(m.message_id, m.role.value) for m in _UPGRADED_MESSAGES]
     tags = sql.execute(f'SELECT evidence_id, facts, link FROM "{schema}".evidences ORDER BY seq')

@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import threading
@@ -433,13 +434,19 @@ def _layout_1(db: Path) -> None:
     with sqlite3.connect(db) as conn:
         for trigger in ("messages_role", "evidences_tags"):
             conn.execute(f"DROP TRIGGER {trigger}")
-        for index in ("messages_system", "evidences_facts", "evidences_by_link"):
+        for index in (
+            "messages_system",
+            "evidences_facts",
+            "evidences_by_link",
+            "evidences_by_dedup",
+        ):
             conn.execute(f"DROP INDEX {index}")
         conn.execute("ALTER TABLE messages DROP COLUMN role")
         conn.execute("ALTER TABLE evidences DROP COLUMN facts")
         conn.execute("ALTER TABLE evidences DROP COLUMN link")
         conn.execute("ALTER TABLE messages DROP COLUMN tokens")
         conn.execute("ALTER TABLE evidences DROP COLUMN tokens")
+        conn.execute("ALTER TABLE evidences DROP COLUMN dedup")
         conn.execute("DROP TABLE turns")
         for table in DOCUMENT_TABLES:
             conn.execute(f"DROP INDEX {table}_by_version")
@@ -638,3 +645,23 @@ def test_token_counts_ride_with_a_change_set_but_are_no_patch_key() -> None:
     assert SessionChanges(token_counts={"m1": "{}"}).is_empty()  # counts alone store nothing
     with pytest.raises(SchemaValidationError, match="token_counts"):
         SessionChanges.from_patch({"token_counts": {"m1": "{}"}})
+
+
+async def test_sqlite_layout_4_file_gets_the_dedup_keys_of_its_evidences(tmp_path: Path) -> None:
+    """Evidences stored before layout 5 (``data/layout4.db``, written by the previous
+    ce-core) get their deduplication key from their bodies, so a reader of the newest records
+    finds them by key."""
+    db = tmp_path / "layout4.db"
+    shutil.copyfile(Path(__file__).parent / "data" / "layout4.db", db)
+    keyed = records.evidence("keyed", content="ingested", metadata={"dedup_key": "rag_doc|k1"})
+    with sqlite3.connect(db) as conn:
+        (seq,) = conn.execute("SELECT MAX(seq) + 1 FROM evidences").fetchone()
+        conn.execute(
+            "INSERT INTO evidences (session_id, seq, evidence_id, version, body)"
+            " VALUES ('layout4', ?, 'keyed', 1, ?)",
+            (seq, keyed.model_dump_json(exclude_none=True)),
+        )
+    conn.close()
+    store = SQLiteStore(db)
+    assert await store.read_evidences("layout4", ["rag_doc|k1"]) == [keyed]
+    await store.close()

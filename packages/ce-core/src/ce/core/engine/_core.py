@@ -501,11 +501,16 @@ class EngineCore(HistoryWriter):
             )
         call.degradations_emitted = len(call.degradations)
 
-    def _write_reply(
+    async def _write_reply(
         self, entry: SessionEntry, reply: Message | ModelOutput, cfg: RuntimeConfig, call: WriteLog
     ) -> bool:
         """Add the model's reply and move the run on (tools running, or completed); False
-        when a reply with its ``message_id`` is stored already (nothing written)."""
+        when a reply with its ``message_id`` is stored already (nothing written). On an
+        entry of the session's newest records, an id it has not read is looked up in the
+        store."""
+        if entry.partial and reply.message_id and reply.message_id not in entry.message_ids:
+            store = cast(SliceStore, self.store)  # an entry of newest records: a SliceStore
+            entry.note_taken(await store.read_messages(entry.session_id, [reply.message_id]))
         if reply.message_id and reply.message_id in entry.message_ids:
             text = reply.content if isinstance(reply, Message) else reply.text
             probe = Message(role=Role.ASSISTANT, content=text, message_id=reply.message_id)
@@ -562,6 +567,12 @@ class EngineCore(HistoryWriter):
             existing = entry.dedup.get(prepared.dedup_key)
             if existing is not None and existing in entry.doc.evidences:
                 return entry.doc.evidences[existing], None
+            if existing is None and entry.partial:
+                # stored before the newest records this entry holds: looked up by its key
+                store = cast(SliceStore, self.store)
+                found = await store.read_evidences(entry.session_id, [prepared.dedup_key])
+                if found:
+                    return found[0], None
         stored = entry.state.add_evidence(prepared.evidence)
         if prepared.original is not None:
             entry.state.add_evidence(prepared.original)

@@ -371,14 +371,13 @@ class ContextEngine(Preparer):
             assistant_message = assistant_message.model_copy(update={"refs": refs})
 
         async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
-            if not self._write_reply(entry, assistant_message, cfg, call):
+            if not await self._write_reply(entry, assistant_message, cfg, call):
                 return PutResult(success=True, version=entry.version)
             return await self._persist(entry, call)
 
-        # a reply with no id and no tool calls of its own cannot repeat an older id: the
-        # call can work on the session's newest records
-        tail = assistant_message.message_id is None and not assistant_message.tool_calls
-        return await self._write(session_id, op, tail=tail)
+        # a reply without tool calls can work on the session's newest records (its own id,
+        # if any, is looked up in the store); the ids of tool calls need the whole session
+        return await self._write(session_id, op, tail=not assistant_message.tool_calls)
 
     async def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         """Buffer one streamed chunk (in memory, per session) until the reply is finalized."""
@@ -497,13 +496,15 @@ class ContextEngine(Preparer):
         text ``output`` as ``llm_output`` evidence linked to the usage (content, source;
         redacted and deduplicated as :meth:`ingest_evidence` does) and its usage (as
         :meth:`record_model_usage` does). Integrations call this once at the end of a model
-        call instead of the three separately. Idempotent like each of them."""
+        call instead of the three separately. Idempotent like each of them. A process that
+        has not read the session reads only its newest records for it, unless the reply
+        makes tool calls (their ids are checked against the whole session)."""
         cfg = self._cfg(runtime_config)
         ingestor = self._ingestor(cfg)
 
         async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             if reply is not None:
-                self._write_reply(entry, reply, cfg, call)
+                await self._write_reply(entry, reply, cfg, call)
             added = None
             if output is not None and output[0]:
                 links = EvidenceLinks(model_usage_id=model_usage.model_usage_id)
@@ -516,7 +517,11 @@ class ContextEngine(Preparer):
                 await self._emit_ingested(session_id, *added)
             return result
 
-        return await self._write(session_id, op)
+        # without tool calls the reply, its output and its usage can be recorded on the
+        # session's newest records: the reply's id and the output's deduplication key are
+        # looked up in the store, and a usage id stored before is skipped by the store
+        tail = reply is None or not reply.tool_calls
+        return await self._write(session_id, op, tail=tail)
 
     async def ingest_evidence(
         self,

@@ -127,6 +127,10 @@ _LINK = """COALESCE(
 )"""
 """``evidence_link`` in SQL, of an evidence's body as ``jsonb`` ``j``."""
 
+_DEDUP = """CASE WHEN jsonb_typeof(j->'metadata'->'dedup_key') = 'string'
+    THEN NULLIF(j->'metadata'->>'dedup_key', '') END"""
+"""``_rows.dedup_key`` in SQL, of an evidence's body as ``jsonb`` ``j``."""
+
 
 def _version_index(table: str) -> str:
     # read_since finds the rows written after a version through it
@@ -206,6 +210,31 @@ _LAYOUTS: list[list[str]] = [
         # stored before have none (NULL)
         "ALTER TABLE {s}.messages ADD COLUMN tokens TEXT",
         "ALTER TABLE {s}.evidences ADD COLUMN tokens TEXT",
+        # an evidence's deduplication key, looked up by a reader of the newest records;
+        # filled from the bodies of the rows stored before, and by the trigger for a row
+        # of the previous ce-core
+        'ALTER TABLE {s}.evidences ADD COLUMN dedup TEXT COLLATE "C"',
+        f"""UPDATE {{s}}.evidences AS t SET dedup = keys.dedup
+        FROM (
+            SELECT session_id, seq, {_DEDUP} AS dedup
+            FROM (SELECT session_id, seq, {_body_json("body")}::jsonb AS j FROM {{s}}.evidences)
+                AS parsed
+        ) AS keys
+        WHERE t.session_id = keys.session_id AND t.seq = keys.seq AND keys.dedup IS NOT NULL""",
+        f"""CREATE OR REPLACE FUNCTION {{s}}.ce_tag_evidence() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        DECLARE j jsonb;
+        BEGIN
+            IF NEW.facts IS NULL THEN
+                j := {_body_json("NEW.body")}::jsonb;
+                NEW.facts := {_FACTS};
+                NEW.link := {_LINK};
+                NEW.dedup := {_DEDUP};
+            END IF;
+            RETURN NEW;
+        END $$""",
+        "CREATE INDEX evidences_by_dedup ON {s}.evidences (session_id, dedup)"
+        " WHERE dedup IS NOT NULL",
     ],
 ]
 """``_LAYOUTS[n]`` holds the statements that take a schema from layout ``n`` to ``n + 1``
@@ -244,11 +273,12 @@ _TAG_VALUES: dict[str, Callable[[Any], object]] = {
     "facts": bool,
     "link": _link_value,
     "tokens": lambda tokens: tokens,
+    "dedup": lambda key: key,
 }
 """``_rows.TAGGED`` column -> its value in PostgreSQL from the value ``_rows.row_tags`` gives
 (``facts`` is a BOOLEAN)."""
 
-_TAG_TYPES = {"role": "text", "facts": "boolean", "link": "text", "tokens": "text"}
+_TAG_TYPES = {"role": "text", "facts": "boolean", "link": "text", "tokens": "text", "dedup": "text"}
 """``_rows.TAGGED`` column -> its SQL type."""
 
 
@@ -806,6 +836,15 @@ def messages_by_id(conn: Conn, s: str, session_id: str, message_ids: list[str]) 
         (session_id, _storable(message_ids)),
     ).fetchall()
     return [_parsed(session_id, Message, body) for (body,) in rows]
+
+
+def evidences_by_dedup(conn: Conn, s: str, session_id: str, keys: list[str]) -> list[Evidence]:
+    """The session's evidences whose deduplication key is one of ``keys``, in stored order."""
+    rows = conn.execute(
+        f"SELECT body FROM {s}.evidences WHERE session_id = %s AND dedup = ANY(%s) ORDER BY seq",
+        (session_id, _storable(keys)),
+    ).fetchall()
+    return [_parsed(session_id, Evidence, body) for (body,) in rows]
 
 
 def version(conn: Conn, s: str, session_id: str) -> int:

@@ -38,6 +38,7 @@ __all__ = [
     "changes_from_rows",
     "check_schema_version",
     "counted_rows",
+    "dedup_key",
     "document_from_rows",
     "head_updates",
     "record_json",
@@ -128,12 +129,23 @@ def record_rows(changes: SessionChanges) -> dict[str, list[tuple[str, str]]]:
     return unique
 
 
-TAGGED = {"messages": ("role", "tokens"), "evidences": ("facts", "link", "tokens")}
+TAGGED = {
+    "messages": ("role", "tokens"),
+    "evidences": ("facts", "link", "tokens", "dedup"),
+}
 """Record tables with columns beside the body: what a partial read looks rows up by (a
 message's role: the newest system message before a slice; whether an evidence may state facts,
-:func:`~ce.core.schema._document.may_state_facts`, and what it belongs to,
-:func:`~ce.core.schema._document.evidence_link`), and the token counts written with the record
-(``SessionChanges.token_counts``; NULL when none)."""
+:func:`~ce.core.schema._document.may_state_facts`, what it belongs to,
+:func:`~ce.core.schema._document.evidence_link`, and its deduplication key, :func:`dedup_key`),
+and the token counts written with the record (``SessionChanges.token_counts``; NULL when
+none)."""
+
+
+def dedup_key(evidence: Evidence) -> str | None:
+    """The key an evidence is deduplicated by (``metadata.dedup_key``, set when it was
+    ingested), None when it has none."""
+    key = evidence.metadata.get("dedup_key")
+    return key if isinstance(key, str) and key else None
 
 
 def row_tags(changes: SessionChanges) -> dict[str, dict[str, tuple[object, ...]]]:
@@ -151,6 +163,7 @@ def row_tags(changes: SessionChanges) -> dict[str, dict[str, tuple[object, ...]]
                 int(may_state_facts(e)),
                 evidence_link(e),
                 counts.get(e.evidence_id),
+                dedup_key(e),
             )
     return {"messages": messages, "evidences": evidences}
 

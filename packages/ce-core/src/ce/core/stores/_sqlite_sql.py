@@ -33,6 +33,7 @@ __all__ = [
     "audit",
     "busy",
     "evidence",
+    "evidences_by_dedup",
     "load",
     "prepare",
     "read_since",
@@ -76,11 +77,6 @@ _TAG_COLUMNS = [
 ]
 """The columns a partial read looks rows up by (see ``_rows.TAGGED``)."""
 
-_COUNT_COLUMNS = [
-    "ALTER TABLE messages ADD COLUMN tokens TEXT",
-    "ALTER TABLE evidences ADD COLUMN tokens TEXT",
-]
-"""The token counts written with a record (``SessionChanges.token_counts``; NULL: none)."""
 
 _TAG_INDEXES = [
     "CREATE INDEX messages_system ON messages (session_id, seq) WHERE role = 'system'",
@@ -124,6 +120,13 @@ _TAG_BACKFILL = [
 ]
 """The tagged columns of the rows stored before they existed, from their bodies."""
 
+
+def _dedup(body: str) -> str:
+    """``_rows.dedup_key`` of an evidence, in SQL, from its JSON ``body``."""
+    return f"""CASE WHEN json_type({body}, '$.metadata.dedup_key') = 'text'
+        THEN NULLIF(json_extract({body}, '$.metadata.dedup_key'), '') END"""
+
+
 _TAG_TRIGGERS = [
     f"""CREATE TRIGGER messages_role AFTER INSERT ON messages WHEN NEW.role IS NULL BEGIN
         UPDATE messages SET role = {_role("NEW.body")}
@@ -135,6 +138,23 @@ _TAG_TRIGGERS = [
 """A row inserted without the tagged columns gets them from its body: a process still
 running an older ce-core (a rolling deploy) keeps writing rows a partial read finds. This
 ce-core writes them itself, so the triggers' condition is false for its rows."""
+
+_LAYOUT_5 = [
+    # the token counts written with a record (``SessionChanges.token_counts``; NULL: none)
+    "ALTER TABLE messages ADD COLUMN tokens TEXT",
+    "ALTER TABLE evidences ADD COLUMN tokens TEXT",
+    # an evidence's deduplication key, looked up by a reader of the newest records
+    "ALTER TABLE evidences ADD COLUMN dedup TEXT",
+    f"UPDATE evidences SET dedup = {_dedup('body')}",
+    "CREATE INDEX evidences_by_dedup ON evidences (session_id, dedup) WHERE dedup IS NOT NULL",
+    "DROP TRIGGER evidences_tags",
+    f"""CREATE TRIGGER evidences_tags AFTER INSERT ON evidences WHEN NEW.facts IS NULL BEGIN
+        UPDATE evidences SET facts = {_facts("NEW.body")}, link = {_link("NEW.body")},
+            dedup = {_dedup("NEW.body")}
+        WHERE session_id = NEW.session_id AND seq = NEW.seq; END""",
+]
+"""Layout 5: token counts, and the deduplication key of an evidence (filled for the rows
+stored before; the trigger of a row from an older ce-core fills it too)."""
 
 
 _DDL = [
@@ -162,7 +182,7 @@ _DDL = [
     *_TAG_COLUMNS,
     *_TAG_INDEXES,
     *_TAG_TRIGGERS,
-    *_COUNT_COLUMNS,
+    *_LAYOUT_5,
 ]
 """The statements that create the current layout in an empty file."""
 
@@ -177,7 +197,7 @@ _MIGRATIONS: dict[int, list[str]] = {
     # files written before partial reads: their rows get the columns' values from the bodies
     3: [*_TAG_COLUMNS, *_TAG_BACKFILL, *_TAG_INDEXES, *_TAG_TRIGGERS],
     # files written before token counts were kept: their rows have none (NULL)
-    4: _COUNT_COLUMNS,
+    4: _LAYOUT_5,
 }
 """Layout version -> the statements that upgrade it to the next version."""
 
@@ -406,6 +426,14 @@ def read_tail(
         instruction=_parsed(session_id, Message, instruction[0]) if instruction else None,
         fact_sources=[_parsed(session_id, Evidence, body) for (body,) in sources],
     )
+
+
+def evidences_by_dedup(
+    conn: sqlite3.Connection, session_id: str, keys: list[str]
+) -> list[Evidence]:
+    """The session's evidences whose deduplication key is one of ``keys``, in stored order."""
+    rows = _where_in(conn, "evidences", "dedup", session_id, keys)
+    return [_parsed(session_id, Evidence, body) for _, body in sorted(rows)]
 
 
 def messages_by_id(

@@ -369,6 +369,12 @@ class SliceStore(Protocol):
         out): a reader of a tail asks whether an id it has not read is taken."""
         ...
 
+    async def read_evidences(self, session_id: str, dedup_keys: Sequence[str]) -> list[Evidence]:
+        """The session's stored evidences whose deduplication key (``metadata.dedup_key``)
+        is one of ``dedup_keys``, in stored order, found through an index: a reader of a tail
+        asks whether content it ingests was stored before."""
+        ...
+
 
 def slice_document(doc: SessionDocument, version: int, epoch: str) -> SessionSlice:
     """The tail of ``doc`` for a store that keeps no rows per record (a whole document in
@@ -750,6 +756,16 @@ class BaseStore(abc.ABC):
         if doc is None:
             return []
         return [m for m in doc.session.messages if m.message_id in wanted]
+
+    async def read_evidences(self, session_id: str, dedup_keys: Sequence[str]) -> list[Evidence]:
+        """The session's stored evidences with one of ``dedup_keys`` (see
+        :class:`SliceStore`). This default reads the whole document; stores that keep a row
+        per record override it to read only those."""
+        wanted = set(dedup_keys)
+        doc = await self.get_session(session_id) if wanted else None
+        if doc is None:
+            return []
+        return [e for e in doc.evidences.values() if e.metadata.get("dedup_key") in wanted]
 
     @abc.abstractmethod
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None: ...

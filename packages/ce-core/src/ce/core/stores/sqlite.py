@@ -418,6 +418,13 @@ class SQLiteStore(BaseStore):
             return []
         return await self._run_quick(sql.messages_by_id, session_id, list(message_ids))
 
+    async def read_evidences(self, session_id: str, dedup_keys: Sequence[str]) -> list[Evidence]:
+        """The session's evidences with one of ``dedup_keys`` (see
+        :class:`~ce.core.stores.base.SliceStore`), through the ``dedup`` index."""
+        if not dedup_keys:
+            return []
+        return await self._run_quick(sql.evidences_by_dedup, session_id, list(dedup_keys))
+
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
         return await self._run(sql.evidence, session_id, evidence_id)
 

@@ -210,3 +210,27 @@ class TailContract:
             part = await store.read_tail("tail", messages=1, evidences=1)
             assert part is not None
             assert part.changes.token_counts == (counts if keeps else {})
+
+    async def test_read_evidences_finds_the_evidences_of_those_dedup_keys(
+        self, store: Store
+    ) -> None:
+        if not isinstance(store, SliceStore):
+            pytest.skip("the store does not read a session's newest records")
+        assert await store.read_evidences("absent", ["k"]) == []
+        await _session(store)
+        keyed = [
+            Evidence(
+                evidence_id=f"keyed-{i}",
+                type=EvidenceType.LLM_OUTPUT,
+                source=EvidenceSource(kind=SourceKind.LLM, name="model"),
+                content=f"output {i}",
+                metadata={"dedup_key": key},
+            )
+            for i, key in enumerate(["llm_output|b", "llm_output|a", "llm_output|c"])
+        ]
+        await store.commit("tail", SessionChanges(evidences=keyed[:2]))
+        await store.commit("tail", SessionChanges(evidences=keyed[2:]))
+        found = await store.read_evidences("tail", ["llm_output|c", "nope", "llm_output|b"])
+        assert found == [keyed[0], keyed[2]]  # stored order, unknown keys left out
+        assert await store.read_evidences("tail", []) == []
+        assert await store.read_evidences("tail", ["a\x00b"]) == []
