@@ -324,9 +324,15 @@ async def test_a_call_that_needs_the_whole_session_reads_it(tmp_path: Path) -> N
     changes = commits(_long_history(120), refer_to_first=False, summary_upto=-1)
     _, _, engine, store = await _both(tmp_path, changes, _config(2000), "and now?")
     assert engine._entries["s"].partial
-    # new evidence is deduplicated against every stored one: the session is read whole
+    # evidence of a tool call: the call's id is checked against every stored one, so the
+    # session is read whole (evidence of no call is looked up by its key: see
+    # test_a_cold_worker_records_replies_on_the_newest_records)
     evidence = await engine.ingest_evidence(
-        "s", "a new document", EvidenceSource(kind=SourceKind.RAG), EvidenceType.RAG_DOC
+        "s",
+        "a new document",
+        EvidenceSource(kind=SourceKind.RAG),
+        EvidenceType.RAG_DOC,
+        links=EvidenceLinks(tool_call_id="c1"),
     )
     entry = engine._entries["s"]
     assert not entry.partial
@@ -480,10 +486,14 @@ async def test_a_cold_worker_takes_the_token_counts_another_worker_stored(
     assert "and later?" in encoded and len(encoded) <= 3, encoded
 
 
+DOC = EvidenceSource(kind=SourceKind.RAG, uri="kb://handbook")
+
+
 async def _record_three_replies(store: Store, *, cold: bool) -> None:
-    """A first reply (framework id ``fw-1``, output "Same answer."), a long history after
-    it, then a new question and three replies: the same text again without an id, the
-    first reply's id again, and one with a tool call (the last needs the whole session)."""
+    """A first reply (framework id ``fw-1``, output "Same answer.") and a retrieved document,
+    a long history after them, then a new question and three replies: the same text again
+    without an id, the first reply's id again, and one with a tool call (the last needs the
+    whole session); before the last, the same document and a new one are ingested."""
     writer = _engine(store, _config(1500))
     source = EvidenceSource(kind=SourceKind.LLM, name="gpt-4o")
     same = ("Same answer.", source)
@@ -495,6 +505,7 @@ async def _record_three_replies(store: Store, *, cold: bool) -> None:
         return Message(role=Role.ASSISTANT, content="Same answer.", message_id=message_id, **fields)
 
     await writer.record_model_call("s", usage("u0"), reply=reply("fw-1"), output=same)
+    await writer.ingest_evidence("s", "An old document.", DOC, EvidenceType.RAG_DOC)
     await writer.close()
     for change in commits(_long_history(150), refer_to_first=False, summary_upto=-1)[1:]:
         await store.commit("s", change)
@@ -503,6 +514,8 @@ async def _record_three_replies(store: Store, *, cold: bool) -> None:
     await engine.record_model_call("s", usage("u1"), reply=reply(), output=same)
     await engine.record_model_call("s", usage("u1"), output=same)  # recorded again
     await engine.record_model_call("s", usage("u2"), reply=reply("fw-1"), output=same)
+    for text in ("An old document.", "A new document."):  # the first is stored already
+        await engine.ingest_evidence("s", text, DOC, EvidenceType.RAG_DOC)
     if cold:
         assert engine._entries["s"].partial  # no whole read so far
     call = ToolCallRequest(tool_call_id="c-new", name="lookup", raw_arguments="{}")
@@ -515,9 +528,9 @@ async def _record_three_replies(store: Store, *, cold: bool) -> None:
 async def test_a_cold_worker_records_replies_on_the_newest_records(
     opener: Callable[[], Store],
 ) -> None:
-    """``record_model_call`` on a process that has not read the session: the reply's id and
-    the output's deduplication key are looked up in the store, so what is stored is what an
-    engine holding the whole session stores."""
+    """``record_model_call`` and ``ingest_evidence`` on a process that has not read the
+    session: the reply's id and the evidence's deduplication key are looked up in the store,
+    so what is stored is what an engine holding the whole session stores."""
     cold_store = opener()
     await _record_three_replies(cold_store, cold=True)
     cold = await cold_store.get_session("s")
@@ -541,6 +554,8 @@ async def test_a_cold_worker_records_replies_on_the_newest_records(
     usages = [u.model_usage_id for u in cold.session.model_usage]
     assert usages == [u.model_usage_id for u in whole.session.model_usage]
     assert usages == ["u0", "u1", "u2", "u3"]
+    docs = [e.content for e in cold.evidences.values() if e.source.uri == "kb://handbook"]
+    assert docs == ["An old document.", "A new document."]  # the old one not stored twice
     outputs = [e for e in cold.evidences.values() if e.type is EvidenceType.LLM_OUTPUT]
     assert len(outputs) == 1 and outputs[0].links.model_usage_id == "u0"  # deduplicated
     assert [m.message_id for m in cold.session.messages].count("fw-1") == 1

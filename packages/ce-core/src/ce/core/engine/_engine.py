@@ -548,7 +548,10 @@ class ContextEngine(Preparer):
                 await self._emit_ingested(session_id, *added)
             return evidence.model_copy(deep=True)
 
-        return await self._write(session_id, op)
+        # evidence not linked to a tool call can be ingested on the session's newest records
+        # (its deduplication key is looked up in the store); a call id needs the whole session
+        tail = links is None or not links.tool_call_id
+        return await self._write(session_id, op, tail=tail)
 
     # -- replay -----------------------------------------------------------------------------
 
