@@ -486,6 +486,30 @@ async def test_a_cold_worker_takes_the_token_counts_another_worker_stored(
     assert "and later?" in encoded and len(encoded) <= 3, encoded
 
 
+async def test_the_counts_of_a_deferred_call_are_stored_by_the_commit_that_takes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plugin's ``prepare_call(defer_commit=True)`` leaves its records to the recording of
+    the reply: the counts it computed go with them."""
+    monkeypatch.setattr(tokens, "_MEMO", {})
+    store = SQLiteStore(tmp_path / "deferred.db")
+    engine = _engine(store, _config(1500))
+    question = "a question whose tokens are counted once, by the first process"
+    passed = [Message(role=Role.USER, content=question)]
+    await engine.prepare_call("s", passed, defer_commit=True)
+    usage = ModelUsage(model_usage_id="u1", provider="openai", model="gpt-4o", total_tokens=9)
+    reply = Message(role=Role.ASSISTANT, content="ok")
+    await engine.record_model_call("s", usage, reply=reply)
+    await engine.close()
+    await store.close()
+    with sqlite3.connect(tmp_path / "deferred.db") as conn:
+        rows = conn.execute("SELECT body, tokens FROM messages WHERE tokens IS NOT NULL")
+        stored = [(json.loads(body)["content"], json.loads(counts)) for body, counts in rows]
+    conn.close()
+    assert [content for content, _ in stored] == [question]
+    assert tokens.text_digest(question) in stored[0][1]["tiktoken:o200k_base"]
+
+
 DOC = EvidenceSource(kind=SourceKind.RAG, uri="kb://handbook")
 
 

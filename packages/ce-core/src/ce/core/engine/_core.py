@@ -469,6 +469,7 @@ class EngineCore(HistoryWriter):
             return (await self._persist(entry, call, turn)).version
         if defer:
             changes = entry.state.take_changes(copies=False)
+            _attach_counts(changes, call.counts)  # stored with them by the commit that takes them
         else:
             entry.state.forget_run_change()
             changes = SessionChanges()
