@@ -151,7 +151,10 @@ def remember_counts(counts: Mapping[str, Mapping[str, int]]) -> None:
                 if isinstance(digest, str) and type(count) is int and count >= 0:
                     _MEMO[(tokenizer, digest)] = count
         while len(_MEMO) > _MEMO_MAX:
-            _MEMO.pop(next(iter(_MEMO)), None)
+            try:  # the oldest first; a count taken meanwhile by another thread is retried
+                _MEMO.pop(next(iter(_MEMO)), None)
+            except (RuntimeError, StopIteration):
+                continue
 
 
 def _counted(tokenizer: str, text: str, compute: Callable[[str], int]) -> int:
