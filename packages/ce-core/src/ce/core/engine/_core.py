@@ -594,14 +594,22 @@ class EngineCore(HistoryWriter):
 
 def _attach_counts(changes: SessionChanges, counts: StoredCounts) -> None:
     """Give ``changes`` the token counts the call computed, with its first new message (else
-    its first new evidence); taken once (a second commit of the call does not repeat them)."""
+    its first new evidence) that has none yet (else joined to those of its first); taken
+    once (a second commit of the call does not repeat them)."""
     if not counts:
         return
-    first = next(
-        (m.message_id for m in changes.messages if m.message_id),
-        changes.evidences[0].evidence_id if changes.evidences else None,
-    )
-    if first is None:
+    ids = [
+        *(m.message_id for m in changes.messages if m.message_id),
+        *(e.evidence_id for e in changes.evidences),
+    ]
+    if not ids:
         return
-    changes.token_counts[first] = json.dumps(counts, separators=(",", ":"))
+    held = changes.token_counts
+    free = next((i for i in ids if i not in held), None)
+    stored = counts
+    if free is None:  # every record carries counts of an earlier call already: join them
+        free, stored = ids[0], json.loads(held[ids[0]])
+        for tokenizer, by_digest in counts.items():
+            stored.setdefault(tokenizer, {}).update(by_digest)
+    held[free] = json.dumps(stored, separators=(",", ":"))
     counts.clear()
