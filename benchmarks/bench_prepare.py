@@ -979,6 +979,19 @@ def _child(args: list[str], timeout: float) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _cold_runs(
+    mode: str, source: Path, label: str, n: int, runs: int, workdir: Path, timeout: float
+) -> list[dict[str, Any]]:
+    """``runs`` new processes of ``mode``, each on a fresh copy of ``source``."""
+    out = []
+    for i in range(runs):
+        db = workdir / f"{label.replace(' ', '-')}-{n}-{i}.db"
+        _copy_db(source, db)
+        out.append(_child(["--child", mode, "--db", str(db), "--n", str(n)], timeout))
+        print(f"ce N={n:,} {label} #{i + 1}: {out[-1]['first'] * 1e3:,.1f} ms", file=sys.stderr)
+    return out
+
+
 async def run_ce(
     sizes: list[int], cold_runs: int, warm_turns: int, timeout: float, workdir: Path
 ) -> dict[int, dict[str, Any]]:
@@ -992,33 +1005,15 @@ async def run_ce(
         await history.commit_to_store(store, SESSION_ID, history.generate(n, SEED))
         await store.close()
         print(f"ce N={n:,}: session stored in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-        colds = []
-        for i in range(cold_runs):
-            db = workdir / f"cold-{n}-{i}.db"
-            _copy_db(pristine, db)
-            colds.append(_child(["--child", "cold", "--db", str(db), "--n", str(n)], timeout))
-            print(f"ce N={n:,} cold #{i + 1}: {colds[-1]['first'] * 1e3:,.1f} ms", file=sys.stderr)
+
+        colds = _cold_runs("cold", pristine, "cold", n, cold_runs, workdir, timeout)
         served = workdir / f"served-{n}.db"
         _copy_db(pristine, served)
         _child(["--child", "prime", "--db", str(served), "--n", str(n)], timeout)
-        counted = []
-        for i in range(cold_runs):
-            db = workdir / f"counted-{n}-{i}.db"
-            _copy_db(served, db)
-            counted.append(_child(["--child", "cold", "--db", str(db), "--n", str(n)], timeout))
-            print(
-                f"ce N={n:,} cold, counts stored #{i + 1}: {counted[-1]['first'] * 1e3:,.1f} ms",
-                file=sys.stderr,
-            )
-        calls = []
-        for i in range(cold_runs):
-            db = workdir / f"call-{n}-{i}.db"
-            _copy_db(pristine, db)
-            calls.append(_child(["--child", "cold_call", "--db", str(db), "--n", str(n)], timeout))
-            print(
-                f"ce N={n:,} cold prepare_call #{i + 1}: {calls[-1]['first'] * 1e3:,.1f} ms",
-                file=sys.stderr,
-            )
+        counted = _cold_runs("cold", served, "cold counted", n, cold_runs, workdir, timeout)
+        calls = _cold_runs(
+            "cold_call", pristine, "cold prepare_call", n, cold_runs, workdir, timeout
+        )
         db = workdir / f"warm-{n}.db"
         _copy_db(pristine, db)
         warm = _child(
