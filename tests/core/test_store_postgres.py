@@ -1244,6 +1244,7 @@ async def test_rows_an_older_ce_core_writes_get_their_tags(
     await store.commit("s1", SessionChanges(messages=[_message("m1")]))
     system = Message(role=Role.SYSTEM, content="be brief", message_id="m0")
     linked = _linked("e1", "c9", content='{"order_id": 1, "status": "x"}')
+    linked = linked.model_copy(update={"metadata": {"dedup_key": "tool_result|k9"}})
     s = f'"{schema}"'
     for table, column, record_id, body in (
         ("messages", "message_id", "m0", system.model_dump_json(exclude_none=True)),
@@ -1258,11 +1259,13 @@ async def test_rows_an_older_ce_core_writes_get_their_tags(
     sql.execute(f"UPDATE {s}.sessions SET version = 2 WHERE session_id = 's1'")
     roles = sql.execute(f"SELECT role FROM {s}.messages ORDER BY seq").fetchall()
     assert roles == [("user",), ("system",)]
-    assert sql.execute(f"SELECT facts, link FROM {s}.evidences").fetchall() == [(True, "c9")]
+    tags = sql.execute(f"SELECT facts, link, dedup FROM {s}.evidences").fetchall()
+    assert tags == [(True, "c9", "tool_result|k9")]
     await store.commit("s1", SessionChanges(messages=[_message("m2")]))
     part = await store.read_tail("s1", messages=1, evidences=0)
     assert part is not None and part.instruction == system
     assert [e.evidence_id for e in part.fact_sources] == ["e1"]
+    assert await store.read_evidences("s1", ["tool_result|k9"]) == [linked]
     # this ce-core's own rows keep the values it wrote
     assert sql.execute(f"SELECT role FROM {s}.messages WHERE message_id = 'm2'").fetchone() == (
         "user",

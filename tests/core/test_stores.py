@@ -610,6 +610,7 @@ async def test_sqlite_rows_an_older_ce_core_writes_get_their_tags(tmp_path: Path
         update={
             "content": '{"order_id": 1, "status": "x"}',
             "links": EvidenceLinks(tool_call_id="c9"),
+            "metadata": {"dedup_key": "tool_result|k9"},
         }
     )
     with sqlite3.connect(tmp_path / "ce.db") as conn:  # the previous layout's statements
@@ -629,12 +630,14 @@ async def test_sqlite_rows_an_older_ce_core_writes_get_their_tags(tmp_path: Path
             ("user",),
             ("system",),
         ]
-        assert conn.execute("SELECT facts, link FROM evidences").fetchall() == [(1, "c9")]
+        tags = conn.execute("SELECT facts, link, dedup FROM evidences").fetchall()
+        assert tags == [(1, "c9", "tool_result|k9")]
     conn.close()
     await store.commit("s1", SessionChanges(messages=[_message("m2")]))
     part = await store.read_tail("s1", messages=1, evidences=0)
     assert part is not None and part.instruction == system
     assert [e.evidence_id for e in part.fact_sources] == ["e1"]
+    assert await store.read_evidences("s1", ["tool_result|k9"]) == [linked]
     await store.close()
 
 

@@ -137,6 +137,21 @@ def _version_index(table: str) -> str:
     return f"CREATE INDEX {table}_by_version ON {{s}}.{table} (session_id, version)"
 
 
+def _tag_evidence(create: str, columns: dict[str, str]) -> str:
+    """The statement that creates (``CREATE``, ``CREATE OR REPLACE``) the trigger function
+    giving an evidence row inserted without its tagged columns the ``columns`` (column ->
+    its SQL, of the body as ``jsonb`` ``j``)."""
+    assignments = "".join(f"\n                NEW.{c} := {sql};" for c, sql in columns.items())
+    return f"""{create} FUNCTION {{s}}.ce_tag_evidence() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE j jsonb;
+        BEGIN
+            IF NEW.facts IS NULL THEN
+                j := {_body_json("NEW.body")}::jsonb;{assignments}
+            END IF;
+            RETURN NEW;
+        END $$"""
+
+
 _LAYOUTS: list[list[str]] = [
     [
         """CREATE TABLE {s}.sessions (
@@ -187,16 +202,7 @@ _LAYOUTS: list[list[str]] = [
             END IF;
             RETURN NEW;
         END $$""",
-        f"""CREATE FUNCTION {{s}}.ce_tag_evidence() RETURNS trigger LANGUAGE plpgsql AS $$
-        DECLARE j jsonb;
-        BEGIN
-            IF NEW.facts IS NULL THEN
-                j := {_body_json("NEW.body")}::jsonb;
-                NEW.facts := {_FACTS};
-                NEW.link := {_LINK};
-            END IF;
-            RETURN NEW;
-        END $$""",
+        _tag_evidence("CREATE", {"facts": _FACTS, "link": _LINK}),
         "CREATE TRIGGER messages_role BEFORE INSERT ON {s}.messages"
         " FOR EACH ROW EXECUTE FUNCTION {s}.ce_tag_message()",
         "CREATE TRIGGER evidences_tags BEFORE INSERT ON {s}.evidences"
@@ -221,18 +227,7 @@ _LAYOUTS: list[list[str]] = [
                 AS parsed
         ) AS keys
         WHERE t.session_id = keys.session_id AND t.seq = keys.seq AND keys.dedup IS NOT NULL""",
-        f"""CREATE OR REPLACE FUNCTION {{s}}.ce_tag_evidence() RETURNS trigger
-        LANGUAGE plpgsql AS $$
-        DECLARE j jsonb;
-        BEGIN
-            IF NEW.facts IS NULL THEN
-                j := {_body_json("NEW.body")}::jsonb;
-                NEW.facts := {_FACTS};
-                NEW.link := {_LINK};
-                NEW.dedup := {_DEDUP};
-            END IF;
-            RETURN NEW;
-        END $$""",
+        _tag_evidence("CREATE OR REPLACE", {"facts": _FACTS, "link": _LINK, "dedup": _DEDUP}),
         "CREATE INDEX evidences_by_dedup ON {s}.evidences (session_id, dedup)"
         " WHERE dedup IS NOT NULL",
     ],
