@@ -733,6 +733,51 @@ async def test_a_cold_prepare_call_on_a_long_session_reads_only_its_newest_recor
     await store.close()
 
 
+async def test_a_cold_prepare_call_matches_the_forms_a_rag_app_keeps_of_its_turns(
+    tmp_path: Path,
+) -> None:
+    """A RAG app's history keeps its turns in another form than the session: the prompt
+    with the retrieved document inline (the session holds a pointer to its evidence), or the
+    bare question (the session holds the prompt rendered around it). A cold worker matches
+    them against its newest records, as a whole read does, and reads no more."""
+    changes = commits(_long_history(150), refer_to_first=False, summary_upto=-1)
+    store = SQLiteStore(tmp_path / "cold.db")
+    whole_store = await _write(store, changes)
+    doc = await whole_store.get_session("s")
+    assert doc is not None
+    history = as_passed(doc.session.messages)
+    document = "Orders ship from the Lyon warehouse within two days."
+    inline = Message(role=Role.USER, content=f"Context: {document}\nQuestion: from where?")
+    rendered = "Answer from the handbook only.\nQuestion: how long does shipping take?"
+    bare = Message(role=Role.USER, content="how long does shipping take?")
+    answers = [Message(role=Role.ASSISTANT, content=t, invocation=INV) for t in ("Lyon.", "2d")]
+    usage = ModelUsage(model_usage_id="u1", provider="openai", model="gpt-4o", total_tokens=9)
+    for target in (whole_store, store):  # one turn of each form, served by an engine
+        writer = _engine(target, _config(1500))
+        await writer.ingest_evidence("s", document, DOC, EvidenceType.RAG_DOC)
+        await writer.prepare_call("s", [*history, inline])
+        await writer.record_model_call("s", usage, reply=answers[0])
+        turn = [*history, inline, answers[0], Message(role=Role.USER, content=rendered)]
+        await writer.prepare_call("s", turn)
+        await writer.commit_assistant_message("s", answers[1])
+        await writer.close()
+    stored = await store.get_session("s")
+    assert stored is not None and f"Context: {document}" not in stored.session.messages[-4].content
+    app = [*history, inline, answers[0], bare, answers[1], Message(role=Role.USER, content="ok?")]
+    engines = [_engine(s, _config(1500)) for s in (whole_store, store)]
+    whole, cold = [await e.prepare_call("s", app) for e in engines]
+    _assert_same(whole, cold)
+    assert engines[1]._entries["s"].partial  # matched on the newest records
+    after = [await s.get_session("s") for s in (whole_store, store)]
+    assert after[0] is not None and after[1] is not None
+    assert _stored_messages(after[1].session.messages) == _stored_messages(
+        after[0].session.messages
+    )
+    for engine in engines:
+        await engine.close()
+    await store.close()
+
+
 async def test_a_cold_call_inside_a_long_tool_round_reads_back_to_its_question(
     tmp_path: Path,
 ) -> None:

@@ -473,8 +473,7 @@ class HistoryWriter:
         if len(positions) < older + len(held):
             raise TailTooShort(whole=True)
         for stored, position in zip(held, positions[older:], strict=False):
-            message = pending[position]
-            if message_key(message, self._stored_text(message.content, cfg)) != message_key(stored):
+            if not self._same_turn(entry, pending[position], stored, cfg):
                 raise TailTooShort(whole=True)
         start = positions[older] if older < len(positions) else len(pending)
         before = bisect.bisect_left(systems, start)
@@ -583,6 +582,24 @@ class HistoryWriter:
                     self._write_assistant(entry, message, cfg, call)
             else:
                 self._write_tool_result(entry, message, cfg, call)
+
+    def _same_turn(
+        self, entry: SessionEntry, message: Message, stored: Message, cfg: RuntimeConfig
+    ) -> bool:
+        """Whether ``message`` (of a framework's history, at the place of ``stored`` in it)
+        is the session's ``stored`` message: the same, or a user message in the form the app
+        keeps of it (the retrieved documents it quotes inline where the session holds
+        pointers, or its bare question where the session holds the prompt rendered around it;
+        see :meth:`_held_in_another_form`)."""
+        text = self._stored_text(message.content, cfg)
+        if message_key(message, text) == message_key(stored):
+            return True
+        if message.role is not Role.USER or stored.role is not Role.USER:
+            return False
+        if message_key(message, _quoted_documents(entry, text)) == message_key(stored):
+            return True
+        question = text.strip()
+        return len(question) >= _WITHIN_MIN_CHARS and question in stored.content
 
     def _held_in_another_form(
         self,
