@@ -371,9 +371,11 @@ def test_a_call_that_passes_a_few_messages_as_new_equal_objects_continues_the_hi
     converted.clear()
     changed = [{"role": "system", "content": "be verbose"}, *app[1:]]  # another prompt
     history = memo.convert("s", changed, to_openai, _no)
-    # the new object read once to compare it, then the whole list converted again
+    # the new object read once to compare it, then the history built anew: of its messages
+    # only that one is converted (the others are the objects converted before, unchanged)
     assert history is not None
-    assert converted == ["be verbose", "be verbose", "hi", "hello", "and now?"]
+    assert converted == ["be verbose", "be verbose"]
+    assert [m.content for m in history.messages] == ["be verbose", "hi", "hello", "and now?"]
     assert history.messages[0].content == "be verbose"
 
 
@@ -391,3 +393,113 @@ def test_a_call_that_passes_many_previous_messages_anew_is_converted_whole() -> 
 
 def _no(message: Any) -> bool:
     return False
+
+
+def test_a_history_built_anew_converts_only_the_messages_it_has_not_met() -> None:
+    # a session's history dropped (evicted, the plugin installed again) or a list that no
+    # longer continues the previous call's (trimmed at its head): the messages converted
+    # before, unchanged, are not converted again
+    converted: list[str] = []
+    to_openai = _recording(converted)
+    memo = HistoryMemo()
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+        ],
+    }
+    app: list[dict[str, Any]] = [
+        {"role": "system", "content": "be terse"},
+        {"role": "user", "content": "hi"},
+        call,
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+        {"role": "assistant", "content": "hello"},
+    ]
+    fresh = memo.convert("s", app, to_openai, _no)
+    assert fresh is not None
+    memo.forget()
+    converted.clear()
+    again = memo.convert("s", app, to_openai, _no)
+    # a tool result without a name of its own takes it from its history: converted each time
+    assert again is not None and converted == ["found"]
+    assert [m.model_dump() for m in again.messages] == [m.model_dump() for m in fresh.messages]
+    assert again.messages[3].name == "lookup"
+    assert again.keys == fresh.keys and again.pending == fresh.pending
+    converted.clear()
+    trimmed = [app[0], app[4], {"role": "user", "content": "more?"}]
+    history = memo.convert("s", trimmed, to_openai, _no)
+    assert history is not None and converted == ["more?"]
+    assert [m.content for m in history.messages] == ["be terse", "hello", "more?"]
+    app[1]["content"] = "hey"  # changed in place: converted again
+    converted.clear()
+    history = memo.convert("t", app, to_openai, _no)
+    assert history is not None and converted == ["hey", "found"]
+    assert history.messages[1].content == "hey"
+    other: list[str] = []  # another plugin's conversion converts for itself
+    assert memo.convert("u", app, _recording(other), _no) is not None
+    assert len(other) == len(app)
+
+
+# -- the messages a plugin leaves out, asked of the new ones only ------------------------------
+
+
+class _Note:
+    """A framework message: kept unless it is a summary."""
+
+    def __init__(self, summary: bool) -> None:
+        self.summary = summary
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.booleans(), max_size=6), min_size=1, max_size=6),
+    st.lists(st.integers(min_value=0, max_value=3), min_size=6, max_size=6),
+)
+def test_kept_messages_are_those_a_filter_of_the_whole_list_keeps(
+    rounds: list[list[bool]], restarts: list[int]
+) -> None:
+    """Call after call of a continued history, a history started again (a new list with
+    a summary at its head) and one cut short: the same messages as filtering every one."""
+    memo = HistoryMemo()
+
+    def keep(message: _Note) -> bool:
+        return not message.summary
+
+    app: list[_Note] = []
+    for summaries, restart in zip(rounds, restarts, strict=False):
+        if restart == 1:
+            app = [_Note(True), *app[len(app) // 2 :]]  # summarized: a new list
+        elif restart == 2:
+            app = app[: len(app) // 2]  # the app dropped its newest messages
+        app = [*app, *(_Note(s) for s in summaries)]
+        kept = memo.kept("s", app, keep)
+        assert kept == [m for m in app if keep(m)]
+        assert all(a is b for a, b in zip(kept, [m for m in app if keep(m)], strict=True))
+
+
+def test_only_the_new_messages_of_a_continued_history_are_checked() -> None:
+    memo = HistoryMemo()
+    asked: list[_Note] = []
+
+    def keep(message: _Note) -> bool:
+        asked.append(message)
+        return not message.summary
+
+    app = [_Note(False) for _ in range(50)]
+    assert len(memo.kept("s", app, keep)) == 50
+    asked.clear()
+    app = [*app, _Note(True), _Note(False)]
+    assert len(memo.kept("s", app, keep)) == 51
+    assert asked == app[50:]
+    # another session, and another filter, are checked whole
+    asked.clear()
+    memo.kept("t", app, keep)
+    assert len(asked) == 52
+    asked.clear()
+    memo.kept("s", app, lambda m: keep(m))
+    assert len(asked) == 52
+    memo.forget()
+    asked.clear()
+    memo.kept("s", app, keep)
+    assert len(asked) == 52

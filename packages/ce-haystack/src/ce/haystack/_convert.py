@@ -33,6 +33,7 @@ __all__ = [
     "as_messages",
     "from_sent",
     "hits_from_documents",
+    "is_readable",
     "normalise_usage",
     "opaque",
     "readable",
@@ -108,10 +109,15 @@ def _entry(message: Any) -> tuple[dict[str, Any], bool]:
     return entry, hidden
 
 
+def is_readable(message: Any) -> bool:
+    """Whether the engine reads ``message``: every message but one a ``CompactionHook``
+    compactor wrote, which stands for history the session holds in full."""
+    return COMPACTION_META not in (message.meta or {})
+
+
 def readable(messages: Sequence[Any]) -> list[Any]:
-    """The call's messages the engine reads: all but those a ``CompactionHook`` compactor
-    wrote, which stand for history the session holds in full."""
-    return [m for m in messages if COMPACTION_META not in (m.meta or {})]
+    """The call's messages the engine reads (see :func:`is_readable`)."""
+    return [m for m in messages if is_readable(m)]
 
 
 def to_openai(messages: Sequence[Any]) -> list[dict[str, Any]]:

@@ -55,9 +55,9 @@ from ce.haystack._convert import (
     agent_author,
     as_messages,
     from_sent,
+    is_readable,
     normalise_usage,
     opaque,
-    readable,
     reply_text,
     reply_to_message,
     to_openai,
@@ -101,7 +101,7 @@ def _pending(plugin: Plugin, session_id: str, messages: Sequence[Any]) -> Pendin
     """The call's messages as the engine reads them: through the session's history (only
     the messages after the previous call's very objects are converted), else converted for
     this call alone (see :func:`~ce.haystack._convert.to_pending`)."""
-    kept = readable(messages)
+    kept = plugin.histories.kept(session_id, messages, is_readable)
     history = plugin.histories.convert(session_id, kept, to_openai, opaque)
     if history is None:
         return to_pending(messages)

@@ -23,9 +23,9 @@ from ce.core.schema import Message, ModelInvocation
 __all__ = [
     "SUMMARY_SOURCE",
     "ai_to_message",
-    "conversation",
     "fingerprint",
     "from_openai",
+    "in_conversation",
     "message_text",
     "opaque",
     "reconcile",
@@ -59,16 +59,15 @@ SUMMARY_SOURCE = "summarization"
 summary message it puts in place of older turns with."""
 
 
-def conversation(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
-    """``messages`` without the summaries LangChain's ``SummarizationMiddleware`` put in place
-    of older turns: the session holds those turns (their calls went through the engine), and
-    the engine fits them to the budget itself, so a summary is neither stored as a user turn
-    nor sent beside the turns it summarizes."""
-    return [
-        m
-        for m in messages
-        if not (m.type == "human" and m.additional_kwargs.get("lc_source") == SUMMARY_SOURCE)
-    ]
+def in_conversation(message: BaseMessage) -> bool:
+    """Whether ``message`` is part of the conversation the engine reads: every message but
+    a summary LangChain's ``SummarizationMiddleware`` put in place of older turns. The session
+    holds those turns (their calls went through the engine), and the engine fits them to the
+    budget itself, so a summary is neither stored as a user turn nor sent beside the turns it
+    summarizes."""
+    return not (
+        message.type == "human" and message.additional_kwargs.get("lc_source") == SUMMARY_SOURCE
+    )
 
 
 _CONVERTED_MAX = 8192

@@ -30,8 +30,8 @@ from ce.core.integration import (
     prepare_openai_sync,
 )
 from ce.langchain._convert import (
-    conversation,
     fingerprint,
+    in_conversation,
     message_text,
     opaque,
     reconcile,
@@ -196,7 +196,11 @@ def inject_sync(
     ``messages`` (a summary included) come back redacted (as they are only when redaction is
     off or failed too)."""
     try:
-        own = messages if plugin.mode == "augment" else conversation(messages)
+        own = (
+            messages
+            if plugin.mode == "augment"
+            else plugin.histories.kept(session_id, messages, in_conversation)
+        )
         history = plugin.histories.convert(
             session_id, own, to_openai, opaque, fingerprint_of=fingerprint
         )
@@ -227,7 +231,11 @@ async def inject_async(
 ) -> list[BaseMessage]:
     """The coroutine twin of :func:`inject_sync`."""
     try:
-        own = messages if plugin.mode == "augment" else conversation(messages)
+        own = (
+            messages
+            if plugin.mode == "augment"
+            else plugin.histories.kept(session_id, messages, in_conversation)
+        )
         history = plugin.histories.convert(
             session_id, own, to_openai, opaque, fingerprint_of=fingerprint
         )

@@ -22,6 +22,7 @@ fields (nor of its parts) was given another value since; only when one was does
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 import threading
 from collections import OrderedDict
@@ -229,12 +230,88 @@ def _call_name(call_id: str | None, *histories: Sequence[Message]) -> str | None
     return None
 
 
+_ITEMS_MAX = 8192
+# What each app message converted to (its OpenAI dict, key, whether it is opaque, its neutral
+# message), by the message object, for the conversion functions it went through: a history
+# built anew for messages met before (a session whose history was evicted, a plugin
+# installed again, a list trimmed at its head so it no longer continues the previous call's)
+# converts only the messages it has not met. Checked against the message's fingerprint.
+_Item = tuple[Any, Fingerprint, tuple[Callable[..., Any], ...], dict[str, Any], Key, bool, Message]
+_items: dict[int, _Item] = {}
+_items_lock = threading.Lock()
+
+
+def _same_print(a: Fingerprint, b: Fingerprint) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # a value that cannot be compared (e.g. an array): converted again
+        return False
+
+
+def _converted_items(
+    new: list[Any],
+    prints: list[Fingerprint],
+    to_openai: Callable[[Sequence[Any]], list[dict[str, Any]]],
+    opaque: Callable[[Any], bool],
+) -> tuple[list[dict[str, Any]], list[Key], list[bool], list[Message]] | None:
+    """For each of ``new`` (with its fingerprint in ``prints``): its OpenAI dict (read-only),
+    key, whether it is opaque and its neutral message; converted with ``to_openai`` and
+    :func:`openai_to_messages` unless met before unchanged (see ``_items``). None when
+    ``to_openai`` does not give one dict per message. A tool result without a name of its
+    own takes it from the call it answers, in its history: it is not kept for another."""
+    functions = (to_openai, opaque)
+    held = [_items.get(id(message)) for message in new]
+    missing = [
+        i
+        for i, (item, message) in enumerate(zip(held, new, strict=True))
+        if item is None
+        or item[0] is not message
+        or item[2] != functions
+        or not _same_print(item[1], prints[i])
+    ]
+    fresh = to_openai([new[i] for i in missing]) if missing else []
+    if len(fresh) != len(missing):
+        return None
+    fresh_messages = openai_to_messages(fresh) if fresh else []
+    pending: list[dict[str, Any]] = []
+    keys: list[Key] = []
+    opaques: list[bool] = []
+    messages: list[Message] = []
+    made = dict(zip(missing, zip(fresh, fresh_messages, strict=True), strict=True))
+    kept: list[tuple[int, _Item]] = []
+    for i, message in enumerate(new):
+        item = held[i]
+        if i in made:
+            entry, neutral = made[i]
+            key = openai_key(entry)
+            hidden = opaque(message)
+            if neutral.role is not Role.TOOL or entry.get("name") is not None:
+                item = (message, prints[i], functions, entry, key, hidden, neutral)
+                kept.append((id(message), item))
+        else:
+            assert item is not None
+            _, _, _, entry, key, hidden, neutral = item
+        pending.append(entry)
+        keys.append(key)
+        opaques.append(hidden)
+        messages.append(neutral)
+    if kept:
+        with _items_lock:
+            if len(_items) + len(kept) > _ITEMS_MAX:
+                _items.clear()
+            _items.update(kept)
+    return pending, keys, opaques, messages
+
+
 class HistoryMemo:
     """Per session, the :class:`History` of the previous call (the newest ``max_sessions``
     sessions). Thread-safe: a history is never changed, a call builds a new one."""
 
     def __init__(self, max_sessions: int = 256) -> None:
         self._held: OrderedDict[str, History] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[list[Any], list[Any], Callable[[Any], bool]]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
         self._max = max_sessions
 
@@ -242,6 +319,34 @@ class HistoryMemo:
         """Drop every history held."""
         with self._lock:
             self._held.clear()
+            self._kept.clear()
+
+    def kept(self, session_id: str, app: Sequence[Any], keep: Callable[[Any], bool]) -> list[Any]:
+        """The messages of ``app`` that ``keep`` keeps (a summary the framework put in place
+        of turns the session holds, say, left out), in order, with ``keep`` asked only of the
+        messages after the previous call's when ``app`` begins with that call's very
+        objects (a continued history): a check that reads every message of a long history
+        again on every call would cost more than the rest of the call. ``keep`` must depend
+        on the message alone; a session asked with another ``keep`` is checked whole. The
+        list is new, and read-only for the caller."""
+        with self._lock:
+            held = self._kept.get(session_id)
+        if (
+            held is not None
+            and held[2] is keep
+            and len(app) >= len(held[0])
+            and all(map(operator.is_, app, held[0]))
+        ):
+            before, kept, _ = held
+            out = kept + [m for m in itertools.islice(app, len(before), None) if keep(m)]
+        else:
+            out = [m for m in app if keep(m)]
+        with self._lock:
+            self._kept[session_id] = (list(app), out, keep)
+            self._kept.move_to_end(session_id)
+            while len(self._kept) > self._max:
+                self._kept.popitem(last=False)
+        return out
 
     def convert(
         self,
@@ -277,21 +382,20 @@ class HistoryMemo:
         ):
             previous, count = None, 0
         new = list(app[count:])
-        pending = to_openai(new)
-        if len(pending) != len(new):
-            return None
         prints = [fingerprint_of(message) for message in new]
-        keys = [openai_key(d) for d in pending]
+        converted = _converted_items(new, prints, to_openai, opaque)
+        if converted is None:
+            return None
+        pending, keys, opaques, messages = converted
         before = openai_key(previous.pending[-1]) if previous and previous.pending else None
         repeats = [
             count + offset
             for offset, key in enumerate(keys)
             if key == (keys[offset - 1] if offset else before)
         ]
-        hidden = [offset for offset, message in enumerate(new) if opaque(message)]
+        hidden = [offset for offset, flag in enumerate(opaques) if flag]
         for offset in hidden:
             keys[offset] = _opaque_key(keys[offset])
-        messages = openai_to_messages(pending) if pending else []
         earlier = previous.messages if previous is not None else []
         for offset, message in enumerate(messages):
             update: dict[str, Any] = {}
