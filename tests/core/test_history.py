@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ce.core.integration import HistoryMemo, openai_key, reconcile_openai
+from ce.core.integration._history import _RECREATED_MAX
 from ce.core.integration._reconcile import Key
 from ce.core.schema import Author, AuthorKind, Role
 
@@ -365,7 +366,8 @@ def test_a_call_that_passes_a_few_messages_as_new_equal_objects_continues_the_hi
     system = {"role": "system", "content": "be terse"}  # an equal, new object
     app = [system, *turn, {"role": "user", "content": "and now?"}]
     history = memo.convert("s", app, to_openai, _no)
-    assert history is not None and converted == ["be terse", "and now?"]
+    # it reads as the message it stands for (fields of equal values): not converted
+    assert history is not None and converted == ["and now?"]
     assert history.app[0] is system and history.reads_as_converted(0, system)
     assert [m.content for m in history.messages] == ["be terse", "hi", "hello", "and now?"]
     converted.clear()
@@ -379,7 +381,7 @@ def test_a_call_that_passes_a_few_messages_as_new_equal_objects_continues_the_hi
     assert history.messages[0].content == "be verbose"
 
 
-def test_a_call_that_passes_many_previous_messages_anew_is_converted_whole() -> None:
+def test_a_call_that_passes_many_previous_messages_anew_continues_when_they_read_the_same() -> None:
     converted: list[str] = []
     to_openai = _recording(converted)
     memo = HistoryMemo()
@@ -388,11 +390,60 @@ def test_a_call_that_passes_many_previous_messages_anew_is_converted_whole() -> 
     converted.clear()
     again = [dict(m) for m in app]  # every message a new object (a history loaded anew)
     history = memo.convert("s", again, to_openai, _no)
-    assert history is not None and converted == [m["content"] for m in app]
+    assert history is not None and converted == []
+    assert all(a is b for a, b in zip(history.app, again, strict=True))
+    # more than a few that read otherwise: built anew, each converted once
+    converted.clear()
+    changed = [{"role": "user", "content": f"r{i}"} for i in range(12)]
+    history = memo.convert("s", changed, to_openai, _no)
+    assert history is not None and converted == [f"r{i}" for i in range(12)]
+    assert [m.content for m in history.messages] == [f"r{i}" for i in range(12)]
 
 
 def _no(message: Any) -> bool:
     return False
+
+
+def test_a_history_loaded_anew_on_every_call_continues_without_converting_it() -> None:
+    # an app that loads its history from a database passes new, equal objects on every call:
+    # they read as the previous call's messages (same class, equal field values), so only
+    # what is new is converted, and the history holds the app's new objects
+    converted: list[str] = []
+    to_openai = _recording(converted)
+    memo = HistoryMemo()
+
+    def load(turns: int) -> list[dict[str, Any]]:
+        out = [{"role": "system", "content": "be terse"}]
+        for t in range(turns):
+            out += [{"role": "user", "content": f"q{t}"}, {"role": "assistant", "content": f"a{t}"}]
+        return out
+
+    assert memo.convert("s", load(20), to_openai, _no) is not None
+    memo_items = len(converted)
+    assert memo_items == 41
+    converted.clear()
+    app = [*load(20), {"role": "user", "content": "q20"}]
+    history = memo.convert("s", app, to_openai, _no)
+    assert history is not None and converted == ["q20"]
+    assert all(a is b for a, b in zip(history.app, app, strict=True))
+    assert all(history.reads_as_converted(i, m) for i, m in enumerate(app))
+    assert [m.content for m in history.messages][-2:] == ["a19", "q20"]
+    # an older message that reads otherwise now: the history is not that one continued
+    converted.clear()
+    edited = [*load(20), {"role": "user", "content": "q20"}, {"role": "user", "content": "q21"}]
+    edited[3]["content"] = "changed"
+    history = memo.convert("s", edited, to_openai, _no)
+    assert history is not None and "changed" in converted
+    assert [m.content for m in history.messages][3] == "changed"
+
+    # the same values in another class are another message
+    class Other(dict):  # type: ignore[type-arg]
+        pass
+
+    converted.clear()
+    other = [Other(m) for m in edited] + [{"role": "user", "content": "q22"}]
+    history = memo.convert("s", other, to_openai, _no)
+    assert history is not None and len(converted) > _RECREATED_MAX
 
 
 def test_a_history_built_anew_converts_only_the_messages_it_has_not_met() -> None:

@@ -10,12 +10,14 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.chat_history import InMemoryChatMessageHistory
+from langchain_core.chat_history import BaseChatMessageHistory, InMemoryChatMessageHistory
+from langchain_core.messages import BaseMessage, messages_from_dict, messages_to_dict
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import ConfigurableFieldSpec
 from langchain_core.runnables.history import RunnableWithMessageHistory
@@ -32,6 +34,7 @@ from scripted import (
 )
 
 import ce.langchain
+import ce.langchain._inject
 from ce.core.engine import ContextEngine
 from ce.core.schema import Role
 from ce.core.testing.assertions import unfenced
@@ -295,3 +298,67 @@ async def test_uninstall_restores_the_session_hooks(engine: ContextEngine) -> No
         BaseTool.__dict__["run"],
         BaseTool.__dict__["arun"],
     ) == originals
+
+
+# -- 8. a history loaded from a database: new objects on every call ---------------------------
+
+
+class _LoadedHistory(BaseChatMessageHistory):
+    """A chat history kept as dicts, as a database-backed one keeps it: every read builds
+    new message objects."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override]
+        return messages_from_dict(self.rows)
+
+    def add_messages(self, messages: Sequence[BaseMessage]) -> None:
+        self.rows += messages_to_dict(list(messages))
+
+    def clear(self) -> None:
+        self.rows = []
+
+
+async def test_a_history_loaded_anew_on_every_call_is_converted_only_for_what_is_new(
+    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    converted: list[int] = []
+    convert = ce.langchain._inject.to_openai
+
+    def counting(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+        converted.append(len(messages))
+        return convert(messages)
+
+    monkeypatch.setattr(ce.langchain._inject, "to_openai", counting)
+    model = replies("One.", "Two.", "Three.", "Four.")
+    stored = _LoadedHistory()
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "You are helpful."), MessagesPlaceholder("history"), ("human", "{question}")]
+    )
+    chain = RunnableWithMessageHistory(
+        prompt | model,
+        lambda session_id: stored,
+        input_messages_key="question",
+        history_messages_key="history",
+    )
+    ce.langchain.install(engine)
+    config = {"configurable": {"session_id": "loaded"}}
+    questions = ["First?", "Second?", "Third?", "Fourth?"]
+    for question in questions:
+        await asyncio.to_thread(chain.invoke, {"question": question}, config)
+    # the first call converts its two messages; each later one only the reply stored since
+    # and the new question (the system message and the loaded history read as before)
+    assert converted == [2, 2, 2, 2]
+    last = model.seen[-1]
+    assert [m.content for m in last if m.type != "system"] == [
+        "First?",
+        "One.",
+        "Second?",
+        "Two.",
+        "Third?",
+        "Three.",
+        "Fourth?",
+    ]
+    assert await user_texts(engine, "loaded") == questions

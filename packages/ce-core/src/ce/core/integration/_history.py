@@ -148,8 +148,9 @@ def fingerprint(message: Any) -> Fingerprint:
 
 
 _RECREATED_MAX = 8
-"""How many of the previous call's messages a call may pass as new objects (a prompt template's
-system message, built on every call) and still continue that call's history."""
+"""How many of the previous call's messages a call may pass as new objects that must be
+converted to compare (a prompt template's system message, built on every call) and still
+continue that call's history."""
 
 
 def _recreated(
@@ -160,21 +161,33 @@ def _recreated(
     author: Callable[[Any], Author | None] | None,
 ) -> History | None:
     """``previous`` with the app's new objects in its place where the call passes, instead
-    of the previous call's very objects, a few new ones that convert to the same dicts (as
-    readable, and written by the same author): a prompt template builds its system message
-    anew on every call, an agent built anew its system message, a memory its copy of the
-    question. None when more differ, or one reads otherwise."""
+    of the previous call's very objects, new ones that read as the same messages: of the
+    same class with fields of equal values (their fingerprints; an app that loads its history
+    from a database builds every message anew on every call), or a few that convert to the
+    same dicts (a prompt template builds its system message anew on every call, an agent
+    built anew its system message, a memory its copy of the question); readable as before,
+    and written by the same author. None when more differ, or one reads otherwise."""
+    fingerprint_of = previous.fingerprint_of
+    hidden = set(previous.opaque)
     changed: list[int] = []
+    prints: dict[int, Fingerprint] = {}
     for i, (now, then) in enumerate(zip(app, previous.app, strict=False)):
-        if now is not then:
-            changed.append(i)
-            if len(changed) > _RECREATED_MAX:
-                return None
+        if now is then:
+            continue
+        if type(now) is type(then) and i < len(previous.fingerprints):
+            read = fingerprint_of(now)
+            if _same_print(read, previous.fingerprints[i]) and (
+                author is None or author(now) == previous.messages[i].author
+            ):
+                prints[i] = read
+                continue
+        changed.append(i)
+        if len(changed) > _RECREATED_MAX:
+            return None
     objects = [app[i] for i in changed]
-    dicts = to_openai(objects)
+    dicts = to_openai(objects) if objects else []
     if len(dicts) != len(objects):
         return None
-    hidden = set(previous.opaque)
     for i, message, converted in zip(changed, objects, dicts, strict=True):
         if (
             converted != previous.pending[i]
@@ -182,15 +195,14 @@ def _recreated(
             or (author is not None and author(message) != previous.messages[i].author)
         ):
             return None
-    objects_at = dict(zip(changed, objects, strict=True))
-    fingerprint_of = previous.fingerprint_of
+        prints[i] = fingerprint_of(message)
+    if any(opaque(app[i]) != (i in hidden) for i in prints if i not in changed):
+        return None
+    count = len(previous.app)
     return dataclasses.replace(
         previous,
-        app=[objects_at.get(i, m) for i, m in enumerate(previous.app)],
-        fingerprints=[
-            fingerprint_of(objects_at[i]) if i in objects_at else f
-            for i, f in enumerate(previous.fingerprints)
-        ],
+        app=list(app[:count]),
+        fingerprints=[prints.get(i, f) for i, f in enumerate(previous.fingerprints)],
     )
 
 
