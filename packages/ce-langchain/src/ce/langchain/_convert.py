@@ -11,6 +11,7 @@ from typing import Any
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
+    ChatMessage,
     ToolMessage,
     convert_to_messages,
     convert_to_openai_messages,
@@ -80,8 +81,9 @@ _converted_lock = threading.Lock()
 
 
 def fingerprint(message: BaseMessage) -> tuple[Any, ...]:
-    """What a conversion of ``message`` reads: its content, tool calls, additional kwargs,
-    name, tool call id, and the number of its content blocks."""
+    """What a conversion of ``message`` reads besides its class: its content, tool calls,
+    additional kwargs, name, tool call id, the number of its content blocks, and the role of a
+    ``ChatMessage``."""
     content = message.content
     # isinstance, not getattr with a default: a pydantic model's missing attribute is slow
     return (
@@ -91,6 +93,7 @@ def fingerprint(message: BaseMessage) -> tuple[Any, ...]:
         message.name,
         message.tool_call_id if isinstance(message, ToolMessage) else None,
         len(content) if isinstance(content, list) else -1,
+        message.role if isinstance(message, ChatMessage) else None,
     )
 
 
@@ -102,6 +105,7 @@ def _same(read: tuple[Any, ...], held: tuple[Any, ...]) -> bool:
         and read[3] == held[3]
         and read[4] == held[4]
         and read[5] == held[5]
+        and read[6] == held[6]
     )
 
 
