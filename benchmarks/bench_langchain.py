@@ -8,10 +8,13 @@ with it installed. The difference of the medians is what the plugin adds to ever
 ``prepare_call`` (the new question recorded, the assembled input built within the budget) and
 the recording of the run (model usage, the committed reply).
 
-    python benchmarks/bench_langchain.py [--calls 300] [--postgres DSN] [--write docs/benchmarks.md]
+    python benchmarks/bench_langchain.py [--calls 300] [--sessions 50] [--messages 50]
+                                         [--loaded] [--postgres DSN] [--write docs/benchmarks.md]
 
 ``--postgres postgresql://postgres@127.0.0.1:5432/test`` runs the same calls on that
 PostgreSQL server (in a schema of their own, dropped afterwards) instead of an SQLite file.
+``--loaded``: before each call (untimed) the app loads its conversation anew, as a
+database-backed chat history does: every message a new object with the same values.
 """
 
 from __future__ import annotations
@@ -48,7 +51,13 @@ from _report import (  # noqa: E402
     write_section,
 )
 from langchain_core.language_models import BaseChatModel  # noqa: E402
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
+from langchain_core.messages import (  # noqa: E402
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    messages_from_dict,
+    messages_to_dict,
+)
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 
 import ce.langchain  # noqa: E402
@@ -57,6 +66,7 @@ from ce.core.engine import ContextEngine  # noqa: E402
 from ce.core.stores import SQLiteStore, open_store  # noqa: E402
 
 MESSAGES = 50  # the history length, unless --messages says otherwise
+LOADED = False  # --loaded: the app loads its conversation anew before every call
 BUDGET = 8_000
 REPLY_TOKENS = 1_024
 PACKAGES = ("ce-core", "ce-langchain", "langchain-core", "tiktoken", "pydantic")
@@ -118,6 +128,8 @@ class Bench:
         self.turn += 1
         session_id = self.sessions[self.turn % len(self.sessions)]
         conversation = self.apps[self.installed][session_id]
+        if LOADED:  # as a database-backed chat history reads it: new objects, equal values
+            conversation[:] = messages_from_dict(messages_to_dict(conversation))
         conversation.append(HumanMessage(next(self.questions)))
         return session_id, conversation
 
@@ -209,6 +221,7 @@ def report(
     lines = [
         "## LangChain plugin: overhead per model call"
         + ("" if MESSAGES == 50 else f", {MESSAGES:,}-message history")
+        + (", history loaded anew for every call" if LOADED else "")
         + (", PostgreSQL" if dsn else ""),
         "",
         f"Command: `{command}`  ",
@@ -239,12 +252,25 @@ def report(
                 f"messages at the end. Blocks of {BLOCK} calls alternate without and with",
                 "the plugin (install / uninstall between blocks, untimed; the first block of",
                 f"each is a warm-up); {bench.calls} timed calls each; `time.perf_counter()`",
-                "around the call; p95 interpolated. `invoke` runs the engine inline on the",
+                "around the call. Uninstalling lets go of the plugin's memo of each",
+                "session's converted history, so a session's first call in a block builds it",
+                "again (from the message objects the process converted before, except those",
+                "loaded anew);",
+                "p95 interpolated. `invoke` runs the engine inline on the",
                 "calling thread (`engine.sync`); `ainvoke` runs on an event loop and awaits the",
                 "engine there, whose SQLite work runs inline unless it would wait (then in a",
                 "worker thread; every PostgreSQL round trip goes to a worker thread; see",
                 "docs/integrations/langchain.md for the seams). The call's input is committed",
                 "with its reply and usage: one commit per model call.",
+                *(
+                    [
+                        "Before each call (untimed) the app loads its conversation anew, as a",
+                        "database-backed chat history does (`messages_from_dict(messages_to_dict",
+                        "(...))`: every message a new object with the same values).",
+                    ]
+                    if LOADED
+                    else []
+                ),
             ]
         ),
         "",
@@ -269,6 +295,11 @@ def main() -> None:
     parser.add_argument(
         "--postgres", default=None, help="PostgreSQL server to use instead of an SQLite file"
     )
+    parser.add_argument(
+        "--loaded",
+        action="store_true",
+        help="the app loads its conversation anew (new message objects) before every call",
+    )
     parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
     args = parser.parse_args()
     command = "python benchmarks/bench_langchain.py"
@@ -278,13 +309,15 @@ def main() -> None:
         command += f" --sessions {args.sessions}"
     if args.messages != 50:
         command += f" --messages {args.messages}"
+    if args.loaded:
+        command += " --loaded"
     store_url = None
     if args.postgres:
         command += f" --postgres {args.postgres}"
         schema = f"bench_langchain_{secrets.token_hex(4)}"
         store_url = schema_url(args.postgres, schema)
-    global MESSAGES
-    MESSAGES = args.messages
+    global MESSAGES, LOADED
+    MESSAGES, LOADED = args.messages, args.loaded
     if args.write:
         command += f" --write {args.write}"
 
@@ -304,6 +337,8 @@ def main() -> None:
     print(section)
     if args.write:
         name = "langchain" if MESSAGES == 50 else f"langchain-{MESSAGES}"
+        if LOADED:
+            name += "-loaded"
         if store_url:
             name += "-postgres"
         write_section(args.write, name, section)
