@@ -362,25 +362,3 @@ async def test_a_history_loaded_anew_on_every_call_is_converted_only_for_what_is
         "Fourth?",
     ]
     assert await user_texts(engine, "loaded") == questions
-
-
-def test_a_loaded_message_of_another_class_or_role_is_not_read_as_the_previous_one() -> None:
-    from langchain_core.messages import AIMessage, ChatMessage, HumanMessage, SystemMessage
-
-    from ce.core.integration import HistoryMemo
-    from ce.langchain._convert import fingerprint, opaque, to_openai
-
-    memo = HistoryMemo()
-    first = [SystemMessage("be terse"), ChatMessage(role="user", content="hi")]
-    assert memo.convert("s", first, to_openai, opaque, fingerprint_of=fingerprint) is not None
-    roles = [SystemMessage("be terse"), ChatMessage(role="assistant", content="hi")]
-    history = memo.convert(
-        "s", [*roles, HumanMessage("and?")], to_openai, opaque, None, fingerprint
-    )
-    assert history is not None
-    assert [m.role for m in history.messages] == [Role.SYSTEM, Role.ASSISTANT, Role.USER]
-    classes = [SystemMessage("be terse"), AIMessage("hi"), HumanMessage("and?"), HumanMessage("?")]
-    history = memo.convert("s", classes, to_openai, opaque, None, fingerprint)
-    assert history is not None
-    expected = [Role.SYSTEM, Role.ASSISTANT, Role.USER, Role.USER]
-    assert [m.role for m in history.messages] == expected

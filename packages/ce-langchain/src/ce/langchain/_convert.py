@@ -19,7 +19,7 @@ from langchain_core.messages import (
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from ce.core.integration import History, RewriteMemo, message_from_openai, reconcile_openai
-from ce.core.schema import Message, ModelInvocation
+from ce.core.schema import Message, ModelInvocation, Role
 
 __all__ = [
     "SUMMARY_SOURCE",
@@ -150,12 +150,19 @@ def from_openai(messages: Sequence[Mapping[str, Any]]) -> list[BaseMessage]:
 
 def ai_to_message(message: AIMessage, provider: str, model: str) -> Message:
     """The model's reply as the neutral assistant :class:`Message` the engine commits."""
+    invocation = ModelInvocation(provider=provider or "unknown", model=model)
+    content = message.content
+    if (
+        isinstance(content, str)
+        and not message.tool_calls
+        and not message.name
+        and not message.additional_kwargs.get("refusal")
+    ):  # a reply of text alone (most of them): the message its OpenAI form makes, at once
+        return Message(role=Role.ASSISTANT, content=content, invocation=invocation)
     (converted,) = to_openai([message])
     if converted.get("content") is None:
         converted["content"] = ""
-    return message_from_openai(converted).model_copy(
-        update={"invocation": ModelInvocation(provider=provider or "unknown", model=model)}
-    )
+    return message_from_openai(converted).model_copy(update={"invocation": invocation})
 
 
 def message_text(message: BaseMessage) -> str:
