@@ -13,11 +13,14 @@ from contextvars import ContextVar
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.errors import SessionNotFoundError
 from ce.core.events import Event
+from ce.core.formats import from_openai_messages
 from ce.core.integration import (
     INTEGRATION_FAILED,
     AskedToolCalls,
@@ -37,6 +40,7 @@ from ce.core.integration import (
     guarded_sync,
     is_suppressed,
     message_from_openai,
+    message_from_part,
     openai_to_messages,
     record_sync,
     requirement_conflicts,
@@ -1229,3 +1233,27 @@ def test_asked_tool_calls_give_each_run_the_call_with_its_arguments() -> None:
     asked.drop(lambda key: key == ("run", "s"))
     assert asked.take(("run", "s"), "lookup", {}, fallback=True) is None
     assert arguments_key('{"b": 1, "a": [2]}') == arguments_key({"a": [2], "b": 1})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["assistant", "user", "system"]),
+    st.text(max_size=40),
+    st.sampled_from([None, Author(kind=AuthorKind.AGENT, id="planner")]),
+)
+def test_a_text_message_is_the_message_its_parts_make(
+    role: str, text: str, author: Author | None
+) -> None:
+    """``message_from_openai`` of a dict of a role and text alone (built at once) gives the
+    message that reading it into parts gives, or fails as that does."""
+    entry = {"role": role, "content": text}
+    try:
+        (part,) = from_openai_messages([entry])
+        expected: Message | None = message_from_part(part, author)
+    except ValueError:
+        expected = None
+    if expected is None:
+        with pytest.raises(ValueError):
+            message_from_openai(entry, author)
+    else:
+        assert message_from_openai(entry, author).model_dump() == expected.model_dump()

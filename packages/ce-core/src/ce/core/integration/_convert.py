@@ -129,8 +129,16 @@ def openai_to_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
     return [m for m in out if m is not None]
 
 
+_PLAIN_ROLES = {"assistant": Role.ASSISTANT, "user": Role.USER, "system": Role.SYSTEM}
+
+
 def message_from_openai(message: Mapping[str, Any], author: Author | None = None) -> Message:
     """One OpenAI chat message dict as a :class:`Message` written by ``author`` (for
     multi-agent frameworks, the agent that wrote it)."""
+    role = _PLAIN_ROLES.get(message.get("role"))  # type: ignore[arg-type]
+    content = message.get("content")
+    if role is not None and isinstance(content, str) and len(message) == 2:
+        # text alone (a model's reply, mostly): the message the parts below make, at once
+        return Message(role=role, content=content, author=author)
     (part,) = from_openai_messages([message])
     return message_from_part(part, author)
