@@ -1257,3 +1257,37 @@ def test_a_text_message_is_the_message_its_parts_make(
             message_from_openai(entry, author)
     else:
         assert message_from_openai(entry, author).model_dump() == expected.model_dump()
+
+
+_TURN = st.one_of(
+    st.tuples(st.sampled_from(["user", "assistant", "system"]), st.text(max_size=12)).map(
+        lambda t: [{"role": t[0], "content": t[1]}]
+    ),
+    st.tuples(st.text(max_size=8), st.sampled_from(["c1", "c2"]), st.booleans()).map(
+        lambda t: [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": t[1], "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": t[1], "content": t[0]}
+            | ({"name": "f"} if t[2] else {}),
+        ]
+    ),
+    st.text(max_size=8).map(lambda text: [{"role": "user", "content": text, "name": "ann"}]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_TURN, min_size=1, max_size=6))
+def test_pending_messages_are_those_their_parts_make(turns: list[list[dict[str, Any]]]) -> None:
+    """``openai_to_messages`` (messages of text alone made at once, the others read into
+    parts, each message met before taken from its cache) gives what reading the whole list
+    into parts gives."""
+    messages = [m for turn in turns for m in turn]
+    expected = [message_from_part(p) for p in from_openai_messages(messages)]
+    for _ in range(2):  # the second time from the cache
+        got = openai_to_messages(messages)
+        assert [m.model_dump() for m in got] == [m.model_dump() for m in expected]

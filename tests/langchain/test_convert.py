@@ -14,6 +14,7 @@ from langchain_core.messages import (
     ChatMessage,
     HumanMessage,
     SystemMessage,
+    convert_to_openai_messages,
 )
 
 from ce.core.integration import HistoryMemo, message_from_openai
@@ -56,3 +57,29 @@ def test_a_text_reply_becomes_the_message_its_openai_form_makes(
         update={"invocation": ModelInvocation(provider="openai", model="gpt-4o")}
     )
     assert ai_to_message(reply, "openai", "gpt-4o").model_dump() == general.model_dump()
+
+
+_CLASSES = [AIMessage, AIMessageChunk, HumanMessage, SystemMessage]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(_CLASSES),
+    st.one_of(
+        st.text(max_size=30),
+        st.just([{"type": "text", "text": "a block"}]),
+    ),
+    st.sampled_from(
+        [{}, {"refusal": None}, {"refusal": "No."}, {"__openai_role__": "developer"}, {"k": 1}]
+    ),
+    st.sampled_from([None, "someone"]),
+    st.booleans(),
+)
+def test_a_message_of_text_alone_converts_as_langchain_converts_it(
+    cls: type, content: Any, kwargs: dict[str, Any], name: str | None, calls: bool
+) -> None:
+    fields: dict[str, Any] = {"content": content, "additional_kwargs": dict(kwargs), "name": name}
+    if calls and issubclass(cls, AIMessage):
+        fields["tool_calls"] = [{"name": "lookup", "args": {"q": "x"}, "id": "c1"}]
+    message = cls(**fields)
+    assert to_openai([message]) == [dict(m) for m in convert_to_openai_messages([message])]

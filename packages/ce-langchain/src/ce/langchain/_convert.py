@@ -12,6 +12,8 @@ from langchain_core.messages import (
     AIMessage,
     BaseMessage,
     ChatMessage,
+    HumanMessage,
+    SystemMessage,
     ToolMessage,
     convert_to_messages,
     convert_to_openai_messages,
@@ -80,20 +82,43 @@ _converted: dict[int, tuple[BaseMessage, tuple[Any, ...], list[dict[str, Any]]]]
 _converted_lock = threading.Lock()
 
 
+_KINDS: dict[type, tuple[str | None, bool, bool, bool]] = {}
+
+
+def _kind(cls: type) -> tuple[str | None, bool, bool, bool]:
+    """For a message class: the role of its text-alone OpenAI form (None: not one of those)
+    and whether it is an AI, a tool and a chat message, asked of the class once (``isinstance``
+    on LangChain's message classes costs microseconds)."""
+    kind = _KINDS.get(cls)
+    if kind is None:
+        ai = issubclass(cls, AIMessage)
+        role = (
+            "assistant"
+            if ai
+            else "user"
+            if issubclass(cls, HumanMessage)
+            else "system"
+            if issubclass(cls, SystemMessage)
+            else None
+        )
+        kind = _KINDS[cls] = (role, ai, issubclass(cls, ToolMessage), issubclass(cls, ChatMessage))
+    return kind
+
+
 def fingerprint(message: BaseMessage) -> tuple[Any, ...]:
     """What a conversion of ``message`` reads besides its class: its content, tool calls,
     additional kwargs, name, tool call id, the number of its content blocks, and the role of a
     ``ChatMessage``."""
     content = message.content
-    # isinstance, not getattr with a default: a pydantic model's missing attribute is slow
+    _, ai, tool, chat = _kind(type(message))
     return (
         content,
-        message.tool_calls if isinstance(message, AIMessage) else None,
+        message.tool_calls if ai else None,  # type: ignore[attr-defined]
         message.additional_kwargs,
         message.name,
-        message.tool_call_id if isinstance(message, ToolMessage) else None,
+        message.tool_call_id if tool else None,  # type: ignore[attr-defined]
         len(content) if isinstance(content, list) else -1,
-        message.role if isinstance(message, ChatMessage) else None,
+        message.role if chat else None,  # type: ignore[attr-defined]
     )
 
 
@@ -109,11 +134,31 @@ def _same(read: tuple[Any, ...], held: tuple[Any, ...]) -> bool:
     )
 
 
+def _plain(message: BaseMessage) -> dict[str, Any] | None:
+    """The OpenAI dict of a human, system or AI message of text alone (no name, no tool calls,
+    no refusal, no role of its own): what ``convert_to_openai_messages`` makes of it, made at
+    once; None for any other."""
+    content = message.content
+    role, ai, _, _ = _kind(type(message))
+    if role is None or not isinstance(content, str) or message.name:
+        return None
+    extra = message.additional_kwargs
+    if extra and (extra.get("refusal") or "__openai_role__" in extra):
+        return None
+    if ai and message.tool_calls:  # type: ignore[attr-defined]
+        return None
+    return {"role": role, "content": content}
+
+
 def to_openai(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     """LangChain messages as OpenAI chat message dicts (tool calls and ids kept); fresh dicts
     each call, a message met before unchanged is not converted again."""
     out: list[dict[str, Any]] = []
     for message in messages:
+        plain = _plain(message)
+        if plain is not None:
+            out.append(plain)
+            continue
         read = fingerprint(message)
         held = _converted.get(id(message))
         if held is None or held[0] is not message or not _same(read, held[1]):

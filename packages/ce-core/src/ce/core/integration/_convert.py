@@ -103,7 +103,10 @@ def openai_to_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
     same :class:`Message` object comes back, so treat the result as read-only."""
     keys = [_cache_key(m) for m in messages]
     out: list[Message | None] = [_converted.get(k) if k is not None else None for k in keys]
-    missing = [i for i, m in enumerate(out) if m is None]
+    made = [i for i, m in enumerate(out) if m is None]
+    for i in made:
+        out[i] = _plain(messages[i])
+    missing = [i for i in made if out[i] is None]
     if len(missing) == len(out):
         out = [message_from_part(p) for p in from_openai_messages(messages)]
     elif missing:
@@ -117,11 +120,11 @@ def openai_to_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
             if part.role is Role.TOOL and part.name is None and part.tool_call_id in names:
                 part = part.model_copy(update={"name": names[part.tool_call_id]})
             out[i] = message_from_part(part)
-    if missing:
+    if made:
         with _converted_lock:
             if len(_converted) > _CACHE_MAX:
                 _converted.clear()
-            for i in missing:
+            for i in made:
                 key = keys[i]
                 message = out[i]
                 if key is not None and message is not None:
@@ -132,13 +135,21 @@ def openai_to_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
 _PLAIN_ROLES = {"assistant": Role.ASSISTANT, "user": Role.USER, "system": Role.SYSTEM}
 
 
+def _plain(message: Mapping[str, Any], author: Author | None = None) -> Message | None:
+    """The :class:`Message` of a dict of a role and text alone (most of a conversation, a
+    model's reply): what reading it into parts makes, made at once; None for any other."""
+    role = _PLAIN_ROLES.get(message.get("role"))  # type: ignore[arg-type]
+    content = message.get("content")
+    if role is None or not isinstance(content, str) or len(message) != 2:
+        return None
+    return Message(role=role, content=content, author=author)
+
+
 def message_from_openai(message: Mapping[str, Any], author: Author | None = None) -> Message:
     """One OpenAI chat message dict as a :class:`Message` written by ``author`` (for
     multi-agent frameworks, the agent that wrote it)."""
-    role = _PLAIN_ROLES.get(message.get("role"))  # type: ignore[arg-type]
-    content = message.get("content")
-    if role is not None and isinstance(content, str) and len(message) == 2:
-        # text alone (a model's reply, mostly): the message the parts below make, at once
-        return Message(role=role, content=content, author=author)
+    plain = _plain(message, author)
+    if plain is not None:
+        return plain
     (part,) = from_openai_messages([message])
     return message_from_part(part, author)
