@@ -13,6 +13,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from langchain.agents import create_agent
@@ -324,14 +325,8 @@ class _LoadedHistory(BaseChatMessageHistory):
 async def test_a_history_loaded_anew_on_every_call_is_converted_only_for_what_is_new(
     engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    converted: list[int] = []
-    convert = ce.langchain._inject.to_openai
-
-    def counting(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-        converted.append(len(messages))
-        return convert(messages)
-
-    monkeypatch.setattr(ce.langchain._inject, "to_openai", counting)
+    spy = mock.Mock(wraps=ce.langchain._inject.to_openai)
+    monkeypatch.setattr(ce.langchain._inject, "to_openai", spy)
     model = replies("One.", "Two.", "Three.", "Four.")
     stored = _LoadedHistory()
     prompt = ChatPromptTemplate.from_messages(
@@ -350,7 +345,7 @@ async def test_a_history_loaded_anew_on_every_call_is_converted_only_for_what_is
         await asyncio.to_thread(chain.invoke, {"question": question}, config)
     # the first call converts its two messages; each later one only the reply stored since
     # and the new question (the system message and the loaded history read as before)
-    assert converted == [2, 2, 2, 2]
+    assert [len(c.args[0]) for c in spy.call_args_list] == [2, 2, 2, 2]
     last = model.seen[-1]
     assert [m.content for m in last if m.type != "system"] == [
         "First?",
