@@ -12,6 +12,7 @@ from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat
 from autogen_apps import client, wire
+from autogen_core.model_context import UnboundedChatCompletionContext
 from autogen_core.models import AssistantMessage, LLMMessage, SystemMessage, UserMessage
 
 import ce.autogen
@@ -130,6 +131,42 @@ async def test_a_continued_history_is_converted_only_for_its_new_messages(
         "user",
         "helper",
     }
+
+
+async def test_an_agent_built_anew_on_messages_met_before_converts_only_the_others(
+    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a fresh agent per request on a model context restored from the same message objects,
+    # the plugin installed again in between (it lets go of each session's history): the
+    # messages its view converted before are not converted again
+    sizes = _counting(monkeypatch)
+    earlier: list[LLMMessage] = [
+        UserMessage(content=f"Question {i}?", source="user")
+        if i % 2 == 0
+        else AssistantMessage(content=f"Answer {i}.", source="helper")
+        for i in range(8)
+    ]
+    with ScriptedOpenAIServer(_numbered) as server:
+        for run in range(2):
+            ce.autogen.install(engine)
+            try:
+                agent = AssistantAgent(
+                    "helper",
+                    model_client=client(server),
+                    system_message=SYSTEM,
+                    model_context=UnboundedChatCompletionContext(list(earlier)),
+                )
+                with engine.session("restored"):
+                    await agent.run(task=f"Now {run}?")
+            finally:
+                ce.autogen.uninstall()
+        requests = server.requests
+    # all ten the first time; then the agent's system message (a new object of the new
+    # agent's) and the new question: the earlier messages are the objects met before
+    assert sizes == [10, 2]
+    second = requests[1]["messages"]
+    assert second[0]["role"] == "system" and second[0]["content"].startswith(SYSTEM)
+    assert [m["content"] for m in second[-3:]] == ["Now 0?", "reply-4", "Now 1?"]
 
 
 async def test_each_agent_of_a_team_continues_its_own_view(

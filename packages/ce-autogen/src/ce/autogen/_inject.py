@@ -22,8 +22,9 @@ prompt of a ``SelectorGroupChat``: its reply is parsed for an agent's name, so i
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -92,9 +93,7 @@ async def prepare(
     def redact() -> list[LLMMessage] | None:
         return redacted_natively(plugin.engine.redactor_for(plugin.config), messages)
 
-    def view(units: Sequence[Any]) -> list[dict[str, Any]]:
-        return to_openai(units, site.agent, peers)
-
+    view = _view(site.agent, tuple(sorted(peers)))
     try:
         pending = to_pending(messages, site.agent, peers, site.book.memory_texts())
         key = _view_key(site)
@@ -121,6 +120,17 @@ async def prepare(
         return from_sent(sent, messages, pending, site.agent, peers, lookup)
     except Exception as exc:
         return await fail_open(plugin, session_id, "convert messages", exc, redact)
+
+
+@functools.lru_cache(maxsize=256)
+def _view(agent: str, peers: tuple[str, ...]) -> Callable[[Sequence[Any]], list[dict[str, Any]]]:
+    """The conversion of units from ``agent``'s view among ``peers``: one function per view,
+    so ``plugin.histories`` knows a unit converted before from that view."""
+
+    def view(units: Sequence[Any]) -> list[dict[str, Any]]:
+        return to_openai(units, agent, peers)
+
+    return view
 
 
 def _view_key(site: CallSite) -> str:
