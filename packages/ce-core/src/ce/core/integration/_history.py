@@ -376,8 +376,12 @@ class HistoryMemo:
         it). ``session_id`` may be any key that fixes what these functions return for a
         message (e.g. a session as one agent sees it). ``fingerprint_of``: what a message
         reads as (see :meth:`History.reads_as_converted`; default :func:`fingerprint`), a
-        cheaper one where a plugin knows what its conversion reads. None when ``to_openai``
-        does not give one dict per message. Raises what ``to_openai`` raises and
+        cheaper one where a plugin knows what its conversion reads. A message object met
+        before that reads the same is not converted again (see ``_items``) when the same
+        ``to_openai`` and ``opaque`` functions come with it: pass the same ones on every call.
+        A previous call's messages passed as new objects continue its history when each reads
+        the same (same class, equal fingerprint, same author). None when ``to_openai`` does
+        not give one dict per message. Raises what ``to_openai`` raises and
         :class:`ValueError` for a malformed message."""
         fingerprint_of = fingerprint_of or fingerprint
         with self._lock:
