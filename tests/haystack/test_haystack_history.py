@@ -21,6 +21,8 @@ from ce.core.engine import ContextEngine
 from ce.core.integration import SESSION_KEY
 from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing.assertions import assert_restored_history_continues
+from ce.haystack._convert import opaque, to_openai
 
 CANARY = "edit.canary@example.com"
 
@@ -119,3 +121,13 @@ async def test_an_agents_loop_converts_only_its_new_messages(
     assert [m["role"] for m in first["messages"]] == ["system", "user"]
     assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
     assert "result for cats" in second["messages"][-1]["content"]  # fenced as evidence
+
+
+def test_messages_restored_from_their_dicts_continue_the_history() -> None:
+    # an app that stores its ChatMessages as dicts between runs restores new objects
+    app = [ChatMessage.from_system("Be brief.")]
+    for i in range(6):
+        app += [ChatMessage.from_user(f"Question {i}?"), ChatMessage.from_assistant(f"A{i}.")]
+    restored = [ChatMessage.from_dict(m.to_dict()) for m in app]
+    restored.append(ChatMessage.from_user("And now?"))
+    assert_restored_history_continues(app, restored, to_openai, opaque)

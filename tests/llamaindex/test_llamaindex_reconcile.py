@@ -9,7 +9,9 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
 from ce.core.integration import HistoryMemo
-from ce.llamaindex._convert import ToolCallBlock, from_openai, to_openai
+from ce.core.testing.assertions import assert_restored_history_continues
+from ce.llamaindex._convert import ToolCallBlock, fingerprint, from_openai, to_openai
+from ce.llamaindex._inject import _opaque
 
 
 @pytest.mark.skipif(ToolCallBlock is None, reason="no ToolCallBlock in this llama-index-core")
@@ -94,3 +96,16 @@ def test_a_message_in_several_sessions_histories_is_not_converted_again_on_each_
     )
     assert first is not shared and first.content == "You are terse."
     assert conversions == [1]
+
+
+def test_messages_restored_from_their_dumps_continue_the_history() -> None:
+    # a chat store keeps ChatMessages as JSON: every read builds new objects
+    app = [ChatMessage(role=MessageRole.SYSTEM, content="Be brief.")]
+    for i in range(6):
+        app += [
+            ChatMessage(role=MessageRole.USER, content=f"Question {i}?"),
+            ChatMessage(role=MessageRole.ASSISTANT, content=f"Answer {i}."),
+        ]
+    restored = [ChatMessage.model_validate_json(m.model_dump_json()) for m in app]
+    restored.append(ChatMessage(role=MessageRole.USER, content="And now?"))
+    assert_restored_history_continues(app, restored, to_openai, _opaque, fingerprint)

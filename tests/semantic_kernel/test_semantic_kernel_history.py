@@ -31,6 +31,7 @@ from ce.core.engine import ContextEngine
 from ce.core.integration import HistoryMemo
 from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing.assertions import assert_restored_history_continues
 from ce.semantic_kernel._convert import (
     author,
     continued,
@@ -196,3 +197,16 @@ def test_from_sent_builds_a_message_changed_since_its_conversion() -> None:
     app[1].items.append(ImageContent(uri="https://example.com/cat.png"))  # now opaque
     _, second = from_sent(sent, pending, history).messages
     assert second is not app[1] and str(second.content) == "ok"
+
+
+def test_a_chat_history_restored_from_its_serialized_form_continues() -> None:
+    # an app that keeps its ChatHistory as JSON between requests restores new objects
+    history = ChatHistory(system_message="Be brief.")
+    for i in range(6):
+        history.add_user_message(f"Question {i}?")
+        history.add_assistant_message(f"Answer {i}.")
+    restored = ChatHistory.restore_chat_history(history.serialize())
+    restored.add_user_message("And now?")
+    assert_restored_history_continues(
+        list(history.messages), list(restored.messages), to_openai, opaque
+    )
