@@ -40,9 +40,9 @@ _JSON_ITEMS = {LevelOfDetail.SUMMARY: 5, LevelOfDetail.GIST: 2}
 _JSON_CHARS = {LevelOfDetail.SUMMARY: 200, LevelOfDetail.GIST: 60}
 _JSON_DEPTH = {LevelOfDetail.SUMMARY: 6, LevelOfDetail.GIST: 3}
 # where a sentence ends: after its closing mark and the white space that follows, or at a
-# blank line (a pattern with no look-behind: the regex engine then looks for its first
-# character, not tries every position)
-_SENTENCE_END = re.compile(r"[.!?。！？]\s+|\n\s*\n")
+# blank line. One character class first (the branch looks back at the character it took):
+# the regex engine then skips to the next such character instead of trying every position
+_SENTENCE_END = re.compile(r"[.!?。！？\n](?:(?<=\n)\s*\n|(?<!\n)\s+)")
 _CLOSING = frozenset(".!?。！？")
 # the sentences of the last text split: its Summary and its Gist shorten the same text
 _split: tuple[str, list[str]] = ("", [])
