@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ce.core.config import RedactionConfig, RedactionRules
 from ce.core.errors import RedactionError
 from ce.core.redaction import (
+    _BUILTINS,
     BUILTIN_RULES,
     Redactor,
     RedactResult,
@@ -321,6 +322,20 @@ def test_redacting_twice_equals_once(text: str) -> None:
     twice = redactor.redact_text(once.redacted_text)
     assert twice.redacted_text == once.redacted_text
     assert twice.applied_rules == []  # nothing in the output matches a rule any more
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(FRAGMENTS, max_size=8).map("".join))
+def test_rules_skipped_without_a_digit_never_match_without_one(text: str) -> None:
+    # a text with no ASCII digit is not scanned by these rules: none of their patterns can
+    # match there
+    gated = [rule for rule in _BUILTINS if rule.digits]
+    assert {rule.name for rule in gated} == {"payment_card", "ipv4", "phone"}
+    no_digits = text.translate(str.maketrans("", "", "0123456789"))
+    for rule in gated:
+        for m in rule.pattern.finditer(text):
+            assert any(c in "0123456789" for c in m.group())
+        assert rule.pattern.search(no_digits) is None
 
 
 @st.composite

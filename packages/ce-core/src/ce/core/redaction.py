@@ -117,6 +117,7 @@ class _Rule:
     """One pattern of a rule (a rule may have several: they share the name).
 
     ``hints``: substrings one of which every match contains (no hint in a text: no scan).
+    ``digits``: every match contains an ASCII digit (a text without one: no scan).
     ``locator``: a cheap pattern whose matches contain every match of ``pattern``; the
     precise pattern then only runs inside them (alternations are slow to scan for).
     ``validate``: a rejected match is searched again from its start + 1.
@@ -127,6 +128,7 @@ class _Rule:
     name: str
     pattern: regex.Pattern[str]
     hints: tuple[str, ...] = ()
+    digits: bool = False
     locator: regex.Pattern[str] | None = None
     validate: Validator | None = None
     span: Span | None = None
@@ -209,6 +211,7 @@ def _vendor_key(prefix: str, body: str, *hints: str) -> _Rule:
     return _Rule("api_key", pattern, hints=hints)
 
 
+_DIGITS = "0123456789"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
 _IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
 # The lookaround margin the precise patterns need past a locator region: (?![.,-]?[0-9]).
@@ -279,6 +282,7 @@ _BUILTINS: tuple[_Rule, ...] = (
             r"|[0-9]{4}(?P<t>[ -])[0-9]{6}(?P=t)[0-9]{4,5}+"
             r")(?![0-9A-Za-z_]|[.,-][0-9])"
         ),
+        digits=True,
         locator=regex.compile(r"[0-9][0-9 -]{12,}+"),
         validate=_valid_card,
     ),
@@ -295,6 +299,7 @@ _BUILTINS: tuple[_Rule, ...] = (
         "ipv4",
         regex.compile(rf"(?<![0-9A-Za-z_.]){_IPV4}(?![0-9A-Za-z_]|\.[0-9])"),
         hints=(".",),
+        digits=True,
     ),
     _Rule(
         "phone",
@@ -308,6 +313,7 @@ _BUILTINS: tuple[_Rule, ...] = (
             r"|1[3-9][0-9](?:[0-9]{8}|[ -][0-9]{4}[ -][0-9]{4})"
             r")(?![0-9A-Za-z_]|[.,-]?[0-9])"
         ),
+        digits=True,
         locator=regex.compile(r"[0-9+(][0-9 ().+-]{7,}+"),
         validate=_valid_phone,
     ),
@@ -444,9 +450,15 @@ class RegexRedactor:
     def _redact_once(self, text: str) -> tuple[str, list[str]]:
         scan = _Scan(text)
         found: list[tuple[int, int, int]] = []  # start, end, rule index
+        has_digit: bool | None = None
         for index, rule in enumerate(self._all):
             if rule.hints and not any(h in text for h in rule.hints):
                 continue
+            if rule.digits:
+                if has_digit is None:
+                    has_digit = any(d in text for d in _DIGITS)
+                if not has_digit:
+                    continue
             found += [(start, end, index) for start, end in _spans(rule, scan)]
         if not found:
             return text, []
