@@ -18,6 +18,9 @@ from ce.core.redaction import (
     Redactor,
     RedactResult,
     RegexRedactor,
+    _Scan,
+    _spans,
+    _validated_spans,
     marker,
 )
 
@@ -336,6 +339,32 @@ def test_rules_skipped_without_a_digit_never_match_without_one(text: str) -> Non
         for m in rule.pattern.finditer(text):
             assert any(c in "0123456789" for c in m.group())
         assert rule.pattern.search(no_digits) is None
+
+
+LOCATED_TEXT = st.lists(
+    st.one_of(
+        st.text(alphabet="0123456789 .-+()x,_a:", max_size=24),
+        st.sampled_from(["192.168.0.1", "10.0.0.255", "4111 1111 1111 1111", "+44 20 7946 0958"]),
+        st.sampled_from(["(030) 1234567", "1.2.3.4.5", "999.1.1.1", "v1.2.3.4", "0.0.0.0."]),
+    ),
+    max_size=8,
+).map("".join)
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(LOCATED_TEXT)
+def test_a_rules_locator_finds_every_match_of_its_pattern(text: str) -> None:
+    # the precise pattern runs only inside the locator's matches: it must find there what it
+    # finds scanning the whole text
+    scan = _Scan(text)
+    located = [rule for rule in _BUILTINS if rule.locator is not None]
+    assert {rule.name for rule in located} == {"payment_card", "ipv4", "phone"}
+    for rule in located:
+        assert _spans(rule, scan) == _validated_spans(rule, scan, 0, len(text)), rule.name
+    ipv4 = next(rule for rule in located if rule.name == "ipv4")
+    assert _spans(ipv4, scan) == [
+        m.span() for m in ipv4.pattern.finditer(text) if m.end() > m.start()
+    ]
 
 
 @st.composite
