@@ -35,7 +35,7 @@ from ce.core.stores import default_store_url
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 
 SESSION_ID = "quickstart"
-BUDGET = BudgetConfig(max_input_tokens=700, reserved_reply_tokens=150)
+BUDGET = BudgetConfig(max_input_tokens=720, reserved_reply_tokens=150)
 QUESTIONS = (
     "What is the weather in Paris? Reply to me at jane@example.com",
     "And in Oslo?",
