@@ -196,14 +196,9 @@ def from_openai(messages: Sequence[Mapping[str, Any]]) -> list[BaseMessage]:
 def ai_to_message(message: AIMessage, provider: str, model: str) -> Message:
     """The model's reply as the neutral assistant :class:`Message` the engine commits."""
     invocation = ModelInvocation(provider=provider or "unknown", model=model)
-    content = message.content
-    if (
-        isinstance(content, str)
-        and not message.tool_calls
-        and not message.name
-        and not message.additional_kwargs.get("refusal")
-    ):  # a reply of text alone (most of them): the message its OpenAI form makes, at once
-        return Message(role=Role.ASSISTANT, content=content, invocation=invocation)
+    plain = _plain(message)
+    if plain is not None:  # a reply of text alone (most of them): its message made at once
+        return Message(role=Role.ASSISTANT, content=plain["content"], invocation=invocation)
     (converted,) = to_openai([message])
     if converted.get("content") is None:
         converted["content"] = ""
