@@ -265,6 +265,40 @@ async def test_concurrent_sessions_on_one_loop_keep_their_own_context(
         assert len(doc.session.model_usage) == 3
 
 
+@pytest.mark.parametrize("path", ["ainvoke", "astream"])
+async def test_chat_openai_async_calls_await_the_engine(
+    path: str, engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ChatOpenAI converts the prepared input again while it builds its request payload: that
+    conversion must not mark the async call as a blocking one (its reply would then be
+    recorded with a blocking engine call on the event loop)."""
+    from langchain_openai import ChatOpenAI
+
+    from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="Sent.")) as server:
+        model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-test")
+        plugin = ce.langchain.install(engine)
+        config: Any = {"metadata": {"ce_session_id": "s-openai"}}
+
+        async def run() -> None:
+            if path == "ainvoke":
+                await model.ainvoke(conversation(), config)
+            else:
+                assert "".join(
+                    [str(c.content) async for c in model.astream(conversation(), config)]
+                )
+
+        blocked = await _no_blocking(engine, monkeypatch, run)
+        (body,) = server.requests
+    assert blocked.used == []
+    assert failures(plugin)["integration_failed"] == 0
+    assert CANARY not in json.dumps(body)
+    doc = await engine.get_session("s-openai")
+    assert doc.session.messages[-1].role is Role.ASSISTANT
+    assert doc.session.messages[-1].content == "Sent."
+
+
 @pytest.mark.parametrize("entry", ["invoke", "stream"])
 async def test_blocking_calls_from_async_code_keep_their_history(entry: str) -> None:
     """An app calling the blocking API from async code (a sync helper in an async handler,

@@ -140,13 +140,15 @@ def make_convert_input(
             value = original(self, model_input)
             if _leave_alone(plugin, self) or model_input is _prepared.get():
                 return value
-            set_blocking(True)  # a blocking entry point: its records are written inline
             messages = value.to_messages()
             entry, tools, config = _caller(self)
             if not entry and _handed(messages):
-                # a provider converting a prepared call's input again; an entry point is a
-                # new call even with the very objects handed out last (the app's own ones)
+                # a provider converting a prepared call's input again (ChatOpenAI builds its
+                # request payload so, in ``ainvoke`` and ``astream`` too): not an entry point,
+                # so it says nothing of whether the call blocks; an entry point is a new call
+                # even with the very objects handed out last (the app's own ones)
                 return value
+            set_blocking(True)  # a blocking entry point: its records are written inline
             target = _scope(plugin, self, config)
             if target is None:
                 return value
