@@ -26,6 +26,7 @@ from ce.core.schema import (
     Role,
     SourceKind,
     Task,
+    TaskStatus,
     ToolCall,
     ToolCallRequest,
     ToolCallStatus,
@@ -836,6 +837,21 @@ async def test_notebook_tasks_and_summary_render_as_context_sections() -> None:
     system = result.assembled_input.parts[0].content
     assert "User prefers Celsius." in system
     assert "check weather" in system
+
+
+async def test_the_model_sees_open_tasks_and_the_newest_finished_ones() -> None:
+    engine = make_engine()
+    done = [
+        Task(task_id=f"d{i}", name=f"old run {i}", status=TaskStatus.COMPLETED) for i in range(40)
+    ]
+    await engine.upsert_tasks("s1", [*done, Task(task_id="open", name="still to do")])
+    result = await engine.prepare_turn("s1", "hi")
+    system = result.assembled_input.parts[0].content
+    assert "35 earlier finished tasks not listed: 35 completed" in system
+    assert "still to do" in system and "old run 39" in system and "old run 35" in system
+    assert "old run 34" not in system
+    doc = await engine.get_session("s1")
+    assert doc is not None and len(doc.session.task_state.todo_list.tasks) == 41
 
 
 async def test_sessions_are_isolated_and_run_concurrently() -> None:

@@ -199,6 +199,39 @@ def test_live_screen_is_appended_to_the_newest_user_message() -> None:
     )
 
 
+def test_task_list_shows_open_tasks_and_the_newest_finished_ones() -> None:
+    state = new_state()
+    statuses = [TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.PENDING]
+    state.upsert_tasks(
+        [Task(task_id=f"t{i}", name=f"run {i}", status=statuses[i % 3]) for i in range(12)]
+    )
+    state.upsert_tasks([Task(task_id="t0", name="run 0", status=TaskStatus.CANCELLED)])
+    lines = (
+        TaskListWidget(recent_finished=3).render_live_screen(StateView(state.document)).splitlines()
+    )
+    # finished: t0 (cancelled), t1, t3, t4, t6, t7, t9, t10; the newest three are listed
+    assert lines[:3] == [
+        "## Tasks",
+        "",
+        "- (5 earlier finished tasks not listed: 2 completed, 2 failed, 1 cancelled)",
+    ]
+    assert [line.split("`")[1] for line in lines[3:]] == [
+        "t2",
+        "t5",
+        "t7",
+        "t8",
+        "t9",
+        "t10",
+        "t11",
+    ]
+    assert TaskListWidget().recent_finished == 5
+    everything = TaskListWidget(recent_finished=12).render_live_screen(StateView(state.document))
+    assert everything is not None and "not listed" not in everything
+    assert everything.count("\n- ") == 12
+    with pytest.raises(ValueError, match="recent_finished"):
+        TaskListWidget(recent_finished=-1)
+
+
 def test_live_screen_goes_to_the_last_tool_result_when_that_is_newest() -> None:
     state = new_state()
     state.append_model_input("q")
@@ -247,7 +280,7 @@ def test_widgets_cannot_change_the_state_through_their_view() -> None:
         def render_live_screen(self, view: StateView) -> str | None:
             for message in view.messages:
                 message.content = "vandalized"
-            for task in view.tasks:
+            for task in (*view.tasks, *view.tasks_at(range(len(view.task_statuses)))):
                 task.name = "vandalized"
             block = view.context_block("widget:notebook")
             if block is not None:

@@ -17,6 +17,7 @@ from ce.core.state._usage import TaskUsage, usage_by_task
 from ce.core.state._widgets import (
     LIVE_SCREEN_HEADING,
     NOTEBOOK_BLOCK_ID,
+    RECENT_FINISHED_TASKS,
     MemoryNotebookWidget,
     StateView,
     TaskListWidget,
@@ -29,6 +30,7 @@ __all__ = [
     "MAX_META_VALUE_BYTES",
     "META_KEY_PATTERN",
     "NOTEBOOK_BLOCK_ID",
+    "RECENT_FINISHED_TASKS",
     "RUN_TRANSITIONS",
     "SUMMARY_SECTION",
     "AgentState",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from ce.core.schema import ContextBlock, Message, SessionDocument, Task, TaskStatus
@@ -11,6 +12,7 @@ from ce.core.state._checks import latest_system_instruction
 __all__ = [
     "LIVE_SCREEN_HEADING",
     "NOTEBOOK_BLOCK_ID",
+    "RECENT_FINISHED_TASKS",
     "MemoryNotebookWidget",
     "StateView",
     "TaskListWidget",
@@ -56,6 +58,17 @@ class StateView:
         return tuple(t.model_copy(deep=True) for t in self._doc.session.task_state.todo_list.tasks)
 
     @property
+    def task_statuses(self) -> tuple[TaskStatus, ...]:
+        """The status of every task, in the order of :attr:`tasks`, without copying the tasks
+        (cheap on a long list: pick what to show, then ask :meth:`tasks_at`)."""
+        return tuple(t.status for t in self._doc.session.task_state.todo_list.tasks)
+
+    def tasks_at(self, positions: Iterable[int]) -> tuple[Task, ...]:
+        """Copies of the tasks at ``positions`` (indexes into :attr:`tasks`)."""
+        tasks = self._doc.session.task_state.todo_list.tasks
+        return tuple(tasks[i].model_copy(deep=True) for i in positions)
+
+    @property
     def messages(self) -> tuple[Message, ...]:
         return tuple(m.model_copy(deep=True) for m in self._doc.session.messages)
 
@@ -98,20 +111,47 @@ class MemoryNotebookWidget:
         return f"## Memory Notebook\n\n{content}" if content else None
 
 
+_FINISHED = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED)
+
+RECENT_FINISHED_TASKS = 5
+"""How many finished tasks the task list shows by default (the newest ones)."""
+
+
 class TaskListWidget:
     """The session's task list (``session.task_state.todo_list``) as a Markdown checklist.
 
     Completed tasks are checked; other statuses than pending are named after the task,
-    with the error of a failed task.
+    with the error of a failed task. Every open task (pending, in progress) is listed, and
+    of the finished ones (completed, failed, cancelled) the newest ``recent_finished``: a
+    session that runs task after task (a crew kicked off again and again) would otherwise
+    send the model a list that grows with every run. The earlier finished tasks are counted
+    in one line instead, first.
     """
 
     name = "task_list"
 
+    def __init__(self, recent_finished: int = RECENT_FINISHED_TASKS) -> None:
+        if recent_finished < 0:
+            raise ValueError("recent_finished must be >= 0")
+        self.recent_finished = recent_finished
+
     def render_live_screen(self, view: StateView) -> str | None:
-        tasks = view.tasks
-        if not tasks:
+        statuses = view.task_statuses
+        if not statuses:
             return None
-        return "## Tasks\n\n" + "\n".join(_task_line(task) for task in tasks)
+        finished = [i for i, status in enumerate(statuses) if status in _FINISHED]
+        hidden = finished[: max(len(finished) - self.recent_finished, 0)]
+        lines = []
+        if hidden:
+            counts = Counter(statuses[i] for i in hidden)
+            kinds = ", ".join(
+                f"{counts[status]} {status.value}" for status in _FINISHED if counts[status]
+            )
+            lines.append(f"- ({len(hidden)} earlier finished tasks not listed: {kinds})")
+        skipped = set(hidden)
+        shown = view.tasks_at(i for i in range(len(statuses)) if i not in skipped)
+        lines.extend(_task_line(task) for task in shown)
+        return "## Tasks\n\n" + "\n".join(lines)
 
 
 def _task_line(task: Task) -> str:
