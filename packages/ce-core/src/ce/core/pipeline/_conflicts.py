@@ -12,6 +12,7 @@ can replace it.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
@@ -133,8 +134,12 @@ class ConflictTracker:
             return False
         if len(evidences) == count:
             return True
-        ids = list(evidences)
-        for evidence_id in ids[count:]:
+        new = len(evidences) - count
+        if isinstance(evidences, dict):  # the newest ones, without walking the older
+            ids = list(itertools.islice(reversed(evidences), new))[::-1]
+        else:
+            ids = list(evidences)[count:]
+        for evidence_id in ids:
             self.seen.append(evidence_id)
             if evidence_id not in self.earlier:
                 self._take(evidences[evidence_id])

@@ -81,6 +81,7 @@ class AgentState(RecordWriters, HostStateWriters):
     _changes: ChangeBuffer
     _declared: dict[str, ToolCallRequest]
     _answered: set[str]
+    _open: dict[str, ToolCallRequest]
     _used_ids: set[str]
     _recorded_calls: dict[str, ToolCall]
     _live_returns: bool
@@ -136,6 +137,7 @@ class AgentState(RecordWriters, HostStateWriters):
         self._changes = ChangeBuffer()
         self._declared = {}
         self._answered = set()
+        self._open = {}  # declared calls without a result yet, in declaration order
         self._used_ids = {u.model_usage_id for u in doc.session.model_usage}
         self._recorded_calls = {c.tool_call_id: c for c in doc.session.tool_state.tool_calls}
         self._instruction: Message | None = None  # the newest system message
@@ -148,9 +150,11 @@ class AgentState(RecordWriters, HostStateWriters):
         if message.role is Role.SYSTEM:
             self._instruction = message
         for call in message.tool_calls or ():
-            self._declared.setdefault(call.tool_call_id, call)
+            if call.tool_call_id not in self._declared:
+                self._declared[call.tool_call_id] = self._open[call.tool_call_id] = call
         if message.role is Role.TOOL and message.tool_call_id in self._declared:
             self._answered.add(message.tool_call_id)
+            self._open.pop(message.tool_call_id, None)
 
     # ----------------------------------------------------------------- equality
 
@@ -207,11 +211,7 @@ class AgentState(RecordWriters, HostStateWriters):
     @property
     def pending_tool_calls(self) -> list[ToolCallRequest]:
         """Copies of the declared tool calls that have no result yet, in declaration order."""
-        return [
-            call.model_copy(deep=True)
-            for call_id, call in self._declared.items()
-            if call_id not in self._answered
-        ]
+        return [call.model_copy(deep=True) for call in self._open.values()]
 
     def declares(self, tool_call_id: str) -> bool:
         """Whether a message of the session declared a tool call with this id."""
