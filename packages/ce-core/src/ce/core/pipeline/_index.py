@@ -28,6 +28,7 @@ Token counts are for one ``model_hint``; an index serves one hint.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -188,6 +189,7 @@ class SessionIndex:
         self.groups: list[Candidate] = []
         self._group_data: list[_Group] = []
         self._cum: list[int] = [0]  # live tokens of groups[:i], from _stale on out of date
+        self._live: list[Rendering | None] = []  # groups' Live renderings, likewise
         self._stale: int | None = None
         self._call_group: dict[str, int] = {}
         self._tool_records: dict[str, ToolCall] = {}
@@ -253,6 +255,7 @@ class SessionIndex:
             self._call_group.setdefault(call.tool_call_id, index)
         # rendered when first needed: a tool call's group renders once its results are in
         self._cum.append(self._cum[-1])
+        self._live.append(None)
         if self._stale is None or index < self._stale:
             self._stale = index
         if message.role is Role.USER:
@@ -369,11 +372,25 @@ class SessionIndex:
         stale = self._stale
         if stale is not None and stop > stale:
             # groups re-rendered since (a result or summary arrived): their sums, once
-            cum, groups = self._cum, self.groups
+            cum, groups, lives = self._cum, self.groups, self._live
             for i in range(stale, len(groups)):
-                cum[i + 1] = cum[i] + groups[i].live.tokens
+                live = lives[i] = groups[i].live
+                cum[i + 1] = cum[i] + live.tokens
             self._stale = None
         return self._cum[stop] - self._cum[start]
+
+    def live_start(self, low: int, stop: int, room: int) -> int:
+        """The first group ``i >= low`` such that ``groups[i:stop]`` fit in ``room`` tokens at
+        Live (``stop`` when not even the newest one does): a binary search of the sums."""
+        if self.group_tokens(low, stop) <= room:  # brings the sums up to date
+            return low
+        cum = self._cum
+        return bisect_left(cum, cum[stop] - room, low, stop)
+
+    def lives(self, start: int, stop: int) -> list[Rendering]:
+        """The Live renderings of ``groups[start:stop]``."""
+        self.group_tokens(start, stop)  # brings them up to date
+        return self._live[start:stop]  # type: ignore[return-value]  # none is None after it
 
     def evidence_tokens(self, tier: Priority, start: int, stop: int) -> int:
         cum = self._evidence_cum[tier]

@@ -144,6 +144,8 @@ def _decision(
 _Action = Literal["kept", "dropped", "degraded"]
 # a history group's outcome: action, reason, tokens, level, tokens saved by degrading
 _Outcome = tuple[_Action, str, int, LevelOfDetail | None, int]
+_LIVE = LevelOfDetail.LIVE
+_NO_RESULT: _Outcome = ("dropped", _UNANSWERED, 0, None, 0)
 
 
 def _walk_ranges(walk: dict[int, _Outcome], index: SessionIndex) -> list[tuple[int, PruneDecision]]:
@@ -151,40 +153,28 @@ def _walk_ranges(walk: dict[int, _Outcome], index: SessionIndex) -> list[tuple[i
     reason and level share one range decision (``first..last``, ``block_count``), so the
     report of a long kept window is a few decisions, not one per message."""
     out: list[tuple[int, PruneDecision]] = []
-    run_start: int | None = None
-    previous: int | None = None
-    tokens = saved = 0
-
-    def close(end: int) -> None:
-        assert run_start is not None
-        action, reason, _, level, _ = walk[run_start]
-        first, last = index.groups[run_start].block_id, index.groups[end].block_id
-        block_id = first if end == run_start else f"{first}..{last}"
-        count = end - run_start + 1
-        decision = _decision(
-            block_id, action, reason, tokens, count=count, level=level, saved=saved
-        )
-        out.append((run_start, decision))
-
-    for position in sorted(walk):
-        outcome = walk[position]
-        if (
-            run_start is not None
-            and previous is not None
-            and position == previous + 1
-            and outcome[0] == walk[run_start][0]
-            and outcome[1] == walk[run_start][1]
-            and outcome[3] == walk[run_start][3]
-        ):
+    positions = sorted(walk)
+    i, count = 0, len(positions)
+    while i < count:
+        first = positions[i]
+        action, reason, tokens, level, saved = walk[first]
+        j = i + 1
+        while j < count and positions[j] == first + j - i:
+            outcome = walk[positions[j]]
+            if outcome[0] != action or outcome[1] != reason or outcome[3] != level:
+                break
             tokens += outcome[2]
             saved += outcome[4]
-        else:
-            if run_start is not None and previous is not None:
-                close(previous)
-            run_start, tokens, saved = position, outcome[2], outcome[4]
-        previous = position
-    if run_start is not None and previous is not None:
-        close(previous)
+            j += 1
+        last = positions[j - 1]
+        block_id = index.groups[first].block_id
+        if last != first:
+            block_id = f"{block_id}..{index.groups[last].block_id}"
+        decision = _decision(
+            block_id, action, reason, tokens, count=j - i, level=level, saved=saved
+        )
+        out.append((first, decision))
+        i = j
     return out
 
 
@@ -365,11 +355,13 @@ class GreedyPriorityPruner:
 
     def _walk(self, run: _Run, cursor: int, tier: Priority) -> tuple[int, bool]:
         """Walk the conversation newest first from group ``cursor`` while its groups are of
-        ``tier``; the next group to decide and whether the walk may go on. A group that fits
-        at Live is decided right here (the common case, one step per kept message); the
-        others (a TTL to check, a degraded level to find) go through :meth:`_Run.try_fit`."""
+        ``tier``; the next group to decide and whether the walk may go on. Groups that fit at
+        Live are decided right here (the common case): with no TTL and no pinned group, the
+        run of them that fits is found at once from the index's sums; the others (a TTL to
+        check, a degraded level to find) go through :meth:`_Run.try_fit`."""
         request = run.request
-        groups = request.index.groups
+        index = request.index
+        groups = index.groups
         pinned = request.pinned
         walk = run.walk
         kept = run.result.kept
@@ -383,6 +375,21 @@ class GreedyPriorityPruner:
             if cursor in pinned:  # kept with the must blocks
                 cursor -= 1
                 continue
+            if ttl is None and not pinned:
+                first = index.live_start(stop + 1, cursor + 1, run.remaining)
+                if first <= cursor:
+                    run.remaining -= index.group_tokens(first, cursor + 1)
+                    span = range(cursor, first - 1, -1)
+                    lives = index.lives(first, cursor + 1)[::-1]
+                    kept.extend(
+                        (groups[i], live) for i, live in zip(span, lives, strict=True) if live.parts
+                    )
+                    walk.update(
+                        (i, ("kept", fits, live.tokens, _LIVE, 0) if live.parts else _NO_RESULT)
+                        for i, live in zip(span, lives, strict=True)
+                    )
+                    cursor = first - 1
+                    continue
             group = groups[cursor]
             live = group.live
             if ttl is None and live.tokens <= run.remaining and group.kind == "conversation":
@@ -391,7 +398,7 @@ class GreedyPriorityPruner:
                     kept.append((group, live))
                     walk[cursor] = ("kept", fits, live.tokens, LevelOfDetail.LIVE, 0)
                 else:
-                    walk[cursor] = ("dropped", _UNANSWERED, 0, None, 0)
+                    walk[cursor] = _NO_RESULT
             else:
                 run.at = cursor
                 fitted = run.try_fit(group, tier)
