@@ -1,0 +1,224 @@
+"""What a turn costs as one session grows: the engine's calls of a tool turn, early and late.
+
+One process, one ``ContextEngine`` (``gpt-4o`` tokenizer, budget 8,000 input tokens) on an
+``SQLiteStore`` file, one session. Every turn is what a plugin records for a question with one
+tool round (the turn of ``ce.core.testing.load``): ``prepare_turn`` (the question),
+``record_model_call`` (the reply with a tool call), ``ingest_evidence`` (the tool's output),
+``record_tool_call``, ``prepare_call`` (question, call, result), ``record_model_call`` (the
+answer). So every turn adds four messages, two evidences (the tool result and the answer's
+``llm_output``), a tool run and two usage records. The median of each call over windows of
+100 turns early and late in the session says whether a turn's cost follows what is new (flat)
+or the history (growing). Not a test: numbers depend on the machine.
+
+    python benchmarks/bench_long_session.py [--turns 2000] [--write docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
+if _CACHE.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
+
+from _report import cpu_model, package_version, write_section  # noqa: E402
+
+from ce.core import BudgetConfig, ContextEngine, RuntimeConfig  # noqa: E402
+from ce.core.integration import (  # noqa: E402
+    ModelCall,
+    ToolRun,
+    llm_output_evidence,
+    model_usage_from_call,
+    tool_call_from_run,
+    tool_result_evidence,
+)
+from ce.core.schema import Message, ModelUsageStage, Role, ToolCallRequest  # noqa: E402
+from ce.core.stores import SQLiteStore  # noqa: E402
+
+BUDGET = 8_000
+REPLY_TOKENS = 1_024
+WINDOW = 100
+STEPS = (
+    "prepare_turn",
+    "record_model_call (tool call)",
+    "ingest_evidence",
+    "record_tool_call",
+    "prepare_call",
+    "record_model_call (answer)",
+)
+
+Step = Callable[[], Awaitable[Any]]
+
+
+def turn_steps(engine: ContextEngine, session_id: str, turn: int) -> list[Step]:
+    """The six engine calls of turn ``turn``, in order."""
+    p = f"t{turn}"
+    call_id = f"{p}-tool"
+    output = f"lookup result for {p}: " + "status shipped, arriving in two days. " * 5
+    user = Message(
+        role=Role.USER,
+        content=f"Question {p}: please look up the order and summarise its status.",
+        message_id=f"{p}-user",
+    )
+    request = ToolCallRequest(
+        tool_call_id=call_id, name="lookup", raw_arguments=json.dumps({"q": p}), arguments={"q": p}
+    )
+    call = Message(role=Role.ASSISTANT, content="", tool_calls=[request], message_id=f"{p}-call")
+    result = Message(
+        role=Role.TOOL, content=output, tool_call_id=call_id, name="lookup", message_id=f"{p}-res"
+    )
+    answer = Message(role=Role.ASSISTANT, content=f"Order {p} has shipped.", message_id=f"{p}-ans")
+    now = time.time()
+    run = ToolRun(call_id, "lookup", {"q": p}, output, None, now, now)
+    draft = tool_result_evidence(run)
+    stored: list[str] = []
+
+    async def model_call(n: int, stage: ModelUsageStage, reply: Message) -> Any:
+        done = ModelCall(
+            call_id=f"{p}-usage-{n}",
+            provider="openai",
+            model="gpt-4o",
+            prompt_tokens=100 * n,
+            completion_tokens=10,
+            latency_ms=5,
+            output_text=reply.content,
+            stage=stage,
+        )
+        evidence = llm_output_evidence(done)
+        return await engine.record_model_call(
+            session_id,
+            model_usage_from_call(done),
+            reply=reply,
+            output=(evidence.content, evidence.source) if evidence is not None else None,
+        )
+
+    async def ingest() -> None:
+        evidence = await engine.ingest_evidence(
+            session_id,
+            draft.content,
+            draft.source,
+            draft.evidence_type,
+            draft.links,
+            draft.metadata,
+        )
+        stored.append(evidence.evidence_id)
+
+    return [
+        lambda: engine.prepare_turn(session_id, user),
+        lambda: model_call(1, ModelUsageStage.PLAN, call),
+        ingest,
+        lambda: engine.record_tool_call(session_id, tool_call_from_run(run, stored)),
+        lambda: engine.prepare_call(session_id, [user, call, result]),
+        lambda: model_call(2, ModelUsageStage.ANSWER, answer),
+    ]
+
+
+async def measure(path: Path, turns: int) -> list[list[float]]:
+    """Seconds of each step of every turn."""
+    config = RuntimeConfig(
+        model_hint="gpt-4o",
+        budget=BudgetConfig(
+            max_input_tokens=BUDGET + REPLY_TOKENS, reserved_reply_tokens=REPLY_TOKENS
+        ),
+    )
+    engine = ContextEngine(store=SQLiteStore(str(path)), config=config)
+    out: list[list[float]] = []
+    try:
+        for turn in range(turns):
+            times = []
+            for step in turn_steps(engine, "long", turn):
+                start = time.perf_counter()
+                await step()
+                times.append(time.perf_counter() - start)
+            out.append(times)
+    finally:
+        await engine.close()
+    return out
+
+
+def windows(turns: int) -> list[int]:
+    """The first turn of each window of ``WINDOW`` turns reported."""
+    starts = [WINDOW // 5, turns // 4, turns // 2, turns - WINDOW]
+    return sorted({s for s in starts if 0 <= s <= turns - WINDOW})
+
+
+def report(times: list[list[float]], command: str, turns: int) -> str:
+    versions = ", ".join(f"{n} {package_version(n)}" for n in ("ce-core", "tiktoken", "pydantic"))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    rows = []
+    for first in windows(turns):
+        block = times[first : first + WINDOW]
+        medians = [statistics.median(t[i] for t in block) * 1e3 for i in range(len(STEPS))]
+        cells = " | ".join(f"{m:.2f}" for m in medians)
+        total = sum(medians)
+        rows.append(
+            f"| {first + 1:,}-{first + WINDOW:,} | {4 * first:,} | {cells} | **{total:.2f}** |"
+        )
+    header = " | ".join(f"`{s}`" for s in STEPS)
+    return (
+        "\n".join(
+            [
+                "## A turn's engine calls as one session grows",
+                "",
+                f"Command: `{command}`  ",
+                f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
+                f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
+                f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
+                f"load average {load:.2f} at the end  ",
+                f"Versions: {versions}",
+                "",
+                "One engine (`gpt-4o` tokenizer, budget"
+                f" {BUDGET:,} input tokens, SQLite file) and one session, {turns:,} turns. Each"
+                " turn is what a plugin records for a question with one tool round (the turn of"
+                " `ce.core.testing.load`), six engine calls: it adds four messages, two"
+                " evidences, a tool run and two usage records. Medians of each call (ms) over"
+                f" windows of {WINDOW} turns; the messages column is what the session held"
+                " before the window. A flat row-to-row total means a turn costs what is new, not"
+                " the history.",
+                "",
+                f"| turns | messages before | {header} | total |",
+                "| --- | ---: | " + " | ".join("---:" for _ in STEPS) + " | ---: |",
+                *rows,
+            ]
+        )
+        + "\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=2_000, help="turns of the session")
+    parser.add_argument("--write", type=Path, default=None, help="Markdown file to update")
+    args = parser.parse_args()
+    if args.turns < 2 * WINDOW:
+        parser.error(f"--turns must be at least {2 * WINDOW}")
+    command = "python benchmarks/bench_long_session.py"
+    if args.turns != 2_000:
+        command += f" --turns {args.turns}"
+    if args.write:
+        command += f" --write {args.write}"
+    with tempfile.TemporaryDirectory() as tmp:
+        times = asyncio.run(measure(Path(tmp) / "sessions.db", args.turns))
+    section = report(times, command, args.turns)
+    print(section)
+    if args.write:
+        write_section(args.write, "long-session", section)
+
+
+if __name__ == "__main__":
+    main()
