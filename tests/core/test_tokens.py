@@ -404,6 +404,40 @@ def test_long_text_is_counted_exactly_in_pieces(exact: TiktokenEstimator) -> Non
     assert exact.estimate_text(text, "gpt-4o") == len(encoding.encode_ordinary(text))
 
 
+_PARAGRAPH_BITS = [*"ab Z9.,;:!?/'-_()[]{}\n\t 预算。", "  ", "\n\n", "'s", "word", " word"]
+_PARAGRAPH_TEXT = st.lists(
+    st.lists(st.sampled_from(_PARAGRAPH_BITS), max_size=60).map("".join), min_size=1, max_size=30
+).map("\n\n".join)
+
+
+@needs_exact
+@given(text=_PARAGRAPH_TEXT)
+def test_a_text_cut_into_paragraph_pieces_counts_as_the_whole(text: str) -> None:
+    assert tiktoken is not None
+    pieces = tokens_module._paragraph_pieces(text)
+    assert "".join(pieces) == text
+    for name in ("o200k_base", "cl100k_base"):
+        encoding = tiktoken.get_encoding(name)
+        whole = len(encoding.encode_ordinary(text))
+        assert sum(len(encoding.encode_ordinary(p)) for p in pieces) == whole
+
+
+def test_a_long_text_changed_in_one_paragraph_is_tokenized_only_there(
+    counting: dict[str, _CountingEncoding],
+) -> None:
+    estimator = TiktokenEstimator(on_degraded=_never_degraded)
+    instruction = "\n\n".join(f"Rule {i}: answer in the user's language, cite." for i in range(60))
+    first = f"{instruction}\n\n## Tasks\n\n- [ ] plan the trip"
+    second = f"{instruction}\n\n## Tasks\n\n- [x] plan the trip"
+    assert len(first) >= tokens_module._PARAGRAPH_MIN_CHARS
+    estimator.estimate_text(first, "gpt-4o")
+    encoder = counting["o200k_base"]
+    expected = len(encoder.encode_ordinary(second))
+    encoder.calls.clear()
+    assert estimator.estimate_text(second, "gpt-4o") == expected
+    assert encoder.calls == [" [x] plan the trip"]  # the changed piece alone
+
+
 @needs_exact
 def test_a_huge_run_without_spaces_does_not_crash_the_tokenizer(exact: TiktokenEstimator) -> None:
     # one 2 MB run of punctuation makes tiktoken panic when encoded in one piece

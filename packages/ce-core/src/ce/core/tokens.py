@@ -106,6 +106,12 @@ DegradedCallback = Callable[[str, str], None]
 _ENCODE_CHUNK_CHARS = 65_536
 # The cache also bounds the characters its keys keep alive (it holds the texts themselves).
 _CACHE_MAX_CHARS = 32 * 1024 * 1024
+# Texts at least this long are counted paragraph by paragraph, each piece's count cached: a
+# long text that changed in one place (a system message whose instruction stays and whose
+# Live Screen or evidence changes) is tokenized only where it changed.
+_PARAGRAPH_MIN_CHARS = 2048
+_PARAGRAPH_BREAK = re.compile(r"\n\n")
+_SAFE_SPACE = re.compile(r"(?<=\S) ")  # a space after a non-space: a pre-token starts there
 
 
 StoredCounts = dict[str, dict[str, int]]
@@ -507,6 +513,25 @@ def _split_for_encoding(text: str) -> list[str]:
     return pieces
 
 
+def _paragraph_pieces(text: str) -> list[str]:
+    """``text`` cut once per paragraph: at each blank line, just before the first space that
+    follows a non-space character after it (see :func:`_split_for_encoding`: the sum of the
+    pieces' counts is the whole text's). A cut depends only on the text around it, so an edit
+    changes the pieces it falls in, not the others."""
+    pieces: list[str] = []
+    start = 0
+    for brk in _PARAGRAPH_BREAK.finditer(text):
+        if brk.start() < start:
+            continue
+        space = _SAFE_SPACE.search(text, brk.end())
+        if space is None:
+            break
+        pieces.append(text[start : space.start()])
+        start = space.start()
+    pieces.append(text[start:])
+    return pieces
+
+
 class TiktokenEstimator:
     """Exact token counts with tiktoken for OpenAI-family models (see
     :func:`openai_encoding_for`), including the chat-format overheads; every other model
@@ -520,7 +545,10 @@ class TiktokenEstimator:
     ``on_degraded("tokenizer_unavailable", detail)`` is called once for it.
 
     Text counts are cached per ``(encoding, text)`` in an LRU of ``cache_size`` texts, so
-    unchanged text is never re-tokenized. Thread-safe.
+    unchanged text is never re-tokenized; a text of 2,048 characters or more is counted
+    paragraph by paragraph, each piece cached too, so a long text that changed in one place
+    (a system message whose Live Screen or evidence changed) is tokenized only there.
+    Thread-safe.
     """
 
     def __init__(
@@ -570,8 +598,13 @@ class TiktokenEstimator:
         def tokenize(text: str) -> int:
             return sum(len(encoding.encode_ordinary(p)) for p in _split_for_encoding(text))
 
+        def by_paragraph(text: str) -> int:
+            if len(text) < _PARAGRAPH_MIN_CHARS:
+                return tokenize(text)
+            return sum(cached(name, piece, tokenize) for piece in _paragraph_pieces(text))
+
         def encode(text: str) -> int:
-            return _counted(tokenizer, text, tokenize)
+            return _counted(tokenizer, text, by_paragraph)
 
         def counter(text: str) -> int:
             return cached(name, text, encode) if text else 0
