@@ -27,6 +27,7 @@ of tokenizing the text again.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -110,8 +111,9 @@ _CACHE_MAX_CHARS = 32 * 1024 * 1024
 # long text that changed in one place (a system message whose instruction stays and whose
 # Live Screen or evidence changes) is tokenized only where it changed.
 _PARAGRAPH_MIN_CHARS = 2048
-_PARAGRAPH_BREAK = re.compile(r"\n\n")
-_SAFE_SPACE = re.compile(r"(?<=\S) ")  # a space after a non-space: a pre-token starts there
+# a blank line and what follows it up to the first space after a non-space (where a
+# pre-token starts): the match ends where the text may be cut
+_PARAGRAPH_CUT = re.compile(r"\n\n[\s\S]*?\S(?= )")
 
 
 StoredCounts = dict[str, dict[str, int]]
@@ -518,18 +520,8 @@ def _paragraph_pieces(text: str) -> list[str]:
     follows a non-space character after it (see :func:`_split_for_encoding`: the sum of the
     pieces' counts is the whole text's). A cut depends only on the text around it, so an edit
     changes the pieces it falls in, not the others."""
-    pieces: list[str] = []
-    start = 0
-    for brk in _PARAGRAPH_BREAK.finditer(text):
-        if brk.start() < start:
-            continue
-        space = _SAFE_SPACE.search(text, brk.end())
-        if space is None:
-            break
-        pieces.append(text[start : space.start()])
-        start = space.start()
-    pieces.append(text[start:])
-    return pieces
+    cuts = [0, *(match.end() for match in _PARAGRAPH_CUT.finditer(text)), len(text)]
+    return [text[start:end] for start, end in itertools.pairwise(cuts)]
 
 
 class TiktokenEstimator:
