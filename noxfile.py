@@ -425,6 +425,9 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python", "benchmarks/bench_catchup.py", "--write", "docs/benchmarks.md", env=_env()
     )
+    session.run(
+        "python", "benchmarks/bench_long_session.py", "--write", "docs/benchmarks.md", env=_env()
+    )
     # worker processes on shared sessions: SQLite, and PostgreSQL when a server answers
     session.run(
         "python", "benchmarks/bench_workers.py", "--write", "docs/benchmarks.md", env=_env()

@@ -1,14 +1,23 @@
-"""What a turn costs as one session grows: the engine's calls of a tool turn, early and late.
+"""What a turn costs as one session grows: the engine's calls of a turn, early and late.
 
 One process, one ``ContextEngine`` (``gpt-4o`` tokenizer, budget 8,000 input tokens) on an
-``SQLiteStore`` file, one session. Every turn is what a plugin records for a question with one
-tool round (the turn of ``ce.core.testing.load``): ``prepare_turn`` (the question),
-``record_model_call`` (the reply with a tool call), ``ingest_evidence`` (the tool's output),
-``record_tool_call``, ``prepare_call`` (question, call, result), ``record_model_call`` (the
-answer). So every turn adds four messages, two evidences (the tool result and the answer's
-``llm_output``), a tool run and two usage records. The median of each call over windows of
-100 turns early and late in the session says whether a turn's cost follows what is new (flat)
-or the history (growing). Not a test: numbers depend on the machine.
+``SQLiteStore`` file, one session per shape:
+
+- ``tool``: what a plugin records for a question with one tool round (the turn of
+  ``ce.core.testing.load``): ``prepare_turn`` (the question), ``record_model_call`` (the reply
+  with a tool call), ``ingest_evidence`` (the tool's output), ``record_tool_call``,
+  ``prepare_call`` (question, call, result), ``record_model_call`` (the answer). Every turn
+  adds four messages, two evidences (the tool result and the answer's ``llm_output``), a tool
+  run and two usage records.
+- ``rag``: a chat with retrieval under a long system instruction (60 rules, 5,800
+  characters): two retrieved documents (``ingest_evidence``), ``prepare_turn`` (a short
+  question), ``commit_assistant_message`` (a short answer). The kept conversation is a
+  window of hundreds of short messages, and the system message changes with the documents on
+  every turn.
+
+The median of each call over windows of 100 turns early and late in the session says whether
+a turn's cost follows what is new (flat) or the history (growing). Not a test: numbers depend
+on the machine.
 
     python benchmarks/bench_long_session.py [--turns 2000] [--write docs/benchmarks.md]
 """
@@ -47,13 +56,21 @@ from ce.core.integration import (  # noqa: E402
     tool_call_from_run,
     tool_result_evidence,
 )
-from ce.core.schema import Message, ModelUsageStage, Role, ToolCallRequest  # noqa: E402
+from ce.core.schema import (  # noqa: E402
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    ModelUsageStage,
+    Role,
+    SourceKind,
+    ToolCallRequest,
+)
 from ce.core.stores import SQLiteStore  # noqa: E402
 
 BUDGET = 8_000
 REPLY_TOKENS = 1_024
 WINDOW = 100
-STEPS = (
+TOOL_STEPS = (
     "prepare_turn",
     "record_model_call (tool call)",
     "ingest_evidence",
@@ -61,12 +78,18 @@ STEPS = (
     "prepare_call",
     "record_model_call (answer)",
 )
+RAG_STEPS = ("ingest_evidence ×2", "prepare_turn", "commit_assistant_message")
+RULES = "\n\n".join(
+    f"Rule {i}: when the customer asks about topic {i}, answer briefly, cite the policy and"
+    " offer more help."
+    for i in range(60)
+)
 
 Step = Callable[[], Awaitable[Any]]
 
 
-def turn_steps(engine: ContextEngine, session_id: str, turn: int) -> list[Step]:
-    """The six engine calls of turn ``turn``, in order."""
+def tool_steps(engine: ContextEngine, session_id: str, turn: int) -> list[Step]:
+    """The six engine calls of tool turn ``turn``, in order."""
     p = f"t{turn}"
     call_id = f"{p}-tool"
     output = f"lookup result for {p}: " + "status shipped, arriving in two days. " * 5
@@ -128,8 +151,34 @@ def turn_steps(engine: ContextEngine, session_id: str, turn: int) -> list[Step]:
     ]
 
 
-async def measure(path: Path, turns: int) -> list[list[float]]:
-    """Seconds of each step of every turn."""
+def rag_steps(engine: ContextEngine, session_id: str, turn: int) -> list[Step]:
+    """The engine calls of retrieval turn ``turn``, in order."""
+    source = EvidenceSource(kind=SourceKind.RAG, uri="kb://policies")
+
+    async def retrieve() -> None:
+        for n in (2 * turn, 2 * turn + 1):
+            text = f"Policy {n}: refunds within {n % 60 + 1} days of delivery. " * 3
+            await engine.ingest_evidence(session_id, text, source, EvidenceType.RAG_DOC)
+
+    async def ask() -> Any:
+        if turn == 0:
+            await engine.set_system_instruction(session_id, RULES)
+        question = Message(role=Role.USER, content=f"Question {turn}: can I still get a refund?")
+        return await engine.prepare_turn(session_id, question)
+
+    answer = Message(role=Role.ASSISTANT, content=f"Answer {turn}: yes, within the window.")
+    return [retrieve, ask, lambda: engine.commit_assistant_message(session_id, answer)]
+
+
+SHAPES: dict[str, tuple[tuple[str, ...], Callable[[ContextEngine, str, int], list[Step]], int]] = {
+    # steps, the turn's engine calls, messages a turn adds
+    "tool": (TOOL_STEPS, tool_steps, 4),
+    "rag": (RAG_STEPS, rag_steps, 2),
+}
+
+
+async def measure(path: Path, turns: int, shape: str) -> list[list[float]]:
+    """Seconds of each step of every turn of ``shape``."""
     config = RuntimeConfig(
         model_hint="gpt-4o",
         budget=BudgetConfig(
@@ -137,11 +186,12 @@ async def measure(path: Path, turns: int) -> list[list[float]]:
         ),
     )
     engine = ContextEngine(store=SQLiteStore(str(path)), config=config)
+    steps = SHAPES[shape][1]
     out: list[list[float]] = []
     try:
         for turn in range(turns):
             times = []
-            for step in turn_steps(engine, "long", turn):
+            for step in steps(engine, shape, turn):
                 start = time.perf_counter()
                 await step()
                 times.append(time.perf_counter() - start)
@@ -157,19 +207,30 @@ def windows(turns: int) -> list[int]:
     return sorted({s for s in starts if 0 <= s <= turns - WINDOW})
 
 
-def report(times: list[list[float]], command: str, turns: int) -> str:
-    versions = ", ".join(f"{n} {package_version(n)}" for n in ("ce-core", "tiktoken", "pydantic"))
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+def table(shape: str, times: list[list[float]], turns: int) -> list[str]:
+    steps, _, added = SHAPES[shape]
     rows = []
     for first in windows(turns):
         block = times[first : first + WINDOW]
-        medians = [statistics.median(t[i] for t in block) * 1e3 for i in range(len(STEPS))]
+        medians = [statistics.median(t[i] for t in block) * 1e3 for i in range(len(steps))]
         cells = " | ".join(f"{m:.2f}" for m in medians)
         total = sum(medians)
-        rows.append(
-            f"| {first + 1:,}-{first + WINDOW:,} | {4 * first:,} | {cells} | **{total:.2f}** |"
-        )
-    header = " | ".join(f"`{s}`" for s in STEPS)
+        window = f"{first + 1:,}-{first + WINDOW:,}"
+        rows.append(f"| {window} | {added * first:,} | {cells} | **{total:.2f}** |")
+    header = " | ".join(f"`{s}`" for s in steps)
+    return [
+        f"| `{shape}` turns | messages before | {header} | total |",
+        "| --- | ---: | " + " | ".join("---:" for _ in steps) + " | ---: |",
+        *rows,
+    ]
+
+
+def report(results: dict[str, list[list[float]]], command: str, turns: int) -> str:
+    versions = ", ".join(f"{n} {package_version(n)}" for n in ("ce-core", "tiktoken", "pydantic"))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    tables: list[str] = []
+    for shape, times in results.items():
+        tables.extend([*table(shape, times, turns), ""])
     return (
         "\n".join(
             [
@@ -183,19 +244,21 @@ def report(times: list[list[float]], command: str, turns: int) -> str:
                 f"Versions: {versions}",
                 "",
                 "One engine (`gpt-4o` tokenizer, budget"
-                f" {BUDGET:,} input tokens, SQLite file) and one session, {turns:,} turns. Each"
-                " turn is what a plugin records for a question with one tool round (the turn of"
-                " `ce.core.testing.load`), six engine calls: it adds four messages, two"
-                " evidences, a tool run and two usage records. Medians of each call (ms) over"
-                f" windows of {WINDOW} turns; the messages column is what the session held"
+                f" {BUDGET:,} input tokens, SQLite file), one session per shape, {turns:,} turns."
+                " `tool`: what a plugin records for a question with one tool round (the turn of"
+                " `ce.core.testing.load`), six engine calls; a turn adds four messages, two"
+                " evidences, a tool run and two usage records. `rag`: a chat with retrieval under"
+                " a 5,800-character system instruction (60 rules): two retrieved documents, the"
+                " question's `prepare_turn` and the answer; a turn adds two short messages and two"
+                " evidences, so the kept conversation is a window of hundreds of messages and the"
+                " system message changes with the documents every turn. Medians of each call (ms)"
+                f" over windows of {WINDOW} turns; the messages column is what the session held"
                 " before the window. A flat row-to-row total means a turn costs what is new, not"
                 " the history.",
                 "",
-                f"| turns | messages before | {header} | total |",
-                "| --- | ---: | " + " | ".join("---:" for _ in STEPS) + " | ---: |",
-                *rows,
+                *tables,
             ]
-        )
+        ).rstrip("\n")
         + "\n"
     )
 
@@ -212,9 +275,11 @@ def main() -> None:
         command += f" --turns {args.turns}"
     if args.write:
         command += f" --write {args.write}"
-    with tempfile.TemporaryDirectory() as tmp:
-        times = asyncio.run(measure(Path(tmp) / "sessions.db", args.turns))
-    section = report(times, command, args.turns)
+    results: dict[str, list[list[float]]] = {}
+    for shape in SHAPES:
+        with tempfile.TemporaryDirectory() as tmp:
+            results[shape] = asyncio.run(measure(Path(tmp) / "sessions.db", args.turns, shape))
+    section = report(results, command, args.turns)
     print(section)
     if args.write:
         write_section(args.write, "long-session", section)
