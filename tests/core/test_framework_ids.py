@@ -189,6 +189,37 @@ def test_a_reused_id_with_the_same_result_is_answered_when_only_the_new_turn_is_
     plugin.uninstall()
 
 
+def test_the_same_call_in_a_repeated_task_reaches_the_model_when_only_the_turn_is_sent() -> None:
+    """A crew kicked off again on a named session: each request carries only the task's own
+    messages (its prompt, then its tool round), the model makes the very same call under the
+    same id with the same result, and its tool-call reply is not recorded before the
+    framework sends the round back. The round is the new task's (the session's newest
+    question opened it and holds no such call yet): it reaches the model, answered, and is
+    stored once; the model is not asked again and again for a call it already made."""
+    engine = deterministic_engine()
+    plugin = _install(engine)
+    system = {"role": "system", "content": "You are the researcher."}
+    task = {"role": "user", "content": "Current Task: the weather in Paris?"}
+    for kickoff in range(3):
+        assert prepare_openai_sync(plugin, "s", [system, task]) is not None
+        sent = prepare_openai_sync(
+            plugin, "s", [system, *_turn(task["content"], "call_w", "sunny")]
+        )
+        assert sent is not None and not plugin.failures
+        _assert_pairs(sent)
+        assert [m["role"] for m in sent[-3:]] == ["user", "assistant", "tool"], kickoff
+        assert unfenced(sent[-1]["content"]) == "sunny"
+        engine.sync.commit_assistant_message(
+            "s", Message(role=Role.ASSISTANT, content="Sunny.", invocation=INV)
+        )
+    doc = engine.sync.get_session("s")
+    assert doc is not None
+    calls = [m for m in doc.session.messages if m.tool_calls]
+    assert len(calls) == 3 and len({m.tool_calls[0].tool_call_id for m in calls}) == 3
+    assert len([m for m in doc.session.messages if m.role is Role.TOOL]) == 3
+    plugin.uninstall()
+
+
 def test_unknown_and_answered_results_and_repeated_ids_in_one_reply() -> None:
     engine = deterministic_engine()
     plugin = _install(engine)

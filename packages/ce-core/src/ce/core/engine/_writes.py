@@ -111,6 +111,19 @@ def _holds_transcript(entry: SessionEntry, text: str) -> bool:
     return all((role, canonical_step(part)) in held for role, part in parts)
 
 
+def _current_turn(entry: SessionEntry) -> tuple[tuple[Any, ...] | None, set[str]]:
+    """The key of the session's newest user message, and the framework's ids of the tool
+    calls the session holds after it (the calls of the turn that message opened)."""
+    calls: set[str] = set()
+    for message in reversed(entry.doc.session.messages):
+        if message.role is Role.USER:
+            return message_key(message), calls
+        if message.tool_calls:
+            renamed = message.meta.get(FRAMEWORK_CALL_IDS) or {}
+            calls.update(renamed.get(c.tool_call_id, c.tool_call_id) for c in message.tool_calls)
+    return None, calls
+
+
 def _answers_waiting_call(entry: SessionEntry, framework_id: str) -> bool:
     """Whether a tool result under ``framework_id`` would answer a call of the session that
     has no result yet (the id itself, or the id a reused framework id was stored under)."""
@@ -537,6 +550,29 @@ class HistoryWriter:
             for i in range(start, len(pending))
             if pending[i].role is Role.TOOL and not pending[i].message_id
         }
+        # the framework's last user message: when it is the session's newest one, a tool
+        # call made after it that the session does not hold in that turn is new, even if the
+        # same call (same id, same arguments) was made in an earlier turn (a framework that
+        # passes only the current turn, and a server that reuses ids)
+        turn_user = next(
+            (i for i in range(last, start - 1, -1) if pending[i].role is Role.USER), None
+        )
+        turn: tuple[tuple[Any, ...] | None, set[str]] | None = None
+
+        def call_of_this_turn(position: int, message: Message) -> bool:
+            nonlocal turn
+            if turn_user is None or position < turn_user or not message.tool_calls:
+                return False
+            if turn is None:
+                turn = _current_turn(entry)
+            asked_key = message_key(
+                pending[turn_user], self._stored_text(pending[turn_user].content, cfg)
+            )
+            held_key, calls = turn
+            return asked_key == held_key and all(
+                c.tool_call_id not in calls for c in message.tool_calls
+            )
+
         for position in range(start, len(pending)):
             message = pending[position]
             if position == last:
@@ -562,6 +598,7 @@ class HistoryWriter:
                         last_result.get(message.tool_call_id) == position
                         and _answers_waiting_call(entry, message.tool_call_id or "")
                     )
+                    and not call_of_this_turn(position, message)
                 ):
                     continue
                 if message.role is Role.USER and self._held_in_another_form(
