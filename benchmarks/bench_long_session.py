@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import sqlite3
@@ -48,29 +47,14 @@ if _CACHE.is_dir():
 from _report import cpu_model, package_version, write_section  # noqa: E402
 
 from ce.core import BudgetConfig, ContextEngine, RuntimeConfig  # noqa: E402
-from ce.core.integration import (  # noqa: E402
-    ModelCall,
-    ToolRun,
-    llm_output_evidence,
-    model_usage_from_call,
-    tool_call_from_run,
-    tool_result_evidence,
-)
-from ce.core.schema import (  # noqa: E402
-    EvidenceSource,
-    EvidenceType,
-    Message,
-    ModelUsageStage,
-    Role,
-    SourceKind,
-    ToolCallRequest,
-)
+from ce.core.schema import EvidenceSource, EvidenceType, Message, Role, SourceKind  # noqa: E402
 from ce.core.stores import SQLiteStore  # noqa: E402
+from ce.core.testing.load import STEPS, turn_steps  # noqa: E402
 
 BUDGET = 8_000
 REPLY_TOKENS = 1_024
 WINDOW = 100
-TOOL_STEPS = (
+TOOL_STEPS = (  # the names of the reported columns, for the calls of STEPS
     "prepare_turn",
     "record_model_call (tool call)",
     "ingest_evidence",
@@ -89,66 +73,9 @@ Step = Callable[[], Awaitable[Any]]
 
 
 def tool_steps(engine: ContextEngine, session_id: str, turn: int) -> list[Step]:
-    """The six engine calls of tool turn ``turn``, in order."""
-    p = f"t{turn}"
-    call_id = f"{p}-tool"
-    output = f"lookup result for {p}: " + "status shipped, arriving in two days. " * 5
-    user = Message(
-        role=Role.USER,
-        content=f"Question {p}: please look up the order and summarise its status.",
-        message_id=f"{p}-user",
-    )
-    request = ToolCallRequest(
-        tool_call_id=call_id, name="lookup", raw_arguments=json.dumps({"q": p}), arguments={"q": p}
-    )
-    call = Message(role=Role.ASSISTANT, content="", tool_calls=[request], message_id=f"{p}-call")
-    result = Message(
-        role=Role.TOOL, content=output, tool_call_id=call_id, name="lookup", message_id=f"{p}-res"
-    )
-    answer = Message(role=Role.ASSISTANT, content=f"Order {p} has shipped.", message_id=f"{p}-ans")
-    now = time.time()
-    run = ToolRun(call_id, "lookup", {"q": p}, output, None, now, now)
-    draft = tool_result_evidence(run)
-    stored: list[str] = []
-
-    async def model_call(n: int, stage: ModelUsageStage, reply: Message) -> Any:
-        done = ModelCall(
-            call_id=f"{p}-usage-{n}",
-            provider="openai",
-            model="gpt-4o",
-            prompt_tokens=100 * n,
-            completion_tokens=10,
-            latency_ms=5,
-            output_text=reply.content,
-            stage=stage,
-        )
-        evidence = llm_output_evidence(done)
-        return await engine.record_model_call(
-            session_id,
-            model_usage_from_call(done),
-            reply=reply,
-            output=(evidence.content, evidence.source) if evidence is not None else None,
-        )
-
-    async def ingest() -> None:
-        evidence = await engine.ingest_evidence(
-            session_id,
-            draft.content,
-            draft.source,
-            draft.evidence_type,
-            draft.links,
-            draft.metadata,
-        )
-        stored.append(evidence.evidence_id)
-
-    return [
-        lambda: engine.prepare_turn(session_id, user),
-        lambda: model_call(1, ModelUsageStage.PLAN, call),
-        ingest,
-        lambda: engine.record_tool_call(session_id, tool_call_from_run(run, stored)),
-        lambda: engine.prepare_call(session_id, [user, call, result]),
-        lambda: model_call(2, ModelUsageStage.ANSWER, answer),
-    ]
+    """The six engine calls of tool turn ``turn``, in order (the load harness's turn)."""
+    steps = turn_steps(engine, session_id, f"t{turn}")
+    return [steps[name] for name in STEPS]
 
 
 def rag_steps(engine: ContextEngine, session_id: str, turn: int) -> list[Step]:

@@ -38,7 +38,16 @@ from ce.core.schema import (
 from ce.core.stores import open_store
 from ce.core.testing.assertions import assert_tool_pairs_intact
 
-__all__ = ["CONFIG", "STEPS", "KillPoint", "WorkerSpec", "prefix", "step_records", "worker_main"]
+__all__ = [
+    "CONFIG",
+    "STEPS",
+    "KillPoint",
+    "WorkerSpec",
+    "prefix",
+    "step_records",
+    "turn_steps",
+    "worker_main",
+]
 
 STEPS = (
     "prepare_turn",
@@ -199,87 +208,101 @@ class _Worker:
 
     async def turn(self, turn: int) -> None:
         """One question with one tool round, as a framework plugin records it."""
-        spec, engine = self.spec, self.engine
+        spec = self.spec
         shift = 0 if spec.sticky else turn
         sid = spec.session_ids[(spec.worker + shift) % len(spec.session_ids)]
-        p = prefix(spec.run_id, spec.worker, turn)
-        call_id = f"{p}-tool"
-        user = Message(role=Role.USER, content=f"Question {p}?", message_id=f"{p}-user")
-        call = Message(
-            role=Role.ASSISTANT,
-            content="",
-            tool_calls=[
-                ToolCallRequest(
-                    tool_call_id=call_id,
-                    name="lookup",
-                    raw_arguments=json.dumps({"q": p}),
-                    arguments={"q": p},
-                )
-            ],
-            invocation=_INVOCATION,
-            message_id=f"{p}-call",
-        )
-        now = time.time()
-        run = ToolRun(call_id, "lookup", {"q": p}, f"lookup result for {p}", None, now, now)
-        result = Message(
-            role=Role.TOOL,
-            content=f"lookup result for {p}",
-            tool_call_id=call_id,
-            name="lookup",
-            message_id=f"{p}-result",
-        )
-        answer = Message(
-            role=Role.ASSISTANT,
-            content=f"Answer {p}.",
-            invocation=_INVOCATION,
-            message_id=f"{p}-answer",
-        )
-        draft = tool_result_evidence(run)
-        evidence: list[Evidence] = []
-
-        async def model_call(n: int, stage: ModelUsageStage, reply: Message) -> Any:
-            if spec.model_ms:  # the model's time: the worker waits, the engine is not held
-                await asyncio.sleep(spec.model_ms / 1000)
-            done = ModelCall(
-                call_id=f"{p}-usage-{n}",
-                provider="openai",
-                model="gpt-4o",
-                prompt_tokens=100 * n,
-                completion_tokens=10,
-                latency_ms=5,
-                output_text=reply.content,
-                stage=stage,
-            )
-            output = llm_output_evidence(done)
-            return await engine.record_model_call(
-                sid,
-                model_usage_from_call(done),
-                reply=reply,
-                output=(output.content, output.source) if output is not None else None,
-            )
-
-        async def ingest() -> Evidence:
-            stored = await engine.ingest_evidence(
-                sid, draft.content, draft.source, draft.evidence_type, draft.links, draft.metadata
-            )
-            evidence.append(stored)
-            return stored
-
-        steps: dict[str, Callable[[], Awaitable[Any]]] = {
-            "prepare_turn": lambda: engine.prepare_turn(sid, user),
-            "model_call_tool": lambda: model_call(1, ModelUsageStage.PLAN, call),
-            "ingest_result": ingest,
-            "record_tool_call": lambda: engine.record_tool_call(
-                sid, tool_call_from_run(run, [evidence[-1].evidence_id])
-            ),
-            "prepare_call": lambda: engine.prepare_call(sid, [user, call, result]),
-            "model_call_answer": lambda: model_call(2, ModelUsageStage.ANSWER, answer),
-        }
+        steps = turn_steps(self.engine, sid, prefix(spec.run_id, spec.worker, turn), spec.model_ms)
         start = time.perf_counter()
         for step in STEPS:
             await self.call(turn, sid, step, steps[step])
         ms = round((time.perf_counter() - start) * 1000, 3)
         self.write({"turn": turn, "session": sid, "step": "turn_done", "ms": ms})
+
+
+def turn_steps(
+    engine: ContextEngine, session_id: str, turn_prefix: str, model_ms: float = 0.0
+) -> dict[str, Callable[[], Awaitable[Any]]]:
+    """The engine calls of one turn on ``session_id`` (by the names of :data:`STEPS`, to
+    run in that order): a question with one tool round, as a framework plugin records it;
+    every id starts with ``turn_prefix``. Each model call first waits ``model_ms``."""
+    p = turn_prefix
+    call_id = f"{p}-tool"
+    user = Message(role=Role.USER, content=f"Question {p}?", message_id=f"{p}-user")
+    call = Message(
+        role=Role.ASSISTANT,
+        content="",
+        tool_calls=[
+            ToolCallRequest(
+                tool_call_id=call_id,
+                name="lookup",
+                raw_arguments=json.dumps({"q": p}),
+                arguments={"q": p},
+            )
+        ],
+        invocation=_INVOCATION,
+        message_id=f"{p}-call",
+    )
+    now = time.time()
+    run = ToolRun(call_id, "lookup", {"q": p}, f"lookup result for {p}", None, now, now)
+    result = Message(
+        role=Role.TOOL,
+        content=f"lookup result for {p}",
+        tool_call_id=call_id,
+        name="lookup",
+        message_id=f"{p}-result",
+    )
+    answer = Message(
+        role=Role.ASSISTANT,
+        content=f"Answer {p}.",
+        invocation=_INVOCATION,
+        message_id=f"{p}-answer",
+    )
+    draft = tool_result_evidence(run)
+    evidence: list[Evidence] = []
+
+    async def model_call(n: int, stage: ModelUsageStage, reply: Message) -> Any:
+        if model_ms:  # the model's time: the caller waits, the engine is not held
+            await asyncio.sleep(model_ms / 1000)
+        done = ModelCall(
+            call_id=f"{p}-usage-{n}",
+            provider="openai",
+            model="gpt-4o",
+            prompt_tokens=100 * n,
+            completion_tokens=10,
+            latency_ms=5,
+            output_text=reply.content,
+            stage=stage,
+        )
+        output = llm_output_evidence(done)
+        return await engine.record_model_call(
+            session_id,
+            model_usage_from_call(done),
+            reply=reply,
+            output=(output.content, output.source) if output is not None else None,
+        )
+
+    async def ingest() -> Evidence:
+        stored = await engine.ingest_evidence(
+            session_id,
+            draft.content,
+            draft.source,
+            draft.evidence_type,
+            draft.links,
+            draft.metadata,
+        )
+        evidence.append(stored)
+        return stored
+
+    return {
+        "prepare_turn": lambda: engine.prepare_turn(session_id, user),
+        "model_call_tool": lambda: model_call(1, ModelUsageStage.PLAN, call),
+        "ingest_result": ingest,
+        "record_tool_call": lambda: engine.record_tool_call(
+            session_id, tool_call_from_run(run, [evidence[-1].evidence_id])
+        ),
+        "prepare_call": lambda: engine.prepare_call(session_id, [user, call, result]),
+        "model_call_answer": lambda: model_call(2, ModelUsageStage.ANSWER, answer),
+    }
 
 
 async def _run(spec: WorkerSpec, barrier: Barrier, pipe: Connection) -> None:

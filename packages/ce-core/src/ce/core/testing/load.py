@@ -72,7 +72,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from ce.core.testing._load_check import CheckReport, KillReport, check_sessions
-from ce.core.testing._load_worker import STEPS, KillPoint, WorkerSpec, worker_main
+from ce.core.testing._load_worker import STEPS, KillPoint, WorkerSpec, turn_steps, worker_main
 
 __all__ = [
     "STEPS",
@@ -88,6 +88,7 @@ __all__ = [
     "main",
     "read_log",
     "run_load",
+    "turn_steps",
 ]
 
 _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
