@@ -15,7 +15,12 @@ waiting for the turn is not runnable, so the loop's other work (a heartbeat, the
 tasks, a model's streamed chunks) waits for at most one phase of one call, not for one phase
 of every session in flight. A call gives the turn up while it waits for anything else (a
 worker thread, another session's lock, a model call of the engine's own), so holding it never
-blocks another call for longer than its own CPU work.
+blocks another call for longer than its own CPU work. The turn is handed on by priority: a
+call coming back from such a wait first, then calls in the order they came, then records
+written in the background (:func:`idle_turn`). A call holds it for the records of its session
+it writes first, too: the calls of many sessions end one after another, each session's next
+model call starting as soon as its own input is ready, rather than all together once every
+session's work is done.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import contextlib
 import contextvars
 import threading
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
@@ -34,6 +40,7 @@ __all__ = [
     "checkpoint",
     "drive",
     "engine_turn",
+    "idle_turn",
     "inline",
     "run_blocking",
     "settle",
@@ -50,11 +57,57 @@ _waiting_threads: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVa
 )
 
 
+_RESUMING, _STARTING, _BACKGROUND = range(3)
+
+
+class _Turn:
+    """One event loop's turn: held by one flow at a time, handed straight to the next waiter
+    when released, by priority. A flow coming back to it after giving it up for a wait (a
+    commit's I/O) goes first: it finishes what it began rather than wait behind every call
+    that arrived meanwhile. Then calls in order of arrival; last, records written in the
+    background (see :func:`idle_turn`), so a call that the app awaits (the input of its next
+    model call) does not wait behind other sessions' records."""
+
+    __slots__ = ("_held", "_queues")
+
+    def __init__(self) -> None:
+        self._held = False
+        self._queues: tuple[deque[asyncio.Future[None]], ...] = (deque(), deque(), deque())
+
+    async def acquire(self, priority: int = _STARTING) -> None:
+        if not self._held:
+            self._held = True
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queues[priority].append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed the turn while being cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        for queue in self._queues:
+            while queue:
+                waiter = queue.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)  # the turn passes to it: still held
+                    return
+        self._held = False
+
+
 # Each event loop's turn (see the module docstring), and the holding of the current flow.
-_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-    weakref.WeakKeyDictionary()
-)
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turn] = weakref.WeakKeyDictionary()
 _turns_guard = threading.Lock()
+
+
+def _turn(loop: asyncio.AbstractEventLoop) -> _Turn:
+    with _turns_guard:
+        turn = _turns.get(loop)
+        if turn is None:
+            turn = _turns[loop] = _Turn()
+        return turn
 
 
 class _Holding:
@@ -62,7 +115,7 @@ class _Holding:
 
     __slots__ = ("held", "turn")
 
-    def __init__(self, turn: asyncio.Lock) -> None:
+    def __init__(self, turn: _Turn) -> None:
         self.turn = turn
         self.held = False
 
@@ -84,14 +137,9 @@ class _EngineTurn:
     async def __aenter__(self) -> None:
         if _inline.get() or _holding.get() is not None:
             return
-        loop = asyncio.get_running_loop()
-        with _turns_guard:
-            turn = _turns.get(loop)
-            if turn is None:
-                turn = _turns[loop] = asyncio.Lock()
-        holding = _Holding(turn)
+        holding = _Holding(_turn(asyncio.get_running_loop()))
         await asyncio.sleep(0)  # what else is ready runs first: a call starts at a phase boundary
-        await turn.acquire()
+        await holding.turn.acquire()
         holding.held = True
         self.holding = holding
         self.token = _holding.set(holding)
@@ -132,7 +180,7 @@ class _TurnReleased:
     async def __aexit__(self, *exc_info: object) -> None:
         holding = self.holding
         if holding is not None:
-            await holding.turn.acquire()
+            await holding.turn.acquire(_RESUMING)
             holding.held = True
 
 
@@ -140,6 +188,16 @@ def turn_released() -> AbstractAsyncContextManager[None]:
     """Give the loop's turn up for the body (a wait for something else), if this flow holds
     it; take it again after (a flow cancelled while taking it again holds it no more)."""
     return _TurnReleased()
+
+
+async def idle_turn() -> None:
+    """Wait until no engine call on the running loop holds its turn or waits for it: what a
+    record written in the background (a framework hook's write-behind) waits for before it
+    starts, so the calls an app awaits go first. The session's next engine call runs its
+    records first anyway (read-your-writes)."""
+    turn = _turn(asyncio.get_running_loop())
+    await turn.acquire(_BACKGROUND)
+    turn.release()
 
 
 async def checkpoint() -> None:

@@ -262,18 +262,21 @@ class EngineCore(HistoryWriter):
         first, then ``op`` on the session's entry with a fresh :class:`WriteLog`, serialized
         per session, redone on version conflicts (see :meth:`_attempt`). ``tail``: ``op``
         can work on the session's newest records (see :meth:`_tail_entry`)."""
-        await self._deferred.run(session_id)
-        call = WriteLog(self.ids.generate())
-        async with self._serialized(session_id):
-            while True:
-                try:
-                    return await self._attempt(
-                        session_id, call, lambda entry: op(entry, call), tail
-                    )
-                except TailTooShort as short:
-                    self._entries.pop(session_id, None)
-                    self._grow_tail(session_id, short.whole)
-                    call.restart()
+        # one turn of the loop for the call and the records it runs first: it does not go
+        # back in line between them (it gives the turn up only while it waits)
+        async with engine_turn():
+            await self._deferred.run(session_id)
+            call = WriteLog(self.ids.generate())
+            async with self._serialized(session_id):
+                while True:
+                    try:
+                        return await self._attempt(
+                            session_id, call, lambda entry: op(entry, call), tail
+                        )
+                    except TailTooShort as short:
+                        self._entries.pop(session_id, None)
+                        self._grow_tail(session_id, short.whole)
+                        call.restart()
 
     def _grow_tail(self, session_id: str, whole: bool) -> None:
         """Read twice as much of the session next time (``whole``: all of it)."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from ce.core._drive import idle_turn
 from ce.core.integration._guard import guarded, guarded_sync
 from ce.core.pipeline import IngestOptions
 from ce.core.schema import (
@@ -358,12 +359,14 @@ def record_sync(
     :class:`Recorder` on ``plugin.engine``'s session ``session_id``, fail-open like
     :func:`~ce.core.integration.guarded` (``what`` names it in the log and the ``Degraded``
     event). The write joins the session's ordered queue (:meth:`ContextEngine.defer`): from a
-    hook on an event loop's thread it is written by a task on that loop (the hook never
-    blocks the loop), from a plain thread it is written now, inline. ``blocking``: the hook
-    runs inside a blocking framework call (``invoke``, ``chat``, ``run``), which holds the
-    thread anyway: it is written now, inline, also on an event loop's thread (an app calling
-    the blocking API from async code) — a task queued on the loop that call blocks would hold
-    the session while the call's next engine call waits for it. With ``plugin.fail_closed``
+    hook on an event loop's thread it is written by a task on that loop once the loop's
+    engine calls are done (the hook never blocks the loop; the session's next call writes it
+    first if that comes sooner), from a plain thread it is written now, inline.
+    ``blocking``: the hook runs inside a blocking framework call (``invoke``, ``chat``,
+    ``run``), which holds the thread anyway: it is written now, inline, also on an event
+    loop's thread (an app calling the blocking API from async code) — a task queued on the
+    loop that call blocks would hold the session while the call's next engine call waits for
+    it. With ``plugin.fail_closed``
     it is written now and its error raised. Does nothing when the plugin is not installed (a
     hook still running after ``uninstall()``)."""
     if not plugin.installed:
@@ -387,6 +390,11 @@ def record_sync(
             plugin, lambda: engine.sync.flush(session_id), session_id=session_id, what=what
         )
         return
-    task = loop.create_task(engine.flush(session_id))
+
+    async def flush() -> None:
+        await idle_turn()  # the calls the app awaits first (this session's next one runs it)
+        await engine._deferred.run(session_id)
+
+    task = loop.create_task(flush())
     _flushes.add(task)
     task.add_done_callback(_flushes.discard)
