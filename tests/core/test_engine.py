@@ -1232,3 +1232,30 @@ async def test_deterministic_engines_store_the_same_session() -> None:
         await engine.close()
     assert docs[0] == docs[1]
     assert docs[0].session.messages[0].message_id == "id-000003"
+
+
+async def test_a_runs_own_blocks_go_once_when_another_run_wrote_to_the_session_since() -> None:
+    """Runs on one session: run A asks and calls a tool, runs B and C ask meanwhile (B is
+    answered), then A's model gets its tool result. A's question and tool round are kept
+    beside the newer turns (its own run, pinned), each exactly once, with the history around
+    them."""
+    engine = make_engine()
+    for i in range(6):
+        await engine.prepare_turn("s", f"earlier question {i}")
+        await engine.commit_assistant_message("s", assistant(f"earlier answer {i}"))
+    await engine.prepare_turn("s", "question of run A")
+    await engine.commit_assistant_message("s", assistant("", call("cA")))
+    await engine.prepare_turn("s", "question of run B")  # other runs write meanwhile
+    await engine.commit_assistant_message("s", assistant("answer of run B"))
+    await engine.prepare_turn("s", "question of run C")
+    question = Message(role=Role.USER, content="question of run A")
+    result = await engine.prepare_call(
+        "s", [question, assistant("", call("cA")), tool("cA", "result of A")]
+    )
+    parts = result.assembled_input.parts
+    contents = [p.content for p in parts]
+    assert contents.count("question of run A") == 1
+    assert [p.tool_call_id for p in parts if p.role is Role.TOOL] == ["cA"]
+    assert sum(1 for p in parts if p.tool_calls) == 1
+    assert "earlier answer 5" in contents and "answer of run B" in contents
+    assert result.report.token_used <= result.report.token_budget

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from ce.core._drive import checkpoint
+from ce.core._drive import checkpoint, idle_turn
 from ce.core.config import RedactionConfig, RuntimeConfig
 from ce.core.engine._core import Carry
 from ce.core.engine._deferred import DeferredWrites, flush_at_exit, note_pending
@@ -225,6 +225,13 @@ class ContextEngine(Preparer):
             raise ValueError("session_id must be a non-empty string")
         self._deferred.add(session_id, work)
         note_pending(self)
+
+    async def _write_deferred(self, session_id: str) -> None:
+        """An integration's background write-behind: the deferred records of ``session_id``,
+        once the loop's other engine calls are done; unlike :meth:`flush`, not what waits
+        for the session's next commit (a prepared input waits for its model call's record)."""
+        await idle_turn()
+        await self._deferred.run(session_id)
 
     async def flush(self, session_id: str | None = None) -> None:
         """Run the deferred records of ``session_id`` (default: of every session) now, and

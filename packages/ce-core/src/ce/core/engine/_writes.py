@@ -557,21 +557,21 @@ class HistoryWriter:
         turn_user = next(
             (i for i in range(last, start - 1, -1) if pending[i].role is Role.USER), None
         )
-        turn: tuple[tuple[Any, ...] | None, set[str]] | None = None
+        turn: tuple[bool, set[str]] | None = None  # (the session's newest turn?, its calls)
 
         def call_of_this_turn(position: int, message: Message) -> bool:
             nonlocal turn
             if turn_user is None or position < turn_user or not message.tool_calls:
                 return False
             if turn is None:
-                turn = _current_turn(entry)
-            asked_key = message_key(
-                pending[turn_user], self._stored_text(pending[turn_user].content, cfg)
-            )
-            held_key, calls = turn
-            return asked_key == held_key and all(
-                c.tool_call_id not in calls for c in message.tool_calls
-            )
+                held_key, calls = _current_turn(entry)
+                asked = pending[turn_user]
+                turn = (
+                    message_key(asked, self._stored_text(asked.content, cfg)) == held_key,
+                    calls,
+                )
+            same, calls = turn
+            return same and all(c.tool_call_id not in calls for c in message.tool_calls)
 
         for position in range(start, len(pending)):
             message = pending[position]

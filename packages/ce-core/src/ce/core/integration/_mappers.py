@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from ce.core._drive import idle_turn
 from ce.core.integration._guard import guarded, guarded_sync
 from ce.core.pipeline import IngestOptions
 from ce.core.schema import (
@@ -366,9 +365,8 @@ def record_sync(
     ``run``), which holds the thread anyway: it is written now, inline, also on an event
     loop's thread (an app calling the blocking API from async code) — a task queued on the
     loop that call blocks would hold the session while the call's next engine call waits for
-    it. With ``plugin.fail_closed``
-    it is written now and its error raised. Does nothing when the plugin is not installed (a
-    hook still running after ``uninstall()``)."""
+    it. With ``plugin.fail_closed`` it is written now and its error raised. Does nothing
+    when the plugin is not installed (a hook still running after ``uninstall()``)."""
     if not plugin.installed:
         return
     engine = plugin.engine
@@ -390,11 +388,6 @@ def record_sync(
             plugin, lambda: engine.sync.flush(session_id), session_id=session_id, what=what
         )
         return
-
-    async def flush() -> None:
-        await idle_turn()  # the calls the app awaits first (this session's next one runs it)
-        await engine._deferred.run(session_id)
-
-    task = loop.create_task(flush())
+    task = loop.create_task(engine._write_deferred(session_id))
     _flushes.add(task)
     task.add_done_callback(_flushes.discard)

@@ -356,9 +356,9 @@ class GreedyPriorityPruner:
     def _walk(self, run: _Run, cursor: int, tier: Priority) -> tuple[int, bool]:
         """Walk the conversation newest first from group ``cursor`` while its groups are of
         ``tier``; the next group to decide and whether the walk may go on. Groups that fit at
-        Live are decided right here (the common case): with no TTL and no pinned group, the
-        run of them that fits is found at once from the index's sums; the others (a TTL to
-        check, a degraded level to find) go through :meth:`_Run.try_fit`."""
+        Live are decided right here (the common case): with no TTL, the run of them that fits
+        (down to the next pinned group) is found at once from the index's sums; the others (a
+        TTL to check, a degraded level to find) go through :meth:`_Run.try_fit`."""
         request = run.request
         index = request.index
         groups = index.groups
@@ -375,8 +375,9 @@ class GreedyPriorityPruner:
             if cursor in pinned:  # kept with the must blocks
                 cursor -= 1
                 continue
-            if ttl is None and not pinned:
-                first = index.live_start(stop + 1, cursor + 1, run.remaining)
+            if ttl is None:  # the run down to the next pinned group that fits at Live
+                low = max((g + 1 for g in pinned if g < cursor), default=stop + 1)
+                first = index.live_start(max(low, stop + 1), cursor + 1, run.remaining)
                 if first <= cursor:
                     run.remaining -= index.group_tokens(first, cursor + 1)
                     span = range(cursor, first - 1, -1)
@@ -390,21 +391,12 @@ class GreedyPriorityPruner:
                     )
                     cursor = first - 1
                     continue
-            group = groups[cursor]
-            live = group.live
-            if ttl is None and live.tokens <= run.remaining and group.kind == "conversation":
-                if live.parts:
-                    run.remaining -= live.tokens
-                    kept.append((group, live))
-                    walk[cursor] = ("kept", fits, live.tokens, LevelOfDetail.LIVE, 0)
-                else:
-                    walk[cursor] = _NO_RESULT
-            else:
-                run.at = cursor
-                fitted = run.try_fit(group, tier)
-                run.at = None
-                if not fitted:
-                    return cursor - 1, False
+            # a group with a TTL to check, or one that does not fit at Live
+            run.at = cursor
+            fitted = run.try_fit(groups[cursor], tier)
+            run.at = None
+            if not fitted:
+                return cursor - 1, False
             cursor -= 1
         return cursor, True
 
