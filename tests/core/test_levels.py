@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ce.core import BudgetConfig, ContextEngine, Message, Role, RuntimeConfig
+from ce.core.pipeline import _index
 from ce.core.pipeline._levels import _sentences, shorten
-from ce.core.schema import LevelOfDetail
+from ce.core.schema import LevelOfDetail, ModelInvocation
+from ce.core.stores import MemoryStore
 
 SUMMARY, GIST = LevelOfDetail.SUMMARY, LevelOfDetail.GIST
+INV = ModelInvocation(provider="openai", model="gpt-4o")
 
 ORDER = {
     "order_id": "A-1001",
@@ -94,3 +99,37 @@ def test_sentences_end_after_their_mark_or_at_a_blank_line(text: str) -> None:
     expected = [s for s in re.split(r"(?<=[.!?。！？])\s+|\n\s*\n", text) if s]
     assert _sentences(text) == expected
     assert _sentences(text) == expected  # again: the text split last is not split again
+
+
+async def test_a_block_kept_at_summary_never_renders_its_gist(monkeypatch: Any) -> None:
+    """The pruner asks for a cheaper level only when the richer one did not fit: an old
+    message that fits at Summary is not also shortened to its Gist."""
+    asked: list[LevelOfDetail] = []
+
+    def spy(text: str, level: LevelOfDetail) -> str:
+        if text.startswith("Sentence 0 "):
+            asked.append(level)
+        return shorten(text, level)
+
+    monkeypatch.setattr(_index, "shorten", spy)
+    long_text = " ".join(
+        f"Sentence {i} tells the story of the order in a few words." for i in range(60)
+    )
+    engine = ContextEngine(
+        MemoryStore(),
+        config=RuntimeConfig(
+            model_hint="gpt-4o",
+            budget=BudgetConfig(max_input_tokens=1_400, reserved_reply_tokens=1_000),
+        ),
+    )
+    result = await engine.prepare_call(
+        "s",
+        [
+            Message(role=Role.USER, content=long_text),
+            Message(role=Role.ASSISTANT, content="Noted.", invocation=INV),
+            Message(role=Role.USER, content="What did I say first?"),
+        ],
+    )
+    degraded = [d for d in result.report.prune_decisions if d.action == "degraded"]
+    assert [d.level for d in degraded] == ["summary"]
+    assert SUMMARY in asked and GIST not in asked

@@ -29,7 +29,7 @@ Token counts are for one ``model_hint``; an index serves one hint.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -112,16 +112,16 @@ class Candidate:
     def live(self) -> Rendering:
         return self.rendering(LevelOfDetail.LIVE)
 
-    def cheaper(self) -> list[Rendering]:
-        """The Summary and Gist renderings that cost less than the one before them."""
-        out: list[Rendering] = []
+    def cheaper(self) -> Iterator[Rendering]:
+        """The Summary and Gist renderings that cost less than the one before them, each
+        rendered when the caller asks for it (a block kept at Summary never renders its
+        Gist)."""
         tokens = self.live.tokens
         for level in LEVELS[1:]:
             rendering = self.rendering(level)
             if rendering.tokens < tokens:
-                out.append(rendering)
+                yield rendering
                 tokens = rendering.tokens
-        return out
 
     def invalidate(self) -> None:
         self._cache.clear()
