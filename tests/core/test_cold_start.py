@@ -842,22 +842,22 @@ async def test_a_cold_prepare_call_on_either_store_does_what_the_whole_session_d
 def test_counts_of_two_calls_committed_together_are_both_kept() -> None:
     """A deferred call's counts ride with its records; the call whose commit takes them adds
     its own beside them (on a record without counts, else joined), never over them."""
-    from ce.core.engine._core import _attach_counts
+    from ce.core.engine._carry import attach_counts
 
     question = Message(role=Role.USER, content="q", message_id="m1")
     changes = SessionChanges(messages=[question])
     first: dict[str, dict[str, int]] = {"tiktoken:o200k_base": {"d1": 1}}
-    _attach_counts(changes, first)
+    attach_counts(changes, first)
     assert first == {} and json.loads(changes.token_counts["m1"]) == {
         "tiktoken:o200k_base": {"d1": 1}
     }
-    _attach_counts(changes, {"tiktoken:o200k_base": {"d2": 2}, "tiktoken:cl100k_base": {"d3": 3}})
+    attach_counts(changes, {"tiktoken:o200k_base": {"d2": 2}, "tiktoken:cl100k_base": {"d3": 3}})
     assert json.loads(changes.token_counts["m1"]) == {
         "tiktoken:o200k_base": {"d1": 1, "d2": 2},
         "tiktoken:cl100k_base": {"d3": 3},
     }
     reply = Message(role=Role.ASSISTANT, content="r", message_id="m2")
     changes.messages.append(reply)
-    _attach_counts(changes, {"tiktoken:o200k_base": {"d4": 4}})
+    attach_counts(changes, {"tiktoken:o200k_base": {"d4": 4}})
     assert json.loads(changes.token_counts["m2"]) == {"tiktoken:o200k_base": {"d4": 4}}
-    _attach_counts(SessionChanges(), {"tiktoken:o200k_base": {"d5": 5}})  # no record: none
+    attach_counts(SessionChanges(), {"tiktoken:o200k_base": {"d5": 5}})  # no record: none

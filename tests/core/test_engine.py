@@ -277,6 +277,109 @@ async def test_a_call_waits_for_the_deferred_records_another_flow_is_writing() -
     assert "Paris is mild." in system and "Oslo is cold." in system
 
 
+def _deferred_turn(engine: ContextEngine) -> None:
+    """What a framework's hooks hand over after a first question: two retrieved documents, a
+    hook that fails, the model's answer."""
+    source = EvidenceSource(kind=SourceKind.RAG, uri="kb://weather")
+
+    async def documents() -> None:
+        await engine.ingest_evidence("s1", "Paris is mild.", source, EvidenceType.RAG_DOC)
+        await engine.ingest_evidence("s1", "Oslo is cold.", source, EvidenceType.RAG_DOC)
+
+    async def broken() -> None:
+        raise RuntimeError("a hook's bug")
+
+    async def answer() -> None:
+        await engine.record_model_call("s1", usage("u1"), reply=assistant("Mild."))
+
+    for work in (documents, broken, answer):
+        engine.defer("s1", work)
+
+
+async def test_a_sessions_deferred_records_are_stored_in_one_commit() -> None:
+    """The records a framework's hooks hand over are written in order when the session is
+    next used, and stored in one commit, not one per write; a record that fails is left out
+    alone."""
+    store = CountingStore()
+    engine = make_engine(store)
+    question = Message(role=Role.USER, content="Weather in Paris?")
+    await engine.prepare_call("s1", [question])
+    before = store.commits
+    _deferred_turn(engine)
+    follow_up = [question, assistant("Mild."), Message(role=Role.USER, content="And Oslo?")]
+    result = await engine.prepare_call("s1", follow_up)
+    assert store.commits == before + 2  # the deferred records, then the call's input
+    assert await stored_texts(store, "s1") == ["Weather in Paris?", "Mild.", "And Oslo?"]
+    doc = await store.get_session("s1")
+    assert doc is not None
+    assert {e.content for e in doc.evidences.values()} >= {"Paris is mild.", "Oslo is cold."}
+    system = result.assembled_input.parts[0].content
+    assert "Paris is mild." in system and "Oslo is cold." in system
+
+
+async def test_deferred_records_whose_commit_failed_go_with_the_next_commit() -> None:
+    """The commit of a session's deferred records fails (a full disk): it is logged like a
+    failing record, the call goes on, and its own commit stores them before its input."""
+    store = CountingStore()
+    engine = make_engine(store)
+    question = Message(role=Role.USER, content="Weather in Paris?")
+    await engine.prepare_call("s1", [question])
+    before = store.commits
+    _deferred_turn(engine)
+    store.fail_next = True
+    follow_up = [question, assistant("Mild."), Message(role=Role.USER, content="And Oslo?")]
+    await engine.prepare_call("s1", follow_up)
+    assert store.commits == before + 1  # the call's commit took the records with it
+    assert await stored_texts(store, "s1") == ["Weather in Paris?", "Mild.", "And Oslo?"]
+    doc = await store.get_session("s1")
+    assert doc is not None
+    assert {e.content for e in doc.evidences.values()} >= {"Paris is mild.", "Oslo is cold."}
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_another_writer_between_two_deferred_records(kind: str, tmp_path: Path) -> None:
+    """Another process writes the session while this one runs its deferred records (between
+    two of them): nothing is lost, its record is stored before the ones that wait for the
+    drain's commit, and this engine's next call sees the session as stored."""
+    if kind == "memory":
+        shared = MemoryStore()
+        store_a: MemoryStore | SQLiteStore = shared
+        store_b: MemoryStore | SQLiteStore = shared
+    else:
+        store_a, store_b = SQLiteStore(tmp_path / "ce.db"), SQLiteStore(tmp_path / "ce.db")
+    a, b = make_engine(store_a), make_engine(store_b)
+    question = Message(role=Role.USER, content="Q0")
+    await a.prepare_call("s1", [question])
+    source = EvidenceSource(kind=SourceKind.RAG, uri="kb://doc")
+    first_done, other_wrote = asyncio.Event(), asyncio.Event()
+
+    async def document() -> None:
+        await a.ingest_evidence("s1", "A's document.", source, EvidenceType.RAG_DOC)
+        first_done.set()
+        await other_wrote.wait()
+
+    async def answer() -> None:
+        await a.record_model_call("s1", usage("u1"), reply=assistant("A's answer."))
+
+    async def other() -> None:
+        await first_done.wait()
+        await b.record_model_call("s1", usage("u2"), reply=assistant("B's answer."))
+        other_wrote.set()
+
+    a.defer("s1", document)
+    a.defer("s1", answer)
+    writer = asyncio.create_task(other())
+    await a.flush("s1")
+    await writer
+    assert await stored_texts(store_a, "s1") == ["Q0", "B's answer.", "A's answer."]
+    doc = await store_a.get_session("s1")
+    assert doc is not None
+    assert "A's document." in {e.content for e in doc.evidences.values()}
+    result = await a.prepare_call("s1", [Message(role=Role.USER, content="Q1")])
+    texts = [p.content for p in result.assembled_input.parts if p.role is not Role.SYSTEM]
+    assert texts == ["Q0", "B's answer.", "A's answer.", "Q1"]
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 async def test_another_writer_between_a_deferred_call_and_its_commit(
     kind: str, tmp_path: Path

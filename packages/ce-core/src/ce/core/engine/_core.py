@@ -5,7 +5,7 @@ ingestion."""
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import random
 import threading
 import time
@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 
 from ce.core._drive import engine_turn, inline, settle, turn_released
 from ce.core.config import RuntimeConfig
+from ce.core.engine._carry import Carry, attach_counts
 from ce.core.engine._deferred import DeferredWrites, draining, note_pending
 from ce.core.engine._session import (
     TAIL_EVIDENCES,
@@ -46,57 +47,17 @@ from ce.core.schema import (
 from ce.core.state import AgentState, ModelOutput
 from ce.core.stores import SessionChanges, SessionWriter, SliceStore, Store, WriterStore
 from ce.core.stores.base import OwnedChanges
-from ce.core.tokens import StoredCounts, TokenEstimator, collecting_counts
+from ce.core.tokens import TokenEstimator, collecting_counts
 
-__all__ = ["Carry", "EngineCore"]
+__all__ = ["EngineCore"]
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("ce.core.engine")
 
 CONTENDED_SECONDS = 2.0
 """How long after a refused commit an engine's writes to that session hold it from the start
 (on a store that can hold a session), rather than try optimistically first."""
-
-
-class Carry:
-    """What engine calls of a session wrote and left for the session's next commit: turn
-    records, and the records of a ``prepare_call(defer_commit=True)``.
-
-    Records carried are in ``entry``'s state already, after the ones stored up to
-    ``version``: while that entry is cached at that version, the commit that takes them
-    stores them in the order the entry holds them. Otherwise (the entry was read afresh, or
-    absorbed another writer's records after them) the entry is read again after that
-    commit."""
-
-    __slots__ = ("announce", "changes", "entry", "version")
-
-    def __init__(self) -> None:
-        self.changes = SessionChanges()
-        self.announce: list[tuple[str, Message]] = []  # (turn id, message) once stored
-        self.entry: SessionEntry | None = None
-        self.version = 0
-
-    @property
-    def records(self) -> bool:
-        """Whether it carries records of the session document (not only turn records)."""
-        return self.changes.has_records()
-
-    def add(self, entry: SessionEntry, changes: SessionChanges, call: WriteLog) -> None:
-        if changes.has_records():
-            if self.records and not self.holds_order(entry):
-                self.entry = None  # no entry holds them in the order they will be stored
-            else:
-                self.entry, self.version = entry, entry.version
-            self.announce.extend((call.turn_id, m) for m in call.new_messages)
-        self.changes = self.changes.merge(changes)
-
-    def holds_order(self, entry: SessionEntry) -> bool:
-        """Whether ``entry`` holds the carried records last, as the next commit stores them."""
-        return entry is self.entry and entry.version == self.version
-
-    def taken_in(self, entry: SessionEntry) -> None:
-        """``entry`` (just read) took the carried records in after what it read."""
-        entry.take_in(self.changes)
-        self.entry, self.version = entry, entry.version
 
 
 class EngineCore(HistoryWriter):
@@ -265,18 +226,47 @@ class EngineCore(HistoryWriter):
         # one turn of the loop for the call and the records it runs first: it does not go
         # back in line between them (it gives the turn up only while it waits)
         async with engine_turn():
-            await self._deferred.run(session_id)
-            call = WriteLog(self.ids.generate())
-            async with self._serialized(session_id):
-                while True:
-                    try:
-                        return await self._attempt(
-                            session_id, call, lambda entry: op(entry, call), tail
-                        )
-                    except TailTooShort as short:
-                        self._entries.pop(session_id, None)
-                        self._grow_tail(session_id, short.whole)
-                        call.restart()
+            await self._run_deferred(session_id)
+            return await self._write_now(session_id, op, tail)
+
+    async def _write_now(
+        self,
+        session_id: str,
+        op: Callable[[SessionEntry, WriteLog], Awaitable[_T]],
+        tail: bool = False,
+        turn_id: str | None = None,
+    ) -> _T:
+        call = WriteLog(turn_id or self.ids.generate())
+        async with self._serialized(session_id):
+            while True:
+                try:
+                    return await self._attempt(
+                        session_id, call, lambda entry: op(entry, call), tail
+                    )
+                except TailTooShort as short:
+                    self._entries.pop(session_id, None)
+                    self._grow_tail(session_id, short.whole)
+                    call.restart()
+
+    async def _run_deferred(self, session_id: str) -> None:
+        """Run the session's deferred records and store what they wrote in one commit: each
+        record's write leaves its changes for the session's next commit (see
+        :meth:`_persist`), and this one, right after them, takes them all (a hook's model
+        call, task updates and tool results: one commit, not one each)."""
+        if not await self._deferred.run(session_id):
+            return
+        carry = self._carried.get(session_id)
+        if carry is None or not carry.records:
+            return
+
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
+            return await self._persist(entry, call)
+
+        try:  # under the turn id of the last record it stores: no id of its own
+            await self._write_now(session_id, op, turn_id=carry.turn_id)
+        except Exception:  # as a deferred record's own failure: logged, the call goes on
+            # what it carries stays for the session's next commit (or a flush)
+            logger.exception("storing the deferred records of session %r failed", session_id)
 
     def _grow_tail(self, session_id: str, whole: bool) -> None:
         """Read twice as much of the session next time (``whole``: all of it)."""
@@ -408,15 +398,17 @@ class EngineCore(HistoryWriter):
     async def _persist(
         self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None
     ) -> PutResult:
+        session_id = entry.session_id
+        if self._deferred.running(session_id):  # committed once the deferred records ran
+            return await self._carry(entry, call, turn)
         # the store makes the records its own (copies or JSON): no copies here
         changes: SessionChanges = entry.state.take_changes(copies=False)
         if turn is not None:
             changes.turns.append(turn)
-        session_id = entry.session_id
         carry = self._carried.pop(session_id, None)
         if carry is not None:
             changes = carry.changes.merge(changes)
-        _attach_counts(changes, call.counts)
+        attach_counts(changes, call.counts)
         changes = OwnedChanges.of(changes)  # made by the schema's constructors
         try:
             async with turn_released():  # a store may wait on I/O: not in the loop's turn
@@ -453,6 +445,28 @@ class EngineCore(HistoryWriter):
         await self._emit("Persisted", session_id, call.turn_id, version=result.version)
         return result
 
+    async def _carry(
+        self,
+        entry: SessionEntry,
+        call: WriteLog,
+        turn: TurnRecord | None,
+        changes: SessionChanges | None = None,
+    ) -> PutResult:
+        """Leave ``changes`` (default: what the call wrote) for the session's next commit
+        (for the records a ``prepare_call`` deferred, the recording of its model call's
+        outcome; for deferred records, the commit :meth:`_run_deferred` makes once they
+        ran)."""
+        if changes is None:
+            changes = entry.state.take_changes(copies=False)
+        attach_counts(changes, call.counts)  # stored with them by the commit that takes them
+        if turn is not None:
+            changes.turns.append(turn)
+        if not changes.is_empty():
+            self._carried.setdefault(entry.session_id, Carry()).add(entry, changes, call)
+            note_pending(self)  # type: ignore[arg-type]
+        await self._emit_degradations(entry.session_id, call)
+        return PutResult(success=True, version=entry.version, epoch=entry.epoch or None)
+
     async def _persist_or_carry(
         self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None, defer: bool = False
     ) -> int:
@@ -472,17 +486,10 @@ class EngineCore(HistoryWriter):
             return (await self._persist(entry, call, turn)).version
         if defer:
             changes = entry.state.take_changes(copies=False)
-            _attach_counts(changes, call.counts)  # stored with them by the commit that takes them
         else:
             entry.state.forget_run_change()
             changes = SessionChanges()
-        if turn is not None:
-            changes.turns.append(turn)
-        if not changes.is_empty():
-            self._carried.setdefault(entry.session_id, Carry()).add(entry, changes, call)
-            note_pending(self)  # type: ignore[arg-type]
-        await self._emit_degradations(entry.session_id, call)
-        return entry.version
+        return (await self._carry(entry, call, turn, changes)).version
 
     async def _drain(self, session_id: str) -> None:
         """Run the session's deferred records (and wait for those another flow is running)
@@ -593,26 +600,3 @@ class EngineCore(HistoryWriter):
             type=evidence.type.value,
             redacted=redacted,
         )
-
-
-def _attach_counts(changes: SessionChanges, counts: StoredCounts) -> None:
-    """Give ``changes`` the token counts the call computed, with its first new message (else
-    its first new evidence) that has none yet (else joined to those of its first); taken
-    once (a second commit of the call does not repeat them)."""
-    if not counts:
-        return
-    ids = [
-        *(m.message_id for m in changes.messages if m.message_id),
-        *(e.evidence_id for e in changes.evidences),
-    ]
-    if not ids:
-        return
-    held = changes.token_counts
-    free = next((i for i in ids if i not in held), None)
-    stored = counts
-    if free is None:  # every record carries counts of an earlier call already: join them
-        free, stored = ids[0], json.loads(held[ids[0]])
-        for tokenizer, by_digest in counts.items():
-            stored.setdefault(tokenizer, {}).update(by_digest)
-    held[free] = json.dumps(stored, separators=(",", ":"))
-    counts.clear()

@@ -67,24 +67,34 @@ class DeferredWrites:
         with self._lock:
             self._queues.setdefault(session_id, deque()).appendleft(work)
 
-    async def run(self, session_id: str) -> None:
+    def running(self, session_id: str) -> bool:
+        """Whether the current flow runs ``session_id``'s queued writes (a task that flow
+        started while it runs them counts too)."""
+        if not _draining.get():
+            return False
+        with self._lock:
+            return session_id in self._active
+
+    async def run(self, session_id: str) -> bool:
         """Run the session's queued writes in order, one at a time (each one fails alone:
-        logged). While another flow runs them (a flush task on the loop, a hook's thread),
-        wait for it to end: a work may be several engine calls, and a call that went on
-        between two of them would miss the later ones. A run cancelled in the middle of a
-        write (its event loop shutting down) puts that write back at the head of the queue,
-        to run again later: the engine's record writes are idempotent."""
+        logged); whether any ran. While another flow runs them (a flush task on the loop, a
+        hook's thread), wait for it to end: a work may be several engine calls, and a call
+        that went on between two of them would miss the later ones. A run cancelled in the
+        middle of a write (its event loop shutting down) puts that write back at the head of
+        the queue, to run again later: the engine's record writes are idempotent."""
         if _draining.get():
-            return
+            return False
         with self._lock:
             if session_id not in self._queues and session_id not in self._active:
-                return
+                return False
+        ran = False
         async with self._running.hold(session_id):
             with self._lock:  # one flow at a time holds the session's run
                 self._active.add(session_id)
             token = _draining.set(True)
             try:
                 while (work := self._pop(session_id)) is not None:
+                    ran = True
                     try:
                         await work()
                     except asyncio.CancelledError:
@@ -96,6 +106,7 @@ class DeferredWrites:
                 _draining.reset(token)
                 with self._lock:
                     self._active.discard(session_id)
+        return ran
 
 
 def note_pending(engine: ContextEngine) -> None:

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from ce.core._drive import checkpoint, idle_turn
+from ce.core._drive import checkpoint, engine_turn, idle_turn
 from ce.core.config import RedactionConfig, RuntimeConfig
-from ce.core.engine._core import Carry
+from ce.core.engine._carry import Carry
 from ce.core.engine._deferred import DeferredWrites, flush_at_exit, note_pending
 from ce.core.engine._prepare import Preparer
 from ce.core.engine._session import SessionEntry, SessionLocks, TailTooShort
@@ -218,9 +218,10 @@ class ContextEngine(Preparer):
         ``work()`` (a coroutine of engine writes, e.g. an integration's recording of a model
         call) runs, in the order queued, before the session's next engine call (write or
         read) in this process, on :meth:`flush`, on :meth:`close` and when the interpreter
-        exits. A failing ``work`` is logged and does not stop the others. Lets a framework
-        hook record without blocking (no engine call, no I/O); a crash loses what was queued
-        and not yet run."""
+        exits. What the queued works write is stored in one commit once they ran (when that
+        commit fails, it waits for the session's next one). A failing ``work`` is logged and
+        does not stop the others. Lets a framework hook record without blocking (no engine
+        call, no I/O); a crash loses what was queued and not yet stored."""
         if not session_id:
             raise ValueError("session_id must be a non-empty string")
         self._deferred.add(session_id, work)
@@ -231,7 +232,8 @@ class ContextEngine(Preparer):
         once the loop's other engine calls are done; unlike :meth:`flush`, not what waits
         for the session's next commit (a prepared input waits for its model call's record)."""
         await idle_turn()
-        await self._deferred.run(session_id)
+        async with engine_turn():  # one turn for the records and the commit that stores them
+            await self._run_deferred(session_id)
 
     async def flush(self, session_id: str | None = None) -> None:
         """Run the deferred records of ``session_id`` (default: of every session) now, and
