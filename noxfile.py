@@ -428,6 +428,9 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python", "benchmarks/bench_long_session.py", "--write", "docs/benchmarks.md", env=_env()
     )
+    session.run(  # SQLite, and PostgreSQL when a server answers
+        "python", "benchmarks/bench_deferred.py", "--write", "docs/benchmarks.md", env=_env()
+    )
     # worker processes on shared sessions: SQLite, and PostgreSQL when a server answers
     session.run(
         "python", "benchmarks/bench_workers.py", "--write", "docs/benchmarks.md", env=_env()

@@ -249,10 +249,10 @@ class EngineCore(HistoryWriter):
                     call.restart()
 
     async def _run_deferred(self, session_id: str) -> None:
-        """Run the session's deferred records and store what they wrote in one commit: each
-        record's write leaves its changes for the session's next commit (see
-        :meth:`_persist`), and this one, right after them, takes them all (a hook's model
-        call, task updates and tool results: one commit, not one each)."""
+        """Run the session's deferred records and store what they wrote in one commit: when
+        several are queued, each record's write leaves its changes for the session's next
+        commit (see :meth:`_persist`), and this one, right after them, takes them all (a
+        hook's model call, task updates and tool results: one commit, not one each)."""
         if not await self._deferred.run(session_id):
             return
         carry = self._carried.get(session_id)
@@ -399,7 +399,7 @@ class EngineCore(HistoryWriter):
         self, entry: SessionEntry, call: WriteLog, turn: TurnRecord | None = None
     ) -> PutResult:
         session_id = entry.session_id
-        if self._deferred.running(session_id):  # committed once the deferred records ran
+        if self._deferred.coalescing(session_id):  # committed once the deferred records ran
             return await self._carry(entry, call, turn)
         # the store makes the records its own (copies or JSON): no copies here
         changes: SessionChanges = entry.state.take_changes(copies=False)

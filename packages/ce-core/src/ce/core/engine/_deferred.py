@@ -43,6 +43,7 @@ class DeferredWrites:
         self._lock = threading.Lock()
         self._running = SessionLocks()  # held by the flow that runs a session's queue
         self._active: set[str] = set()  # sessions whose queue a flow is running
+        self._coalescing: set[str] = set()  # those of them run with several writes queued
 
     def add(self, session_id: str, work: Work) -> None:
         with self._lock:
@@ -67,34 +68,39 @@ class DeferredWrites:
         with self._lock:
             self._queues.setdefault(session_id, deque()).appendleft(work)
 
-    def running(self, session_id: str) -> bool:
-        """Whether the current flow runs ``session_id``'s queued writes (a task that flow
-        started while it runs them counts too)."""
+    def coalescing(self, session_id: str) -> bool:
+        """Whether the current flow runs several of ``session_id``'s queued writes, which
+        then leave what they write for one commit after them (a task that flow started
+        meanwhile counts too). A run of one queued write lets it commit as it goes: its own
+        commit is cheaper than a second one after it."""
         if not _draining.get():
             return False
         with self._lock:
-            return session_id in self._active
+            return session_id in self._coalescing
 
     async def run(self, session_id: str) -> bool:
         """Run the session's queued writes in order, one at a time (each one fails alone:
-        logged); whether any ran. While another flow runs them (a flush task on the loop, a
-        hook's thread), wait for it to end: a work may be several engine calls, and a call
-        that went on between two of them would miss the later ones. A run cancelled in the
-        middle of a write (its event loop shutting down) puts that write back at the head of
-        the queue, to run again later: the engine's record writes are idempotent."""
+        logged); whether they ran :meth:`coalescing` (what they wrote waits for a commit).
+        While another flow runs them (a flush task on the loop, a hook's thread), wait for it
+        to end: a work may be several engine calls, and a call that went on between two of
+        them would miss the later ones. A run cancelled in the middle of a write (its event
+        loop shutting down) puts that write back at the head of the queue, to run again
+        later: the engine's record writes are idempotent."""
         if _draining.get():
             return False
         with self._lock:
             if session_id not in self._queues and session_id not in self._active:
                 return False
-        ran = False
+        coalesced = False
         async with self._running.hold(session_id):
             with self._lock:  # one flow at a time holds the session's run
                 self._active.add(session_id)
+                if len(self._queues.get(session_id, ())) > 1:
+                    self._coalescing.add(session_id)
+                    coalesced = True
             token = _draining.set(True)
             try:
                 while (work := self._pop(session_id)) is not None:
-                    ran = True
                     try:
                         await work()
                     except asyncio.CancelledError:
@@ -106,7 +112,8 @@ class DeferredWrites:
                 _draining.reset(token)
                 with self._lock:
                     self._active.discard(session_id)
-        return ran
+                    self._coalescing.discard(session_id)
+        return coalesced
 
 
 def note_pending(engine: ContextEngine) -> None:

@@ -218,8 +218,8 @@ class ContextEngine(Preparer):
         ``work()`` (a coroutine of engine writes, e.g. an integration's recording of a model
         call) runs, in the order queued, before the session's next engine call (write or
         read) in this process, on :meth:`flush`, on :meth:`close` and when the interpreter
-        exits. What the queued works write is stored in one commit once they ran (when that
-        commit fails, it waits for the session's next one). A failing ``work`` is logged and
+        exits. What several queued works write is stored in one commit once they ran (when
+        that commit fails, it waits for the session's next one). A failing ``work`` is logged and
         does not stop the others. Lets a framework hook record without blocking (no engine
         call, no I/O); a crash loses what was queued and not yet stored."""
         if not session_id:
