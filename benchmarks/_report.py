@@ -1,9 +1,11 @@
-"""What the benchmark scripts share: the machine line, percentiles, package versions, the
-plugin-overhead table, full garbage collections and writing their section of a doc."""
+"""What the benchmark scripts share: tiktoken's offline encodings, the machine line,
+percentiles, package versions, the plugin-overhead table, full garbage collections and writing
+their section of a doc."""
 
 from __future__ import annotations
 
 import gc
+import os
 import platform
 import statistics
 import time
@@ -13,7 +15,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+OFFLINE_ENCODINGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiktoken-cache"
+"""tiktoken's encoding files, kept beside the checkout: every script reads them from there
+(it imports this module before its first count), never from the network."""
+if OFFLINE_ENCODINGS.is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(OFFLINE_ENCODINGS))
+
 __all__ = [
+    "OFFLINE_ENCODINGS",
     "OVERHEAD_HEADER",
     "FullCollections",
     "cpu_model",

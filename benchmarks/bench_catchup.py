@@ -26,17 +26,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = Path(__file__).resolve()
-_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
-if _CACHE.is_dir():
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
+from _report import cpu_model, write_section
 
-from _report import cpu_model, write_section  # noqa: E402
-
-from ce.core.config import BudgetConfig, RuntimeConfig  # noqa: E402
-from ce.core.engine import ContextEngine  # noqa: E402
-from ce.core.schema import Message, ModelInvocation, Role  # noqa: E402
-from ce.core.stores import SQLiteStore  # noqa: E402
+from ce.core.config import BudgetConfig, RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.schema import Message, ModelInvocation, Role
+from ce.core.stores import SQLiteStore
 
 CONFIG = RuntimeConfig(
     model_hint="gpt-4o",

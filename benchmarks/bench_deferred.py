@@ -26,22 +26,17 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-HERE = Path(__file__).resolve()
-_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
-if _CACHE.is_dir():
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
+from _report import cpu_model, percentile, postgres_version, write_section
 
-from _report import cpu_model, percentile, postgres_version, write_section  # noqa: E402
-
-from ce.core import ContextEngine, Message, Role, RuntimeConfig  # noqa: E402
-from ce.core.schema import (  # noqa: E402
+from ce.core import ContextEngine, Message, Role, RuntimeConfig
+from ce.core.schema import (
     EvidenceSource,
     EvidenceType,
     ModelInvocation,
     ModelUsage,
     SourceKind,
 )
-from ce.core.stores import SQLiteStore, open_store  # noqa: E402
+from ce.core.stores import SQLiteStore, open_store
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 INVOCATION = ModelInvocation(provider="openai", model="gpt-4o")

@@ -40,9 +40,6 @@ from typing import Any
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
-if _CACHE.is_dir():
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
 
 from _report import cpu_model, package_version, write_section  # noqa: E402
 

@@ -43,12 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-HERE = Path(__file__).resolve()
-_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
-if _CACHE.is_dir():
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
-
-from _report import (  # noqa: E402
+from _report import (
     cpu_model,
     drop_schema,
     postgres_version,
@@ -56,7 +51,7 @@ from _report import (  # noqa: E402
     write_section,
 )
 
-from ce.core.testing.load import KillPoint, LoadConfig, LoadResult, run_load  # noqa: E402
+from ce.core.testing.load import KillPoint, LoadConfig, LoadResult, run_load
 
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 

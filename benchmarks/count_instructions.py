@@ -34,9 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-_CACHE = HERE.parents[2] / "shared" / "data" / "tiktoken-cache"
-if _CACHE.is_dir():
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_CACHE))
+import _report  # noqa: E402, F401  (tiktoken: the offline encodings)
 
 SESSIONS = 5
 WARM_CALLS = 30

@@ -277,6 +277,16 @@ async def test_a_call_waits_for_the_deferred_records_another_flow_is_writing() -
     assert "Paris is mild." in system and "Oslo is cold." in system
 
 
+def two_processes(
+    kind: str, tmp_path: Path
+) -> tuple[MemoryStore | SQLiteStore, MemoryStore | SQLiteStore]:
+    """The stores two processes open on one database (``memory``: one shared store)."""
+    if kind == "memory":
+        shared = MemoryStore()
+        return shared, shared
+    return SQLiteStore(tmp_path / "ce.db"), SQLiteStore(tmp_path / "ce.db")
+
+
 def _deferred_turn(engine: ContextEngine) -> None:
     """What a framework's hooks hand over after a first question: two retrieved documents, a
     hook that fails, the model's answer."""
@@ -341,12 +351,7 @@ async def test_another_writer_between_two_deferred_records(kind: str, tmp_path: 
     """Another process writes the session while this one runs its deferred records (between
     two of them): nothing is lost, its record is stored before the ones that wait for the
     drain's commit, and this engine's next call sees the session as stored."""
-    if kind == "memory":
-        shared = MemoryStore()
-        store_a: MemoryStore | SQLiteStore = shared
-        store_b: MemoryStore | SQLiteStore = shared
-    else:
-        store_a, store_b = SQLiteStore(tmp_path / "ce.db"), SQLiteStore(tmp_path / "ce.db")
+    store_a, store_b = two_processes(kind, tmp_path)
     a, b = make_engine(store_a), make_engine(store_b)
     question = Message(role=Role.USER, content="Q0")
     await a.prepare_call("s1", [question])
@@ -388,12 +393,7 @@ async def test_another_writer_between_a_deferred_call_and_its_commit(
     stored after its records (optimistic stores: the refused commit is done again on the
     session read afresh; SQLite: held from the catch-up to the commit), and the engine's
     next call sees the session as stored."""
-    if kind == "memory":
-        shared = MemoryStore()
-        store_a: MemoryStore | SQLiteStore = shared
-        store_b: MemoryStore | SQLiteStore = shared
-    else:
-        store_a, store_b = SQLiteStore(tmp_path / "ce.db"), SQLiteStore(tmp_path / "ce.db")
+    store_a, store_b = two_processes(kind, tmp_path)
     a, b = make_engine(store_a), make_engine(store_b)
     await a.prepare_call("s1", [Message(role=Role.USER, content="Q0")])
     await a.record_model_call("s1", usage("u0"), reply=assistant("A0"))
