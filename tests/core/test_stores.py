@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import ce.core._drive as drive_module
 import ce.core.stores._docops as docops
 import ce.core.stores.sqlite as sqlite_module
 from ce.core.errors import SchemaValidationError, StoreError
@@ -381,13 +382,13 @@ async def test_sqlite_commit_on_a_loop_runs_inline_unless_it_would_wait(
     store = SQLiteStore(db)
     loop_thread = threading.get_ident()
     hops: list[int] = []
-    to_thread = asyncio.to_thread
+    in_worker_thread = drive_module.in_worker_thread
 
-    async def counting_to_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def counting_in_worker_thread(fn: Any) -> Any:
         hops.append(1)
-        return await to_thread(fn, *args, **kwargs)
+        return await in_worker_thread(fn)
 
-    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+    monkeypatch.setattr(drive_module, "in_worker_thread", counting_in_worker_thread)
     committed_on: list[int] = []
     original = sqlite_module._commit
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from scripted import (
@@ -28,7 +29,8 @@ import ce.langchain
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.events import Event
-from ce.core.stores import MemoryStore
+from ce.core.schema import Role
+from ce.core.stores import MemoryStore, SQLiteStore
 from ce.core.testing import deterministic_engine
 
 # RunnableWithMessageHistory and InMemoryChatMessageHistory are deprecated (still shipped)
@@ -190,6 +192,53 @@ async def test_concurrent_users_async(engine: ContextEngine) -> None:
     # the second question carries no canary: only the user's own history can put one there
     check_isolated(model, 2)
     check_isolated(chain_model, 2)
+
+
+async def test_concurrent_users_with_a_sync_tool_on_sqlite(tmp_path: Path) -> None:
+    """An async agent whose tool is a plain function: LangGraph runs the tool, and the model's
+    sync path, in the loop's default executor, and the tool's end is recorded from that
+    thread (it waits while the loop's engine calls hold the session). The engine's own store
+    waits (an SQLite lock another call holds) must not queue behind those threads in the
+    same executor: with two threads in it and 20 users, every user's turns complete."""
+    engine = ContextEngine(
+        SQLiteStore(tmp_path / "ce.db"), config=RuntimeConfig(model_hint="gpt-4o")
+    )
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look a record up."""
+        return f"record for {q}"
+
+    def act(messages: list[BaseMessage]) -> AIMessage | str:
+        if isinstance(messages[-1], ToolMessage):
+            return f"The record says {messages[-1].content}."
+        return call("lookup", {"q": "x"}, "call_0")  # the same id in every session
+
+    model = Scripted(script=act)
+    agent = create_agent(
+        model, tools=[lookup], system_prompt=OUTER_SYSTEM, checkpointer=InMemorySaver()
+    )
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+    ce.langchain.install(engine)
+
+    async def user(n: int) -> None:
+        for turn in range(2):
+            await agent.ainvoke(
+                {"messages": [("user", f"{canary(n)} question {turn}")]},
+                {"configurable": {"thread_id": f"user-{n}"}},
+            )
+
+    await asyncio.wait_for(asyncio.gather(*(user(n) for n in range(USERS))), 120)
+    await engine.flush()
+    assert len(model.seen) == USERS * 2 * 2  # the tool call, then the answer, per turn
+    for seen in model.seen:
+        assert len(owners(seen)) == 1  # its own canary only
+    for n in range(USERS):
+        doc = await engine.get_session(f"user-{n}")
+        assert doc is not None
+        roles = [m.role for m in doc.session.messages]
+        assert roles.count(Role.USER) == 2 and roles.count(Role.TOOL) == 2
+    await engine.close()
 
 
 async def test_concurrent_users_threads(engine: ContextEngine) -> None:

@@ -28,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import os
 import threading
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
@@ -41,6 +43,7 @@ __all__ = [
     "drive",
     "engine_turn",
     "idle_turn",
+    "in_worker_thread",
     "inline",
     "run_blocking",
     "settle",
@@ -218,9 +221,41 @@ def inline() -> bool:
     return _inline.get()
 
 
+WORKER_THREADS = 32
+"""The engine's own worker threads (per process): store I/O and waits of calls on event loops."""
+
+_workers: ThreadPoolExecutor | None = None
+_workers_lock = threading.Lock()
+
+
+def _forget_workers() -> None:
+    """In a forked child: the parent's worker threads are not there."""
+    global _workers, _workers_lock
+    _workers, _workers_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_workers)
+
+
+async def in_worker_thread(fn: Callable[[], _T]) -> _T:
+    """``fn()`` in one of the engine's own worker threads (in a copy of the current context),
+    not in the loop's default executor: an app's work there (a framework's sync tools and
+    result parsing) may be waiting for a session this loop's engine calls hold, and the
+    calls must not wait behind it for a thread to let go of the session."""
+    global _workers
+    with _workers_lock:
+        if _workers is None:
+            _workers = ThreadPoolExecutor(WORKER_THREADS, thread_name_prefix="ce-store-io")
+        workers = _workers
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(workers, context.run, fn)
+
+
 async def run_blocking(fn: Callable[[], _T], undo: Callable[[_T], object] | None = None) -> _T:
     """Run the blocking ``fn`` (a store's database work): inline when the engine call is
-    driven inline, else in a worker thread so the caller's event loop goes on.
+    driven inline, else in one of the engine's worker threads (:func:`in_worker_thread`) so
+    the caller's event loop goes on.
 
     A worker thread cannot be stopped: a caller cancelled meanwhile (its event loop shutting
     down, a timeout) waits for ``fn`` to end before the cancellation goes on, so that what it
@@ -230,7 +265,7 @@ async def run_blocking(fn: Callable[[], _T], undo: Callable[[_T], object] | None
     if _inline.get():
         return fn()
     async with turn_released():
-        running = asyncio.ensure_future(asyncio.to_thread(fn))
+        running = asyncio.ensure_future(in_worker_thread(fn))
         try:
             return await asyncio.shield(running)
         except asyncio.CancelledError:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from ce.core._drive import drive, inline, settle
+from ce.core._drive import drive, in_worker_thread, inline, settle
 from ce.core.config import RuntimeConfig
 from ce.core.engine._core import EngineCore
 from ce.core.engine._session import SessionEntry
@@ -118,7 +118,7 @@ class BlockSummaries(EngineCore):
             if loop is None:
                 jobs.join()
             else:
-                await asyncio.to_thread(jobs.join)
+                await in_worker_thread(jobs.join)
 
     async def _summarize_block(
         self, session_id: str, message: Message, cfg: RuntimeConfig, key: tuple[str, str]
