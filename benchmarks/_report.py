@@ -7,9 +7,11 @@ from __future__ import annotations
 import gc
 import os
 import platform
+import sqlite3
 import statistics
 import time
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +34,7 @@ __all__ = [
     "percentile",
     "postgres_version",
     "schema_url",
+    "section_head",
     "write_section",
 ]
 
@@ -115,6 +118,23 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def section_head(
+    command: str, versions: str, store: str | None = None, note: str = ""
+) -> list[str]:
+    """The lines a section starts with: the command, the date, the machine (``store``, default
+    the SQLite library's version; the load average when the run ended, then ``note``) and the
+    package ``versions``."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return [
+        f"Command: `{command}`  ",
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
+        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, {store or f'SQLite {sqlite3.sqlite_version}'}; "
+        f"load average {load:.2f} at the end{note}  ",
+        f"Versions: {versions}",
+    ]
 
 
 def write_section(path: Path, name: str, section: str) -> None:

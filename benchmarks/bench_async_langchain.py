@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +28,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
 import history  # noqa: E402
-from _report import FullCollections, cpu_model, package_version, write_section  # noqa: E402
+from _report import FullCollections, package_version, section_head, write_section  # noqa: E402
 from langchain_core.language_models import BaseChatModel  # noqa: E402
 from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
@@ -182,11 +179,7 @@ def report(
     lines = [
         "## LangChain plugin: concurrent async calls on one event loop",
         "",
-        f"Command: `{command}`  ",
-        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
-        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}  ",
-        f"Versions: {versions}",
+        *section_head(command, versions),
         "",
         f"{args.sessions} sessions x {args.calls} `ainvoke` calls ({calls} calls) gathered on one "
         f"event loop; a {MESSAGES}-message conversation already stored per session (SQLite "

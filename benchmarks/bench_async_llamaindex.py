@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
-import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +31,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
 import history  # noqa: E402
-from _report import FullCollections, cpu_model, package_version, write_section  # noqa: E402
+from _report import FullCollections, package_version, section_head, write_section  # noqa: E402
 from bench_llamaindex import InstantLLM  # noqa: E402
 from llama_index.core.base.llms.types import (  # noqa: E402
     ChatMessage,
@@ -226,7 +222,6 @@ def report(
     command: str, bench: Bench, without: list[Run], with_plugin: list[Run], blocking: list[str]
 ) -> str:
     versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     calls = bench.sessions * bench.calls
 
     def medians(value: Callable[[Run], float]) -> tuple[float, float]:
@@ -243,12 +238,7 @@ def report(
     lines = [
         "## LlamaIndex plugin: concurrent async sessions on one event loop",
         "",
-        f"Command: `{command}`  ",
-        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
-        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
-        f"load average {load:.2f} at the end  ",
-        f"Versions: {versions}",
+        *section_head(command, versions),
         "",
         f"{bench.sessions} sessions × {bench.calls} `achat` calls ({calls} calls) under "
         f"`asyncio.gather` on one loop; the model answers after `await asyncio.sleep("

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import sqlite3
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,13 @@ os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
-from _report import OVERHEAD_HEADER, cpu_model, overhead_row, package_version, write_section  # noqa: E402
+from _report import (  # noqa: E402
+    OVERHEAD_HEADER,
+    overhead_row,
+    package_version,
+    section_head,
+    write_section,
+)
 from crewai import Agent, Crew, Task  # noqa: E402
 from crewai.events import crewai_event_bus  # noqa: E402
 from crewai.events.types.llm_events import LLMCallType  # noqa: E402
@@ -122,18 +125,12 @@ def run(engine: ContextEngine, calls: int) -> tuple[list[float], list[float]]:
 
 def report(row: str, command: str, calls: int) -> str:
     versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
         "\n".join(
             [
                 "## CrewAI plugin: overhead per kickoff with one LLM call",
                 "",
-                f"Command: `{command}`  ",
-                f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
-                f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
-                f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
-                f"load average {load:.2f} at the end (other jobs shared the machine: noisy)  ",
-                f"Versions: {versions}",
+                *section_head(command, versions, note=" (other jobs shared the machine: noisy)"),
                 "",
                 "A one-agent, one-task crew on a CrewAI LLM that answers at once (a `BaseLLM`"
                 " subclass returning `Final Answer: ok` with CrewAI's call events, usage 100/1)"

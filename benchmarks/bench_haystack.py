@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import sqlite3
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,13 @@ sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 import history  # noqa: E402
-from _report import OVERHEAD_HEADER, cpu_model, overhead_row, package_version, write_section  # noqa: E402
+from _report import (  # noqa: E402
+    OVERHEAD_HEADER,
+    overhead_row,
+    package_version,
+    section_head,
+    write_section,
+)
 from bench_prepare import to_haystack  # noqa: E402
 from haystack import component  # noqa: E402
 from haystack.dataclasses import ChatMessage, StreamingChunk  # noqa: E402
@@ -162,7 +165,6 @@ class Bench:
 
 def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str:
     versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     low, high = min(sizes), max(sizes)
     held = f"{low}" if low == high else f"{low}-{high}"
     chars = sum(len(m.text or "") for m in bench.messages)
@@ -170,12 +172,7 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
         "## Haystack plugin: overhead per chat-generator call"
         + ("" if MESSAGES == 50 else f", {MESSAGES:,}-message history"),
         "",
-        f"Command: `{command}`  ",
-        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
-        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
-        f"load average {load:.2f} at the end  ",
-        f"Versions: {versions}",
+        *section_head(command, versions),
         "",
         " ".join(
             [

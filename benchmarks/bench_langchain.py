@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import secrets
 import sqlite3
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +36,12 @@ sys.path.insert(0, str(HERE.parent))
 import history  # noqa: E402
 from _report import (  # noqa: E402
     OVERHEAD_HEADER,
-    cpu_model,
     drop_schema,
     overhead_row,
     package_version,
     postgres_version,
     schema_url,
+    section_head,
     write_section,
 )
 from langchain_core.language_models import BaseChatModel  # noqa: E402
@@ -210,7 +207,6 @@ def report(
     dsn: str | None = None,
 ) -> str:
     versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     low, high = min(session_sizes), max(session_sizes)
     held = f"{low}" if low == high else f"{low}-{high}"
     chars = sum(len(str(m.content)) for m in bench.messages)
@@ -221,12 +217,7 @@ def report(
         + (", history loaded anew for every call" if LOADED else "")
         + (", PostgreSQL" if dsn else ""),
         "",
-        f"Command: `{command}`  ",
-        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
-        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, {database}; "
-        f"load average {load:.2f} at the end  ",
-        f"Versions: {versions}",
+        *section_head(command, versions, database),
         "",
         " ".join(
             [

@@ -17,14 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
-import sqlite3
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +28,13 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
 import history  # noqa: E402
-from _report import OVERHEAD_HEADER, cpu_model, overhead_row, package_version, write_section  # noqa: E402
+from _report import (  # noqa: E402
+    OVERHEAD_HEADER,
+    overhead_row,
+    package_version,
+    section_head,
+    write_section,
+)
 from llama_index.core.base.llms.types import (  # noqa: E402
     ChatMessage,
     ChatResponse,
@@ -290,7 +292,6 @@ def _as_openai(message: ChatMessage) -> dict[str, Any]:
 
 def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]) -> str:
     versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     low, high = min(session_sizes), max(session_sizes)
     held = f"{low}" if low == high else f"{low}-{high}"
     chars = sum(len(m.content or "") for m in bench.messages)
@@ -298,12 +299,7 @@ def report(rows: list[str], command: str, bench: Bench, session_sizes: list[int]
         "## LlamaIndex plugin: overhead per LLM chat call"
         + ("" if MESSAGES == 50 else f", {MESSAGES:,}-message history"),
         "",
-        f"Command: `{command}`  ",
-        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
-        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
-        f"load average {load:.2f} at the end  ",
-        f"Versions: {versions}",
+        *section_head(command, versions),
         "",
         " ".join(
             [

@@ -26,22 +26,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
-import sqlite3
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
-from _report import cpu_model, package_version, write_section  # noqa: E402
+from _report import package_version, section_head, write_section  # noqa: E402
 
 from ce.core import BudgetConfig, ContextEngine, RuntimeConfig  # noqa: E402
 from ce.core.schema import EvidenceSource, EvidenceType, Message, Role, SourceKind  # noqa: E402
@@ -151,7 +147,6 @@ def table(shape: str, times: list[list[float]], turns: int) -> list[str]:
 
 def report(results: dict[str, list[list[float]]], command: str, turns: int) -> str:
     versions = ", ".join(f"{n} {package_version(n)}" for n in ("ce-core", "tiktoken", "pydantic"))
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     tables: list[str] = []
     for shape, times in results.items():
         tables.extend([*table(shape, times, turns), ""])
@@ -160,12 +155,7 @@ def report(results: dict[str, list[list[float]]], command: str, turns: int) -> s
             [
                 "## A turn's engine calls as one session grows",
                 "",
-                f"Command: `{command}`  ",
-                f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
-                f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
-                f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
-                f"load average {load:.2f} at the end  ",
-                f"Versions: {versions}",
+                *section_head(command, versions),
                 "",
                 "One engine (`gpt-4o` tokenizer, budget"
                 f" {BUDGET:,} input tokens, SQLite file), one session per shape, {turns:,} turns."

@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
-import sqlite3
 import sys
 import tempfile
 import time
 from collections.abc import AsyncGenerator
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +26,13 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 
 import history  # noqa: E402
-from _report import OVERHEAD_HEADER, cpu_model, overhead_row, package_version, write_section  # noqa: E402
+from _report import (  # noqa: E402
+    OVERHEAD_HEADER,
+    overhead_row,
+    package_version,
+    section_head,
+    write_section,
+)
 from semantic_kernel.connectors.ai.chat_completion_client_base import (  # noqa: E402
     ChatCompletionClientBase,
 )
@@ -190,7 +192,6 @@ class Bench:
 
 def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str:
     versions = ", ".join(f"{name} {package_version(name)}" for name in PACKAGES)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     low, high = min(sizes), max(sizes)
     held = f"{low}" if low == high else f"{low}-{high}"
     chars = sum(len(str(m.content or "")) for m in bench.messages)
@@ -198,12 +199,7 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
         "## Semantic Kernel plugin: overhead per chat-completion request"
         + ("" if MESSAGES == 50 else f", {MESSAGES:,}-message history"),
         "",
-        f"Command: `{command}`  ",
-        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC  ",
-        f"Machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}; "
-        f"load average {load:.2f} at the end  ",
-        f"Versions: {versions}",
+        *section_head(command, versions),
         "",
         " ".join(
             [
