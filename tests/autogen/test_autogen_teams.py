@@ -388,6 +388,56 @@ async def test_an_llm_backed_tool_calls_the_model_in_a_child_scope(
     ]
 
 
+async def test_a_reused_tool_call_id_nests_each_turn_in_a_child_of_its_own(
+    engine: ContextEngine,
+) -> None:
+    """A model that names its tool call ``call_0`` on every turn: the LLM-backed tool's call
+    of the second turn goes to ``<outer>/call_0~2`` and receives nothing of the first
+    turn's."""
+    tool_system = "Summarize the topic in five words."
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        messages = body["messages"]
+        if messages[0]["content"] == tool_system:
+            return ScriptedResponse(text=f"summary of {messages[-1]['content']}")
+        if messages[-1]["role"] == "tool":
+            return ScriptedResponse(text="outer-answer")
+        topic = json.dumps({"topic": messages[-1]["content"]})
+        return ScriptedResponse(tool_calls=[("call_0", "summarize", topic)])
+
+    with ScriptedOpenAIServer(script) as server:
+        summarizer = client(server)
+
+        async def summarize(topic: str) -> str:
+            """Summarize a topic with a model."""
+            from autogen_core.models import SystemMessage, UserMessage
+
+            result = await summarizer.create(
+                [SystemMessage(content=tool_system), UserMessage(content=topic, source="tool")]
+            )
+            return str(result.content)
+
+        outer = AssistantAgent(
+            "outer", model_client=client(server), tools=[summarize], reflect_on_tool_use=True
+        )
+        ce.autogen.install(engine)
+        with engine.session("s-reused"):
+            await outer.run(task="first topic")
+            await outer.run(task="second topic")
+        requests = server.requests
+    nested = [r for r in requests if r["messages"][0]["content"] == tool_system]
+    assert [[m["content"] for m in r["messages"]] for r in nested] == [
+        [tool_system, "first topic"],
+        [tool_system, "second topic"],
+    ]
+    for child_id, topic in (
+        ("s-reused/call_0", "first topic"),
+        ("s-reused/call_0~2", "second topic"),
+    ):
+        child = await engine.get_session(child_id)
+        assert [m.content for m in child.session.messages if m.role is Role.USER] == [topic]
+
+
 async def test_a_peers_reply_the_budget_shortened_is_still_the_peers() -> None:
     """A tight budget makes the engine render an older reply of a peer at a shorter level of
     detail (its text is no longer the one AutoGen holds): it still reaches the other agent as

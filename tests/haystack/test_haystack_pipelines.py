@@ -233,6 +233,56 @@ async def test_a_model_call_inside_a_tool_is_nested(engine: ContextEngine) -> No
     assert len(child.session.model_usage) == 1
 
 
+async def test_a_reused_tool_call_id_nests_each_turn_in_a_child_of_its_own(
+    engine: ContextEngine,
+) -> None:
+    """A model that names its tool call ``call_0`` on every turn: the second turn's nested
+    model call goes to ``<outer>/call_0~2``, a child of its own, and receives nothing of the
+    first turn's nested conversation."""
+    inner_system = "Inner summariser."
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        messages = body["messages"]
+        if messages[0]["content"] == inner_system:
+            return ScriptedResponse(text=f"Summary of {messages[-1]['content']}.")
+        if messages[-1]["role"] == "tool":
+            return ScriptedResponse(text="Done.")
+        args = json.dumps({"topic": messages[-1]["content"]})
+        return ScriptedResponse(tool_calls=[("call_0", "summarise", args)])
+
+    with ScriptedOpenAIServer(script) as server:
+        inner = generator(server)
+
+        def summarise(topic: str) -> str:
+            """Summarise a topic."""
+            messages = [ChatMessage.from_system(inner_system), ChatMessage.from_user(topic)]
+            return str(inner.run(messages=messages)["replies"][0].text)
+
+        tool = Tool(
+            name="summarise",
+            description="Summarise a topic.",
+            parameters={"type": "object", "properties": {"topic": {"type": "string"}}},
+            function=summarise,
+        )
+        agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
+        ce.haystack.install(engine)
+        context = {SESSION_KEY: "s-out"}
+        first = agent.run([ChatMessage.from_user("first topic")], hook_context=context)
+        history = [*first["messages"], ChatMessage.from_user("second topic")]
+        agent.run(history, hook_context=context)
+        requests = server.requests
+    nested = [r for r in requests if r["messages"][0]["content"] == inner_system]
+    assert [[m["content"] for m in r["messages"]] for r in nested] == [
+        [inner_system, "first topic"],
+        [inner_system, "second topic"],
+    ]
+    outer = await engine.get_session("s-out")
+    assert [r.tool_call_id for r in outer.session.tool_state.tool_calls] == ["call_0", "call_0~2"]
+    for child_id, topic in (("s-out/call_0", "first topic"), ("s-out/call_0~2", "second topic")):
+        child = await engine.get_session(child_id)
+        assert [m.content for m in child.session.messages if m.role is Role.USER] == [topic]
+
+
 async def test_a_retriever_behind_a_component_tool_is_linked_to_its_call(
     engine: ContextEngine,
 ) -> None:

@@ -386,6 +386,50 @@ async def test_a_model_call_inside_a_function_is_nested(engine: ContextEngine) -
     ]
 
 
+async def test_a_reused_call_id_nests_each_turn_in_a_child_of_its_own(
+    engine: ContextEngine,
+) -> None:
+    """A model that names its function call ``call_0`` on every turn: the LLM-backed
+    function's model call of the second turn goes to ``<outer>/call_0~2`` and receives
+    nothing of the first turn's."""
+
+    class Writer:
+        def __init__(self) -> None:
+            self.kernel: Kernel | None = None
+
+        @kernel_function(name="summarize", description="Summarize a topic with the model.")
+        async def summarize(self, query: str) -> str:
+            assert self.kernel is not None
+            return str(await self.kernel.invoke_prompt(f"Summarize {query} in a line."))
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        last = body["messages"][-1]
+        if last["role"] == "user" and last["content"].startswith("Summarize"):
+            return ScriptedResponse(text=f"inner: {last['content']}")
+        if last["role"] == "tool":
+            return ScriptedResponse(text="outer answer")
+        query = json.dumps({"query": last["content"]})
+        return ScriptedResponse(tool_calls=[("call_0", "Writer-summarize", query)])
+
+    with ScriptedOpenAIServer(script) as server:
+        writer = Writer()
+        kernel = writer.kernel = kernel_with(server, (writer, "Writer"))
+        ce.semantic_kernel.install(engine)
+        for question in ("cats", "dogs"):
+            await _ask("agent", kernel, question, "s-reused")
+        requests = server.requests
+    inner = [r for r in requests if r["messages"][-1]["content"].startswith("Summarize")]
+    assert [[m["content"] for m in r["messages"] if m["role"] != "system"] for r in inner] == [
+        ["Summarize cats in a line."],
+        ["Summarize dogs in a line."],
+    ]
+    for child_id, question in (("s-reused/call_0", "cats"), ("s-reused/call_0~2", "dogs")):
+        child = await engine.get_session(child_id)
+        assert [m.content for m in child.session.messages if m.role is Role.USER] == [
+            f"Summarize {question} in a line."
+        ]
+
+
 async def test_the_summarization_reducer_is_recorded_and_never_rewritten(
     engine: ContextEngine,
 ) -> None:

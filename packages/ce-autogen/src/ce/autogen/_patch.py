@@ -228,10 +228,12 @@ class Patches:
             started = time.time()
             # runs started inside the tool (an AgentTool, a tool body running an agent) are
             # nested in this tool call
-            with in_tool(ToolFrame(frame.scope, str(call.id))):
+            call_id = str(call.id)
+            child_id = runs.tool_scope_ids.take(frame.session_id, call_id)
+            with in_tool(ToolFrame(frame.scope, call_id, child_id)):
                 outcome = await original(*args, **kwargs)
             result = outcome[1] if isinstance(outcome, tuple) and len(outcome) == 2 else outcome
-            run = tool_run(str(call.id), str(call.name), arguments_of(call), result, started)
+            run = tool_run(call_id, str(call.name), arguments_of(call), result, started)
             await write(
                 plugin, frame.session_id, "record tool run", lambda r: r.record_tool_run(run)
             )

@@ -28,7 +28,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import Scope, resolve_scope
+from ce.core.integration import Scope, ToolScopeIds, resolve_scope
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -38,10 +38,13 @@ __all__ = ["Frame", "Runs", "ToolFrame", "current_tool", "in_tool"]
 
 @dataclass(frozen=True)
 class ToolFrame:
-    """A tool call in flight: the scope it was made in and the model's call id."""
+    """A tool call in flight: the scope it was made in, the model's call id, and the id
+    naming the child scope of the runs nested in it (the call id, or ``<id>~2``, ... when an
+    earlier tool run of the session used it: see :class:`~ce.core.integration.ToolScopeIds`)."""
 
     scope: Scope
     call_id: str
+    child_id: str
 
 
 _tool: ContextVar[ToolFrame | None] = ContextVar("ce_autogen_tool", default=None)
@@ -97,6 +100,7 @@ class Runs:
 
     def __init__(self, plugin: Plugin, targets: Iterable[Any] = ()) -> None:
         self.plugin = plugin
+        self.tool_scope_ids = ToolScopeIds()  # the child scopes of tool runs, per session
         self._frames: dict[tuple[str, int], tuple[Any, Frame, bool]] = {}
         self._teams: dict[str, tuple[Frame, bool]] = {}
         self._lock = threading.Lock()
@@ -124,7 +128,7 @@ class Runs:
         if tool is None:
             return resolve_scope(self.plugin, run_id=run_id)
         return resolve_scope(
-            self.plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.call_id
+            self.plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.child_id
         )
 
     def _keys(self, agent: Any) -> list[tuple[str, Any]]:

@@ -36,6 +36,7 @@ from ce.core.integration import (
     SESSION_KEY,
     Recorder,
     ToolRun,
+    ToolScopeIds,
     is_suppressed,
     record_awaited,
     record_sync,
@@ -90,6 +91,7 @@ class SpanObserver:
     def __init__(self, plugin: Plugin, active: Callable[[], bool]) -> None:
         self.plugin = plugin
         self.active = active
+        self.tool_scope_ids = ToolScopeIds()  # the child scopes of tool runs, per session
 
     @contextlib.contextmanager
     def __call__(self, span: Any) -> Iterator[None]:
@@ -127,7 +129,13 @@ class SpanObserver:
             run = run_frame.get()
             if run is not None:
                 step = step_frame.get()
-                tool = ToolFrame(run.scope, str(tags.get("haystack.tool.name") or ""), tags, step)
+                tool = ToolFrame(
+                    run.scope,
+                    str(tags.get("haystack.tool.name") or ""),
+                    tags,
+                    step,
+                    self.tool_scope_ids,
+                )
                 if step is not None:
                     with step.lock:
                         step.tools.append(tool)
@@ -229,6 +237,7 @@ class ToolRunHook:
     def __init__(self, plugin: Plugin, active: Callable[[], bool]) -> None:
         self.plugin = plugin
         self.active = active
+        self.tool_scope_ids = ToolScopeIds()  # the child scopes of tool runs, per session
 
     def _work(self, state: Any) -> tuple[str, Callable[[Recorder], Any]] | None:
         if not self.active() or is_suppressed():

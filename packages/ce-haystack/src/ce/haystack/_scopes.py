@@ -10,8 +10,9 @@ identity of its own. Every component of a pipeline run (an Agent in it included)
 run's scope.
 
 A run started while a tool runs (an Agent or a pipeline behind a ``ComponentTool``, an
-LLM-backed tool) is nested: it gets the child scope ``<outer session>/<tool call id>`` and
-never receives or changes the outer conversation.
+LLM-backed tool) is nested: it gets the child scope ``<outer session>/<tool call id>``
+(``<id>~2``, ... for a call id an earlier run of the session used) and never receives or
+changes the outer conversation.
 
 Haystack passes no run object along, so the frames live in context variables, bound by the
 plugin's tracer around pipeline runs, agent steps and tool runs and by the Agent wrapper
@@ -30,7 +31,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import Scope, resolve_scope
+from ce.core.integration import Scope, ToolScopeIds, resolve_scope
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin, RetrievalHit
@@ -91,7 +92,12 @@ class ToolFrame:
     known)."""
 
     def __init__(
-        self, scope: Scope, name: str, tags: dict[str, Any], step: StepFrame | None
+        self,
+        scope: Scope,
+        name: str,
+        tags: dict[str, Any],
+        step: StepFrame | None,
+        scope_ids: ToolScopeIds,
     ) -> None:
         self.scope = scope
         self.name = name
@@ -100,6 +106,8 @@ class ToolFrame:
         self.claimed: str | None = None
         self._tags = tags
         self._step = step
+        self._scope_ids = scope_ids
+        self._child: str | None = None
 
     def arguments(self) -> Any:
         return self._tags.get("haystack.agent.step.tool.input")
@@ -113,6 +121,15 @@ class ToolFrame:
                 else f"{self.name}:{uuid.uuid4().hex[:12]}"
             )
         return self.claimed
+
+    @property
+    def child_id(self) -> str:
+        """The id naming the child scope of the runs nested in this tool run: its call id,
+        or ``<id>~2``, ... when an earlier run of the session used that id (a model may
+        answer ``call_0`` in every turn)."""
+        if self._child is None:
+            self._child = self._scope_ids.take(self.scope.session_id, self.call_id)
+        return self._child
 
 
 run_frame: ContextVar[RunFrame | None] = ContextVar("ce_haystack_run", default=None)
@@ -147,7 +164,7 @@ def open_run(plugin: Plugin, explicit: object = None, agent: str | None = None) 
             run_id=uuid.uuid4().hex,
             explicit=explicit,
             parent=tool.scope,
-            parent_call_id=tool.call_id,
+            parent_call_id=tool.child_id,
         )
         return RunFrame(scope, agent=agent or tool.name)
     if outer is not None:

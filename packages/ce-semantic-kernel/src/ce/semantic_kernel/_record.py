@@ -31,6 +31,7 @@ from ce.core.integration import (
     Recorder,
     RetrievalHit,
     ToolRun,
+    ToolScopeIds,
     error_text,
     is_suppressed,
     provider_of,
@@ -168,6 +169,7 @@ class Filters:
     def __init__(self, plugin: Plugin, generation: object) -> None:
         self.plugin = plugin
         self.generation = generation
+        self.tool_scope_ids = ToolScopeIds()  # the child scopes of function calls, per session
         self.function = self._make_function()
         self.auto = self._make_auto()
 
@@ -238,7 +240,7 @@ class Filters:
         return ce_function_invocation_filter
 
     def _make_auto(self) -> Filter:
-        active, plugin = self.active, self.plugin
+        active, plugin, scope_ids = self.active, self.plugin, self.tool_scope_ids
 
         async def ce_auto_function_invocation_filter(
             context: Any, next: Callable[[Any], Awaitable[None]]
@@ -248,7 +250,9 @@ class Filters:
             if not active() or site is None or call is None or site.internal:
                 await next(context)
                 return
-            frame = ToolFrame(site.scope, str(call.id or uuid.uuid4().hex))
+            call_id = str(call.id or uuid.uuid4().hex)
+            child_id = scope_ids.take(site.scope.session_id, call_id)
+            frame = ToolFrame(site.scope, call_id, child_id)
             frame_token = tool_frame.set(frame)
             started = time.time()
             try:

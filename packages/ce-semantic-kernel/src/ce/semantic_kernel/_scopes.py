@@ -134,10 +134,14 @@ class AgentFrame:
 @dataclass
 class ToolFrame:
     """A function call of the auto-function-calling loop in flight: the scope of the model
-    call that asked for it, SK's call id, and what the function filter saw of the run."""
+    call that asked for it, SK's call id, the id naming the child scope of the calls nested
+    in it (the call id, or ``<id>~2``, ... when an earlier function call of the session used
+    it: see :class:`~ce.core.integration.ToolScopeIds`), and what the function filter saw of
+    the run."""
 
     scope: Scope
     call_id: str
+    child_id: str
     error: str | None = None
     entered: bool = False
     hits: list[Any] = field(default_factory=list)
@@ -228,7 +232,7 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
                 run_id=_new_run(),
                 explicit=explicit,
                 parent=tool.scope,
-                parent_call_id=tool.call_id,
+                parent_call_id=tool.child_id,
             ),
             (agent_frame.get() or AgentFrame(None, "")).agent or None,
         )
@@ -262,5 +266,5 @@ def outer_team_scope(plugin: Plugin, run_id: str) -> Scope:
     inside a function call)."""
     tool = tool_frame.get()
     if tool is not None:
-        return resolve_scope(plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.call_id)
+        return resolve_scope(plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.child_id)
     return resolve_scope(plugin, run_id=run_id)
