@@ -6,7 +6,8 @@ import asyncio
 import json
 from typing import Any
 
-from crew_apps import two_task_crew
+from crew_apps import llm, two_task_crew
+from crewai import Agent, Crew, Task
 from crewai.events import crewai_event_bus
 
 import ce.crewai
@@ -154,3 +155,45 @@ async def test_an_engine_failure_sends_the_crews_own_messages(
     doc = await engine.get_session("s-open")
     assert doc is not None
     assert len(doc.session.task_state.todo_list.tasks) == 2
+
+
+async def test_a_crew_kicked_off_again_for_another_user_lists_only_that_users_tasks(
+    engine: ContextEngine,
+) -> None:
+    """One Crew object kicked off for one user, then for another in another session: every
+    request lists the crew's tasks as this kickoff's inputs make them, from the first one on
+    (CrewAI interpolates the inputs later in the kickoff; until then a task still reads as
+    the previous kickoff left it, with the other user's name)."""
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        return ScriptedResponse(text="Done for " + body["messages"][-1]["content"][-40:])
+
+    with ScriptedOpenAIServer(script) as server:
+        model = llm(server)
+        analyst = Agent(role="Analyst", goal="analyse", backstory="careful", llm=model)
+        writer = Agent(role="Writer", goal="write", backstory="terse", llm=model)
+        analyse = Task(
+            description="Analyse the customer {customer}.", expected_output="a line", agent=analyst
+        )
+        email = Task(
+            description="Write to {customer} using the analysis.",
+            expected_output="an email",
+            agent=writer,
+            context=[analyse],
+        )
+        crew = Crew(agents=[analyst, writer], tasks=[analyse, email])
+        ce.crewai.install(engine)
+        per_user: dict[str, list[dict[str, Any]]] = {}
+        for user in ("alice-4417", "bob-9023"):
+            before = len(server.requests)
+            with engine.session(f"s-{user}"):
+                await asyncio.to_thread(crew.kickoff, inputs={"customer": user})
+            crewai_event_bus.flush()
+            per_user[user] = server.requests[before:]
+    for user, other in (("alice-4417", "bob-9023"), ("bob-9023", "alice-4417")):
+        assert len(per_user[user]) == 2
+        for request in per_user[user]:
+            assert other not in json.dumps(request)
+            system = request["messages"][0]["content"]
+            assert f"Write to {user} using the analysis." in system
+            assert "{customer}" not in system

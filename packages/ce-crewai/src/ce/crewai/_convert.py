@@ -69,10 +69,15 @@ def reply_tool_calls(reply: Any) -> list[tuple[str, str, Any]]:
     return calls
 
 
-def task_record(run: Run, task: Any, status: TaskStatus, **extra: Any) -> Task:
-    """A crew task of ``run`` as the session's task record (its dependencies included)."""
+def task_record(
+    run: Run, task: Any, status: TaskStatus, description: str | None = None, **extra: Any
+) -> Task:
+    """A crew task of ``run`` as the session's task record (its dependencies included);
+    named by its name, else by ``description`` (default: the task's own)."""
     depends = list(run.depends.get(str(task.id), []))
-    name = getattr(task, "name", None) or str(getattr(task, "description", ""))[:80]
+    if description is None:
+        description = str(getattr(task, "description", ""))
+    name = getattr(task, "name", None) or description[:80]
     return Task(
         task_id=run.task_id(str(task.id)),
         name=name,

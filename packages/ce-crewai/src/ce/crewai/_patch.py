@@ -11,7 +11,7 @@ streaming kickoff runs the same kickoff again inside (the run is opened there).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ce.core.integration import guarded, guarded_sync, is_suppressed
@@ -94,9 +94,16 @@ class Kickoffs:
             if id(agent) in saved:
                 agent.respect_context_window = saved[id(agent)]
 
-    def _pending(self, run: Run, owner: Any) -> list[Any]:
+    def _pending(
+        self, run: Run, owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[Any]:
+        """The crew's tasks as the kickoff starts them, pending: each described as this
+        kickoff's ``inputs`` will make it (CrewAI interpolates them only later in the
+        kickoff; until then a task reads as the template, or as the previous kickoff, maybe
+        another user's, left it)."""
         tasks = list(getattr(owner, "tasks", None) or []) if _is_crew(owner) else []
-        return [task_record(run, t, TaskStatus.PENDING) for t in tasks]
+        inputs = kwargs.get("inputs", args[0] if args else None)
+        return [task_record(run, t, TaskStatus.PENDING, _described(t, inputs)) for t in tasks]
 
     def sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
         kickoffs = self
@@ -106,7 +113,7 @@ class Kickoffs:
                 # an agent's kickoff on a running loop hands over to its kickoff_async
                 return original(owner, *args, **kwargs)
             run = kickoffs._begin(owner, None)
-            records = kickoffs._pending(run, owner)
+            records = kickoffs._pending(run, owner, args, kwargs)
             if records:
                 engine = kickoffs.plugin.engine
                 guarded_sync(
@@ -133,7 +140,7 @@ class Kickoffs:
             if kickoffs._passes(owner):
                 return await original(owner, *args, **kwargs)
             run = kickoffs._begin(owner, asyncio.get_running_loop())
-            records = kickoffs._pending(run, owner)
+            records = kickoffs._pending(run, owner, args, kwargs)
             if records:
                 engine = kickoffs.plugin.engine
                 await guarded(
@@ -152,6 +159,22 @@ class Kickoffs:
                 kickoffs._window_back(owner, saved)
 
         return akickoff
+
+
+def _described(task: Any, inputs: Any) -> str:
+    """``task``'s description once a kickoff with ``inputs`` interpolated them, as CrewAI
+    does: its template (kept after the first interpolation) filled in; with no inputs, the
+    description as it stands (CrewAI leaves it so)."""
+    description = str(getattr(task, "description", ""))
+    if not inputs or not isinstance(inputs, Mapping):
+        return description
+    template = getattr(task, "_original_description", None) or description
+    try:
+        from crewai.utilities.string_utils import interpolate_only
+
+        return str(interpolate_only(input_string=template, inputs=dict(inputs)))
+    except Exception:  # CrewAI raises for a missing variable: the kickoff will too
+        return template
 
 
 def _is_crew(owner: Any) -> bool:
