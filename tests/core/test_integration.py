@@ -937,15 +937,16 @@ async def test_recorder_writes_retrieval_hits_with_confidence_and_dedup() -> Non
     recorder = Recorder(engine, "s1")
     hits = [
         RetrievalHit("alpha text", "doc://a", 0.8, doc_id="a", doc_version="3", metadata={"k": 1}),
-        RetrievalHit("beta text", "doc://b", 1.7),
+        RetrievalHit("gamma text", "doc://c", None),
     ]
     stored = await recorder.record_retrieval(hits, tool_call_id="c9")
     assert [e.evidence_id for e in await recorder.record_retrieval(hits)] == [
         e.evidence_id for e in stored
     ]
+    (raw,) = await recorder.record_retrieval([RetrievalHit("beta text", "doc://b", 1.7)])
     doc = await engine.get_session("s1")
-    assert len(doc.evidences) == 2
-    alpha, beta = (doc.evidences[e.evidence_id] for e in stored)
+    assert len(doc.evidences) == 3
+    alpha, beta = doc.evidences[stored[0].evidence_id], doc.evidences[raw.evidence_id]
     assert (alpha.type, alpha.source.uri, alpha.confidence) == (
         EvidenceType.RAG_DOC,
         "doc://a",
@@ -1291,3 +1292,23 @@ def test_pending_messages_are_those_their_parts_make(turns: list[list[dict[str, 
     for _ in range(2):  # the second time from the cache
         got = openai_to_messages(messages)
         assert [m.model_dump() for m in got] == [m.model_dump() for m in expected]
+
+
+async def test_scores_of_a_retrieval_are_confidences_only_when_all_lie_in_0_1() -> None:
+    """A BM25 retriever's raw scores (2.28 for the best document, 0.885 for a weak one) say
+    nothing about confidence: none of them becomes one, so the weak document does not outrank
+    the best as high-confidence evidence. A retrieval of similarities in [0, 1] keeps them."""
+    engine = make_engine()
+    recorder = Recorder(engine, "s-scores")
+    raw = await recorder.record_retrieval(
+        [
+            RetrievalHit("Best match about tides.", "doc://best", 2.28),
+            RetrievalHit("Weak match about tides.", "doc://weak", 0.885),
+        ]
+    )
+    similar = await recorder.record_retrieval(
+        [RetrievalHit("Close.", "doc://close", 0.91), RetrievalHit("Far.", "doc://far", None)]
+    )
+    assert [(e.confidence, e.metadata["score"]) for e in raw] == [(None, 2.28), (None, 0.885)]
+    assert [e.confidence for e in similar] == [0.91, None]
+    await engine.close()

@@ -100,8 +100,8 @@ class ToolRun:
 
 @dataclass(frozen=True)
 class RetrievalHit:
-    """One document a retriever returned; ``score`` (clamped to 0..1) becomes the evidence's
-    confidence."""
+    """One document a retriever returned; ``score`` becomes the evidence's confidence when
+    every score of its retrieval lies in [0, 1] (see :meth:`Recorder.record_retrieval`)."""
 
     content: str
     uri: str = ""
@@ -184,10 +184,13 @@ def tool_result_evidence(run: ToolRun) -> EvidenceDraft:
     )
 
 
-def evidence_from_hit(hit: RetrievalHit, tool_call_id: str | None = None) -> EvidenceDraft:
+def evidence_from_hit(
+    hit: RetrievalHit, tool_call_id: str | None = None, score_is_confidence: bool = True
+) -> EvidenceDraft:
     """The ``rag_doc`` evidence of one retrieval hit: source uri, the score (which becomes
-    the confidence when it is one, see :class:`~ce.core.pipeline.IngestOptions`), doc id and
-    version in the metadata; linked to ``tool_call_id`` when a tool retrieved it."""
+    the confidence when it is one, see :class:`~ce.core.pipeline.IngestOptions`; never with
+    ``score_is_confidence`` false), doc id and version in the metadata; linked to
+    ``tool_call_id`` when a tool retrieved it."""
     metadata = dict(hit.metadata)
     if hit.doc_id is not None:
         metadata["doc_id"] = hit.doc_id
@@ -201,6 +204,7 @@ def evidence_from_hit(hit: RetrievalHit, tool_call_id: str | None = None) -> Evi
         evidence_type=EvidenceType.RAG_DOC,
         links=EvidenceLinks(tool_call_id=tool_call_id) if tool_call_id else None,
         metadata=metadata,
+        options=None if score_is_confidence else IngestOptions(score_is_confidence=False),
     )
 
 
@@ -269,8 +273,12 @@ class Recorder:
         self, hits: Iterable[RetrievalHit], tool_call_id: str | None = None
     ) -> list[Evidence]:
         """Store one ``rag_doc`` evidence per hit (a hit already stored is not stored
-        again); returns them in hit order."""
-        return [await self._ingest(evidence_from_hit(hit, tool_call_id)) for hit in hits]
+        again); returns them in hit order. The hits' scores are their confidences when all of
+        them lie in [0, 1]; when one lies outside (a raw BM25 score, a dot product), none is:
+        a weak hit whose raw score happens to be below 1 would otherwise outrank the best."""
+        hits = list(hits)
+        bounded = all(h.score is None or 0.0 <= h.score <= 1.0 for h in hits)
+        return [await self._ingest(evidence_from_hit(hit, tool_call_id, bounded)) for hit in hits]
 
     async def record_model_call(self, call: ModelCall, reply: Message | None = None) -> ModelUsage:
         """Store the call's ``reply`` (when given, as the assistant message), its

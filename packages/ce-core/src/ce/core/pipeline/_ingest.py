@@ -24,13 +24,16 @@ __all__ = ["EvidenceIngestor", "IngestOptions", "PreparedEvidence"]
 class IngestOptions:
     """``confidence`` given here wins over a ``score`` in the metadata, which is taken as
     the confidence only when it lies in [0, 1] (a similarity, a probability; a raw BM25 score
-    or a distance says nothing about confidence and stays a score); ``args_digest`` makes a
-    tool result's dedup key its tool and arguments instead of its content."""
+    or a distance says nothing about confidence and stays a score) and ``score_is_confidence``
+    holds (false: the score is on a scale of its own even where it lies in [0, 1], as every
+    score of a retrieval is when one of them lies outside); ``args_digest`` makes a tool
+    result's dedup key its tool and arguments instead of its content."""
 
     redact: bool = True
     dedup: bool = True
     confidence: float | None = None
     args_digest: dict[str, Any] | None = None
+    score_is_confidence: bool = True
 
 
 @dataclass
@@ -83,6 +86,7 @@ class EvidenceIngestor:
         score = meta.get("score")
         if (
             confidence is None
+            and opts.score_is_confidence
             and isinstance(score, (int, float))
             and not isinstance(score, bool)
             and 0.0 <= score <= 1.0
