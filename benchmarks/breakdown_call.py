@@ -46,7 +46,7 @@ PARTS: list[tuple[str, str, str]] = [
     ("ce.core.engine._core", "EngineCore._add_evidence", "record_model_call › output evidence"),
     ("ce.core.engine._core", "EngineCore._persist", "record_model_call › commit"),
     ("ce.core.stores.base", "BaseStore._checked", "› › records to JSON"),
-    ("ce.core.stores.sqlite", "_apply", "› › SQL statements"),
+    ("ce.core.stores._sqlite_write", "apply", "› › SQL statements"),
     ("ce.core.engine._core", "EngineCore._entry", "engine: catch up with the store (both calls)"),
     ("ce.core.integration._history", "HistoryMemo.convert", "plugin: app messages in"),
     ("ce.core.integration._inject", "assembled_to_openai", "plugin: assembled input out"),

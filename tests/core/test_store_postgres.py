@@ -25,6 +25,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
+import ce.core.stores._pg_layout as pg_layout
 import ce.core.stores._pg_sql as pg_sql
 from ce.core.engine import ContextEngine
 from ce.core.errors import StoreError
@@ -671,7 +672,7 @@ async def test_rows_keep_the_role_facts_and_link_of_their_records(
         f'SELECT session_id, evidence_id, facts, link FROM "{schema}".evidences ORDER BY 1, seq'
     ).fetchall()
     expected = [
-        (e.evidence_id, may_state_facts(e), pg_sql._link_value(evidence_link(e)))
+        (e.evidence_id, may_state_facts(e), pg_layout.link_value(evidence_link(e)))
         for e in _stored("evidences")
     ]
     assert tags == [
@@ -874,7 +875,7 @@ def _layout_1(conn: Any, schema: str) -> None:
             f"CREATE TABLE {s}.layout (version INTEGER PRIMARY KEY,"
             " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
         )
-        for statement in pg_sql._LAYOUTS[0]:
+        for statement in pg_layout._LAYOUTS[0]:
             conn.execute(statement.format(s=s))
         conn.execute(f"INSERT INTO {s}.layout (version) VALUES (1)")
 
@@ -919,7 +920,7 @@ async def test_layout_1_is_upgraded_with_role_facts_and_link_from_the_bodies(
     assert sql.execute(columns, (schema,)).fetchall() == []
 
     store = PostgresStore(postgres_dsn, schema=schema)
-    assert pg_sql.LAYOUT_VERSION == LAYOUT_VERSION == 3
+    assert pg_layout.LAYOUT_VERSION == LAYOUT_VERSION == 3
     layout = sql.execute(f'SELECT version FROM "{schema}".layout ORDER BY 1').fetchall()
     assert layout == [(1,), (2,), (3,)]
     assert sql.execute(columns, (schema,)).fetchall() == [
@@ -945,7 +946,7 @@ async def test_layout_1_is_upgraded_with_role_facts_and_link_from_the_bodies(
     assert roles.fetchall() == [(m.message_id, m.role.value) for m in _UPGRADED_MESSAGES]
     tags = sql.execute(f'SELECT evidence_id, facts, link FROM "{schema}".evidences ORDER BY seq')
     assert tags.fetchall() == [
-        (e.evidence_id, may_state_facts(e), pg_sql._link_value(evidence_link(e)))
+        (e.evidence_id, may_state_facts(e), pg_layout.link_value(evidence_link(e)))
         for e in _UPGRADED_EVIDENCES
     ]
     assert [e.evidence_id for e in _UPGRADED_EVIDENCES if may_state_facts(e)] == [
@@ -1020,7 +1021,7 @@ async def test_layout_1_is_upgraded_with_role_facts_and_link_from_the_bodies(
 
 def test_upgrade_whitespace_is_what_python_strips() -> None:
     spaces = "".join(c for c in map(chr, range(0x110000)) if c.isspace())
-    assert spaces == pg_sql._WHITESPACE
+    assert spaces == pg_layout._WHITESPACE
 
 
 # -- pooling and closing --------------------------------------------------------------------------

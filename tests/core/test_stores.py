@@ -22,6 +22,7 @@ import pytest
 
 import ce.core._drive as drive_module
 import ce.core.stores._docops as docops
+import ce.core.stores._sqlite_write as sqlite_write
 import ce.core.stores.sqlite as sqlite_module
 from ce.core.errors import SchemaValidationError, StoreError
 from ce.core.schema import (
@@ -87,7 +88,7 @@ class TestSQLiteStore(StoreContract):
         # messages, tool calls and usage rows are inserted before the evidences
         return lambda store: _fail_once(
             monkeypatch,
-            sqlite_module,
+            sqlite_write,
             "_write_records",
             lambda conn, table, *a: table == "evidences",
         )
@@ -390,13 +391,13 @@ async def test_sqlite_commit_on_a_loop_runs_inline_unless_it_would_wait(
 
     monkeypatch.setattr(drive_module, "in_worker_thread", counting_in_worker_thread)
     committed_on: list[int] = []
-    original = sqlite_module._commit
+    original = sqlite_write.commit
 
     def recording_commit(*args: Any, **kwargs: Any) -> Any:
         committed_on.append(threading.get_ident())
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(sqlite_module, "_commit", recording_commit)
+    monkeypatch.setattr(sqlite_write, "commit", recording_commit)
     await store.append_messages("s1", [_message("m1")])
     assert committed_on == [loop_thread] and hops == []
 

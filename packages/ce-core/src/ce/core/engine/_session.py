@@ -116,7 +116,7 @@ class SessionEntry:
         ) = None
         self.config_ids: set[str] = set()  # config snapshots this entry stored a turn with
         # an instruction, the session's evidence (count, newest id) then, and the instruction
-        # with the retrieved documents it quotes replaced (see _writes._quoting_evidence)
+        # with the retrieved documents it quotes replaced (see _held.quoting_evidence)
         self.quoted_memo: tuple[str, tuple[int, str | None], str] | None = None
         doc = state.live_view()
         for message in doc.session.messages:

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import bisect
-import operator
-import re
 from collections.abc import Sequence
-from itertools import islice
 from typing import Any, cast
 
 from ce.core.config import RedactionConfig, RuntimeConfig
+from ce.core.engine._held import (
+    WITHIN_MIN_CHARS,
+    answers_waiting_call,
+    asked_within,
+    cited,
+    current_turn,
+    holds_transcript,
+    quoted_documents,
+    quoting_evidence,
+    unchanged_prefix,
+)
 from ce.core.engine._session import (
     FRAMEWORK_CALL_ID,
     FRAMEWORK_CALL_IDS,
@@ -19,14 +27,11 @@ from ce.core.engine._session import (
     message_key,
 )
 from ce.core.errors import InvariantViolationError, RedactionError
-from ce.core.pipeline import canonical_step, document_pointer, transcript_parts
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
-    EvidenceType,
     Message,
     ModelInvocation,
     RedactionRecord,
-    Ref,
     Role,
     RunStatus,
     ToolCallRequest,
@@ -75,131 +80,6 @@ class WriteLog:
             notes.clear()
         self.degradations_emitted = 0
         self.prepare = False
-
-
-def _unchanged_prefix(
-    entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
-) -> tuple[int, dict[tuple[Any, ...], int], int | None]:
-    """How many leading ``pending`` messages are the very objects the session's previous call
-    passed before its last one (under the same config), with the counts of their keys and
-    the position of their last system message: they were matched then and stay matched (a
-    session only gains messages), so only what follows them is matched again. ``(0, {},
-    None)`` when the history is not that one continued."""
-    memo = entry.pending_memo
-    if memo is None:
-        return 0, {}, None
-    before, seen, system, config = memo
-    count = len(before)
-    if config is not cfg or count == 0 or len(pending) <= count:
-        return 0, {}, None
-    if not all(map(operator.is_, pending[:count], before)):
-        return 0, {}, None
-    return count, dict(seen), system
-
-
-def _holds_transcript(entry: SessionEntry, text: str) -> bool:
-    """Whether ``text`` is a whole ReAct scratchpad (see :func:`transcript_parts`) whose
-    steps, observations and answer the session holds already, one message each."""
-    parts = transcript_parts(text)
-    if parts is None:
-        return False
-    held = {
-        (m.role.value, canonical_step(m.content).strip())
-        for m in entry.doc.session.messages
-        if m.role in (Role.USER, Role.ASSISTANT)
-    }
-    return all((role, canonical_step(part)) in held for role, part in parts)
-
-
-def _current_turn(entry: SessionEntry) -> tuple[tuple[Any, ...] | None, set[str]]:
-    """The key of the session's newest user message, and the framework's ids of the tool
-    calls the session holds after it (the calls of the turn that message opened)."""
-    calls: set[str] = set()
-    for message in reversed(entry.doc.session.messages):
-        if message.role is Role.USER:
-            return message_key(message), calls
-        if message.tool_calls:
-            renamed = message.meta.get(FRAMEWORK_CALL_IDS) or {}
-            calls.update(renamed.get(c.tool_call_id, c.tool_call_id) for c in message.tool_calls)
-    return None, calls
-
-
-def _answers_waiting_call(entry: SessionEntry, framework_id: str) -> bool:
-    """Whether a tool result under ``framework_id`` would answer a call of the session that
-    has no result yet (the id itself, or the id a reused framework id was stored under)."""
-    waiting = {c.tool_call_id for c in entry.state.pending_tool_calls}
-    return framework_id in waiting or entry.call_aliases.get(framework_id) in waiting
-
-
-_QUOTED_MIN_CHARS = 16  # shorter evidence could match ordinary instruction text
-_QUOTED_RECENT = 64  # the newest retrieved documents a framework's prompt may quote
-
-
-def _quoting_evidence(entry: SessionEntry, text: str) -> str:
-    """``text`` (a system instruction in its stored form) with every retrieved document the
-    session holds as ``rag_doc`` evidence that it quotes whole replaced by a reference to that
-    evidence. A framework that inlines retrieved context into its prompt (a chat engine's
-    context template) would otherwise send it twice: raw in the instruction and fenced as
-    evidence. The engine sends it once, fenced with its evidence id and budgeted as evidence."""
-    if len(text) < _QUOTED_MIN_CHARS:
-        return text
-    evidences = entry.doc.evidences
-    # the same instruction on every call of a session: look once per instruction and evidence
-    state = (len(evidences), next(reversed(evidences), None))
-    memo = entry.quoted_memo
-    if memo is not None and memo[0] == text and memo[1] == state:
-        return memo[2]
-    quoted = _quoted_documents(entry, text)
-    entry.quoted_memo = (text, state, quoted)
-    return quoted
-
-
-def _quoted_documents(entry: SessionEntry, text: str) -> str:
-    """``text`` with every one of the session's newest retrieved documents that it quotes
-    whole replaced by :func:`~ce.core.pipeline.document_pointer` (``text`` itself when it
-    quotes none)."""
-    for evidence in islice(reversed(entry.doc.evidences.values()), _QUOTED_RECENT):
-        if evidence.type is not EvidenceType.RAG_DOC:
-            continue
-        content = evidence.content.strip()
-        if len(content) >= _QUOTED_MIN_CHARS and content in text:
-            text = text.replace(content, document_pointer(evidence.evidence_id))
-    return text
-
-
-_WITHIN_MIN_CHARS = 16  # a shorter question could be part of any prompt
-_WITHIN_RECENT = 256  # the newest messages an app's earlier question is looked for in
-
-
-def _asked_within(entry: SessionEntry, text: str, held: int) -> bool:
-    """Whether the user message ``text`` (an earlier turn of an app's history, which the
-    session does not hold as such) is part of a longer user message among the session's
-    first ``held`` messages (those it held before the call): the prompt the app rendered
-    around its question (retrieved documents, instructions) and sent on that turn, while its
-    history keeps the bare question."""
-    question = text.strip()
-    if len(question) < _WITHIN_MIN_CHARS:
-        return False
-    messages = entry.doc.session.messages
-    for i in range(held - 1, max(held - _WITHIN_RECENT, 0) - 1, -1):
-        m = messages[i]
-        if m.role is Role.USER and len(m.content) > len(question) and question in m.content:
-            return True
-    return False
-
-
-_ID_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:~-]{7,}")
-
-
-def _cited(entry: SessionEntry, text: str) -> list[Ref]:
-    """The session's evidences an answer cites by id (the id each evidence fence shows), in
-    the order it first cites them."""
-    evidences = entry.doc.evidences
-    if not evidences:
-        return []
-    tokens = (t.rstrip("._:~-") for t in _ID_TOKEN.findall(text))  # "... see <id>."
-    cited = dict.fromkeys(t for t in tokens if t in evidences)
-    return [Ref(evidence_id=evidence_id) for evidence_id in cited]
 
 
 class HistoryWriter:
@@ -322,7 +202,7 @@ class HistoryWriter:
         text, rules = self._redact_text(message.content, cfg, call)
         meta, meta_rules = self._redact_value(dict(message.meta), cfg, call)
         stored = entry.state.append_model_input(
-            _quoted_documents(entry, text),  # a RAG prompt's documents: sent once, as evidence
+            quoted_documents(entry, text),  # a RAG prompt's documents: sent once, as evidence
             author=message.author,
             refs=message.refs,
             lod=message.lod,
@@ -367,8 +247,8 @@ class HistoryWriter:
         if renamed:
             meta[FRAMEWORK_CALL_IDS] = renamed
         update: dict[str, Any] = {"text": text, "tool_calls": calls, "meta": meta}
-        if output.refs is None and (cited := _cited(entry, text)):
-            update["refs"] = cited
+        if output.refs is None and (refs := cited(entry, text)):
+            update["refs"] = refs
         stored = entry.state.append_model_output(output.model_copy(update=update))
         self._note_redaction(call, f"msg:{stored.message_id}", rules + call_rules + meta_rules, 1)
         call.new_messages.append(stored)
@@ -449,11 +329,11 @@ class HistoryWriter:
     ) -> None:
         if not message.content.strip():
             return
-        stored_form = _quoting_evidence(entry, self._stored_text(message.content, cfg))
+        stored_form = quoting_evidence(entry, self._stored_text(message.content, cfg))
         if stored_form == entry.state.system_instruction:
             return
         text, rules = self._redact_text(message.content, cfg, call)
-        stored = entry.state.set_system_instruction(_quoting_evidence(entry, text))
+        stored = entry.state.set_system_instruction(quoting_evidence(entry, text))
         self._note_redaction(call, f"msg:{stored.message_id}", rules, 1)
         call.new_messages.append(stored)
         entry.note_written(stored)
@@ -475,7 +355,7 @@ class HistoryWriter:
         rewritten by the framework; new messages that declare tool calls, whose ids the
         whole session must be searched for; a tool result for a call the entry does not hold
         waiting) raises :class:`TailTooShort` for the whole session."""
-        if not entry.partial or _unchanged_prefix(entry, pending, cfg)[0]:
+        if not entry.partial or unchanged_prefix(entry, pending, cfg)[0]:
             return None
         held = [m for m in entry.doc.session.messages if m.role is not Role.SYSTEM]
         older = entry.unread.messages - entry.unread.system_messages
@@ -496,7 +376,7 @@ class HistoryWriter:
             message = pending[position]
             if message.tool_calls or (
                 message.role is Role.TOOL
-                and not _answers_waiting_call(entry, message.tool_call_id or "")
+                and not answers_waiting_call(entry, message.tool_call_id or "")
             ):
                 raise TailTooShort(whole=True)
             if message.message_id and message.message_id not in entry.message_ids:
@@ -529,7 +409,7 @@ class HistoryWriter:
         known_ids = entry.message_ids
         before = len(entry.doc.session.messages)  # the messages held before this call
         last = len(pending) - 1
-        start, seen, system = _unchanged_prefix(entry, pending, cfg)
+        start, seen, system = unchanged_prefix(entry, pending, cfg)
         if not start and tail_start is not None:  # the entry's messages start there
             start, system = tail_start
         prefix_system = system
@@ -564,7 +444,7 @@ class HistoryWriter:
             if turn_user is None or position < turn_user or not message.tool_calls:
                 return False
             if turn is None:
-                held_key, calls = _current_turn(entry)
+                held_key, calls = current_turn(entry)
                 asked = pending[turn_user]
                 turn = (
                     message_key(asked, self._stored_text(asked.content, cfg)) == held_key,
@@ -596,7 +476,7 @@ class HistoryWriter:
                     and not (message is asked and entry.last_key != key)
                     and not (
                         last_result.get(message.tool_call_id) == position
-                        and _answers_waiting_call(entry, message.tool_call_id or "")
+                        and answers_waiting_call(entry, message.tool_call_id or "")
                     )
                     and not call_of_this_turn(position, message)
                 ):
@@ -613,7 +493,7 @@ class HistoryWriter:
                     self._begin_run(entry.state)
                 self._write_user(entry, message, cfg, call)
             elif message.role is Role.ASSISTANT:
-                if not message.tool_calls and _holds_transcript(entry, message.content):
+                if not message.tool_calls and holds_transcript(entry, message.content):
                     continue  # a finished ReAct run written as one message: stored step by step
                 if message.content.strip() or message.tool_calls:
                     self._write_assistant(entry, message, cfg, call)
@@ -633,10 +513,10 @@ class HistoryWriter:
             return True
         if message.role is not Role.USER or stored.role is not Role.USER:
             return False
-        if message_key(message, _quoted_documents(entry, text)) == message_key(stored):
+        if message_key(message, quoted_documents(entry, text)) == message_key(stored):
             return True
         question = text.strip()
-        return len(question) >= _WITHIN_MIN_CHARS and question in stored.content
+        return len(question) >= WITHIN_MIN_CHARS and question in stored.content
 
     def _held_in_another_form(
         self,
@@ -656,10 +536,10 @@ class HistoryWriter:
         ``seen``; the newest message, ``asked``, only when the session's history ends with
         it), or, for a message before the newest, inside the prompt the app rendered around
         it among the ``before`` messages the session held before the call (see
-        :func:`_asked_within`). Such a message is not recorded again: the session's form of
+        :func:`asked_within`). Such a message is not recorded again: the session's form of
         the turn is what the model gets."""
         text = self._stored_text(message.content, cfg)
-        quoted = _quoted_documents(entry, text)
+        quoted = quoted_documents(entry, text)
         if quoted != text:
             held = message_key(message, quoted)
             if seen.get(held, 0) < entry.key_counts.get(held, 0) and (
@@ -668,7 +548,7 @@ class HistoryWriter:
                 seen[key] -= 1
                 seen[held] = seen.get(held, 0) + 1
                 return True
-        return not asked and before > 0 and _asked_within(entry, text, before)
+        return not asked and before > 0 and asked_within(entry, text, before)
 
     def _own_run(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
@@ -688,7 +568,7 @@ class HistoryWriter:
                 text = self._stored_text(message.content, cfg)
                 question = entry.user_ids.get(message_key(message, text))
                 if question is None:  # stored with the documents it quotes as pointers
-                    quoted = message_key(message, _quoted_documents(entry, text))
+                    quoted = message_key(message, quoted_documents(entry, text))
                     question = entry.user_ids.get(quoted)
                 return question, calls
             for request in message.tool_calls or ():

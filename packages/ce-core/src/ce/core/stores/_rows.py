@@ -26,7 +26,7 @@ from ce.core.schema import (
     ToolCall,
 )
 from ce.core.schema._document import evidence_link, may_state_facts
-from ce.core.stores.base import CheckedChanges, SessionChanges
+from ce.core.stores._changes import CheckedChanges, SessionChanges
 
 __all__ = [
     "DEFAULT_RUN",

@@ -1,5 +1,5 @@
 """The SQLite layout of :class:`~ce.core.stores.sqlite.SQLiteStore` (its tables, their
-upgrades) and its reads; the writes are beside the store class."""
+upgrades) and its reads; the writes are in :mod:`._sqlite_write`."""
 
 from __future__ import annotations
 

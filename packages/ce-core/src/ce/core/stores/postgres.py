@@ -69,8 +69,8 @@ from ce.core.schema import (
     SessionDocument,
     TurnRecord,
 )
-from ce.core.stores import _pg_sql
-from ce.core.stores._pg_sql import LAYOUT_VERSION
+from ce.core.stores import _pg_read, _pg_sql
+from ce.core.stores._pg_layout import LAYOUT_VERSION, migrate
 from ce.core.stores._writers import SessionWriter
 from ce.core.stores.base import (
     AuditRecord,
@@ -241,7 +241,7 @@ class PostgresStore(BaseStore):
         try:
             with psycopg.connect(conninfo, **connect_kwargs) as conn:
                 _configure(conn)
-                _pg_sql.migrate(conn, self.schema, self._s)
+                migrate(conn, self.schema, self._s)
         except (psycopg.Error, StoreError) as exc:
             reason = _redact(str(exc), dsn).strip()
             raise StoreError(f"{self._where}: cannot open the store: {reason}") from None
@@ -362,17 +362,17 @@ class PostgresStore(BaseStore):
     # -- reads ------------------------------------------------------------------------------
 
     async def get_session(self, session_id: str) -> SessionDocument | None:
-        return await self._run(_pg_sql.load, session_id)
+        return await self._run(_pg_read.load, session_id)
 
     async def get_version(self, session_id: str) -> int:
-        return await self._run(_pg_sql.version, session_id)
+        return await self._run(_pg_read.version, session_id)
 
     async def read_since(
         self, session_id: str, version: int = 0, epoch: str = ""
     ) -> SessionUpdate | None:
         """What changed after ``version`` of ``epoch``: only the rows written since, found
         through the version indexes, in one statement (one snapshot)."""
-        return await self._run(_pg_sql.read_since, session_id, version, epoch)
+        return await self._run(_pg_read.read_since, session_id, version, epoch)
 
     async def read_tail(
         self, session_id: str, *, messages: int, evidences: int
@@ -382,48 +382,48 @@ class PostgresStore(BaseStore):
         REPEATABLE READ transaction, reading the slice's rows through the tables' keys and
         partial indexes, never the whole session; None when it does not exist."""
         check_slice_size(messages, evidences)
-        return await self._run(_pg_sql.read_tail, session_id, messages, evidences)
+        return await self._run(_pg_read.read_tail, session_id, messages, evidences)
 
     async def read_messages(self, session_id: str, message_ids: Sequence[str]) -> list[Message]:
         """The session's messages with one of ``message_ids`` (see
         :class:`~ce.core.stores.base.SliceStore`), through the messages' key."""
         if not message_ids:
             return []
-        return await self._run(_pg_sql.messages_by_id, session_id, list(message_ids))
+        return await self._run(_pg_read.messages_by_id, session_id, list(message_ids))
 
     async def read_evidences(self, session_id: str, dedup_keys: Sequence[str]) -> list[Evidence]:
         """The session's evidences with one of ``dedup_keys`` (see
         :class:`~ce.core.stores.base.SliceStore`), through the ``dedup`` index."""
         if not dedup_keys:
             return []
-        return await self._run(_pg_sql.evidences_by_dedup, session_id, list(dedup_keys))
+        return await self._run(_pg_read.evidences_by_dedup, session_id, list(dedup_keys))
 
     async def get_evidence(self, session_id: str, evidence_id: str) -> Evidence | None:
-        return await self._run(_pg_sql.evidence, session_id, evidence_id)
+        return await self._run(_pg_read.evidence, session_id, evidence_id)
 
     async def list_evidences(
         self, session_id: str, filter: EvidenceFilter | None = None
     ) -> list[Evidence]:
-        evidences = await self._run(_pg_sql.records, "evidences", Evidence, session_id)
+        evidences = await self._run(_pg_read.records, "evidences", Evidence, session_id)
         return filter_evidences(evidences, filter)
 
     async def list_context_blocks(
         self, session_id: str, filter: BlockFilter | None = None
     ) -> list[ContextBlock]:
-        blocks = await self._run(_pg_sql.records, "context_blocks", ContextBlock, session_id)
+        blocks = await self._run(_pg_read.records, "context_blocks", ContextBlock, session_id)
         return filter_blocks(blocks, filter)
 
     async def _list_turns(self, session_id: str, limit: int | None) -> list[TurnRecord]:
-        return await self._run(_pg_sql.turns, session_id, limit)
+        return await self._run(_pg_read.turns, session_id, limit)
 
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord | None:
-        return await self._run(_pg_sql.turn, session_id, turn_id)
+        return await self._run(_pg_read.turn, session_id, turn_id)
 
     async def list_sessions(self, user_id: str | None = None) -> list[str]:
-        return await self._run(_pg_sql.session_ids, user_id)
+        return await self._run(_pg_read.session_ids, user_id)
 
     async def audit_log(self, session_id: str | None = None) -> list[AuditRecord]:
-        return await self._run(_pg_sql.audit, session_id)
+        return await self._run(_pg_read.audit, session_id)
 
     async def close(self) -> None:
         """Close the pool's connections; later calls raise :class:`StoreError`."""
@@ -459,7 +459,7 @@ class _Writer:
     async def read_since(self, version: int = 0, epoch: str = "") -> SessionUpdate | None:
         update = await run_blocking(
             functools.partial(
-                self._store._on, self._conn, _pg_sql.read_since, self._session_id, version, epoch
+                self._store._on, self._conn, _pg_read.read_since, self._session_id, version, epoch
             )
         )
         # a session created by this block has only its version-0 row so far

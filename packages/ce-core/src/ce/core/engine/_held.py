@@ -1,0 +1,153 @@
+"""What a session already holds, looked up for what a framework hands over: the same history
+continued, a ReAct scratchpad or an app's earlier question already stored in another form,
+retrieved documents a prompt quotes whole, and the evidences an answer cites."""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Sequence
+from itertools import islice
+from typing import Any
+
+from ce.core.config import RuntimeConfig
+from ce.core.engine._session import FRAMEWORK_CALL_IDS, SessionEntry, message_key
+from ce.core.pipeline import canonical_step, document_pointer, transcript_parts
+from ce.core.schema import EvidenceType, Message, Ref, Role
+
+__all__ = [
+    "WITHIN_MIN_CHARS",
+    "answers_waiting_call",
+    "asked_within",
+    "cited",
+    "current_turn",
+    "holds_transcript",
+    "quoted_documents",
+    "quoting_evidence",
+    "unchanged_prefix",
+]
+
+
+def unchanged_prefix(
+    entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
+) -> tuple[int, dict[tuple[Any, ...], int], int | None]:
+    """How many leading ``pending`` messages are the very objects the session's previous call
+    passed before its last one (under the same config), with the counts of their keys and
+    the position of their last system message: they were matched then and stay matched (a
+    session only gains messages), so only what follows them is matched again. ``(0, {},
+    None)`` when the history is not that one continued."""
+    memo = entry.pending_memo
+    if memo is None:
+        return 0, {}, None
+    before, seen, system, config = memo
+    count = len(before)
+    if config is not cfg or count == 0 or len(pending) <= count:
+        return 0, {}, None
+    if not all(map(operator.is_, pending[:count], before)):
+        return 0, {}, None
+    return count, dict(seen), system
+
+
+def holds_transcript(entry: SessionEntry, text: str) -> bool:
+    """Whether ``text`` is a whole ReAct scratchpad (see :func:`transcript_parts`) whose
+    steps, observations and answer the session holds already, one message each."""
+    parts = transcript_parts(text)
+    if parts is None:
+        return False
+    held = {
+        (m.role.value, canonical_step(m.content).strip())
+        for m in entry.doc.session.messages
+        if m.role in (Role.USER, Role.ASSISTANT)
+    }
+    return all((role, canonical_step(part)) in held for role, part in parts)
+
+
+def current_turn(entry: SessionEntry) -> tuple[tuple[Any, ...] | None, set[str]]:
+    """The key of the session's newest user message, and the framework's ids of the tool
+    calls the session holds after it (the calls of the turn that message opened)."""
+    calls: set[str] = set()
+    for message in reversed(entry.doc.session.messages):
+        if message.role is Role.USER:
+            return message_key(message), calls
+        if message.tool_calls:
+            renamed = message.meta.get(FRAMEWORK_CALL_IDS) or {}
+            calls.update(renamed.get(c.tool_call_id, c.tool_call_id) for c in message.tool_calls)
+    return None, calls
+
+
+def answers_waiting_call(entry: SessionEntry, framework_id: str) -> bool:
+    """Whether a tool result under ``framework_id`` would answer a call of the session that
+    has no result yet (the id itself, or the id a reused framework id was stored under)."""
+    waiting = {c.tool_call_id for c in entry.state.pending_tool_calls}
+    return framework_id in waiting or entry.call_aliases.get(framework_id) in waiting
+
+
+_QUOTED_MIN_CHARS = 16  # shorter evidence could match ordinary instruction text
+_QUOTED_RECENT = 64  # the newest retrieved documents a framework's prompt may quote
+
+
+def quoting_evidence(entry: SessionEntry, text: str) -> str:
+    """``text`` (a system instruction in its stored form) with every retrieved document the
+    session holds as ``rag_doc`` evidence that it quotes whole replaced by a reference to that
+    evidence. A framework that inlines retrieved context into its prompt (a chat engine's
+    context template) would otherwise send it twice: raw in the instruction and fenced as
+    evidence. The engine sends it once, fenced with its evidence id and budgeted as evidence."""
+    if len(text) < _QUOTED_MIN_CHARS:
+        return text
+    evidences = entry.doc.evidences
+    # the same instruction on every call of a session: look once per instruction and evidence
+    state = (len(evidences), next(reversed(evidences), None))
+    memo = entry.quoted_memo
+    if memo is not None and memo[0] == text and memo[1] == state:
+        return memo[2]
+    quoted = quoted_documents(entry, text)
+    entry.quoted_memo = (text, state, quoted)
+    return quoted
+
+
+def quoted_documents(entry: SessionEntry, text: str) -> str:
+    """``text`` with every one of the session's newest retrieved documents that it quotes
+    whole replaced by :func:`~ce.core.pipeline.document_pointer` (``text`` itself when it
+    quotes none)."""
+    for evidence in islice(reversed(entry.doc.evidences.values()), _QUOTED_RECENT):
+        if evidence.type is not EvidenceType.RAG_DOC:
+            continue
+        content = evidence.content.strip()
+        if len(content) >= _QUOTED_MIN_CHARS and content in text:
+            text = text.replace(content, document_pointer(evidence.evidence_id))
+    return text
+
+
+WITHIN_MIN_CHARS = 16  # a shorter question could be part of any prompt
+_WITHIN_RECENT = 256  # the newest messages an app's earlier question is looked for in
+
+
+def asked_within(entry: SessionEntry, text: str, held: int) -> bool:
+    """Whether the user message ``text`` (an earlier turn of an app's history, which the
+    session does not hold as such) is part of a longer user message among the session's
+    first ``held`` messages (those it held before the call): the prompt the app rendered
+    around its question (retrieved documents, instructions) and sent on that turn, while its
+    history keeps the bare question."""
+    question = text.strip()
+    if len(question) < WITHIN_MIN_CHARS:
+        return False
+    messages = entry.doc.session.messages
+    for i in range(held - 1, max(held - _WITHIN_RECENT, 0) - 1, -1):
+        m = messages[i]
+        if m.role is Role.USER and len(m.content) > len(question) and question in m.content:
+            return True
+    return False
+
+
+_ID_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:~-]{7,}")
+
+
+def cited(entry: SessionEntry, text: str) -> list[Ref]:
+    """The session's evidences an answer cites by id (the id each evidence fence shows), in
+    the order it first cites them."""
+    evidences = entry.doc.evidences
+    if not evidences:
+        return []
+    tokens = (t.rstrip("._:~-") for t in _ID_TOKEN.findall(text))  # "... see <id>."
+    cited = dict.fromkeys(t for t in tokens if t in evidences)
+    return [Ref(evidence_id=evidence_id) for evidence_id in cited]
