@@ -625,6 +625,42 @@ async def test_documents_a_user_message_quotes_are_sent_once_as_evidence() -> No
     assert len(users) == 2 and all("-DOC:" not in u for u in users)
 
 
+async def test_prompts_quoting_a_text_two_sources_returned_keep_pointing_to_the_first() -> None:
+    """Two sources hold the same document text: prompts quoting it point to the first copy,
+    and retrieving the text again on a later turn does not rewrite the earlier prompts (they
+    would no longer read as stored and went to the model, and into the session, a second
+    time)."""
+    store = MemoryStore()
+    engine = make_engine(store)
+    text = "OSLO-DOC: the old town is walkable and trams run every 10 minutes."
+    source_a = EvidenceSource(kind=SourceKind.RAG, uri="kb://guide-a")
+    source_b = EvidenceSource(kind=SourceKind.RAG, uri="kb://guide-b")
+    first = await engine.ingest_evidence("s1", text, source_a, EvidenceType.RAG_DOC)
+    await engine.ingest_evidence("s1", text, source_b, EvidenceType.RAG_DOC)
+    history: list[Message] = []
+    for turn, question in enumerate(("Trams?", "Old town?", "Walkable?")):
+        if turn == 2:  # the other copy retrieved again: now the newest evidence
+            await engine.ingest_evidence(
+                "s1",
+                text,
+                EvidenceSource(kind=SourceKind.RAG, uri="kb://guide-c"),
+                EvidenceType.RAG_DOC,
+            )
+        history.append(Message(role=Role.USER, content=f"Context: {text}\nQuestion: {question}"))
+        result = await engine.prepare_call("s1", history)
+        sent = to_openai_messages(result.assembled_input.parts)
+        assert [m["content"] for m in sent if m["role"] == "user"] == [
+            f"Context: {document_pointer(first.evidence_id)}\nQuestion: {q}"
+            for q in ("Trams?", "Old town?", "Walkable?")[: turn + 1]
+        ]
+        reply = assistant(f"Answer {turn}.")
+        await engine.commit_assistant_message("s1", reply)
+        history.append(reply)
+    doc = await store.get_session("s1")
+    assert doc is not None
+    assert len([m for m in doc.session.messages if m.role is Role.USER]) == 3
+
+
 async def test_an_answer_citing_evidence_ids_is_stored_with_those_refs() -> None:
     """The model sees each evidence fenced with its id; a committed answer that names ids
     gets the matching ``refs`` (in the order it cites them), so the answer traces to its

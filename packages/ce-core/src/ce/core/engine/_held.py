@@ -108,13 +108,16 @@ def quoting_evidence(entry: SessionEntry, text: str) -> str:
 def quoted_documents(entry: SessionEntry, text: str) -> str:
     """``text`` with every one of the session's newest retrieved documents that it quotes
     whole replaced by :func:`~ce.core.pipeline.document_pointer` (``text`` itself when it
-    quotes none)."""
+    quotes none). Documents of the same text (one text from two sources) point to the oldest
+    of them: retrieving the other copy later must not rewrite the prompts stored before."""
+    oldest: dict[str, str] = {}  # text -> the oldest evidence id of it, newest text first
     for evidence in islice(reversed(entry.doc.evidences.values()), _QUOTED_RECENT):
-        if evidence.type is not EvidenceType.RAG_DOC:
-            continue
-        content = evidence.content.strip()
-        if len(content) >= _QUOTED_MIN_CHARS and content in text:
-            text = text.replace(content, document_pointer(evidence.evidence_id))
+        if evidence.type is EvidenceType.RAG_DOC:
+            content = evidence.content.strip()
+            if len(content) >= _QUOTED_MIN_CHARS and content in text:
+                oldest[content] = evidence.evidence_id
+    for content, evidence_id in oldest.items():
+        text = text.replace(content, document_pointer(evidence_id))
     return text
 
 
