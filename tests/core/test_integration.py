@@ -10,7 +10,7 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -1217,6 +1217,49 @@ def test_tool_scope_ids_name_each_run_of_a_reused_call_id_apart() -> None:
     assert ids.take("s", "call_0") == "call_0"
     ids.clear()
     assert ids.take("t", "call_0") == "call_0"
+
+
+async def test_tool_scope_ids_of_a_new_process_know_the_runs_the_session_holds() -> None:
+    """A process that did not make the session's earlier runs (a restarted app, another
+    worker) names a reused call id's run apart from them, as the session stores the call:
+    ``call_0~2`` for the second turn's ``call_0``, whether the reply asking for it is recorded
+    yet or not; a process without the session names it ``call_0``."""
+    from types import SimpleNamespace
+
+    store = MemoryStore()
+
+    def process(name: str) -> ContextEngine:
+        return ContextEngine(
+            store,
+            config=RuntimeConfig(model_hint="gpt-4o"),
+            clock=SteppingClock(),
+            id_generator=SequentialIdGenerator(name),
+        )
+
+    first = process("first")
+
+    def asks(turn: int) -> list[Message]:
+        call = ToolCallRequest(tool_call_id="call_0", name="lookup", raw_arguments="{}")
+        return [
+            Message(role=Role.USER, content=f"question {turn}"),
+            Message(role=Role.ASSISTANT, content="", tool_calls=[call]),
+            Message(role=Role.TOOL, content=f"result {turn}", tool_call_id="call_0"),
+        ]
+
+    await first.prepare_call("s", asks(0))
+    await first.close()
+    for replied in (False, True):
+        engine = process(f"later-{replied}")  # a new process on the same store
+        await engine.prepare_call("s", [*asks(0), Message(role=Role.USER, content="question 1")])
+        if replied:
+            call = ToolCallRequest(tool_call_id="call_0", name="lookup", raw_arguments="{}")
+            await engine.commit_assistant_message(
+                "s", Message(role=Role.ASSISTANT, content="", tool_calls=[call])
+            )
+        ids = ToolScopeIds(cast(Plugin, SimpleNamespace(installed=True, engine=engine)))
+        assert ids.take("s", "call_0") == "call_0~2"
+        assert ids.take("other", "call_0") == "call_0"
+        await engine.close()
 
 
 def test_asked_tool_calls_give_each_run_the_call_with_its_arguments() -> None:

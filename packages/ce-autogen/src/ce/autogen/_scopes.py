@@ -100,7 +100,7 @@ class Runs:
 
     def __init__(self, plugin: Plugin, targets: Iterable[Any] = ()) -> None:
         self.plugin = plugin
-        self.tool_scope_ids = ToolScopeIds()  # the child scopes of tool runs, per session
+        self.tool_scope_ids = ToolScopeIds(plugin)  # the child scopes of tool runs, per session
         self._frames: dict[tuple[str, int], tuple[Any, Frame, bool]] = {}
         self._teams: dict[str, tuple[Frame, bool]] = {}
         self._lock = threading.Lock()

@@ -91,7 +91,7 @@ class SpanObserver:
     def __init__(self, plugin: Plugin, active: Callable[[], bool]) -> None:
         self.plugin = plugin
         self.active = active
-        self.tool_scope_ids = ToolScopeIds()  # the child scopes of tool runs, per session
+        self.tool_scope_ids = ToolScopeIds(plugin)  # the child scopes of tool runs, per session
 
     @contextlib.contextmanager
     def __call__(self, span: Any) -> Iterator[None]:
@@ -237,7 +237,6 @@ class ToolRunHook:
     def __init__(self, plugin: Plugin, active: Callable[[], bool]) -> None:
         self.plugin = plugin
         self.active = active
-        self.tool_scope_ids = ToolScopeIds()  # the child scopes of tool runs, per session
 
     def _work(self, state: Any) -> tuple[str, Callable[[Recorder], Any]] | None:
         if not self.active() or is_suppressed():

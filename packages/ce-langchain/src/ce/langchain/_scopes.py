@@ -167,7 +167,7 @@ class ScopeTracker:
         self.plugin = plugin
         self._nodes: dict[UUID, _Node] = {}
         self._pending: OrderedDict[Hashable, tuple[Scope, object]] = OrderedDict()
-        self._call_ids = ToolScopeIds()  # the child scopes of tool runs, per session
+        self._call_ids = ToolScopeIds(plugin)  # the child scopes of tool runs, per session
         self._lock = threading.Lock()
 
     def _node(self, run_id: UUID | None) -> _Node | None:

@@ -135,7 +135,7 @@ class Tracker:
         self.closed: OrderedDict[str, SpanInfo] = OrderedDict()
         self.calls: dict[str, LlmCall] = {}
         self._asked = AskedToolCalls()  # by session: the calls of its latest reply
-        self.tool_scope_ids = ToolScopeIds()  # the child scopes of tool runs, per session
+        self.tool_scope_ids = ToolScopeIds(plugin)  # the child scopes of tool runs, per session
         self.lock = threading.Lock()
 
     # -- bookkeeping ------------------------------------------------------------------------

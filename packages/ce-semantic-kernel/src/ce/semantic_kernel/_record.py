@@ -169,7 +169,7 @@ class Filters:
     def __init__(self, plugin: Plugin, generation: object) -> None:
         self.plugin = plugin
         self.generation = generation
-        self.tool_scope_ids = ToolScopeIds()  # the child scopes of function calls, per session
+        self.tool_scope_ids = ToolScopeIds(plugin)  # child scopes of function calls, per session
         self.function = self._make_function()
         self.auto = self._make_auto()
 

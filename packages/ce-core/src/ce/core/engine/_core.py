@@ -112,6 +112,12 @@ class EngineCore(HistoryWriter):
         # the in-memory bus settles async handlers itself; another bus may need a loop
         await (emitted if isinstance(bus, InMemoryEventBus) else settle(emitted))
 
+    def _tool_call_names(self, session_id: str, framework_id: str) -> tuple[str | None, set[str]]:
+        """:meth:`SessionEntry.tool_call_names` of the session as this process holds it (no
+        store read: ``(None, set())`` when it holds none)."""
+        entry = self._entries.get(session_id)
+        return entry.tool_call_names(framework_id) if entry is not None else (None, set())
+
     def _touch(self, session_id: str) -> None:
         """Mark the cached entry as the most recently used (it may have been evicted)."""
         with self._entries_lock:

@@ -198,6 +198,27 @@ class SessionEntry:
             return framework_id
         return alias
 
+    def tool_call_names(self, framework_id: str) -> tuple[str | None, set[str]]:
+        """What the session holds of the tool calls the framework identified as
+        ``framework_id``: the stored id of the one awaiting its run (its reply is recorded,
+        its run is not: the call running now), and the stored ids of the others
+        (``framework_id``, then ``<id>~2``, ... up to the newest one)."""
+        alias = self.call_aliases.get(framework_id)
+        if alias is not None:
+            stem, _, number = alias.rpartition("~")
+            held = {framework_id}
+            if stem == framework_id and number.isdigit():
+                held.update(f"{framework_id}~{n}" for n in range(2, int(number) + 1))
+            held.add(alias)
+        elif self.state.declares(framework_id):
+            held = {framework_id}
+        else:
+            return None, set()
+        current = self.stored_call_id(framework_id)
+        if current in held and not self.state.tool_call_recorded(current):
+            return current, held - {current}
+        return None, held
+
     def note_taken(self, messages: Iterable[Message]) -> None:
         """Remember the ids of messages the session stores before what this entry holds
         (read by id): a framework id among them is taken, though the messages are not

@@ -145,27 +145,36 @@ def resolve_scope(
 class ToolScopeIds:
     """The ids naming the child scopes of tool runs (``parent_call_id`` of
     :func:`resolve_scope`), per session: a tool call's id the first time; for an id the
-    session's runs used before (a model may answer ``call_0`` in every turn) the first of
-    ``<id>~2``, ``<id>~3``, ... no earlier run used, the names the engine gives a reused call
-    id in the session, so each run's nested calls get a scope of their own. Remembered in
-    this process for the ``sessions`` latest used sessions: a worker that did not see the
-    earlier run names it ``<id>`` again. Thread-safe."""
+    session's runs used before (a model may answer ``call_0`` in every turn) the name the
+    engine stores that call under (``<id>~2``, ``<id>~3``, ...), so each run's nested calls
+    get a scope of their own. The earlier runs are those the ``plugin``'s engine holds for
+    the session (read from the store by a process that did not make them: a restarted app,
+    another worker) and those this process named (for the ``sessions`` latest used
+    sessions). Thread-safe."""
 
-    def __init__(self, sessions: int = 4096) -> None:
+    def __init__(self, plugin: Plugin | None = None, sessions: int = 4096) -> None:
+        self._plugin = plugin
         self._sessions = sessions
         self._used: OrderedDict[str, set[str]] = OrderedDict()
         self._lock = threading.Lock()
 
     def take(self, session_id: str, call_id: str) -> str:
         """The id of the child scope of a run of tool call ``call_id`` in ``session_id``."""
+        current: str | None = None
+        held: set[str] = set()
+        if self._plugin is not None and self._plugin.installed:
+            current, held = self._plugin.engine._tool_call_names(session_id, call_id)
         with self._lock:
             used = self._used.pop(session_id, set())
             self._used[session_id] = used  # the latest used last
             while len(self._used) > self._sessions:
                 self._used.popitem(last=False)
-            unique, n = call_id, 2
-            while unique in used:
-                unique, n = f"{call_id}~{n}", n + 1
+            if current is not None and current not in used:
+                unique = current  # the call running now, as the session stores it
+            else:
+                unique, n = call_id, 2
+                while unique in used or unique in held:
+                    unique, n = f"{call_id}~{n}", n + 1
             used.add(unique)
         return unique
 
