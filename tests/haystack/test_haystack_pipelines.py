@@ -190,6 +190,17 @@ async def test_a_generator_called_on_its_own_with_a_str_is_its_own_run(
     assert len(doc.session.model_usage) == 2
 
 
+def _summarising_agent(server: ScriptedOpenAIServer, summarise: Any) -> Agent:
+    """An Agent whose one tool, ``summarise(topic)``, runs ``summarise``."""
+    tool = Tool(
+        name="summarise",
+        description="Summarise a topic.",
+        parameters={"type": "object", "properties": {"topic": {"type": "string"}}},
+        function=summarise,
+    )
+    return Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
+
+
 async def test_a_model_call_inside_a_tool_is_nested(engine: ContextEngine) -> None:
     """An LLM-backed tool: its model call goes to ``<outer>/<call id>``, never gets the outer
     conversation and never adds to it."""
@@ -210,13 +221,7 @@ async def test_a_model_call_inside_a_tool_is_nested(engine: ContextEngine) -> No
             """Summarise a topic."""
             return str(inner.run(messages=f"Summarise {topic}")["replies"][0].text)
 
-        tool = Tool(
-            name="summarise",
-            description="Summarise a topic.",
-            parameters={"type": "object", "properties": {"topic": {"type": "string"}}},
-            function=summarise,
-        )
-        agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
+        agent = _summarising_agent(server, summarise)
         ce.haystack.install(engine)
         agent.run([ChatMessage.from_user("Outer question")], hook_context={SESSION_KEY: "s-out"})
         requests = server.requests
@@ -258,13 +263,7 @@ async def test_a_reused_tool_call_id_nests_each_turn_in_a_child_of_its_own(
             messages = [ChatMessage.from_system(inner_system), ChatMessage.from_user(topic)]
             return str(inner.run(messages=messages)["replies"][0].text)
 
-        tool = Tool(
-            name="summarise",
-            description="Summarise a topic.",
-            parameters={"type": "object", "properties": {"topic": {"type": "string"}}},
-            function=summarise,
-        )
-        agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
+        agent = _summarising_agent(server, summarise)
         ce.haystack.install(engine)
         context = {SESSION_KEY: "s-out"}
         first = agent.run([ChatMessage.from_user("first topic")], hook_context=context)

@@ -341,19 +341,21 @@ async def test_a_raising_function_is_stored_as_an_error(engine: ContextEngine) -
     assert "the knowledge base is down" in doc.evidences[evidence_id].content
 
 
+class Writer:
+    """A plugin whose function calls the model itself (through its kernel)."""
+
+    def __init__(self) -> None:
+        self.kernel: Kernel | None = None
+
+    @kernel_function(name="summarize", description="Summarize a topic with the model.")
+    async def summarize(self, query: str) -> str:
+        assert self.kernel is not None
+        return str(await self.kernel.invoke_prompt(f"Summarize {query} in a line."))
+
+
 async def test_a_model_call_inside_a_function_is_nested(engine: ContextEngine) -> None:
     """An LLM-backed function: its model call goes to ``<outer>/<call id>``, never gets the
     outer conversation and never adds to it."""
-
-    class Writer:
-        def __init__(self) -> None:
-            self.kernel: Kernel | None = None
-
-        @kernel_function(name="summarize", description="Summarize a topic with the model.")
-        async def summarize(self, query: str) -> str:
-            assert self.kernel is not None
-            result = await self.kernel.invoke_prompt(f"Summarize {query} in a line.")
-            return str(result)
 
     def script(body: dict[str, Any]) -> ScriptedResponse:
         last = body["messages"][-1]
@@ -392,15 +394,6 @@ async def test_a_reused_call_id_nests_each_turn_in_a_child_of_its_own(
     """A model that names its function call ``call_0`` on every turn: the LLM-backed
     function's model call of the second turn goes to ``<outer>/call_0~2`` and receives
     nothing of the first turn's."""
-
-    class Writer:
-        def __init__(self) -> None:
-            self.kernel: Kernel | None = None
-
-        @kernel_function(name="summarize", description="Summarize a topic with the model.")
-        async def summarize(self, query: str) -> str:
-            assert self.kernel is not None
-            return str(await self.kernel.invoke_prompt(f"Summarize {query} in a line."))
 
     def script(body: dict[str, Any]) -> ScriptedResponse:
         last = body["messages"][-1]
