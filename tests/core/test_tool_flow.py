@@ -190,3 +190,43 @@ async def test_a_run_keeps_its_own_tool_chain_when_other_runs_wrote_to_the_sessi
         assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == ["c-mine"]
         asked = [m["content"] for m in sent if m["role"] == "user"]
         assert "Weather in Oslo?" in asked and asked[-1] == "Other 2?"
+
+
+async def test_a_tool_that_answers_from_what_it_retrieved_sends_its_own_answer() -> None:
+    """A tool whose run retrieved documents: a retriever's output (the documents alone)
+    goes as the documents fenced with their evidence ids; a tool that answers from them (a
+    query engine) goes as its own answer followed by the documents, and one that quotes them
+    within text of its own keeps that text, each quoted document fenced in place."""
+    doc = "Shared notes: the meeting moved to Thursday at ten."
+    outputs = {
+        "retriever": doc,
+        "query_engine": "ANSWER: Thursday 10:00.",
+        "with_sources": f"ANSWER: Thursday 10:00. Sources: {doc}",
+    }
+    for kind, output in outputs.items():
+        engine = deterministic_engine()
+        await engine.prepare_turn("s", "When is the meeting?")
+        call = ToolCallRequest(tool_call_id="c1", name="notes", raw_arguments='{"q": "meeting"}')
+        await engine.commit_assistant_message(
+            "s", Message(role=Role.ASSISTANT, content="", tool_calls=[call], invocation=INV)
+        )
+        retrieved = await engine.ingest_evidence(
+            "s",
+            doc,
+            EvidenceSource(kind=SourceKind.RAG, uri="notes://1"),
+            EvidenceType.RAG_DOC,
+            links=EvidenceLinks(tool_call_id="c1"),
+        )
+        tool = Message(role=Role.TOOL, content=output, tool_call_id="c1", name="notes")
+        result = await engine.prepare_call("s", [tool])
+        sent = to_openai_messages(result.assembled_input.parts)[-1]["content"]
+        fence = f'<evidence id="{retrieved.evidence_id}" type="rag_doc"'
+        if kind == "retriever":
+            assert sent.startswith(fence) and doc in sent
+        elif kind == "query_engine":  # its answer, then what it was made from
+            answer, documents = sent.split("\n\n", 1)
+            assert unfenced(answer) == "ANSWER: Thursday 10:00."
+            assert documents.startswith(fence) and sent.count(doc) == 1
+        else:
+            assert sent.startswith("ANSWER: Thursday 10:00. Sources: " + fence)
+            assert sent.count(doc) == 1

@@ -122,7 +122,7 @@ def test_model_call_input_decisions_and_evidence_provenance(api: Api) -> None:
     assert degraded[0]["level"] == "gist" and degraded[0]["saved_tokens"] > 0
     assert degraded[0]["evidence"]["doc_id"] == "packing-guide"
     assert [d["evidence"]["source"]["uri"] for d in dropped] == ["kb://rail"]
-    assert dropped[0]["reason"].startswith("does not fit") and dropped[0]["level"] is None
+    assert dropped[0]["reason"].startswith("budget exhausted") and dropped[0]["level"] is None
     assert decisions["instruction"]["reason"] == "must keep"
     assert turn["totals"]["degraded"] == {"blocks": 1, "tokens": degraded[0]["tokens"]}
 
@@ -149,7 +149,7 @@ def test_replay_under_another_budget_diffs_inputs_and_decisions(api: Api) -> Non
     replay = api(f"/api/sessions/{SESSION}/turns/5/replay?budget=450")
     assert replay["labels"][0].endswith("@ 800 tokens (stored)")
     assert replay["labels"][1].endswith("@ 450 tokens")
-    assert replay["before"]["total_tokens"] == 560
+    assert replay["before"]["total_tokens"] == 587
     assert replay["after"]["total_tokens"] <= replay["after"]["token_budget"] < 450
     changed = {c["label"].split(":")[0] + c["before"]: c["after"] for c in replay["changed"]}
     assert changed["rag_doc rag" + "kept @live"] == "dropped"  # the Friday forecast

@@ -130,7 +130,7 @@ def test_click_through_a_session_to_a_replay(
         "model call 4 (call)",
         "model call 5 (turn)",
     ]
-    assert "input 560 of 600 tokens" in calls[4].text
+    assert "input 587 of 600 tokens" in calls[4].text
     assert "degraded 1 (59 tok)" in calls[4].text and "dropped 1 (49 tok)" in calls[4].text
     assert "reply #12: scripted/demo-model · 860 prompt + 38 completion tokens · 1,240 ms" in (
         calls[4].text
@@ -152,11 +152,11 @@ def test_click_through_a_session_to_a_replay(
     link.click()
     _ready(browser, route)
     assert _text(browser, "#turn-title").startswith("Model call 5 of 5 (turn)")
-    assert "560 of 600 input tokens used" in _text(browser, "#turn-budget")
+    assert "587 of 600 input tokens used" in _text(browser, "#turn-budget")
     degraded = _text(browser, '#decisions tr[data-action="degraded"]')
     assert "gist" in degraded and "Pack layers" in degraded and "saved" in degraded
     dropped = _text(browser, '#decisions tr[data-action="dropped"]')
-    assert "does not fit at any level" in dropped and "Night trains" in dropped
+    assert "budget exhausted" in dropped and "Night trains" in dropped
     evidence = _text(browser, "#evidence-blocks")
     assert "degraded @gist rag_doc rag kb://packing · score 0.41" in evidence
     assert "dropped rag_doc rag kb://rail · score 0.64" in evidence

@@ -9,8 +9,11 @@ proportional to that record, never to the history. Rules:
   whole); tool calls that never got a result are left out of the rendering, so the input never
   holds a call without its result; system messages are not conversation (the newest one is the
   instruction);
-* a tool result whose call produced ``rag_doc`` evidence renders as those evidences, fenced
-  with their ids and sources, instead of the tool's raw text; a tool call whose run was
+* a tool result whose call produced ``rag_doc`` evidence and that is those documents alone (a
+  retriever's output) renders as those evidences, fenced with their ids and sources, instead
+  of the tool's raw text; a result with text of its own around them keeps that text with the
+  documents it quotes fenced in place, and one that quotes none (an answer made from them)
+  renders as the tool's own text followed by the documents, fenced; a tool call whose run was
   recorded without a tool message (``record_tool_call`` with a ``tool_result`` evidence linked
   by ``tool_call_id``) renders with that evidence, fenced, as its result once a later user
   message closed its turn;
@@ -28,6 +31,8 @@ Token counts are for one ``model_hint``; an index serves one hint.
 
 from __future__ import annotations
 
+import ast
+import json
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -472,6 +477,20 @@ class SessionIndex:
         self, call_id: str, name: str | None, result: Message | None, level: LevelOfDetail
     ) -> str:
         evidences = self._rag_by_call.get(call_id)
+        sources: list[Evidence] = []  # documents sent after the tool's own text
+        if evidences and result is not None:
+            quoting = _quoting(result.content, evidences)
+            if quoting is None:  # an answer made from them: the answer, then the documents
+                sources, evidences = evidences, None
+            elif quoting and level is not LevelOfDetail.LIVE:
+                evidences = None
+            elif quoting:  # the documents with text of the tool's own around them
+                text = self._text(result, level)
+                for evidence in evidences:
+                    content = evidence.content.strip()
+                    if content and content in text:
+                        text = text.replace(content, fence_evidence(evidence, content))
+                return text
         if not evidences and result is None:
             evidences = self._result_by_call.get(call_id)
         if evidences:
@@ -479,8 +498,11 @@ class SessionIndex:
         if result is None:
             return ""
         text = self._text(result, level)
+        documents = "".join(
+            "\n\n" + fence_evidence(ev, shorten(ev.content, level)) for ev in sources
+        )
         if not self.fence_tool_results:
-            return text
+            return text + documents
         recorded = self._result_by_call.get(call_id)
         record = self._tool_records.get(call_id)
         status = record.status.value if record is not None else None
@@ -491,12 +513,13 @@ class SessionIndex:
             # a result the session held already (the same output of an earlier call) was not
             # stored again: the run names the evidence it was deduplicated to
             evidence_id = record.result_evidence_ids[0]
-        return fence_tool_result(
+        own = fence_tool_result(
             text,
             evidence_id=evidence_id,
             tool=result.name or name,
             status=status if isinstance(status, str) else None,
         )
+        return own + documents
 
     def _render_group(self, data: _Group, level: LevelOfDetail) -> Rendering:
         head = data.head
@@ -547,3 +570,35 @@ class SessionIndex:
         self.groups[index].invalidate()
         if self._stale is None or index < self._stale:
             self._stale = index
+
+
+def _quoting(text: str, documents: list[Evidence]) -> bool | None:
+    """How a tool's result ``text`` holds the ``documents`` its call retrieved: ``False``: it
+    is those documents alone, or data holding them (a retriever's or a search function's
+    output: they render in its place, fenced); ``True``:
+    it quotes some of them within text of its own; ``None``: it quotes none (an answer made
+    from them: the tool's own text renders, then the documents)."""
+    rest, quoted = text, False
+    for document in documents:
+        content = document.content.strip()
+        if content and content in rest:
+            rest, quoted = rest.replace(content, ""), True
+    if not quoted:
+        return None
+    if _structured(text):
+        return False  # search results as data (JSON, a list of them): the documents are it
+    return any(c.isalnum() for c in rest)
+
+
+def _structured(text: str) -> bool:
+    """Whether ``text`` is data (JSON, or a Python literal such as a list of JSON strings)."""
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        pass
+    try:
+        ast.literal_eval(text.strip())
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
