@@ -483,14 +483,9 @@ class SessionIndex:
             if quoting is None:  # an answer made from them: the answer, then the documents
                 sources, evidences = evidences, None
             elif quoting and level is not LevelOfDetail.LIVE:
-                evidences = None
-            elif quoting:  # the documents with text of the tool's own around them
-                text = self._text(result, level)
-                for evidence in evidences:
-                    content = evidence.content.strip()
-                    if content and content in text:
-                        text = text.replace(content, fence_evidence(evidence, content))
-                return text
+                evidences = None  # the tool's own text, shortened
+            elif quoting:  # the tool's own text, the documents it quotes fenced in place
+                return self._fenced_in_place(self._text(result, level), evidences)
         if not evidences and result is None:
             evidences = self._result_by_call.get(call_id)
         if evidences:
@@ -520,6 +515,14 @@ class SessionIndex:
             status=status if isinstance(status, str) else None,
         )
         return own + documents
+
+    @staticmethod
+    def _fenced_in_place(text: str, documents: list[Evidence]) -> str:
+        for document in documents:
+            content = document.content.strip()
+            if content and content in text:
+                text = text.replace(content, fence_evidence(document, content))
+        return text
 
     def _render_group(self, data: _Group, level: LevelOfDetail) -> Rendering:
         head = data.head
@@ -573,11 +576,11 @@ class SessionIndex:
 
 
 def _quoting(text: str, documents: list[Evidence]) -> bool | None:
-    """How a tool's result ``text`` holds the ``documents`` its call retrieved: ``False``: it
+    """How a tool's result ``text`` holds the ``documents`` its call retrieved. ``False``: it
     is those documents alone, or data holding them (a retriever's or a search function's
-    output: they render in its place, fenced); ``True``:
-    it quotes some of them within text of its own; ``None``: it quotes none (an answer made
-    from them: the tool's own text renders, then the documents)."""
+    output: they render in its place, fenced). ``True``: it quotes some of them within text
+    of its own. ``None``: it quotes none (an answer made from them: the tool's own text
+    renders, then the documents)."""
     rest, quoted = text, False
     for document in documents:
         content = document.content.strip()
