@@ -197,3 +197,37 @@ async def test_a_crew_kicked_off_again_for_another_user_lists_only_that_users_ta
             system = request["messages"][0]["content"]
             assert f"Write to {user} using the analysis." in system
             assert "{customer}" not in system
+
+
+async def test_the_next_task_gets_an_earlier_answer_once(engine: ContextEngine) -> None:
+    """CrewAI hands the writer the researcher's answer as its task's context; the session's
+    copy of that answer goes as a pointer to it, so the writer reads the answer once."""
+    finding = (
+        "FINDING-4471: Paris is sunny today with 24 degrees, a light wind from the west and "
+        "no rain expected before the weekend."
+    )
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text=finding)
+        if "weather" in json.dumps(body.get("tools", [])):
+            return ScriptedResponse(tool_calls=[("call_w", "weather", '{"city": "Paris"}')])
+        return ScriptedResponse(text="Sunny Paris today.")
+
+    ce.crewai.install(engine, session_id="s-once")
+    with ScriptedOpenAIServer(script) as server:
+        crew, _, _ = two_task_crew(server)
+        await asyncio.to_thread(crew.kickoff)
+        crewai_event_bus.flush()
+        requests = server.requests
+    writer = requests[-1]["messages"]
+    assert "Write one line" in str(writer[-1]["content"])
+    assert json.dumps(writer).count(finding) == 1
+    assert finding in str(writer[-1]["content"])  # CrewAI's own context, as CrewAI wrote it
+    assert "sunny in Paris" in json.dumps(writer)  # the researcher's tool result still goes
+    doc = await engine.get_session("s-once")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages if m.role is Role.ASSISTANT and m.content] == [
+        finding,
+        "Sunny Paris today.",
+    ]

@@ -163,6 +163,7 @@ async def select_and_assemble(
     the budget.
     """
     unread = unread or Unread()
+    index.settle()
     estimator, hint = index.estimator, index.model_hint
     tools_tokens = estimator.estimate_tools(tool_schemas or [], hint)
     budget = config.budget.context_tokens - tools_tokens

@@ -21,6 +21,8 @@ proportional to that record, never to the history. Rules:
   are in the history already), evidence linked to a tool call (its tool result shows it) and
   the unredacted originals that ``dual_store`` keeps for audits;
   its priority follows its confidence (>= 0.75 high, >= 0.4 or unknown medium, else low);
+* an answer that the newest user message quotes in full renders as a pointer to it (see
+  ``_quotes``), so the model reads it once;
 * a block that has no Summary/Gist of its own gets shortened ones (see ``_levels.shorten``);
   the images, files and audio of a user message or a tool result go with it at Live level only
   (they count against the budget there); its Summary and Gist say what was left out
@@ -31,8 +33,6 @@ Token counts are for one ``model_hint``; an index serves one hint.
 
 from __future__ import annotations
 
-import ast
-import json
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -41,6 +41,7 @@ from functools import partial
 
 from ce.core.pipeline._conflicts import ConflictTracker
 from ce.core.pipeline._levels import LEVELS, fence_evidence, fence_tool_result, shorten
+from ce.core.pipeline._quotes import QUOTE_LOOKBACK, QUOTED_ANSWER, quoted_answers, quoting
 from ce.core.pipeline._react import is_observation, is_react_step
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
@@ -218,6 +219,8 @@ class SessionIndex:
         self._errors: list[tuple[str, str]] = []
         self.instruction: Message | None = instruction
         self.last_user_group: int | None = None
+        self._quoted: frozenset[int] = frozenset()  # answers the newest user message quotes
+        self._quote_due = False  # a newer user message came: look again (see settle)
 
     # -- feeding ------------------------------------------------------------------------
 
@@ -265,10 +268,29 @@ class SessionIndex:
             self._stale = index
         if message.role is Role.USER:
             self.last_user_group = index
+            self._quote_due = True
             # calls answered by recorded result evidence only render once their turn is over
             for waiting in sorted(self._evidence_answered):
                 self._refresh(waiting)
             self._evidence_answered.clear()
+
+    def settle(self) -> None:
+        """Bring what depends on the newest user message up to date before blocks are
+        rendered for a call: the answers among the recent blocks that it quotes in full render
+        as a pointer to it, those an earlier user message quoted render whole again. Done once
+        per newest user message, not for every user message fed (a session read whole)."""
+        if not self._quote_due:
+            return
+        self._quote_due = False
+        index = self.last_user_group
+        if index is None:
+            return
+        first = max(0, index - QUOTE_LOOKBACK)
+        heads = [data.head for data in self._group_data[first:index]]
+        quoted = frozenset(quoted_answers(self._group_data[index].head, heads, first))
+        for changed in self._quoted ^ quoted:
+            self._refresh(changed)
+        self._quoted = quoted
 
     def _note_group(self, message: Message, index: int) -> None:
         if message.message_id:
@@ -374,6 +396,7 @@ class SessionIndex:
 
     def group_tokens(self, start: int, stop: int) -> int:
         """Live tokens of ``groups[start:stop]``."""
+        self.settle()
         stale = self._stale
         if stale is not None and stop > stale:
             # groups re-rendered since (a result or summary arrived): their sums, once
@@ -479,12 +502,12 @@ class SessionIndex:
         evidences = self._rag_by_call.get(call_id)
         sources: list[Evidence] = []  # documents sent after the tool's own text
         if evidences and result is not None:
-            quoting = _quoting(result.content, evidences)
-            if quoting is None:  # an answer made from them: the answer, then the documents
+            held = quoting(result.content, evidences)
+            if held is None:  # an answer made from them: the answer, then the documents
                 sources, evidences = evidences, None
-            elif quoting and level is not LevelOfDetail.LIVE:
+            elif held and level is not LevelOfDetail.LIVE:
                 evidences = None  # the tool's own text, shortened
-            elif quoting:  # the tool's own text, the documents it quotes fenced in place
+            elif held:  # the tool's own text, the documents it quotes fenced in place
                 return self._fenced_in_place(self._text(result, level), evidences)
         if not evidences and result is None:
             evidences = self._result_by_call.get(call_id)
@@ -535,7 +558,7 @@ class SessionIndex:
             )
         else:
             calls = [c for c in head.tool_calls or () if self._answered(data, c.tool_call_id)]
-            text = self._text(head, level)
+            text = QUOTED_ANSWER if data.index in self._quoted else self._text(head, level)
             if not calls and not text.strip():
                 return Rendering(level, (), "", 0)
             built = [MessagePart(role=Role.ASSISTANT, content=text, tool_calls=calls or None)]
@@ -573,35 +596,3 @@ class SessionIndex:
         self.groups[index].invalidate()
         if self._stale is None or index < self._stale:
             self._stale = index
-
-
-def _quoting(text: str, documents: list[Evidence]) -> bool | None:
-    """How a tool's result ``text`` holds the ``documents`` its call retrieved. ``False``: it
-    is those documents alone, or data holding them (a retriever's or a search function's
-    output: they render in its place, fenced). ``True``: it quotes some of them within text
-    of its own. ``None``: it quotes none (an answer made from them: the tool's own text
-    renders, then the documents)."""
-    rest, quoted = text, False
-    for document in documents:
-        content = document.content.strip()
-        if content and content in rest:
-            rest, quoted = rest.replace(content, ""), True
-    if not quoted:
-        return None
-    if _structured(text):
-        return False  # search results as data (JSON, a list of them): the documents are it
-    return any(c.isalnum() for c in rest)
-
-
-def _structured(text: str) -> bool:
-    """Whether ``text`` is data (JSON, or a Python literal such as a list of JSON strings)."""
-    try:
-        json.loads(text)
-        return True
-    except ValueError:
-        pass
-    try:
-        ast.literal_eval(text.strip())
-        return True
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
