@@ -230,3 +230,55 @@ async def test_a_tool_that_answers_from_what_it_retrieved_sends_its_own_answer()
         else:
             assert sent.startswith("ANSWER: Thursday 10:00. Sources: " + fence)
             assert sent.count(doc) == 1
+
+
+async def test_a_run_reported_before_its_reply_reusing_an_answered_id_keeps_its_result() -> None:
+    """A framework that reports each tool run before it hands over the reply that asked for
+    it (CrewAI), with a model that names its call ``call_0`` in every round: the second run
+    and its result evidence go to the id the second call is stored under, ``call_0~2``, not to
+    the first call's, and each tool message the model gets back cites its own evidence."""
+    engine = deterministic_engine()
+    question = Message(role=Role.USER, content="Weather in Paris, then Rome?")
+    history: list[Message] = [question]
+    await engine.prepare_call("s", history)
+    evidence_ids = []
+    for city in ("Paris", "Rome"):
+        result = await engine.ingest_evidence(
+            "s",
+            f"sunny in {city}",
+            EvidenceSource(kind=SourceKind.TOOL, name="weather"),
+            EvidenceType.TOOL_RESULT,
+            links=EvidenceLinks(tool_call_id="call_0"),
+        )
+        evidence_ids.append(result.evidence_id)
+        await engine.record_tool_call(
+            "s",
+            ToolCall(
+                tool_call_id="call_0",
+                tool="weather",
+                provider=ToolProvider(kind=ProviderKind.OTHER),
+                status=ToolCallStatus.SUCCESS,
+                args_digest={"city": city},
+            ),
+            result_evidence_ids=[result.evidence_id],
+        )
+        history += [
+            Message(
+                role=Role.ASSISTANT, content="", tool_calls=[_call("call_0", city)], invocation=INV
+            ),
+            Message(role=Role.TOOL, content=f"sunny in {city}", tool_call_id="call_0"),
+        ]
+        prepared = await engine.prepare_call("s", history)
+    doc = await engine.get_session("s")
+    assert doc is not None
+    runs = {r.tool_call_id: r for r in doc.session.tool_state.tool_calls}
+    assert {k: (r.args_digest, r.result_evidence_ids) for k, r in runs.items()} == {
+        "call_0": ({"city": "Paris"}, [evidence_ids[0]]),
+        "call_0~2": ({"city": "Rome"}, [evidence_ids[1]]),
+    }
+    assert doc.evidences[evidence_ids[1]].links.tool_call_id == "call_0~2"
+    sent = to_openai_messages(prepared.assembled_input.parts)
+    tools = [m for m in sent if m["role"] == "tool"]
+    assert [t["tool_call_id"] for t in tools] == ["call_0", "call_0~2"]
+    for tool, evidence_id, city in zip(tools, evidence_ids, ("Paris", "Rome"), strict=True):
+        assert f'id="{evidence_id}"' in tool["content"] and f"sunny in {city}" in tool["content"]

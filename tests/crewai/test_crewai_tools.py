@@ -191,6 +191,41 @@ async def test_parallel_calls_of_one_tool_keep_their_own_ids_and_results(
         assert fences[call_id] == (run.result_evidence_ids[0], "success")
 
 
+async def test_a_model_naming_every_call_call_0_gets_each_result_under_its_own_id(
+    engine: ContextEngine,
+) -> None:
+    """A model (a local server, say) that names its tool call ``call_0`` in every round:
+    CrewAI reports the second run before the reply that asked for it reaches the engine; the
+    run and its result still go to the id that call is stored under (``call_0~2``)."""
+
+    @tool("weather")
+    def weather(city: str) -> str:
+        """Get the weather of a city."""
+        return f"weather of {city}"
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        done = sum(1 for m in body["messages"] if m["role"] == "tool")
+        if done < 2:
+            city = ("Paris", "Rome")[done]
+            return ScriptedResponse(tool_calls=[("call_0", "weather", json.dumps({"city": city}))])
+        return ScriptedResponse(text="Both sunny.")
+
+    with ScriptedOpenAIServer(script) as server:
+        agent = Agent(role="Forecaster", goal="g", backstory="b", llm=llm(server), tools=[weather])
+        await _kickoff(engine, "s-reused", agent, "Weather in Paris, then Rome?")
+        requests = server.requests
+    doc = await engine.get_session("s-reused")
+    assert doc is not None
+    runs = {r.tool_call_id: r for r in doc.session.tool_state.tool_calls}
+    assert set(runs) == {"call_0", "call_0~2"}
+    fences = _fences(requests[-1])
+    for call_id, city in [("call_0", "Paris"), ("call_0~2", "Rome")]:
+        run = runs[call_id]
+        assert run.args_digest == {"city": city}
+        assert _result(doc, run) == f"weather of {city}"
+        assert fences[call_id] == (run.result_evidence_ids[0], "success")
+
+
 def test_a_tool_event_takes_the_call_id_asked_with_its_arguments() -> None:
     """The id a tool run is recorded under: the call asked for with the same arguments (in
     any JSON spelling), the earliest of equal ones, else the earliest; none once its run

@@ -194,8 +194,22 @@ class SessionEntry:
         ``framework_id`` that has no tool run recorded yet (a framework may reuse an id in a
         later turn: the session stores that call under a unique id)."""
         alias = self.call_aliases.get(framework_id)
-        if alias is None or self.state.tool_call_recorded(alias):
+        current = framework_id if alias is None else alias
+        state = self.state
+        if alias is not None and not state.tool_call_recorded(alias):
+            return alias
+        if not (state.tool_call_recorded(current) and state.tool_call_answered(current)):
             return framework_id
+        # that call is over (its run and its result are stored): this run is of a later call
+        # reusing the id whose reply is still to be recorded (a framework that reports a tool
+        # run before it hands over the reply that asked for it). It takes the id that reply's
+        # call will be stored under: the first ``<id>~n`` no message declares.
+        n = 2
+        while state.declares(f"{framework_id}~{n}") or state.tool_call_recorded(
+            f"{framework_id}~{n}"
+        ):
+            n += 1
+        self.call_aliases[framework_id] = alias = f"{framework_id}~{n}"
         return alias
 
     def tool_call_names(self, framework_id: str) -> tuple[str | None, set[str]]:

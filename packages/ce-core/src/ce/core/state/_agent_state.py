@@ -221,6 +221,11 @@ class AgentState(RecordWriters, HostStateWriters):
         """Whether the session holds the record of a tool run with this id."""
         return tool_call_id in self._recorded_calls
 
+    def tool_call_answered(self, tool_call_id: str) -> bool:
+        """Whether a message of the session declared a tool call with this id and a tool
+        message answered it."""
+        return tool_call_id in self._declared and tool_call_id not in self._open
+
     @property
     def notebook(self) -> str:
         """The memory notebook content ('' when never written)."""
