@@ -306,3 +306,43 @@ async def test_a_retriever_behind_a_component_tool_is_linked_to_its_call(
     assert all(h.links.tool_call_id == "call_docs" for h in hits)
     (run,) = doc.session.tool_state.tool_calls
     assert (run.tool_call_id, run.tool, run.status.value) == ("call_docs", "search_docs", "success")
+
+
+async def test_a_second_generator_improving_the_first_ones_draft_reads_it_once(
+    engine: ContextEngine,
+) -> None:
+    """Two generators chained in one pipeline (a draft, then a prompt that quotes it to be
+    improved): the editor's request carries the draft once, in its prompt; the session's copy
+    of the drafter's answer goes as a pointer to it."""
+    draft = (
+        "DRAFT-5521: Oslo gets nine degrees and light rain this weekend, so bring a jacket "
+        "and an umbrella."
+    )
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if "Improve" in json.dumps(body["messages"]):
+            return ScriptedResponse(text="Pack a jacket.")
+        return ScriptedResponse(text=draft)
+
+    ce.haystack.install(engine)
+    with ScriptedOpenAIServer(script) as server:
+        pipeline = Pipeline(metadata={SESSION_KEY: "chain"})
+        write = [ChatMessage.from_user("Write about {{topic}}")]
+        improve = [ChatMessage.from_user("Improve this draft:\n{{replies[0].text}}")]
+        pipeline.add_component("draft_prompt", ChatPromptBuilder(template=write))
+        pipeline.add_component("drafter", generator(server))
+        pipeline.add_component("improve_prompt", ChatPromptBuilder(template=improve))
+        pipeline.add_component("editor", generator(server))
+        pipeline.connect("draft_prompt.prompt", "drafter.messages")
+        pipeline.connect("drafter.replies", "improve_prompt.replies")
+        pipeline.connect("improve_prompt.prompt", "editor.messages")
+        result = pipeline.run({"draft_prompt": {"topic": "Oslo weather"}})
+        requests = server.requests
+    assert result["editor"]["replies"][0].text == "Pack a jacket."
+    editor = requests[-1]["messages"]
+    assert wire(requests[-1]).count(draft) == 1
+    assert editor[-1] == {"role": "user", "content": f"Improve this draft:\n{draft}"}
+    doc = await engine.get_session("chain")
+    assert doc is not None
+    answers = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
+    assert answers == [draft, "Pack a jacket."]
