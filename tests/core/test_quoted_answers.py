@@ -7,7 +7,7 @@ from __future__ import annotations
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.formats import to_openai_messages
-from ce.core.pipeline._quotes import QUOTED_ANSWER
+from ce.core.pipeline._quotes import QUOTED_ANSWER, QUOTED_REASON
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import Message, ModelInvocation, Role
 from ce.core.stores import MemoryStore
@@ -50,6 +50,10 @@ async def test_an_answer_the_newest_prompt_quotes_is_sent_once_then_whole_again(
     assert sent[-1] == {"role": "user", "content": prompt}  # the prompt goes whole
     assert {"role": "assistant", "content": QUOTED_ANSWER} in sent  # the answer points to it
     assert "What is the weather in Paris?" in _wire(sent)
+    # the report says why the answer cost so little
+    (pointer,) = [d for d in result.report.prune_decisions if QUOTED_REASON in d.reason]
+    assert pointer.action == "kept" and pointer.block_count == 1
+    assert [d for d in result.report.prune_decisions if d.action == "kept"] != [pointer]
     doc = await engine.get_session("s1")
     assert doc is not None
     assert [m.content for m in doc.session.messages if m.role is Role.ASSISTANT] == [FINDING]

@@ -274,6 +274,11 @@ class SessionIndex:
                 self._refresh(waiting)
             self._evidence_answered.clear()
 
+    @property
+    def quoted(self) -> frozenset[int]:
+        """The groups that render as a pointer to the newest user message (see settle)."""
+        return self._quoted
+
     def settle(self) -> None:
         """Bring what depends on the newest user message up to date before blocks are
         rendered for a call: the answers among the recent blocks that it quotes in full render

@@ -36,6 +36,7 @@ from typing import Literal
 
 from ce.core.errors import BudgetExceededError
 from ce.core.pipeline._index import Candidate, Rendering, SessionIndex
+from ce.core.pipeline._quotes import QUOTED_REASON
 from ce.core.schema import LevelOfDetail, Priority, PruneDecision
 
 __all__ = [
@@ -247,7 +248,10 @@ class _Run:
             )
             return False
         if live.tokens + extra <= left:
-            self.keep(candidate, live, f"fits (priority {priority.value})", extra)
+            reason = f"fits (priority {priority.value})"
+            if self.at is not None and self.at in self.request.index.quoted:
+                reason += QUOTED_REASON
+            self.keep(candidate, live, reason, extra)
             return True
         for cheaper in candidate.cheaper():
             if cheaper.tokens + extra <= left:
@@ -385,10 +389,12 @@ class GreedyPriorityPruner:
                     kept.extend(
                         (groups[i], live) for i, live in zip(span, lives, strict=True) if live.parts
                     )
-                    walk.update(
-                        (i, ("kept", fits, live.tokens, _LIVE, 0) if live.parts else _NO_RESULT)
-                        for i, live in zip(span, lives, strict=True)
-                    )
+                    quoted = index.quoted
+                    for i, live in zip(span, lives, strict=True):
+                        reason = fits + QUOTED_REASON if i in quoted else fits
+                        walk[i] = (
+                            ("kept", reason, live.tokens, _LIVE, 0) if live.parts else _NO_RESULT
+                        )
                     cursor = first - 1
                     continue
             # a group with a TTL to check, or one that does not fit at Live

@@ -20,9 +20,12 @@ from collections.abc import Sequence
 
 from ce.core.schema import Evidence, Message, Role
 
-__all__ = ["QUOTED_ANSWER", "quoted_answers", "quoting"]
+__all__ = ["QUOTED_ANSWER", "QUOTED_REASON", "quoted_answers", "quoting"]
 
 QUOTED_ANSWER = "[This answer is quoted in full in the latest user message.]"
+
+QUOTED_REASON = "; sent as a pointer: the latest user message quotes it in full"
+"""Added to the prune decision of such an answer, so a report says why it costs so little."""
 
 MIN_QUOTED_CHARS = 80
 """Answers shorter than this stay as they are: a short answer ("Yes.", a number) found in a
