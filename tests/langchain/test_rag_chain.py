@@ -151,3 +151,39 @@ async def test_documents_formatted_into_the_human_message_are_sent_once(
     doc = await engine.get_session("rag-human")
     users = [m.content for m in doc.session.messages if m.role.value == "user"]
     assert len(users) == 2 and not any(policy in u or shipping in u for u in users)
+
+
+async def test_a_chain_improving_its_own_draft_sends_the_draft_once() -> None:
+    """``draft_prompt | model | StrOutputParser() | improve_prompt | model``: the second call's
+    prompt quotes the first call's answer, which the session also holds; the model reads it
+    once, in the prompt, the session's copy going as a pointer to it."""
+    draft = (
+        "DRAFT-3307: refunds within 30 days for unopened items; orders ship within two "
+        "business days from Oslo."
+    )
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if "Improve" in json.dumps(body["messages"]):
+            return ScriptedResponse(text="Refunds: 30 days. Shipping: 2 days.")
+        return ScriptedResponse(text=draft)
+
+    engine = deterministic_engine(config=RuntimeConfig(model_hint="gpt-4o"))
+    ce.langchain.install(engine)
+    with ScriptedOpenAIServer(script) as server:
+        model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-test")
+        write = ChatPromptTemplate.from_messages([("human", "Summarise the policy on {topic}.")])
+        improve = ChatPromptTemplate.from_messages([("human", "Improve this draft:\n{draft}")])
+        chain = write | model | StrOutputParser() | (lambda text: {"draft": text}) | improve | model
+        with engine.session("draft-chain"):
+            final = await chain.ainvoke({"topic": "refunds"})
+        requests = server.requests
+    assert final.content == "Refunds: 30 days. Shipping: 2 days."
+    second = requests[-1]["messages"]
+    assert json.dumps(second).count(draft.split(":")[0]) == 1
+    assert second[-1] == {"role": "user", "content": f"Improve this draft:\n{draft}"}
+    doc = await engine.get_session("draft-chain")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages if m.role.value == "assistant"] == [
+        draft,
+        "Refunds: 30 days. Shipping: 2 days.",
+    ]
