@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ce.core import (
     BudgetConfig,
+    ContextEngine,
     EvidenceLinks,
     EvidenceSource,
     EvidenceType,
@@ -38,6 +39,32 @@ def _call(call_id: str, city: str) -> ToolCallRequest:
     )
 
 
+async def _record_run(
+    engine: ContextEngine, call_id: str, output: str, args: dict[str, Any] | None = None
+) -> str:
+    """What an integration records of one tool run: its output as ``tool_result`` evidence
+    linked to ``call_id``, then the run itself; the evidence's id."""
+    evidence = await engine.ingest_evidence(
+        "s",
+        output,
+        EvidenceSource(kind=SourceKind.TOOL, name="weather"),
+        EvidenceType.TOOL_RESULT,
+        links=EvidenceLinks(tool_call_id=call_id),
+    )
+    await engine.record_tool_call(
+        "s",
+        ToolCall(
+            tool_call_id=call_id,
+            tool="weather",
+            provider=ToolProvider(kind=ProviderKind.OTHER),
+            status=ToolCallStatus.SUCCESS,
+            args_digest=args or {},
+        ),
+        result_evidence_ids=[evidence.evidence_id],
+    )
+    return evidence.evidence_id
+
+
 async def test_a_recorded_tool_run_renders_as_the_call_and_its_fenced_result() -> None:
     engine = deterministic_engine()
     await engine.prepare_turn("s", "Weather in Oslo and Rome?")
@@ -50,23 +77,7 @@ async def test_a_recorded_tool_run_renders_as_the_call_and_its_fenced_result() -
             invocation=INV,
         ),
     )
-    evidence = await engine.ingest_evidence(
-        "s",
-        "Oslo: sunny, 18C",
-        EvidenceSource(kind=SourceKind.TOOL, name="weather"),
-        EvidenceType.TOOL_RESULT,
-        links=EvidenceLinks(tool_call_id="c1"),
-    )
-    await engine.record_tool_call(
-        "s",
-        ToolCall(
-            tool_call_id="c1",
-            tool="weather",
-            provider=ToolProvider(kind=ProviderKind.OTHER),
-            status=ToolCallStatus.SUCCESS,
-        ),
-        result_evidence_ids=[evidence.evidence_id],
-    )
+    evidence_id = await _record_run(engine, "c1", "Oslo: sunny, 18C")
     result = await engine.prepare_turn("s", "And tomorrow?")
     sent = to_openai_messages(result.assembled_input.parts)
     roles = [m["role"] for m in sent]
@@ -76,7 +87,7 @@ async def test_a_recorded_tool_run_renders_as_the_call_and_its_fenced_result() -
     assert [c["id"] for c in assistant["tool_calls"]] == ["c1"]
     assert tool["tool_call_id"] == "c1"
     assert "Oslo: sunny, 18C" in tool["content"]
-    assert f'id="{evidence.evidence_id}"' in tool["content"]
+    assert f'id="{evidence_id}"' in tool["content"]
     decisions = {d.block_id: d for d in result.report.prune_decisions}
     assert any(d.action == "kept" for d in decisions.values())
 
@@ -243,25 +254,7 @@ async def test_a_run_reported_before_its_reply_reusing_an_answered_id_keeps_its_
     await engine.prepare_call("s", history)
     evidence_ids = []
     for city in ("Paris", "Rome"):
-        result = await engine.ingest_evidence(
-            "s",
-            f"sunny in {city}",
-            EvidenceSource(kind=SourceKind.TOOL, name="weather"),
-            EvidenceType.TOOL_RESULT,
-            links=EvidenceLinks(tool_call_id="call_0"),
-        )
-        evidence_ids.append(result.evidence_id)
-        await engine.record_tool_call(
-            "s",
-            ToolCall(
-                tool_call_id="call_0",
-                tool="weather",
-                provider=ToolProvider(kind=ProviderKind.OTHER),
-                status=ToolCallStatus.SUCCESS,
-                args_digest={"city": city},
-            ),
-            result_evidence_ids=[result.evidence_id],
-        )
+        evidence_ids.append(await _record_run(engine, "call_0", f"sunny in {city}", {"city": city}))
         history += [
             Message(
                 role=Role.ASSISTANT, content="", tool_calls=[_call("call_0", city)], invocation=INV
