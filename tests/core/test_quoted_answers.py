@@ -7,7 +7,7 @@ from __future__ import annotations
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.formats import to_openai_messages
-from ce.core.pipeline._quotes import QUOTED_ANSWER, QUOTED_REASON
+from ce.core.pipeline._quotes import QUOTED_ANSWER, QUOTED_IN_PROMPT, QUOTED_REASON
 from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import Message, ModelInvocation, Role
 from ce.core.stores import MemoryStore
@@ -91,3 +91,27 @@ async def test_short_answers_and_answers_partly_quoted_stay_whole() -> None:
     result = await engine.prepare_turn("s1", prompt)
     sent = to_openai_messages(result.assembled_input.parts)
     assert [m["content"] for m in sent if m["role"] == "assistant"] == ["Yes.", FINDING]
+
+
+async def test_every_earlier_prompt_quoting_the_same_answers_points_to_the_newest() -> None:
+    """A sequential crew's third task gets both earlier outputs, the second task got the
+    first: each output reaches the model once, in the newest prompt; the answers and the
+    second prompt's copy go as pointers, the rest of the second prompt as it was."""
+    other = FINDING.replace("FINDING-7731", "ANALYSIS-0042")
+    engine = _engine()
+    await engine.prepare_turn("s1", "Task 1: research.")
+    await engine.commit_assistant_message("s1", _answer(FINDING))
+    await engine.prepare_turn("s1", f"Task 2: analyse.\nContext:\n{FINDING}")
+    await engine.commit_assistant_message("s1", _answer(other))
+    newest = f"Task 3: write.\nContext:\n{FINDING}\n\n----------\n\n{other}"
+    result = await engine.prepare_turn("s1", newest)
+    sent = to_openai_messages(result.assembled_input.parts)
+    assert [(m["role"], m["content"]) for m in sent] == [
+        ("user", "Task 1: research."),
+        ("assistant", QUOTED_ANSWER),
+        ("user", f"Task 2: analyse.\nContext:\n{QUOTED_IN_PROMPT}"),
+        ("assistant", QUOTED_ANSWER),
+        ("user", newest),
+    ]
+    pointed = [d for d in result.report.prune_decisions if QUOTED_REASON in d.reason]
+    assert sum(d.block_count for d in pointed) == 3

@@ -231,3 +231,37 @@ async def test_the_next_task_gets_an_earlier_answer_once(engine: ContextEngine) 
         finding,
         "Sunny Paris today.",
     ]
+
+
+async def test_a_sequential_crew_sends_each_earlier_output_once(engine: ContextEngine) -> None:
+    """Three agents in a sequential crew without declared context: CrewAI hands each task
+    every earlier output, so the writer's prompt quotes both, and so did the analyst's
+    prompt the first: the writer's request holds each output once."""
+    outputs = {
+        "Researcher": "RESEARCH-1: the Oslo office moved to Bjorvika in March and now seats "
+        "two hundred people on four floors.",
+        "Analyst": "ANALYSIS-2: the move cut commuting time for most staff by about a quarter "
+        "and raised desk use to ninety percent.",
+        "Writer": "Short memo.",
+    }
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        system = body["messages"][0]["content"]
+        (role,) = [r for r in outputs if f"You are {r}" in system]
+        return ScriptedResponse(text=outputs[role])
+
+    ce.crewai.install(engine, session_id="s-seq")
+    with ScriptedOpenAIServer(script) as server:
+        agents = [Agent(role=r, goal="g", backstory="b", llm=llm(server)) for r in outputs]
+        tasks = [
+            Task(description=f"Step {i}: your part.", expected_output="text", agent=a)
+            for i, a in enumerate(agents)
+        ]
+        await asyncio.to_thread(Crew(agents=agents, tasks=tasks).kickoff)
+        crewai_event_bus.flush()
+        requests = server.requests
+    writer = json.dumps(requests[-1]["messages"])
+    assert "Step 2: your part." in writer
+    for role in ("Researcher", "Analyst"):
+        assert writer.count(outputs[role].split(":")[0]) == 1
+        assert outputs[role] in str(requests[-1]["messages"][-1]["content"])

@@ -21,8 +21,9 @@ proportional to that record, never to the history. Rules:
   are in the history already), evidence linked to a tool call (its tool result shows it) and
   the unredacted originals that ``dual_store`` keeps for audits;
   its priority follows its confidence (>= 0.75 high, >= 0.4 or unknown medium, else low);
-* an answer that the newest user message quotes in full renders as a pointer to it (see
-  ``_quotes``), so the model reads it once;
+* an answer that the newest user message quotes in full renders as a pointer to it, and so
+  does its copy in an earlier prompt that quoted it too (see ``_quotes``): the model reads it
+  once;
 * a block that has no Summary/Gist of its own gets shortened ones (see ``_levels.shorten``);
   the images, files and audio of a user message or a tool result go with it at Live level only
   (they count against the budget there); its Summary and Gist say what was left out
@@ -41,7 +42,15 @@ from functools import partial
 
 from ce.core.pipeline._conflicts import ConflictTracker
 from ce.core.pipeline._levels import LEVELS, fence_evidence, fence_tool_result, shorten
-from ce.core.pipeline._quotes import QUOTE_LOOKBACK, QUOTED_ANSWER, quoted_answers, quoting
+from ce.core.pipeline._quotes import (
+    QUOTE_LOOKBACK,
+    QUOTED_ANSWER,
+    Quotes,
+    fenced_in_place,
+    quoted_answers,
+    quoting,
+    without_quoted,
+)
 from ce.core.pipeline._react import is_observation, is_react_step
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
@@ -219,7 +228,8 @@ class SessionIndex:
         self._errors: list[tuple[str, str]] = []
         self.instruction: Message | None = instruction
         self.last_user_group: int | None = None
-        self._quoted: frozenset[int] = frozenset()  # answers the newest user message quotes
+        self._quotes = Quotes({}, {})  # what the newest user message quotes (see settle)
+        self._quoted: frozenset[int] = frozenset()  # the groups sent with a pointer
         self._quote_due = False  # a newer user message came: look again (see settle)
 
     # -- feeding ------------------------------------------------------------------------
@@ -276,14 +286,13 @@ class SessionIndex:
 
     @property
     def quoted(self) -> frozenset[int]:
-        """The groups that render as a pointer to the newest user message (see settle)."""
+        """The groups sent with a pointer to the newest user message (see settle)."""
         return self._quoted
 
     def settle(self) -> None:
-        """Bring what depends on the newest user message up to date before blocks are
-        rendered for a call: the answers among the recent blocks that it quotes in full render
-        as a pointer to it, those an earlier user message quoted render whole again. Done once
-        per newest user message, not for every user message fed (a session read whole)."""
+        """Before blocks are rendered for a call: what the newest user message quotes in full
+        of the recent blocks goes as a pointer to it (see ``_quotes``); what an earlier one
+        quoted renders whole again. Once per newest user message, not per user message fed."""
         if not self._quote_due:
             return
         self._quote_due = False
@@ -292,10 +301,11 @@ class SessionIndex:
             return
         first = max(0, index - QUOTE_LOOKBACK)
         heads = [data.head for data in self._group_data[first:index]]
-        quoted = frozenset(quoted_answers(self._group_data[index].head, heads, first))
-        for changed in self._quoted ^ quoted:
+        quotes = quoted_answers(self._group_data[index].head, heads, first)
+        quoted = quotes.blocks
+        for changed in self._quoted | quoted:
             self._refresh(changed)
-        self._quoted = quoted
+        self._quotes, self._quoted = quotes, quoted
 
     def _note_group(self, message: Message, index: int) -> None:
         if message.message_id:
@@ -513,7 +523,7 @@ class SessionIndex:
             elif held and level is not LevelOfDetail.LIVE:
                 evidences = None  # the tool's own text, shortened
             elif held:  # the tool's own text, the documents it quotes fenced in place
-                return self._fenced_in_place(self._text(result, level), evidences)
+                return fenced_in_place(self._text(result, level), evidences)
         if not evidences and result is None:
             evidences = self._result_by_call.get(call_id)
         if evidences:
@@ -544,18 +554,12 @@ class SessionIndex:
         )
         return own + documents
 
-    @staticmethod
-    def _fenced_in_place(text: str, documents: list[Evidence]) -> str:
-        for document in documents:
-            content = document.content.strip()
-            if content and content in text:
-                text = text.replace(content, fence_evidence(document, content))
-        return text
-
     def _render_group(self, data: _Group, level: LevelOfDetail) -> Rendering:
         head = data.head
         if head.role is Role.USER:
             text, media = self._text(head, level), head.parts
+            if data.index in self._quotes.prompts:
+                text = without_quoted(text, self._quotes.prompts[data.index])
             if media and level is not LevelOfDetail.LIVE:
                 text, media = without_media(text, media), None
             parts: tuple[MessagePart, ...] = (
@@ -563,7 +567,8 @@ class SessionIndex:
             )
         else:
             calls = [c for c in head.tool_calls or () if self._answered(data, c.tool_call_id)]
-            text = QUOTED_ANSWER if data.index in self._quoted else self._text(head, level)
+            quoted = data.index in self._quotes.answers
+            text = QUOTED_ANSWER if quoted else self._text(head, level)
             if not calls and not text.strip():
                 return Rendering(level, (), "", 0)
             built = [MessagePart(role=Role.ASSISTANT, content=text, tool_calls=calls or None)]
