@@ -265,3 +265,36 @@ async def test_a_sequential_crew_sends_each_earlier_output_once(engine: ContextE
     for role in ("Researcher", "Analyst"):
         assert writer.count(outputs[role].split(":")[0]) == 1
         assert outputs[role] in str(requests[-1]["messages"][-1]["content"])
+
+
+async def test_a_kickoff_stores_its_tasks_in_the_commit_of_its_first_model_call(
+    engine: ContextEngine,
+) -> None:
+    """A kickoff queues its crew's tasks, pending, with what its events queue: a one-task
+    kickoff makes one commit, at its model call, whose request already lists the task (the
+    records of that call and of the task's end go with the next kickoff's commit, or a
+    flush)."""
+    commits: list[Any] = []
+    engine.events.on("Persisted", commits.append)
+    ce.crewai.install(engine, session_id="s-one-commit")
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="Filed.")) as server:
+        clerk = Agent(role="Clerk", goal="file", backstory="tidy", llm=llm(server))
+        task = Task(description="File report R-5521.", expected_output="a line", agent=clerk)
+        crew = Crew(agents=[clerk], tasks=[task])
+        per_kickoff = []
+        for _ in range(2):
+            before = len(commits)
+            await asyncio.to_thread(crew.kickoff)
+            crewai_event_bus.flush()
+            per_kickoff.append(len(commits) - before)
+        requests = server.requests
+    assert per_kickoff == [1, 1]
+    assert len(requests) == 2
+    for request in requests:
+        assert "File report R-5521." in request["messages"][0]["content"]
+    await engine.flush("s-one-commit")
+    doc = await engine.get_session("s-one-commit")
+    assert doc is not None
+    tasks = doc.session.task_state.todo_list.tasks
+    assert [(t.name, t.status.value) for t in tasks] == [("File report R-5521.", "completed")] * 2
+    assert [u.task_id for u in doc.session.model_usage] == [t.task_id for t in tasks]

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import guarded, guarded_sync, is_suppressed
+from ce.core.integration import guarded, is_suppressed
 from ce.core.schema import TaskStatus
 from ce.crewai._convert import task_record
 from ce.crewai._scopes import Run, Runs, current_run
@@ -105,6 +105,29 @@ class Kickoffs:
         inputs = kwargs.get("inputs", args[0] if args else None)
         return [task_record(run, t, TaskStatus.PENDING, _described(t, inputs)) for t in tasks]
 
+    def _queue_pending(
+        self, run: Run, owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        """Queue the kickoff's tasks, pending, on its session (see :meth:`_pending`): written
+        with the records its events queue, before the session's next engine call (the first
+        model call's ``prepare_call``, whose input then lists them), in one commit with
+        them, not in a commit of their own."""
+        records = self._pending(run, owner, args, kwargs)
+        if not records:
+            return
+        plugin, session_id = self.plugin, run.session_id
+        engine = plugin.engine
+
+        async def deferred() -> None:
+            await guarded(
+                plugin,
+                lambda: engine.upsert_tasks(session_id, records),
+                session_id=session_id,
+                what="upsert_tasks",
+            )
+
+        engine.defer(session_id, deferred)
+
     def sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
         kickoffs = self
 
@@ -113,15 +136,7 @@ class Kickoffs:
                 # an agent's kickoff on a running loop hands over to its kickoff_async
                 return original(owner, *args, **kwargs)
             run = kickoffs._begin(owner, None)
-            records = kickoffs._pending(run, owner, args, kwargs)
-            if records:
-                engine = kickoffs.plugin.engine
-                guarded_sync(
-                    kickoffs.plugin,
-                    lambda: engine.sync.upsert_tasks(run.session_id, records),
-                    session_id=run.session_id,
-                    what="upsert_tasks",
-                )
+            kickoffs._queue_pending(run, owner, args, kwargs)
             saved = kickoffs._window_off(owner)
             token = current_run.set(run)
             try:
@@ -140,15 +155,7 @@ class Kickoffs:
             if kickoffs._passes(owner):
                 return await original(owner, *args, **kwargs)
             run = kickoffs._begin(owner, asyncio.get_running_loop())
-            records = kickoffs._pending(run, owner, args, kwargs)
-            if records:
-                engine = kickoffs.plugin.engine
-                await guarded(
-                    kickoffs.plugin,
-                    lambda: engine.upsert_tasks(run.session_id, records),
-                    session_id=run.session_id,
-                    what="upsert_tasks",
-                )
+            kickoffs._queue_pending(run, owner, args, kwargs)
             saved = kickoffs._window_off(owner)
             token = current_run.set(run)
             try:
