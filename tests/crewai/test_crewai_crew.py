@@ -298,3 +298,32 @@ async def test_a_kickoff_stores_its_tasks_in_the_commit_of_its_first_model_call(
     tasks = doc.session.task_state.todo_list.tasks
     assert [(t.name, t.status.value) for t in tasks] == [("File report R-5521.", "completed")] * 2
     assert [u.task_id for u in doc.session.model_usage] == [t.task_id for t in tasks]
+
+
+async def test_a_kickoff_that_ends_before_any_model_call_still_stores_its_tasks(
+    engine: ContextEngine,
+) -> None:
+    """A kickoff that fails before its first model call (here a before-kickoff callback
+    raises) runs no engine call: the tasks it queued are stored as it ends, so the store
+    holds them (read from the store itself, not through the engine, which would write them
+    first) and the session's queue holds nothing of it."""
+
+    def refuse(inputs: Any) -> Any:
+        raise RuntimeError("refused before the crew ran")
+
+    ce.crewai.install(engine, session_id="s-refused")
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="Filed.")) as server:
+        clerk = Agent(role="Clerk", goal="file", backstory="tidy", llm=llm(server))
+        task = Task(description="File report R-7310.", expected_output="a line", agent=clerk)
+        crew = Crew(agents=[clerk], tasks=[task], before_kickoff_callbacks=[refuse])
+        try:
+            await asyncio.to_thread(crew.kickoff)
+        except RuntimeError as exc:
+            assert "refused" in str(exc)
+        else:
+            raise AssertionError("the kickoff did not raise")
+        assert server.requests == []
+    doc = await engine.store.get_session("s-refused")
+    assert doc is not None
+    tasks = doc.session.task_state.todo_list.tasks
+    assert [(t.name, t.status.value) for t in tasks] == [("File report R-7310.", "pending")]

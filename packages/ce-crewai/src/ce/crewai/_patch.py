@@ -11,10 +11,11 @@ streaming kickoff runs the same kickoff again inside (the run is opened there).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import guarded, is_suppressed
+from ce.core.integration import guarded, guarded_sync, is_suppressed
 from ce.core.schema import TaskStatus
 from ce.crewai._convert import task_record
 from ce.crewai._scopes import Run, Runs, current_run
@@ -107,26 +108,39 @@ class Kickoffs:
 
     def _queue_pending(
         self, run: Run, owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
+    ) -> threading.Event | None:
         """Queue the kickoff's tasks, pending, on its session (see :meth:`_pending`): written
         with the records its events queue, before the session's next engine call (the first
         model call's ``prepare_call``, whose input then lists them), in one commit with
-        them, not in a commit of their own."""
+        them, not in a commit of their own. Returns what is set once they are written (None:
+        no tasks), for :meth:`_written`."""
         records = self._pending(run, owner, args, kwargs)
         if not records:
-            return
+            return None
         plugin, session_id = self.plugin, run.session_id
         engine = plugin.engine
+        written = threading.Event()
 
         async def deferred() -> None:
-            await guarded(
-                plugin,
-                lambda: engine.upsert_tasks(session_id, records),
-                session_id=session_id,
-                what="upsert_tasks",
-            )
+            try:
+                await guarded(
+                    plugin,
+                    lambda: engine.upsert_tasks(session_id, records),
+                    session_id=session_id,
+                    what="upsert_tasks",
+                )
+            finally:
+                written.set()
 
         engine.defer(session_id, deferred)
+        return written
+
+    @staticmethod
+    def _unwritten(run: Run, written: threading.Event | None) -> str | None:
+        """The session to flush at the end of a kickoff whose tasks are still queued (no
+        engine call ran during it: a crew whose model calls the plugin does not see, or
+        ``inject=False``), so a session's queue never holds more than one kickoff."""
+        return run.session_id if written is not None and not written.is_set() else None
 
     def sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
         kickoffs = self
@@ -136,7 +150,7 @@ class Kickoffs:
                 # an agent's kickoff on a running loop hands over to its kickoff_async
                 return original(owner, *args, **kwargs)
             run = kickoffs._begin(owner, None)
-            kickoffs._queue_pending(run, owner, args, kwargs)
+            written = kickoffs._queue_pending(run, owner, args, kwargs)
             saved = kickoffs._window_off(owner)
             token = current_run.set(run)
             try:
@@ -145,6 +159,15 @@ class Kickoffs:
                 current_run.reset(token)
                 kickoffs.runs.end(run)
                 kickoffs._window_back(owner, saved)
+                session_id = kickoffs._unwritten(run, written)
+                if session_id is not None:
+                    engine = kickoffs.plugin.engine
+                    guarded_sync(
+                        kickoffs.plugin,
+                        lambda: engine.sync.flush(session_id),
+                        session_id=session_id,
+                        what="flush",
+                    )
 
         return kickoff
 
@@ -155,7 +178,7 @@ class Kickoffs:
             if kickoffs._passes(owner):
                 return await original(owner, *args, **kwargs)
             run = kickoffs._begin(owner, asyncio.get_running_loop())
-            kickoffs._queue_pending(run, owner, args, kwargs)
+            written = kickoffs._queue_pending(run, owner, args, kwargs)
             saved = kickoffs._window_off(owner)
             token = current_run.set(run)
             try:
@@ -164,6 +187,15 @@ class Kickoffs:
                 current_run.reset(token)
                 kickoffs.runs.end(run)
                 kickoffs._window_back(owner, saved)
+                session_id = kickoffs._unwritten(run, written)
+                if session_id is not None:
+                    engine = kickoffs.plugin.engine
+                    await guarded(
+                        kickoffs.plugin,
+                        lambda: engine.flush(session_id),
+                        session_id=session_id,
+                        what="flush",
+                    )
 
         return akickoff
 
