@@ -276,3 +276,43 @@ def test_a_tool_error_handled_before_its_start_is_recorded_with_its_duration(
     recorders.on_tool_finished(None, finished)
     recorders.on_tool_started(None, SimpleNamespace(event_id="e2", timestamp=start))
     assert recorders._tools_started == {} and recorders._tools_ended == set()
+
+
+async def test_a_tool_run_reported_late_is_recorded_before_the_next_model_call(
+    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CrewAI runs event handlers on a thread pool: on a busy machine the handler of a
+    tool's finished event may run after the agent's next model call has begun. That call
+    waits for the handlers of the events emitted before it, so the run is recorded, with its
+    result, before the model gets the tool's result, which cites its evidence. Here the
+    handler waits for the next request (at most a second): the call must not come first."""
+    next_request = threading.Event()
+    on_tool_finished = Recorders.on_tool_finished
+
+    def late(self: Recorders, source: Any, event: Any) -> None:
+        next_request.wait(timeout=1.0)
+        on_tool_finished(self, source, event)
+
+    monkeypatch.setattr(Recorders, "on_tool_finished", late)
+
+    @tool("weather")
+    def weather(city: str) -> str:
+        """Get the weather of a city."""
+        return f"weather of {city}"
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if body["messages"][-1]["role"] == "tool":
+            next_request.set()
+            return ScriptedResponse(text="Sunny.")
+        return ScriptedResponse(tool_calls=[("call_W", "weather", json.dumps({"city": "Oslo"}))])
+
+    with ScriptedOpenAIServer(script) as server:
+        agent = Agent(role="Forecaster", goal="g", backstory="b", llm=llm(server), tools=[weather])
+        await _kickoff(engine, "s-late", agent, "Weather in Oslo?")
+        requests = server.requests
+    doc = await engine.get_session("s-late")
+    assert doc is not None
+    (run,) = doc.session.tool_state.tool_calls
+    assert run.tool_call_id == "call_W" and run.task_id is not None
+    assert _result(doc, run) == "weather of Oslo"
+    assert _fences(requests[-1]) == {"call_W": (run.result_evidence_ids[0], "success")}

@@ -13,6 +13,7 @@ the kickoff's loop while only the worker waits).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,28 @@ if TYPE_CHECKING:
     from ce.core.integration import PatchLedger, Plugin
 
 __all__ = ["Injector"]
+
+SETTLE_SECONDS = 5.0
+"""How long a model call waits at most for the event handlers of what came before it."""
+
+
+def _settle_events() -> None:
+    """Wait (at most :data:`SETTLE_SECONDS`) for the handlers of the events CrewAI emitted
+    so far. CrewAI runs sync event handlers on a thread pool: on a busy machine the handler
+    of a tool's finished event can still be queued when the agent's next model call begins,
+    and the run it records would reach the session after the messages of that call, which
+    already answer the tool call (the run would then go unmatched). Asked only while a tool
+    call of the caller's run has not been reported run. Not from one of the bus's own
+    threads: a model call made inside a handler would wait for itself."""
+    from crewai.events import crewai_event_bus
+
+    current = threading.current_thread()
+    executor = getattr(crewai_event_bus, "_sync_executor", None)
+    if current in getattr(executor, "_threads", ()) or current is getattr(
+        crewai_event_bus, "_loop_thread", None
+    ):
+        return
+    crewai_event_bus.flush(timeout=SETTLE_SECONDS)
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -98,6 +121,8 @@ class Injector:
             if injector._passes():
                 return original(llm, messages, *args, **kwargs)
             target = injector._target(kwargs)
+            if injector.runs.awaits_runs(target):
+                _settle_events()
             pending = pending_messages(messages)
             tools = kwargs.get("tools", args[0] if args else None)
             sent = injector._prepare_sync(target, pending, tool_schemas(tools))
@@ -121,6 +146,8 @@ class Injector:
             if injector._passes():
                 return await original(llm, messages, *args, **kwargs)
             target = injector._target(kwargs)
+            if injector.runs.awaits_runs(target):  # waited for on a worker thread
+                await asyncio.to_thread(_settle_events)
             pending = pending_messages(messages)
             tools = kwargs.get("tools", args[0] if args else None)
             sent = await prepare_openai(
