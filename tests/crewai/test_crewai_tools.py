@@ -55,6 +55,20 @@ async def _kickoff(engine: ContextEngine, session_id: str, agent: Agent, text: s
     crewai_event_bus.flush()
 
 
+async def _forecast(
+    engine: ContextEngine, session_id: str, script: Any, weather: Any, text: str
+) -> tuple[list[dict[str, Any]], SessionDocument]:
+    """A crew of one forecaster agent with the ``weather`` tool on the scripted server,
+    kicked off once: the requests the model got and the session stored."""
+    with ScriptedOpenAIServer(script) as server:
+        agent = Agent(role="Forecaster", goal="g", backstory="b", llm=llm(server), tools=[weather])
+        await _kickoff(engine, session_id, agent, text)
+        requests = server.requests
+    doc = await engine.get_session(session_id)
+    assert doc is not None
+    return requests, doc
+
+
 async def test_a_raising_tool_is_an_error_and_the_next_call_keeps_its_own_id(
     engine: ContextEngine,
 ) -> None:
@@ -210,12 +224,9 @@ async def test_a_model_naming_every_call_call_0_gets_each_result_under_its_own_i
             return ScriptedResponse(tool_calls=[("call_0", "weather", json.dumps({"city": city}))])
         return ScriptedResponse(text="Both sunny.")
 
-    with ScriptedOpenAIServer(script) as server:
-        agent = Agent(role="Forecaster", goal="g", backstory="b", llm=llm(server), tools=[weather])
-        await _kickoff(engine, "s-reused", agent, "Weather in Paris, then Rome?")
-        requests = server.requests
-    doc = await engine.get_session("s-reused")
-    assert doc is not None
+    requests, doc = await _forecast(
+        engine, "s-reused", script, weather, "Weather in Paris, then Rome?"
+    )
     runs = {r.tool_call_id: r for r in doc.session.tool_state.tool_calls}
     assert set(runs) == {"call_0", "call_0~2"}
     fences = _fences(requests[-1])
@@ -306,12 +317,7 @@ async def test_a_tool_run_reported_late_is_recorded_before_the_next_model_call(
             return ScriptedResponse(text="Sunny.")
         return ScriptedResponse(tool_calls=[("call_W", "weather", json.dumps({"city": "Oslo"}))])
 
-    with ScriptedOpenAIServer(script) as server:
-        agent = Agent(role="Forecaster", goal="g", backstory="b", llm=llm(server), tools=[weather])
-        await _kickoff(engine, "s-late", agent, "Weather in Oslo?")
-        requests = server.requests
-    doc = await engine.get_session("s-late")
-    assert doc is not None
+    requests, doc = await _forecast(engine, "s-late", script, weather, "Weather in Oslo?")
     (run,) = doc.session.tool_state.tool_calls
     assert run.tool_call_id == "call_W" and run.task_id is not None
     assert _result(doc, run) == "weather of Oslo"
