@@ -113,7 +113,7 @@ class Kickoffs:
         with the records its events queue, before the session's next engine call (the first
         model call's ``prepare_call``, whose input then lists them), in one commit with
         them, not in a commit of their own. Returns what is set once they are written (None:
-        no tasks), for :meth:`_written`."""
+        no tasks), for :meth:`_unwritten`."""
         records = self._pending(run, owner, args, kwargs)
         if not records:
             return None
@@ -138,8 +138,8 @@ class Kickoffs:
     @staticmethod
     def _unwritten(run: Run, written: threading.Event | None) -> str | None:
         """The session to flush at the end of a kickoff whose tasks are still queued (no
-        engine call ran during it: a crew whose model calls the plugin does not see, or
-        ``inject=False``), so a session's queue never holds more than one kickoff."""
+        engine call ran during it: the kickoff failed before its first model call, or made
+        none the plugin sees), so a session's queue never holds more than one kickoff."""
         return run.session_id if written is not None and not written.is_set() else None
 
     def sync(self, original: Callable[..., Any]) -> Callable[..., Any]:
