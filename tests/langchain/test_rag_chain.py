@@ -21,7 +21,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import RunnablePassthrough
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_openai import ChatOpenAI
 
 import ce.langchain
@@ -187,3 +187,61 @@ async def test_a_chain_improving_its_own_draft_sends_the_draft_once() -> None:
         draft,
         "Refunds: 30 days. Shipping: 2 days.",
     ]
+
+
+class Faq(BaseRetriever):
+    """A second index that holds the refund policy too (as a help-centre FAQ)."""
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return [Document(page_content=POLICY.strip(), metadata={"source": "faq://returns"})]
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_a_passage_two_retrievers_return_is_sent_once_citing_both(
+    path: str, engine: ContextEngine
+) -> None:
+    """A chain asking two indexes (the handbook and the FAQ) that both hold the refund
+    policy: the model reads the policy once, fenced under one evidence id, while the other
+    source's block points to it; both sources stay cited and stored."""
+    prompt = ChatPromptTemplate.from_messages(
+        [("system", "Answer from the excerpts below.\n\n{context}"), ("human", "{question}")]
+    )
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="30 days.")) as server:
+        model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-test")
+
+        def excerpts(found: dict[str, list[Document]]) -> str:
+            return "\n\n".join(d.page_content for docs in found.values() for d in docs)
+
+        retrieve = {"handbook": Handbook(), "faq": Faq()}
+        chain = (
+            {"context": retrieve | RunnableLambda(excerpts), "question": RunnablePassthrough()}
+            | prompt
+            | model
+            | StrOutputParser()
+        )
+        ce.langchain.install(engine, session_id="two-indexes")
+        question = "Can I return an unopened order?"
+        answer = chain.invoke(question) if path == "sync" else await chain.ainvoke(question)
+        ce.langchain.uninstall()
+        (request,) = server.requests
+    assert answer == "30 days."
+    doc = await engine.get_session("two-indexes")
+    policies = {
+        e.source.uri: e.evidence_id
+        for e in doc.evidences.values()
+        if e.type is EvidenceType.RAG_DOC and e.content == POLICY.strip()
+    }
+    assert set(policies) == {"kb://refunds", "faq://returns"}  # both stored, each cited
+    wire = json.dumps(request)
+    assert wire.count("Refunds are accepted within 30 days") == 5  # the policy once
+    assert wire.count("Orders ship within two business days") == 5
+    system = request["messages"][0]["content"]
+    for uri in policies:
+        assert f'uri="{uri}"' in system
+    blocks = dict(re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', system, re.S))
+    whole = [i for i in policies.values() if blocks.get(i) == POLICY.strip()]
+    assert len(whole) == 1
+    (other,) = set(policies.values()) - set(whole)
+    assert whole[0] in blocks[other] and "Refunds" not in blocks[other]

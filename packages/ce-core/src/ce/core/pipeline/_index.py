@@ -45,6 +45,7 @@ from ce.core.pipeline._levels import LEVELS, fence_evidence, fence_tool_result, 
 from ce.core.pipeline._quotes import (
     QUOTE_LOOKBACK,
     QUOTED_ANSWER,
+    SAME_TEXT_POINTER,
     Quotes,
     fenced_in_place,
     quoted_answers,
@@ -221,6 +222,9 @@ class SessionIndex:
             p: [] for p in (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
         }
         self._evidence_cum: dict[Priority, list[int]] = {p: [0] for p in self.evidence_tiers}
+        # each evidence block's evidence, and its pointer renderings (see evidence_pointer)
+        self._evidence_of: dict[str, Evidence] = {}
+        self._pointers: dict[tuple[str, str], Rendering] = {}
         self.message_base = message_base
         self.message_count = message_base
         self.evidence_count = 0
@@ -368,6 +372,7 @@ class SessionIndex:
             )
             return
         self.evidence_tiers[tier].append(candidate)
+        self._evidence_of[candidate.block_id] = evidence
         cum = self._evidence_cum[tier]
         cum.append(cum[-1] + tokens)
 
@@ -385,6 +390,24 @@ class SessionIndex:
 
     def _render_evidence(self, evidence: Evidence, level: LevelOfDetail) -> Rendering:
         return self._section(level, fence_evidence(evidence, shorten(evidence.content, level)))
+
+    def evidence_text(self, block_id: str) -> str:
+        """The text of the evidence block ``block_id`` (what two blocks with the same text
+        share; surrounding whitespace aside)."""
+        return self._evidence_of[block_id].content.strip()
+
+    def evidence_pointer(self, block_id: str, original_id: str) -> Rendering:
+        """The evidence block ``block_id`` with its own provenance but, instead of its text,
+        a pointer to the evidence ``original_id`` that holds the same text and is sent whole
+        (two sources returning one passage: the text goes once, both sources are cited)."""
+        key = (block_id, original_id)
+        rendering = self._pointers.get(key)
+        if rendering is None:
+            evidence = self._evidence_of[block_id]
+            pointer = SAME_TEXT_POINTER.format(evidence_id=original_id)
+            rendering = self._section(LevelOfDetail.LIVE, fence_evidence(evidence, pointer))
+            self._pointers[key] = rendering
+        return rendering
 
     def drain_errors(self) -> list[tuple[str, str]]:
         """Errors met while deriving since the last call, as ``(reason, detail)``."""

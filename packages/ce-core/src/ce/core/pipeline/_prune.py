@@ -36,7 +36,7 @@ from typing import Literal
 
 from ce.core.errors import BudgetExceededError
 from ce.core.pipeline._index import Candidate, Rendering, SessionIndex
-from ce.core.pipeline._quotes import QUOTED_REASON
+from ce.core.pipeline._quotes import QUOTED_REASON, SAME_TEXT_REASON
 from ce.core.schema import LevelOfDetail, Priority, PruneDecision
 
 __all__ = [
@@ -192,6 +192,7 @@ class _Run:
         # the history walk's outcome per group index (decided in one pass, reported as ranges)
         self.at: int | None = None
         self.walk: dict[int, _Outcome] = {}
+        self.whole_texts: dict[str, str] = {}  # evidence text -> id of the one kept whole
 
     def decide(
         self,
@@ -226,7 +227,9 @@ class _Run:
         self.remaining -= cost
         self.result.kept.append((candidate, rendering))
         if rendering.level is LevelOfDetail.LIVE:
-            self.decide(candidate, "kept", reason, cost, rendering.level)
+            # a block kept whole saves nothing; one sent as a pointer saves its text
+            saved = 0 if rendering is candidate.live else candidate.live.tokens - rendering.tokens
+            self.decide(candidate, "kept", reason, cost, rendering.level, saved)
         else:
             saved = candidate.live.tokens - rendering.tokens
             self.decide(candidate, "degraded", reason, cost, rendering.level, saved)
@@ -473,6 +476,23 @@ class GreedyPriorityPruner:
             )
             run.keep(candidate, rendering, reason)
 
+    @staticmethod
+    def _same_text(run: _Run, candidate: Candidate, room: int, tier: Priority) -> bool:
+        """Keep the evidence ``candidate`` as a pointer to the evidence with the same text that
+        this pass kept whole, when there is one and the pointer fits in ``room`` and costs
+        less than the text (the block's fence, with its own source, and one line)."""
+        if not run.whole_texts or run.expired(candidate, tier) is not None:
+            return False
+        index = run.request.index
+        original = run.whole_texts.get(index.evidence_text(candidate.block_id))
+        if original is None:
+            return False
+        pointer = index.evidence_pointer(candidate.block_id, original)
+        if pointer.tokens > room or pointer.tokens >= candidate.live.tokens:
+            return False  # a short text costs less whole than its pointer
+        run.keep(candidate, pointer, SAME_TEXT_REASON.format(evidence_id=original))
+        return True
+
     def _evidence(self, run: _Run, tier: Priority) -> None:
         index = run.request.index
         blocks = index.evidence_tiers[tier]
@@ -505,10 +525,16 @@ class GreedyPriorityPruner:
                 continue
             preamble = run.request.evidence_preamble_tokens if not run.result.evidence_kept else 0
             before = run.remaining
-            if run.try_fit(blocks[position], tier, preamble, room):
+            if self._same_text(run, candidate, room, tier) or run.try_fit(
+                candidate, tier, preamble, room
+            ):
                 run.result.evidence_kept += 1
                 run.evidence_room -= before - run.remaining
                 misses = 0
+                kept, rendering = run.result.kept[-1]
+                if kept is candidate and rendering.level is LevelOfDetail.LIVE:
+                    text = index.evidence_text(candidate.block_id)
+                    run.whole_texts.setdefault(text, candidate.block_id.removeprefix("ev:"))
             else:
                 misses += 1
         else:  # every block of the tier was visited and the walk could have gone on

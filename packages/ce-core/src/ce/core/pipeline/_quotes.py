@@ -12,7 +12,11 @@ Two cases are sent once instead of twice:
   before it). The history's copies then go as pointers to the prompt: the answer as
   :data:`QUOTED_ANSWER`, each copy inside an earlier prompt as :data:`QUOTED_IN_PROMPT`, for
   as long as that prompt is the newest user message (the one every assembled input keeps
-  whole).
+  whole);
+* two evidences with the same text (two retrievers, sources or indexes returning one passage):
+  the newer one that is kept goes whole, each other one kept with it as its own fenced block
+  (its id and source) holding :data:`SAME_TEXT_POINTER` instead of the text. Decided while
+  pruning, once the whole copy is kept, so a pointer never points at a block left out.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ __all__ = [
     "QUOTED_ANSWER",
     "QUOTED_IN_PROMPT",
     "QUOTED_REASON",
+    "SAME_TEXT_POINTER",
+    "SAME_TEXT_REASON",
     "Quotes",
     "fenced_in_place",
     "quoted_answers",
@@ -42,6 +48,12 @@ QUOTED_IN_PROMPT = "[an earlier answer, quoted in full in the latest user messag
 QUOTED_REASON = "; what the latest user message quotes in full goes there only (a pointer here)"
 """Added to the prune decision of a block sent with such a pointer, so a report says why it
 costs so little."""
+
+SAME_TEXT_POINTER = "[the same text as evidence {evidence_id}, sent in full there]"
+"""The body of an evidence block whose text another kept evidence holds whole."""
+
+SAME_TEXT_REASON = "the same text as evidence {evidence_id}, kept whole: a pointer here"
+"""The prune decision's reason for such a block (what it costs: its fence and one line)."""
 
 MIN_QUOTED_CHARS = 80
 """Answers shorter than this stay as they are: a short answer ("Yes.", a number) found in a

@@ -75,7 +75,8 @@ class PruneDecision(_Model):
     conversation blocks that share the decision (``block_id`` then names the range, e.g.
     ``msg:<first>..msg:<last>``), so that a long history costs one decision, not thousands.
     ``level`` is the Level of Detail a kept or degraded block renders at; ``saved_tokens``
-    what a degraded block saves against its Live rendering."""
+    what a degraded block, or one kept as a pointer to another that holds its text, saves
+    against its Live rendering."""
 
     block_id: str
     action: Literal["kept", "dropped", "degraded"]

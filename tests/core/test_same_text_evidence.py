@@ -1,0 +1,130 @@
+"""Two evidences with the same text (two retrievers, sources or indexes returning one passage)
+reach the model once: the newer one kept goes whole, the others as fenced blocks of their own
+(id and source) pointing to it, and a pointer never points at a block left out."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ce.core.config import BudgetConfig, RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.pipeline._quotes import SAME_TEXT_POINTER
+from ce.core.primitives import SequentialIdGenerator, SteppingClock
+from ce.core.schema import EvidenceSource, EvidenceType, PrepareResult, SourceKind
+from ce.core.stores import MemoryStore
+
+PASSAGE = (
+    "REFUND-POLICY-4411: annual plans can be refunded within 30 days of purchase; after that "
+    "the refund is prorated by the months left, minus a processing fee of five percent. "
+    "Monthly plans are not refunded, but they can be cancelled at any time before renewal."
+)
+_BLOCK = re.compile(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', re.S)
+
+
+def _engine(budget: int = 4_000) -> ContextEngine:
+    return ContextEngine(
+        MemoryStore(),
+        config=RuntimeConfig(
+            model_hint="gpt-4o",
+            budget=BudgetConfig(max_input_tokens=budget + 1_024, reserved_reply_tokens=1_024),
+        ),
+        clock=SteppingClock(),
+        id_generator=SequentialIdGenerator("id"),
+    )
+
+
+async def _hit(engine: ContextEngine, text: str, uri: str) -> str:
+    evidence = await engine.ingest_evidence(
+        "s1", text, EvidenceSource(kind=SourceKind.RAG, uri=uri), EvidenceType.RAG_DOC
+    )
+    return evidence.evidence_id
+
+
+def _blocks(result: PrepareResult) -> dict[str, str]:
+    """The evidence blocks the model receives: id -> body."""
+    system = result.assembled_input.parts[0].content
+    return dict(_BLOCK.findall(system))
+
+
+def _pointer(evidence_id: str) -> str:
+    return SAME_TEXT_POINTER.format(evidence_id=evidence_id)
+
+
+async def test_a_passage_two_sources_return_is_sent_once_and_both_are_cited() -> None:
+    engine = _engine()
+    billing = await _hit(engine, PASSAGE, "kb://billing/refunds")
+    faq = await _hit(engine, PASSAGE + "\n", "kb://faq/annual-plans")  # whitespace aside
+    other = await _hit(engine, "Support is open on weekdays from 9 to 17.", "kb://support/hours")
+    result = await engine.prepare_turn("s1", "Can I get my money back on an annual plan?")
+    system = result.assembled_input.parts[0].content
+    assert system.count("REFUND-POLICY-4411") == 1
+    blocks = _blocks(result)
+    assert blocks[faq].strip() == PASSAGE  # the newer copy goes whole
+    assert blocks[billing] == _pointer(faq)  # the other one points to it, with its own source
+    assert 'uri="kb://billing/refunds"' in system and 'uri="kb://faq/annual-plans"' in system
+    assert blocks[other] == "Support is open on weekdays from 9 to 17."
+    # the report says why the block costs one line, and what its pointer saved
+    decision = next(d for d in result.report.prune_decisions if d.block_id == f"ev:{billing}")
+    assert decision.action == "kept"
+    assert decision.reason == f"the same text as evidence {faq}, kept whole: a pointer here"
+    assert decision.saved_tokens > 0
+    whole = next(d for d in result.report.prune_decisions if d.block_id == f"ev:{faq}")
+    assert decision.token_estimate + decision.saved_tokens >= whole.token_estimate - 20
+    # the session keeps both evidences as they came
+    doc = await engine.get_session("s1")
+    assert doc is not None
+    assert sum(e.content.strip() == PASSAGE for e in doc.evidences.values()) == 2
+
+
+async def test_the_budget_counts_the_pointer_not_the_text() -> None:
+    """With the same passage from two sources the input costs about one passage less than
+    with two different passages of the same length."""
+
+    async def used(second: str) -> int:
+        engine = _engine()
+        await _hit(engine, PASSAGE, "kb://billing/refunds")
+        await _hit(engine, second, "kb://faq/annual-plans")
+        result = await engine.prepare_turn("s1", "Can I get my money back?")
+        return result.report.token_used
+
+    different = PASSAGE.replace("4411", "5522").replace("annual", "yearly")
+    assert await used(PASSAGE) < await used(different) - 20
+
+
+async def test_a_short_text_costs_less_whole_than_its_pointer() -> None:
+    engine = _engine()
+    first = await _hit(engine, "Yes.", "kb://a")
+    second = await _hit(engine, "Yes.", "kb://b")
+    blocks = _blocks(await engine.prepare_turn("s1", "Is it open?"))
+    assert blocks == {first: "Yes.", second: "Yes."}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    texts=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=8),
+    budget=st.integers(min_value=120, max_value=900),
+)
+async def test_a_pointer_always_points_at_a_text_sent_whole(texts: list[str], budget: int) -> None:
+    """Whatever the budget leaves room for: every pointer names an evidence whose whole text
+    is in the same input, no text goes whole twice, and the input stays within the budget."""
+    passages = {k: f"{k.upper()}-{k * 3}: " + PASSAGE for k in "abc"}
+    engine = _engine(budget)
+    ids = {}
+    for i, key in enumerate(texts):
+        ids[await _hit(engine, passages[key], f"kb://{i}")] = key
+    result = await engine.prepare_turn("s1", "Refunds?")
+    assert result.report.token_used <= budget
+    blocks = _blocks(result)
+    pointer = re.compile(re.escape(_pointer("X")).replace("X", "(.+)"))
+    whole = {i: body for i, body in blocks.items() if body == passages[ids[i]]}
+    assert len(set(whole.values())) == len(whole)  # each text at most once whole
+    for evidence_id, body in blocks.items():
+        target = pointer.fullmatch(body)
+        if target is None:  # the text itself, whole or shortened to fit
+            assert body[:2] == passages[ids[evidence_id]][:2]
+            continue
+        assert target.group(1) in whole  # kept whole in this very input
+        assert ids[target.group(1)] == ids[evidence_id]  # and it holds this block's text
