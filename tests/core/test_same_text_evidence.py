@@ -1,6 +1,7 @@
 """Two evidences with the same text (two retrievers, sources or indexes returning one passage)
-reach the model once: the newer one kept goes whole, the others as fenced blocks of their own
-(id and source) pointing to it, and a pointer never points at a block left out."""
+reach the model once: the oldest one kept goes whole (the one a prompt quoting the text names),
+the others as fenced blocks of their own (id and source) pointing to it, and a pointer never
+points at a block left out."""
 
 from __future__ import annotations
 
@@ -62,16 +63,16 @@ async def test_a_passage_two_sources_return_is_sent_once_and_both_are_cited() ->
     system = result.assembled_input.parts[0].content
     assert system.count("REFUND-POLICY-4411") == 1
     blocks = _blocks(result)
-    assert blocks[faq].strip() == PASSAGE  # the newer copy goes whole
-    assert blocks[billing] == _pointer(faq)  # the other one points to it, with its own source
+    assert blocks[billing] == PASSAGE  # the older copy goes whole
+    assert blocks[faq] == _pointer(billing)  # the other one points to it, with its own source
     assert 'uri="kb://billing/refunds"' in system and 'uri="kb://faq/annual-plans"' in system
     assert blocks[other] == "Support is open on weekdays from 9 to 17."
     # the report says why the block costs one line, and what its pointer saved
-    decision = next(d for d in result.report.prune_decisions if d.block_id == f"ev:{billing}")
+    decision = next(d for d in result.report.prune_decisions if d.block_id == f"ev:{faq}")
     assert decision.action == "kept"
-    assert decision.reason == f"the same text as evidence {faq}, kept whole: a pointer here"
+    assert decision.reason == f"the same text as evidence {billing}, kept whole: a pointer here"
     assert decision.saved_tokens > 0
-    whole = next(d for d in result.report.prune_decisions if d.block_id == f"ev:{faq}")
+    whole = next(d for d in result.report.prune_decisions if d.block_id == f"ev:{billing}")
     assert decision.token_estimate + decision.saved_tokens >= whole.token_estimate - 20
     # the session keeps both evidences as they came
     doc = await engine.get_session("s1")
@@ -128,3 +129,23 @@ async def test_a_pointer_always_points_at_a_text_sent_whole(texts: list[str], bu
             continue
         assert target.group(1) in whole  # kept whole in this very input
         assert ids[target.group(1)] == ids[evidence_id]  # and it holds this block's text
+
+
+async def test_three_copies_point_to_the_oldest_one_kept() -> None:
+    """The walk meets the newest copy first; each older one takes the text over and the
+    others are sent again pointing to it: no pointer leads to another pointer."""
+    engine = _engine()
+    first = await _hit(engine, PASSAGE, "kb://a")
+    second = await _hit(engine, PASSAGE, "kb://b")
+    third = await _hit(engine, PASSAGE, "kb://c")
+    result = await engine.prepare_turn("s1", "Refunds?")
+    assert _blocks(result) == {first: PASSAGE, second: _pointer(first), third: _pointer(first)}
+    decisions = {d.block_id: d for d in result.report.prune_decisions}
+    assert decisions[f"ev:{first}"].reason == "fits; the other blocks of its text point here"
+    assert all(decisions[f"ev:{i}"].saved_tokens > 0 for i in (second, third))
+    # the budget counts what is sent: one passage and two pointers, not three passages
+    other = _engine()
+    for n in range(3):
+        await _hit(other, PASSAGE.replace("4411", f"441{n}"), f"kb://{n}")
+    three = await other.prepare_turn("s1", "Refunds?")
+    assert result.report.token_used < three.report.token_used - 60

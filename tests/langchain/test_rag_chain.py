@@ -245,3 +245,7 @@ async def test_a_passage_two_retrievers_return_is_sent_once_citing_both(
     assert len(whole) == 1
     (other,) = set(policies.values()) - set(whole)
     assert whole[0] in blocks[other] and "Refunds" not in blocks[other]
+    # the prompt's copies of the policy point to the block that holds it whole
+    prompt_part = system.split("## Evidence")[0]
+    assert f"[retrieved document: evidence {whole[0]}]" in prompt_part
+    assert other not in prompt_part

@@ -184,7 +184,9 @@ def _report_attributes(report: Report, parts: Any) -> dict[str, Any]:
         "ce.tokens.used": report.token_used,
         "ce.tokens.kept": sum(d.token_estimate for d in kept),
         "ce.tokens.dropped": sum(d.token_estimate for d in dropped),
-        "ce.tokens.saved_by_degrading": sum(d.saved_tokens for d in decisions),
+        "ce.tokens.saved_by_degrading": sum(
+            d.saved_tokens for d in decisions if d.action == "degraded"
+        ),
         "ce.blocks.kept": sum(d.block_count for d in decisions if d.action == "kept"),
         "ce.blocks.degraded": sum(d.block_count for d in decisions if d.action == "degraded"),
         "ce.blocks.dropped": sum(d.block_count for d in dropped),

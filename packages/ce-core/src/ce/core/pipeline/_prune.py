@@ -36,7 +36,8 @@ from typing import Literal
 
 from ce.core.errors import BudgetExceededError
 from ce.core.pipeline._index import Candidate, Rendering, SessionIndex
-from ce.core.pipeline._quotes import QUOTED_REASON, SAME_TEXT_REASON
+from ce.core.pipeline._quotes import QUOTED_REASON
+from ce.core.pipeline._same_text import SameTexts
 from ce.core.schema import LevelOfDetail, Priority, PruneDecision
 
 __all__ = [
@@ -192,7 +193,7 @@ class _Run:
         # the history walk's outcome per group index (decided in one pass, reported as ranges)
         self.at: int | None = None
         self.walk: dict[int, _Outcome] = {}
-        self.whole_texts: dict[str, str] = {}  # evidence text -> id of the one kept whole
+        self.same_texts = SameTexts(request.index)  # kept evidence blocks by text
 
     def decide(
         self,
@@ -233,6 +234,24 @@ class _Run:
         else:
             saved = candidate.live.tokens - rendering.tokens
             self.decide(candidate, "degraded", reason, cost, rendering.level, saved)
+
+    def redo(
+        self, kept_at: int, decided_at: int, rendering: Rendering, reason: str, extra: int
+    ) -> None:
+        """Send the block kept ``kept_at``-th (decided ``decided_at``-th) as ``rendering``
+        instead, with the decision saying ``reason`` (evidence whose text another block now
+        holds: see :class:`SameTexts`)."""
+        candidate, before = self.result.kept[kept_at]
+        self.remaining -= rendering.tokens - before.tokens
+        self.result.kept[kept_at] = (candidate, rendering)
+        self.result.decisions[decided_at] = _decision(
+            candidate.block_id,
+            "kept",
+            reason,
+            rendering.tokens + extra,
+            level=rendering.level,
+            saved=candidate.live.tokens - rendering.tokens,
+        )
 
     def try_fit(
         self, candidate: Candidate, priority: Priority, extra: int = 0, room: int | None = None
@@ -476,23 +495,6 @@ class GreedyPriorityPruner:
             )
             run.keep(candidate, rendering, reason)
 
-    @staticmethod
-    def _same_text(run: _Run, candidate: Candidate, room: int, tier: Priority) -> bool:
-        """Keep the evidence ``candidate`` as a pointer to the evidence with the same text that
-        this pass kept whole, when there is one and the pointer fits in ``room`` and costs
-        less than the text (the block's fence, with its own source, and one line)."""
-        if not run.whole_texts or run.expired(candidate, tier) is not None:
-            return False
-        index = run.request.index
-        original = run.whole_texts.get(index.evidence_text(candidate.block_id))
-        if original is None:
-            return False
-        pointer = index.evidence_pointer(candidate.block_id, original)
-        if pointer.tokens > room or pointer.tokens >= candidate.live.tokens:
-            return False  # a short text costs less whole than its pointer
-        run.keep(candidate, pointer, SAME_TEXT_REASON.format(evidence_id=original))
-        return True
-
     def _evidence(self, run: _Run, tier: Priority) -> None:
         index = run.request.index
         blocks = index.evidence_tiers[tier]
@@ -525,16 +527,15 @@ class GreedyPriorityPruner:
                 continue
             preamble = run.request.evidence_preamble_tokens if not run.result.evidence_kept else 0
             before = run.remaining
-            if self._same_text(run, candidate, room, tier) or run.try_fit(
-                candidate, tier, preamble, room
-            ):
+            if (
+                run.expired(candidate, tier) is None and run.same_texts.keep(run, candidate, room)
+            ) or run.try_fit(candidate, tier, preamble, room):
                 run.result.evidence_kept += 1
                 run.evidence_room -= before - run.remaining
                 misses = 0
                 kept, rendering = run.result.kept[-1]
-                if kept is candidate and rendering.level is LevelOfDetail.LIVE:
-                    text = index.evidence_text(candidate.block_id)
-                    run.whole_texts.setdefault(text, candidate.block_id.removeprefix("ev:"))
+                if kept is candidate and rendering is candidate.live:
+                    run.same_texts.kept_whole(run, candidate)
             else:
                 misses += 1
         else:  # every block of the tier was visited and the walk could have gone on

@@ -14,9 +14,9 @@ Two cases are sent once instead of twice:
   as long as that prompt is the newest user message (the one every assembled input keeps
   whole);
 * two evidences with the same text (two retrievers, sources or indexes returning one passage):
-  the newer one that is kept goes whole, each other one kept with it as its own fenced block
-  (its id and source) holding :data:`SAME_TEXT_POINTER` instead of the text. Decided while
-  pruning, once the whole copy is kept, so a pointer never points at a block left out.
+  one of them goes whole, each other one kept with it as its own fenced block (its id and
+  source) holding :data:`SAME_TEXT_POINTER` instead of the text (see
+  :mod:`~ce.core.pipeline._same_text`).
 """
 
 from __future__ import annotations
