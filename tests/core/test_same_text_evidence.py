@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.pipeline._quotes import SAME_TEXT_POINTER
-from ce.core.primitives import SequentialIdGenerator, SteppingClock
 from ce.core.schema import EvidenceSource, EvidenceType, PrepareResult, SourceKind
-from ce.core.stores import MemoryStore
+from ce.core.testing import deterministic_engine
 
 PASSAGE = (
     "REFUND-POLICY-4411: annual plans can be refunded within 30 days of purchase; after that "
@@ -26,15 +25,8 @@ _BLOCK = re.compile(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', re.S)
 
 
 def _engine(budget: int = 4_000) -> ContextEngine:
-    return ContextEngine(
-        MemoryStore(),
-        config=RuntimeConfig(
-            model_hint="gpt-4o",
-            budget=BudgetConfig(max_input_tokens=budget + 1_024, reserved_reply_tokens=1_024),
-        ),
-        clock=SteppingClock(),
-        id_generator=SequentialIdGenerator("id"),
-    )
+    budget_config = BudgetConfig(max_input_tokens=budget + 1_024, reserved_reply_tokens=1_024)
+    return deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=budget_config))
 
 
 async def _hit(engine: ContextEngine, text: str, uri: str) -> str:
