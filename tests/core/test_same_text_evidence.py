@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,9 +30,13 @@ def _engine(budget: int = 4_000) -> ContextEngine:
     return deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=budget_config))
 
 
-async def _hit(engine: ContextEngine, text: str, uri: str) -> str:
+async def _hit(engine: ContextEngine, text: str, uri: str, score: float | None = None) -> str:
     evidence = await engine.ingest_evidence(
-        "s1", text, EvidenceSource(kind=SourceKind.RAG, uri=uri), EvidenceType.RAG_DOC
+        "s1",
+        text,
+        EvidenceSource(kind=SourceKind.RAG, uri=uri),
+        EvidenceType.RAG_DOC,
+        metadata=None if score is None else {"score": score},
     )
     return evidence.evidence_id
 
@@ -95,19 +100,39 @@ async def test_a_short_text_costs_less_whole_than_its_pointer() -> None:
     assert blocks == {first: "Yes.", second: "Yes."}
 
 
+@pytest.mark.parametrize("scores", [(0.9, 0.5), (0.5, 0.9)])
+async def test_copies_in_two_priority_tiers_point_to_the_oldest(
+    scores: tuple[float, float],
+) -> None:
+    """Evidence is walked tier by tier (by confidence), so the first copy met may be the
+    newer one or the older one: either way the older one goes whole."""
+    engine = _engine()
+    older = await _hit(engine, PASSAGE, "kb://a", scores[0])
+    newer = await _hit(engine, PASSAGE, "kb://b", scores[1])
+    blocks = _blocks(await engine.prepare_turn("s1", "Refunds?"))
+    assert blocks == {older: PASSAGE, newer: _pointer(older)}
+
+
 @settings(max_examples=40, deadline=None)
 @given(
-    texts=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=8),
+    hits=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([None, 0.9, 0.5, 0.2])),
+        min_size=1,
+        max_size=8,
+    ),
     budget=st.integers(min_value=120, max_value=900),
 )
-async def test_a_pointer_always_points_at_a_text_sent_whole(texts: list[str], budget: int) -> None:
-    """Whatever the budget leaves room for: every pointer names an evidence whose whole text
-    is in the same input, no text goes whole twice, and the input stays within the budget."""
+async def test_a_pointer_always_points_at_a_text_sent_whole(
+    hits: list[tuple[str, float | None]], budget: int
+) -> None:
+    """Whatever the budget leaves room for and however the copies spread over the priority
+    tiers: every pointer names an evidence whose whole text is in the same input, no text
+    goes whole twice, and the input stays within the budget."""
     passages = {k: f"{k.upper()}-{k * 3}: " + PASSAGE for k in "abc"}
     engine = _engine(budget)
     ids = {}
-    for i, key in enumerate(texts):
-        ids[await _hit(engine, passages[key], f"kb://{i}")] = key
+    for i, (key, score) in enumerate(hits):
+        ids[await _hit(engine, passages[key], f"kb://{i}", score)] = key
     result = await engine.prepare_turn("s1", "Refunds?")
     assert result.report.token_used <= budget
     blocks = _blocks(result)

@@ -5,6 +5,7 @@ input on every call, the post-tool calls included, streaming or not."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ pytest.importorskip("llama_index.llms.openai")
 
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.chat_engine import ContextChatEngine
 from llama_index.core.instrumentation.dispatcher import instrument_tags
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.core.tools import FunctionTool
@@ -135,3 +137,61 @@ async def test_every_request_body_is_the_engines_input(engine: ContextEngine) ->
     # the budget forced the engine to leave older history out of the last calls
     assert len(requests[-1]["messages"]) < 1 + 3 * 3 + 1
     assert any(d.action != "kept" for t in turns for d in t.report.prune_decisions)
+
+
+POLICY = (
+    "REFUND-7731: annual plans are refunded within 30 days of purchase; after that the refund "
+    "is prorated by the months left, minus a processing fee of five percent."
+)
+
+
+class BothIndexes(BaseRetriever):
+    """An app's retriever asking two indexes that both hold the refund policy (a handbook
+    and a help-centre FAQ, scored differently)."""
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return [
+            NodeWithScore(node=TextNode(text=POLICY, metadata={"source": source}), score=score)
+            for source, score in (("kb://handbook/refunds", 0.9), ("faq://returns", 0.7))
+        ]
+
+
+async def test_a_passage_two_indexes_return_is_sent_once_citing_both(
+    engine: ContextEngine,
+) -> None:
+    """A ContextChatEngine over two indexes that both hold a passage: its system prompt
+    quotes the passage twice and the session holds it as two evidences (two sources). Every
+    request body holds it once, fenced whole under one id, which the prompt's copies and the
+    other source's block point to."""
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="Within 30 days.")) as server:
+        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+        chat = ContextChatEngine.from_defaults(retriever=BothIndexes(), llm=llm)
+        ce.llamaindex.install(engine)
+        try:
+            with instrument_tags({"ce_session_id": "two-indexes"}):
+                chat.chat("Can I get a refund on an annual plan?")
+                await chat.achat("And on a monthly plan?")
+        finally:
+            LlamaIndexPlugin().uninstall()
+        requests = server.requests
+    doc = await engine.get_session("two-indexes")
+    policies = {
+        e.source.uri: e.evidence_id
+        for e in doc.evidences.values()
+        if e.type is EvidenceType.RAG_DOC and e.content == POLICY
+    }
+    assert set(policies) == {"kb://handbook/refunds", "faq://returns"}
+    assert len(requests) == 2
+    for request in requests:
+        assert json.dumps(request).count("REFUND-7731") == 1  # the passage once
+        system = request["messages"][0]["content"]
+        assert all(f'uri="{uri}"' in system for uri in policies)  # both sources cited
+        prompt, _, evidence = system.partition("## Evidence")
+        blocks = dict(
+            re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', evidence, re.S)
+        )
+        (whole,) = [i for i in policies.values() if blocks.get(i) == POLICY]
+        (other,) = set(policies.values()) - {whole}
+        assert whole in blocks[other] and "REFUND" not in blocks[other]
+        assert f"[retrieved document: evidence {whole}]" in prompt
+        assert other not in prompt  # the prompt never points at a pointer

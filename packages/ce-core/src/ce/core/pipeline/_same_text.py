@@ -61,15 +61,17 @@ class SameTexts:
 
     def keep(self, run: _Run, candidate: Candidate, room: int) -> bool:
         """Keep ``candidate`` within ``room`` as a copy of a text the pass kept already: as
-        the whole copy, the others pointing to it (it is older than they are), or else as a
-        pointer to the whole copy. False when its text was not kept, or neither fits or
+        the whole copy, the others pointing to it (when it is older than that copy: a
+        higher-priority tier, walked first, may hold a newer one), or else as a pointer to the
+        whole copy. False when its text was not kept, or neither fits or
         costs less than the text (a short text goes whole each time)."""
         if not self._groups:
             return False
         group = self._groups.get(self._index.evidence_text(candidate.block_id))
         if group is None:
             return False
-        if self._take_over(run, group, candidate, room):
+        older = candidate.position < group.whole.candidate.position  # tiers go by confidence
+        if older and self._take_over(run, group, candidate, room):
             return True
         whole = group.whole.evidence_id
         pointer = self._index.evidence_pointer(candidate.block_id, whole)
