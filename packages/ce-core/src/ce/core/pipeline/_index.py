@@ -222,8 +222,10 @@ class SessionIndex:
             p: [] for p in (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
         }
         self._evidence_cum: dict[Priority, list[int]] = {p: [0] for p in self.evidence_tiers}
-        # each evidence block's evidence, and its pointer renderings (see evidence_pointer)
+        # each evidence block's evidence and its text (what two blocks with the same text
+        # share, surrounding whitespace aside), and its pointer renderings (evidence_pointer)
         self._evidence_of: dict[str, Evidence] = {}
+        self.evidence_texts: dict[str, str] = {}
         self._pointers: dict[tuple[str, str], Rendering] = {}
         self.message_base = message_base
         self.message_count = message_base
@@ -373,6 +375,7 @@ class SessionIndex:
             return
         self.evidence_tiers[tier].append(candidate)
         self._evidence_of[candidate.block_id] = evidence
+        self.evidence_texts[candidate.block_id] = evidence.content.strip()
         cum = self._evidence_cum[tier]
         cum.append(cum[-1] + tokens)
 
@@ -390,11 +393,6 @@ class SessionIndex:
 
     def _render_evidence(self, evidence: Evidence, level: LevelOfDetail) -> Rendering:
         return self._section(level, fence_evidence(evidence, shorten(evidence.content, level)))
-
-    def evidence_text(self, block_id: str) -> str:
-        """The text of the evidence block ``block_id`` (what two blocks with the same text
-        share; surrounding whitespace aside)."""
-        return self._evidence_of[block_id].content.strip()
 
     def evidence_pointer(self, block_id: str, original_id: str) -> Rendering:
         """The evidence block ``block_id`` with its own provenance but, instead of its text,

@@ -218,7 +218,17 @@ class _Run:
             return None
         return ttl if now - candidate.at > timedelta(seconds=ttl) else None
 
-    def keep(self, candidate: Candidate, rendering: Rendering, reason: str, extra: int = 0) -> None:
+    def keep(
+        self,
+        candidate: Candidate,
+        rendering: Rendering,
+        reason: str,
+        extra: int = 0,
+        saved: int = 0,
+    ) -> None:
+        """Keep ``candidate`` as ``rendering``, charging ``extra`` tokens besides it;
+        ``saved``: what a Live-level rendering other than the block's own Live one saves (a
+        pointer to a block that holds its text)."""
         if candidate.kind == "conversation" and not rendering.parts:
             # an assistant message of nothing but tool calls that have no result: nothing of
             # it reaches the model, and the report says so
@@ -228,8 +238,6 @@ class _Run:
         self.remaining -= cost
         self.result.kept.append((candidate, rendering))
         if rendering.level is LevelOfDetail.LIVE:
-            # a block kept whole saves nothing; one sent as a pointer saves its text
-            saved = 0 if rendering is candidate.live else candidate.live.tokens - rendering.tokens
             self.decide(candidate, "kept", reason, cost, rendering.level, saved)
         else:
             saved = candidate.live.tokens - rendering.tokens
@@ -498,6 +506,7 @@ class GreedyPriorityPruner:
     def _evidence(self, run: _Run, tier: Priority) -> None:
         index = run.request.index
         blocks = index.evidence_tiers[tier]
+        texts, same = index.evidence_texts, run.same_texts
         misses = 0
         for position in range(len(blocks) - 1, -1, -1):
             room = min(run.remaining, run.evidence_room)
@@ -527,15 +536,17 @@ class GreedyPriorityPruner:
                 continue
             preamble = run.request.evidence_preamble_tokens if not run.result.evidence_kept else 0
             before = run.remaining
-            if (
-                run.expired(candidate, tier) is None and run.same_texts.keep(run, candidate, room)
-            ) or run.try_fit(candidate, tier, preamble, room):
+            text = texts[candidate.block_id]
+            if (text in same.first and same.keep(run, candidate, text, room, tier)) or run.try_fit(
+                candidate, tier, preamble, room
+            ):
                 run.result.evidence_kept += 1
                 run.evidence_room -= before - run.remaining
                 misses = 0
-                kept, rendering = run.result.kept[-1]
-                if kept is candidate and rendering is candidate.live:
-                    run.same_texts.kept_whole(run, candidate)
+                if text not in same.first:
+                    kept, rendering = run.result.kept[-1]
+                    if kept is candidate and rendering.level is _LIVE:  # kept whole by try_fit
+                        same.first[text] = candidate
             else:
                 misses += 1
         else:  # every block of the tier was visited and the walk could have gone on

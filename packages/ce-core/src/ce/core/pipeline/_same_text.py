@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ce.core.pipeline._index import Candidate, Rendering, SessionIndex
 from ce.core.pipeline._quotes import SAME_TEXT_REASON
+from ce.core.schema import Priority
 
 if TYPE_CHECKING:
     from ce.core.pipeline._prune import _Run
@@ -46,30 +47,26 @@ class _Group:
 
 
 class SameTexts:
-    """The kept evidence blocks of one pruning pass, grouped by text."""
+    """The kept evidence blocks of one pruning pass, grouped by text. ``first``: the first
+    block of each text the pass kept whole (noted by the pruner as it keeps one: nothing else
+    is built until a second block of that text comes, which is rare)."""
 
     def __init__(self, index: SessionIndex) -> None:
         self._index = index
+        self.first: dict[str, Candidate] = {}
         self._groups: dict[str, _Group] = {}
 
-    def kept_whole(self, run: _Run, candidate: Candidate) -> None:
-        """Note ``candidate``, just kept at its Live level (the pass's newest kept block), as
-        the whole copy of its text if it has none yet."""
-        text = self._index.evidence_text(candidate.block_id)
-        if text not in self._groups:
-            self._groups[text] = _Group(self._copy(run, candidate))
-
-    def keep(self, run: _Run, candidate: Candidate, room: int) -> bool:
-        """Keep ``candidate`` within ``room`` as a copy of a text the pass kept already: as
-        the whole copy, the others pointing to it (when it is older than that copy: a
-        higher-priority tier, walked first, may hold a newer one), or else as a pointer to the
-        whole copy. False when its text was not kept, or neither fits or
-        costs less than the text (a short text goes whole each time)."""
-        if not self._groups:
+    def keep(self, run: _Run, candidate: Candidate, text: str, room: int, tier: Priority) -> bool:
+        """Keep ``candidate``, a block of ``text`` (one of :attr:`first`), within ``room``:
+        as the whole copy, the others pointing to it (when it is older than that copy: a
+        higher-priority tier, walked first, may hold a newer one), or else as a pointer to
+        the whole copy. False when it expired, or neither fits or costs less than the text
+        (a short text goes whole each time)."""
+        if run.expired(candidate, tier) is not None:
             return False
-        group = self._groups.get(self._index.evidence_text(candidate.block_id))
+        group = self._groups.get(text)
         if group is None:
-            return False
+            group = self._groups[text] = _Group(self._held(run, self.first[text]))
         older = candidate.position < group.whole.candidate.position  # tiers go by confidence
         if older and self._take_over(run, group, candidate, room):
             return True
@@ -77,8 +74,9 @@ class SameTexts:
         pointer = self._index.evidence_pointer(candidate.block_id, whole)
         if pointer.tokens > room or pointer.tokens >= candidate.live.tokens:
             return False
-        run.keep(candidate, pointer, SAME_TEXT_REASON.format(evidence_id=whole))
-        group.pointers.append(self._copy(run, candidate))
+        saved = candidate.live.tokens - pointer.tokens
+        run.keep(candidate, pointer, SAME_TEXT_REASON.format(evidence_id=whole), saved=saved)
+        group.pointers.append(self._newest(run))
         return True
 
     def _take_over(self, run: _Run, group: _Group, candidate: Candidate, room: int) -> bool:
@@ -98,11 +96,28 @@ class SameTexts:
         for member, pointer in zip(members, renders, strict=True):
             run.redo(member.kept_at, member.decided_at, pointer, reason, member.extra)
         run.keep(candidate, candidate.live, "fits; the other blocks of its text point here")
-        group.whole, group.pointers = self._copy(run, candidate), members
+        group.whole, group.pointers = self._newest(run), members
         return True
 
     @staticmethod
-    def _copy(run: _Run, candidate: Candidate) -> _Copy:
-        kept_at, decided_at = len(run.result.kept) - 1, len(run.result.decisions) - 1
-        extra = run.result.decisions[decided_at].token_estimate - run.result.kept[kept_at][1].tokens
+    def _copy(run: _Run, kept_at: int, decided_at: int) -> _Copy:
+        candidate, rendering = run.result.kept[kept_at]
+        extra = run.result.decisions[decided_at].token_estimate - rendering.tokens
         return _Copy(candidate, kept_at, decided_at, extra)
+
+    @classmethod
+    def _newest(cls, run: _Run) -> _Copy:
+        """The block the pass kept last."""
+        return cls._copy(run, len(run.result.kept) - 1, len(run.result.decisions) - 1)
+
+    @classmethod
+    def _held(cls, run: _Run, candidate: Candidate) -> _Copy:
+        """Where the pass holds ``candidate``, kept earlier."""
+        kept = run.result.kept
+        kept_at = next(i for i in range(len(kept) - 1, -1, -1) if kept[i][0] is candidate)
+        decisions = run.result.decisions
+        block_id = candidate.block_id
+        decided_at = next(
+            i for i in range(len(decisions) - 1, -1, -1) if decisions[i].block_id == block_id
+        )
+        return cls._copy(run, kept_at, decided_at)
