@@ -49,7 +49,7 @@ QUOTED_REASON = "; what the latest user message quotes in full goes there only (
 """Added to the prune decision of a block sent with such a pointer, so a report says why it
 costs so little."""
 
-SAME_TEXT_POINTER = "[the same text as evidence {evidence_id}, sent in full there]"
+SAME_TEXT_POINTER = "[same text as evidence {evidence_id}]"
 """The body of an evidence block whose text another kept evidence holds whole."""
 
 SAME_TEXT_REASON = "the same text as evidence {evidence_id}, kept whole: a pointer here"

@@ -37,7 +37,12 @@ class _Copy:
 
     @property
     def evidence_id(self) -> str:
-        return self.candidate.block_id.removeprefix("ev:")
+        return _evidence_id(self.candidate)
+
+
+def _evidence_id(candidate: Candidate) -> str:
+    """The evidence an evidence block (``ev:<id>``) renders."""
+    return candidate.block_id.removeprefix("ev:")
 
 
 @dataclass
@@ -81,7 +86,7 @@ class SameTexts:
 
     def _take_over(self, run: _Run, group: _Group, candidate: Candidate, room: int) -> bool:
         members = [group.whole, *group.pointers]
-        new_id = candidate.block_id.removeprefix("ev:")
+        new_id = _evidence_id(candidate)
         renders: list[Rendering] = []
         delta = candidate.live.tokens
         for member in members:
