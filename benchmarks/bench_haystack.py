@@ -89,56 +89,80 @@ class Bench:
         )
         self.generator = InstantChatGenerator()
         self.messages = to_haystack(history.generate(MESSAGES, evidences=0))
+        self.questions = (q for q, _ in history.turns_after())
+        # each variant's own copy of every conversation, as the app holds it
+        self.apps: dict[bool, dict[str, list[ChatMessage]]] = {
+            installed: {s: list(self.messages) for s in self.sessions}
+            for installed in (False, True)
+        }
+        self.installed = False
         self.turn = 0
 
-    def next_session(self) -> str:
+    def next_call(self) -> tuple[str, list[ChatMessage]]:
+        """The next session (round-robin) and its conversation with a new user question
+        appended (the app's list, which gets the reply after the call)."""
         self.turn += 1
-        return self.sessions[self.turn % len(self.sessions)]
+        session_id = self.sessions[self.turn % len(self.sessions)]
+        conversation = self.apps[self.installed][session_id]
+        conversation.append(ChatMessage.from_user(next(self.questions)))
+        return session_id, conversation
 
-    def ask(self, session_id: str, stream: bool) -> float:
+    def ask(self, session_id: str, conversation: list[ChatMessage], stream: bool) -> float:
+        """One call with the conversation; the reply joins it."""
         callback = (lambda chunk: None) if stream else None
         with self.engine.session(session_id):
             start = time.perf_counter()
-            self.generator.run(messages=list(self.messages), streaming_callback=callback)
-            return time.perf_counter() - start
+            result = self.generator.run(messages=list(conversation), streaming_callback=callback)
+            elapsed = time.perf_counter() - start
+        conversation.append(result["replies"][0])
+        return elapsed
 
     def populate(self) -> None:
         """Every session gets the 50 messages (and one reply) through the plugin, untimed."""
         ce.haystack.install(self.engine)
         try:
             for session_id in self.sessions:
-                self.ask(session_id, False)
+                with self.engine.session(session_id):
+                    reply = self.generator.run(messages=list(self.messages))["replies"][0]
+                for installed in (False, True):
+                    self.apps[installed][session_id].append(reply)
         finally:
             ce.haystack.uninstall()
 
     def check(self) -> None:
         """Untimed, with the plugin installed: a plain and a streamed call hand the model the
-        engine's input (fewer messages than the app's 50, which exceed the budget, its system
-        message first) and record one model usage and the reply each."""
-        session_id = self.sessions[0]
+        engine's input (fewer messages than the app's, which exceed the budget, its system
+        message first, the new question last) and record one model usage and the reply each;
+        without it the generator gets the app's whole conversation."""
         ce.haystack.install(self.engine)
+        self.installed = True
         try:
             for stream in (False, True):
+                session_id, conversation = self.next_call()
+                question = conversation[-1].text
                 before = len(self.engine.sync.get_session(session_id).session.model_usage)
-                self.ask(session_id, stream)
+                self.ask(session_id, conversation, stream)
                 got = InstantChatGenerator.received
                 assert got[0].is_from("system"), got[0].role
-                assert len(got) < len(self.messages), "the budget left history out"
-                assert got[-1].text == self.messages[-1].text
+                assert len(got) < len(conversation) - 1, "the budget left history out"
+                assert got[-1].text == question
                 doc = self.engine.sync.get_session(session_id).session
                 assert len(doc.model_usage) == before + 1, "usage not recorded once"
                 usage = doc.model_usage[-1]
                 assert (usage.prompt_tokens, usage.completion_tokens) == (100, 1), usage
                 assert doc.messages[-1].content == "ok", "reply not committed"
+                assert doc.messages[-2].content == question, "question not recorded"
         finally:
             ce.haystack.uninstall()
-        self.ask(session_id, False)
+        self.installed = False
+        session_id, conversation = self.next_call()
+        self.ask(session_id, conversation, False)
         received = InstantChatGenerator.received
-        assert len(received) == len(self.messages), "without the plugin: the app's"
+        assert len(received) == len(conversation) - 1, "without the plugin: the app's"
 
     def block(self, stream: bool) -> list[float]:
         """``BLOCK`` calls, one after the other."""
-        return [self.ask(self.next_session(), stream) for _ in range(BLOCK)]
+        return [self.ask(*self.next_call(), stream) for _ in range(BLOCK)]
 
     def run(self, stream: bool) -> tuple[list[float], list[float]]:
         """Alternating blocks of ``BLOCK`` calls without and with the plugin (after one
@@ -148,6 +172,7 @@ class Bench:
         blocks = -(-self.calls // BLOCK)
         for block in range(blocks + 1):
             for installed, sink in ((False, without), (True, with_plugin)):
+                self.installed = installed
                 if installed:
                     ce.haystack.install(self.engine)
                 try:
@@ -178,28 +203,33 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
             [
                 "A Haystack chat generator that answers at once (a `@component` whose `run`",
                 "returns `ok` with usage 100/1 in `meta['usage']`; streamed: one chunk to the",
-                "callback first) is called through its `run` with a",
-                f"{MESSAGES}-message list (`benchmarks/history.py`, seed {history.SEED}: system",
-                "prompt, user and assistant turns, tool calls and their results;",
-                f"{chars:,} characters of text) as Haystack `ChatMessage`s. Without the",
-                "plugin that is the generator's own cost. With `ce.haystack.install(engine)`",
-                "(engine on an `SQLiteStore` file, `gpt-4o` tokenizer `o200k_base`, budget",
-                f"{BUDGET:,} input tokens) the same call also runs the plugin's wrapper of the",
-                "generator class's `run`: the call's scope, `prepare_call` (the history",
-                "already stored; the question, sent again after the stored reply, and the",
-                "reply are new, so a session grows by two messages a call; the assembled",
-                "input sent as a new list, the app's unchanged) and the recording of the call",
-                "(model usage, the reply). The history is already in the store:",
-                f"{len(bench.sessions)} sessions each got the {MESSAGES} messages through the",
-                "plugin beforehand; the timed calls go round-robin over them (named with",
-                f"`engine.session(...)`), so a session holds {held} messages at the end. An",
+                "callback first) is called through its `run` the way a chat app calls it:",
+                "with its conversation so far (a",
+                f"{MESSAGES}-message history from `benchmarks/history.py`, seed {history.SEED}:",
+                "system prompt, user and assistant turns, tool calls and their results;",
+                f"{chars:,} characters of text; as Haystack `ChatMessage`s; plus the turns",
+                "since) and a new user question, whose reply then joins the conversation.",
+                "Without the plugin that is the generator's own cost. With",
+                "`ce.haystack.install(engine)` (engine on an `SQLiteStore` file, `gpt-4o`",
+                f"tokenizer `o200k_base`, budget {BUDGET:,} input tokens) the same call also",
+                "runs the plugin's wrapper of the generator class's `run`: the call's scope,",
+                "`prepare_call` (the new question is the one new record; the assembled input",
+                "sent as a new list, the app's own message objects for the messages the",
+                "engine kept as they were) and the recording of the call (model usage, the",
+                f"reply). The history is already in the store: {len(bench.sessions)} sessions",
+                f"each got the {MESSAGES} messages and a first reply through the plugin",
+                "beforehand; the timed calls go round-robin over them (named with",
+                "`engine.session(...)`; each variant continues its own copy of every",
+                f"conversation), so a session holds {held} messages at the end. Uninstalling",
+                "lets go of the plugin's memo of each session's converted history, so a",
+                "session's first call in a block builds it again (from the message objects",
+                "the process converted before). An",
                 "untimed check first asserts that a plain and a streamed call with the plugin",
                 "hand the generator the engine's assembled input and record one model usage",
                 f"and the reply each. Blocks of {BLOCK} calls alternate without and with the",
                 "plugin (install / uninstall between blocks, untimed; the first block of each",
                 f"is a warm-up); {bench.calls} timed calls each; `time.perf_counter()` around",
-                "the call; p95 interpolated. The machine (2 cores) was shared with other",
-                "jobs while this ran, so the figures are noisier than on an idle machine.",
+                "the call; p95 interpolated.",
             ]
         ),
         "",

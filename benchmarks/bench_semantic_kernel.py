@@ -111,14 +111,28 @@ class Bench:
         self.service = InstantChat(ai_model_id="instant")
         self.settings = PromptExecutionSettings()
         self.messages = history.to_semantic_kernel(history.generate(MESSAGES, evidences=0))
+        self.questions = (q for q, _ in history.turns_after())
+        # each variant's own copy of every conversation, as the app holds it
+        self.apps: dict[bool, dict[str, list[Any]]] = {
+            installed: {s: list(self.messages) for s in self.sessions}
+            for installed in (False, True)
+        }
+        self.installed = False
         self.turn = 0
 
-    def next_session(self) -> str:
+    def next_call(self) -> tuple[str, list[Any]]:
+        """The next session (round-robin) and its conversation with a new user question
+        appended (the app's list, which gets the reply after the request)."""
         self.turn += 1
-        return self.sessions[self.turn % len(self.sessions)]
+        session_id = self.sessions[self.turn % len(self.sessions)]
+        conversation = self.apps[self.installed][session_id]
+        conversation.append(ChatMessageContent(role=AuthorRole.USER, content=next(self.questions)))
+        return session_id, conversation
 
-    async def ask(self, session_id: str, stream: bool) -> float:
-        chat = ChatHistory(messages=list(self.messages))
+    async def ask(self, session_id: str, conversation: list[Any], stream: bool) -> float:
+        """One request with the conversation (a ``ChatHistory`` built untimed, as an app
+        holds one); the reply joins the conversation."""
+        chat = ChatHistory(messages=list(conversation))
         with self.engine.session(session_id):
             start = time.perf_counter()
             if stream:
@@ -126,46 +140,60 @@ class Bench:
                     chat, self.settings
                 ):
                     pass
+                elapsed = time.perf_counter() - start
+                reply = ChatMessageContent(role=AuthorRole.ASSISTANT, content="ok")
             else:
-                await self.service.get_chat_message_contents(chat, self.settings)
-            return time.perf_counter() - start
+                (reply,) = await self.service.get_chat_message_contents(chat, self.settings)
+                elapsed = time.perf_counter() - start
+        conversation.append(reply)
+        return elapsed
 
     async def populate(self) -> None:
         """Every session gets the 50 messages (and one reply) through the plugin, untimed."""
         ce.semantic_kernel.install(self.engine)
         try:
             for session_id in self.sessions:
-                await self.ask(session_id, False)
+                chat = ChatHistory(messages=list(self.messages))
+                with self.engine.session(session_id):
+                    (reply,) = await self.service.get_chat_message_contents(chat, self.settings)
+                for installed in (False, True):
+                    self.apps[installed][session_id].append(reply)
         finally:
             ce.semantic_kernel.uninstall()
 
     async def check(self) -> None:
         """Untimed, with the plugin installed: a plain and a streamed request hand the model
-        the engine's input (fewer messages than the app's 50, which exceed the budget, its
-        system message first) and record one model usage and the reply each."""
-        session_id = self.sessions[0]
+        the engine's input (fewer messages than the app's, which exceed the budget, its
+        system message first, the new question last) and record one model usage and the
+        reply each; without it the service gets the app's whole conversation."""
         ce.semantic_kernel.install(self.engine)
+        self.installed = True
         try:
             for stream in (False, True):
+                session_id, conversation = self.next_call()
+                question = conversation[-1].content
                 before = len((await self.engine.get_session(session_id)).session.model_usage)
-                await self.ask(session_id, stream)
+                await self.ask(session_id, conversation, stream)
                 got = InstantChat.received
                 assert got[0].role == AuthorRole.SYSTEM, got[0].role
-                assert len(got) < len(self.messages), "the budget left history out"
-                assert got[-1].content == self.messages[-1].content
+                assert len(got) < len(conversation) - 1, "the budget left history out"
+                assert got[-1].content == question
                 doc = (await self.engine.get_session(session_id)).session
                 assert len(doc.model_usage) == before + 1, "usage not recorded once"
                 usage = doc.model_usage[-1]
                 assert (usage.prompt_tokens, usage.completion_tokens) == (100, 1), usage
                 assert doc.messages[-1].content == "ok", "reply not committed"
+                assert doc.messages[-2].content == question, "question not recorded"
         finally:
             ce.semantic_kernel.uninstall()
-        await self.ask(session_id, False)
-        assert len(InstantChat.received) == len(self.messages), "without the plugin: the app's"
+        self.installed = False
+        session_id, conversation = self.next_call()
+        await self.ask(session_id, conversation, False)
+        assert len(InstantChat.received) == len(conversation) - 1, "without: the app's"
 
     async def block(self, stream: bool) -> list[float]:
         """``BLOCK`` requests, one after the other on one event loop."""
-        return [await self.ask(self.next_session(), stream) for _ in range(BLOCK)]
+        return [await self.ask(*self.next_call(), stream) for _ in range(BLOCK)]
 
     async def run(self, stream: bool) -> tuple[list[float], list[float]]:
         """Alternating blocks of ``BLOCK`` requests without and with the plugin (after one
@@ -175,6 +203,7 @@ class Bench:
         blocks = -(-self.calls // BLOCK)
         for block in range(blocks + 1):
             for installed, sink in ((False, without), (True, with_plugin)):
+                self.installed = installed
                 if installed:
                     ce.semantic_kernel.install(self.engine)
                 try:
@@ -208,22 +237,28 @@ def report(rows: list[str], command: str, bench: Bench, sizes: list[int]) -> str
                 "`_inner_get_streaming_chat_message_contents` return `ok` with",
                 "`CompletionUsage` 100/1 in `metadata['usage']`, streamed: on an extra empty",
                 "chunk, as OpenAI sends it) is called through SK's public",
-                "`get_chat_message_contents` / `get_streaming_chat_message_contents` with a",
-                f"{MESSAGES}-message `ChatHistory` (`benchmarks/history.py`, seed",
+                "`get_chat_message_contents` / `get_streaming_chat_message_contents` the way a",
+                "chat app calls it: with a `ChatHistory` of its conversation so far (a",
+                f"{MESSAGES}-message history from `benchmarks/history.py`, seed",
                 f"{history.SEED}: system prompt, user and assistant turns, tool calls and",
-                f"their results; {chars:,} characters of text) in SK's types",
-                "(`FunctionCallContent` / `FunctionResultContent` items). Without the plugin",
-                "that is SK's own cost of a request. With `ce.semantic_kernel.install(engine)`",
+                f"their results; {chars:,} characters of text; in SK's types,",
+                "`FunctionCallContent` / `FunctionResultContent` items; plus the turns since)",
+                "and a new user question, whose reply then joins the conversation (the",
+                "`ChatHistory` is built before the clock starts). Without the plugin that is",
+                "SK's own cost of a request. With `ce.semantic_kernel.install(engine)`",
                 "(engine on an `SQLiteStore` file, `gpt-4o` tokenizer `o200k_base`, budget",
                 f"{BUDGET:,} input tokens) the same request also runs the plugin: the call's",
-                "scope, `prepare_call` awaited on the loop (the history already stored; the",
-                "question, sent again after the stored reply, and the reply are new, so a",
-                "session grows by two messages a call; the assembled input sent in a new",
-                "`ChatHistory`, the app's unchanged) and the recording of the request (model",
-                "usage, the reply), awaited too. The history is already in the store:",
-                f"{len(bench.sessions)} sessions each got the {MESSAGES} messages through the",
-                "plugin beforehand; the timed requests go round-robin over them (named with",
-                f"`engine.session(...)`), so a session holds {held} messages at the end. An",
+                "scope, `prepare_call` awaited on the loop (the new question is the one new",
+                "record; the assembled input sent in a new `ChatHistory`, the app's own",
+                "message objects for the messages the engine kept as they were) and the",
+                "recording of the request (model usage, the reply), awaited too. The",
+                f"history is already in the store: {len(bench.sessions)} sessions each got the",
+                f"{MESSAGES} messages and a first reply through the plugin beforehand; the",
+                "timed requests go round-robin over them (named with `engine.session(...)`;",
+                "each variant continues its own copy of every conversation), so a session",
+                f"holds {held} messages at the end. Uninstalling lets go of the plugin's memo",
+                "of each session's converted history, so a session's first request in a block",
+                "builds it again (from the message objects the process converted before). An",
                 "untimed check first asserts that a plain and a streamed request with the",
                 "plugin hand the service the engine's assembled input and record one model",
                 f"usage and the reply each. Blocks of {BLOCK} requests alternate without and",
