@@ -1,5 +1,6 @@
 """ce.core.integration.tool_chains_as_text: tool calls and results as plain assistant text,
-for providers that reject tool blocks in a request without tools."""
+for providers that reject tool blocks in a request without tools; peer_turns_as_user: another
+agent's turns shown to an agent as that agent's."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import copy
 import json
 from typing import Any
 
-from ce.core.integration import tool_chains_as_text
+from ce.core.engine import ContextEngine
+from ce.core.integration import (
+    SentMessages,
+    assembled_to_openai,
+    openai_key,
+    peer_turns_as_user,
+    tool_chains_as_text,
+)
+from ce.core.schema import Author, AuthorKind, Message, Role
+from ce.core.stores import SQLiteStore
 
 
 def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -118,3 +128,78 @@ def test_a_result_without_its_call_and_list_contents_are_text() -> None:
             "[lookup returned:]\nfound",
         },
     ]
+
+
+def _sent(messages: list[dict[str, Any]], authors: list[Author | None]) -> SentMessages:
+    return SentMessages(messages, [openai_key(m) for m in messages], authors)
+
+
+RESEARCHER = Author(kind=AuthorKind.AGENT, id="Researcher")
+WRITER = Author(kind=AuthorKind.AGENT, id="Writer")
+
+
+def test_another_agents_turn_goes_as_that_agents_user_message_and_its_own_as_it_was() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are Writer."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [_call("c1", "weather", {"city": "Paris"})],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny in Paris"},
+        {"role": "assistant", "content": "Paris is sunny."},
+        {"role": "user", "content": "Write one line."},
+        {"role": "assistant", "content": "Sunny Paris today."},
+        {"role": "user", "content": "Shorter?"},
+    ]
+    authors: list[Author | None] = [None, None, RESEARCHER, RESEARCHER, RESEARCHER, None, WRITER]
+    sent = _sent(messages, [*authors, None])
+    before = copy.deepcopy(messages)
+    out = peer_turns_as_user(sent, "Writer")
+    assert sent == before  # the input is not changed
+    assert [m["role"] for m in out] == ["system", "user", "user", "user", "assistant", "user"]
+    assert out[2]["content"] == (
+        "[Researcher wrote:]\n"
+        '[called weather({"city": "Paris"})]\n'
+        "[weather returned:]\nsunny in Paris\n"
+        "Paris is sunny."
+    )
+    _no_tool_keys(out)
+    assert out[4] == messages[6]  # the writer's own turn
+    # the researcher reads the same input with its own turns as they were, the writer's as
+    # the writer's
+    mine = peer_turns_as_user(sent, "Researcher")
+    assert mine[2:5] == messages[2:5]
+    assert mine[6] == {"role": "user", "content": "[Writer wrote:]\nSunny Paris today."}
+
+
+def test_without_authors_or_with_a_users_the_messages_go_as_they_are() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+    ]
+    assert peer_turns_as_user(messages, "Writer") == messages  # a plain list: no authors
+    user = Author(kind=AuthorKind.USER, id="alice")
+    assert peer_turns_as_user(_sent(messages, [user, None]), "Writer") == messages
+    out = peer_turns_as_user(_sent(messages, [None, RESEARCHER]), "Writer")
+    assert out[1] == {"role": "user", "content": "[Researcher wrote:]\nHello."}
+    assert out[0] is not messages[0]  # fresh dicts
+
+
+def test_the_engines_input_names_who_wrote_each_recorded_turn(tmp_path: Any) -> None:
+    engine = ContextEngine(store=SQLiteStore(str(tmp_path / "s.db")))
+    pending = [
+        Message(role=Role.USER, content="What is the weather in Paris?"),
+        Message(role=Role.ASSISTANT, content="Paris is sunny.", author=RESEARCHER),
+        Message(role=Role.USER, content="Write one line."),
+    ]
+    result = engine.sync.prepare_call("s", pending)
+    sent = assembled_to_openai(result.assembled_input)
+    assert sent.authors == [part.author for part in result.assembled_input.parts]
+    by_text = {m["content"]: a for m, a in zip(sent, sent.authors, strict=True)}
+    assert by_text["Paris is sunny."] == RESEARCHER
+    assert by_text["Write one line."] is None
+    out = peer_turns_as_user(sent, "Writer")
+    assert {"role": "user", "content": "[Researcher wrote:]\nParis is sunny."} in out
+    engine.sync.close()

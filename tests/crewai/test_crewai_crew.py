@@ -38,12 +38,15 @@ def _check_requests(requests: list[dict[str, Any]]) -> None:
     assert requests[1]["messages"][-1]["role"] == "tool"
     assert "sunny in Paris" in requests[1]["messages"][-1]["content"]
     assert "Write one line" in json.dumps(requests[2]["messages"])
-    # the writer's request carries the researcher's answer before its own task (after the
-    # researcher's tool chain, as text in the same assistant message: the writer has no tools)
+    # the writer's request carries the researcher's turn before its own task, as the
+    # researcher's (a user message naming it: its tool chain as text, then its answer), never
+    # as the writer's own assistant turn
     texts = [str(m.get("content")) for m in requests[2]["messages"]]
     (answer,) = [i for i, t in enumerate(texts) if t.endswith("\nParis is sunny.")]
-    assert requests[2]["messages"][answer]["role"] == "assistant"
+    assert requests[2]["messages"][answer]["role"] == "user"
+    assert texts[answer].startswith("[Researcher wrote:]\n[called weather(")
     assert answer < max(i for i, t in enumerate(texts) if "Write one line" in t)
+    assert all(m["role"] != "assistant" for m in requests[2]["messages"])
 
 
 async def _check_store(engine: ContextEngine, session_id: str) -> None:

@@ -1,6 +1,8 @@
-"""An agent without tools in a session that holds another agent's tool chain: its request
-defines no tools, so it gets that chain as plain assistant text (Anthropic and Bedrock reject
-tool blocks in a request without tools); a call with tools keeps its tool messages."""
+"""A call without tools in a session that holds a tool chain: its request defines no tools, so
+it gets that chain as plain text (Anthropic and Bedrock reject tool blocks in a request without
+tools): inside the other agent's turn for an agent of the crew, as assistant text for a call of
+no agent; a call with tools keeps its tool messages, and an agent with tools of its own gets
+another agent's chain as that agent's turn, never as calls of its own."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 
 from crew_apps import llm, two_task_crew
 from crewai.events import crewai_event_bus
+from crewai.tools import tool
 
 import ce.crewai
 from ce.core.engine import ContextEngine
@@ -43,10 +46,11 @@ def _has_tool_blocks(request: dict[str, Any]) -> bool:
     )
 
 
-def _check_flat(request: dict[str, Any]) -> None:
+def _check_flat(request: dict[str, Any], role: str = "assistant") -> None:
+    """No tool blocks; the weather chain as text in one message of ``role``."""
     assert not request.get("tools")
     assert not _has_tool_blocks(request)
-    texts = [str(m.get("content")) for m in request["messages"] if m["role"] == "assistant"]
+    texts = [str(m.get("content")) for m in request["messages"] if m["role"] == role]
     (chain,) = [t for t in texts if "[called weather(" in t]
     assert '[called weather({"city": "Paris"})]' in chain
     assert "[weather returned:]" in chain and "sunny in Paris" in chain
@@ -71,8 +75,8 @@ async def test_the_writer_without_tools_gets_the_researchers_tool_chain_as_text(
     assert call["role"] == "assistant" and call["tool_calls"][0]["id"] == "call_w"
     assert result["role"] == "tool" and result["tool_call_id"] == "call_w"
     assert "sunny in Paris" in result["content"]
-    # the writer's (no tools): the same chain as text, with its task after it
-    _check_flat(requests[2])
+    # the writer's (no tools): the same chain as text in the researcher's turn, its task after
+    _check_flat(requests[2], role="user")
     assert "Write one line" in json.dumps(requests[2]["messages"][-1])
 
 
@@ -91,3 +95,51 @@ async def test_acall_flattens_only_when_the_call_has_no_tools(engine: ContextEng
     assert len(requests) == 5
     _check_flat(requests[3])
     assert requests[4].get("tools") and _has_tool_blocks(requests[4])
+
+
+def _script_two_tools(body: dict[str, Any]) -> ScriptedResponse:
+    messages = body["messages"]
+    tools = json.dumps(body.get("tools", []))
+    if messages[-1]["role"] == "tool":
+        last = messages[-1]["content"]
+        return ScriptedResponse(text="Paris is sunny." if "sunny in" in last else "Ensoleillé.")
+    if '"weather"' in tools:
+        return ScriptedResponse(tool_calls=[("call_w", "weather", json.dumps({"city": "Paris"}))])
+    return ScriptedResponse(tool_calls=[("call_t", "translate", json.dumps({"text": "sunny"}))])
+
+
+async def test_an_agent_with_tools_of_its_own_gets_the_other_agents_chain_as_its_turn(
+    engine: ContextEngine,
+) -> None:
+    @tool("translate")
+    def translate(text: str) -> str:
+        """Translate a text into French."""
+        return f"fr:{text}"
+
+    with ScriptedOpenAIServer(_script_two_tools) as server:
+        crew, _, write = two_task_crew(server)
+        write.agent.tools = [translate]  # type: ignore[union-attr]
+        ce.crewai.install(engine, session_id="s-peer-tools")
+        output = await asyncio.to_thread(crew.kickoff)
+        crewai_event_bus.flush()
+        requests = server.requests
+    assert output.raw == "Ensoleillé."
+    assert len(requests) == 4
+    for request in requests[2:]:  # the writer's two requests
+        messages = request["messages"]
+        assert "translate" in json.dumps(request["tools"])
+        # the researcher's weather call and its result: text in the researcher's turn
+        (turn,) = [m for m in messages if "[called weather(" in str(m.get("content"))]
+        assert turn["role"] == "user" and turn["content"].startswith("[Researcher wrote:]\n")
+        assert "sunny in Paris" in turn["content"] and turn["content"].endswith("Paris is sunny.")
+        assert all(
+            c["function"]["name"] == "translate"
+            for m in messages
+            for c in m.get("tool_calls") or ()
+        )
+        assert all(m.get("tool_call_id") in (None, "call_t") for m in messages)
+    # the writer's own tool chain goes as native tool messages, after its task
+    call, result = requests[3]["messages"][-2:]
+    assert call["role"] == "assistant" and call["tool_calls"][0]["id"] == "call_t"
+    assert result["role"] == "tool" and result["tool_call_id"] == "call_t"
+    assert "fr:sunny" in result["content"]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ce.core.integration import (
     is_suppressed,
+    peer_turns_as_user,
     prepare_openai,
     prepare_openai_sync,
     tool_chains_as_text,
@@ -61,11 +62,16 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-def _for_call(sent: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
-    """The engine's messages for a call with ``tools``. A shared session can hand an agent
-    without tools another agent's tool calls and results, which Anthropic and Bedrock reject
-    in a request that defines no tools (CrewAI itself never sends them one): such a call gets
-    them as plain assistant text."""
+def _for_call(sent: list[dict[str, Any]], tools: Any, role: str | None) -> list[dict[str, Any]]:
+    """The engine's messages for a call of the agent with ``role`` with ``tools``. In a
+    session the crew's agents share, the turns another agent wrote (its answer, its tool
+    calls and their results) go as that agent's: a user message ``[<role> wrote:]`` with
+    them as text, never as the caller's own assistant turn (see
+    :func:`~ce.core.integration.peer_turns_as_user`). A call without tools gets its own
+    agent's tool calls and results as plain assistant text too: Anthropic and Bedrock reject
+    tool blocks in a request that defines no tools (CrewAI itself never sends them one)."""
+    if role:
+        sent = peer_turns_as_user(sent, role)
     return sent if tools else tool_chains_as_text(sent)
 
 
@@ -126,7 +132,11 @@ class Injector:
             pending = pending_messages(messages)
             tools = kwargs.get("tools", args[0] if args else None)
             sent = injector._prepare_sync(target, pending, tool_schemas(tools))
-            chosen = messages if sent is None or not injector.inject else _for_call(sent, tools)
+            chosen = (
+                messages
+                if sent is None or not injector.inject
+                else _for_call(sent, tools, target.role)
+            )
             run_token = current_run.set(target.run)
             call_token = current_call.set(target)
             try:
@@ -157,7 +167,11 @@ class Injector:
                 tool_schemas(tools),
                 authors_of(pending, target.role),
             )
-            chosen = messages if sent is None or not injector.inject else _for_call(sent, tools)
+            chosen = (
+                messages
+                if sent is None or not injector.inject
+                else _for_call(sent, tools, target.role)
+            )
             run_token = current_run.set(target.run)
             call_token = current_call.set(target)
             try:

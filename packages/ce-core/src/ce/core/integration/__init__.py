@@ -8,7 +8,8 @@ conversion between assembled input and OpenAI-style message dicts, and
 :func:`prepare_openai` / :func:`prepare_openai_sync` (a guarded ``prepare_call`` on such
 dicts, falling back to the framework's own messages redacted), and
 :func:`tool_chains_as_text` (tool calls and results as plain text, for a request without
-tools).
+tools), and :func:`peer_turns_as_user` (in a session several agents share, another agent's
+turns shown to an agent as that agent's, not its own).
 """
 
 from ce.core.integration._asked import AskedToolCalls, arguments_key
@@ -18,7 +19,7 @@ from ce.core.integration._convert import (
     message_from_part,
     openai_to_messages,
 )
-from ce.core.integration._flatten import tool_chains_as_text
+from ce.core.integration._flatten import peer_turns_as_user, tool_chains_as_text
 from ce.core.integration._guard import (
     INTEGRATION_FAILED,
     REDACTION_FAILED,
@@ -124,6 +125,7 @@ __all__ = [
     "model_usage_from_call",
     "openai_key",
     "openai_to_messages",
+    "peer_turns_as_user",
     "prepare_openai",
     "prepare_openai_sync",
     "provider_of",

@@ -27,11 +27,12 @@ _parts_lock = threading.Lock()
 
 def assembled_to_openai(assembled: AssembledInput) -> SentMessages:
     """The OpenAI chat messages the model receives for ``assembled`` (see
-    :func:`ce.core.formats.to_openai_messages`), fresh dicts, with their reconcile keys (a
-    :class:`~ce.core.integration.SentMessages`). A part converted before is not converted
-    again."""
+    :func:`ce.core.formats.to_openai_messages`), fresh dicts, with their reconcile keys and
+    authors (a :class:`~ce.core.integration.SentMessages`). A part converted before is not
+    converted again."""
     messages: list[dict[str, Any]] = []
     keys: list[Key] = []
+    authors: list[Author | None] = []
     for part in assembled.parts:
         held = _parts.get(id(part))
         if held is None or held[0] is not part:
@@ -47,7 +48,8 @@ def assembled_to_openai(assembled: AssembledInput) -> SentMessages:
         else:  # nested lists and dicts: made anew
             messages.extend(to_openai_messages([part]))
         keys.append(held[2])
-    return SentMessages(messages, keys)
+        authors.append(part.author)
+    return SentMessages(messages, keys, authors)
 
 
 def message_from_part(part: MessagePart, author: Author | None = None) -> Message:

@@ -1,11 +1,14 @@
-"""Tool chains of OpenAI-style chat messages as plain assistant text."""
+"""Tool chains of OpenAI-style chat messages as plain assistant text, and other agents'
+turns as theirs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["tool_chains_as_text"]
+from ce.core.schema import AuthorKind
+
+__all__ = ["peer_turns_as_user", "tool_chains_as_text"]
 
 _PLAIN = {"role", "content", "name"}
 _TOOL_KEYS = ("tool_calls", "tool_call_id")
@@ -97,4 +100,41 @@ def tool_chains_as_text(messages: Sequence[Mapping[str, Any]]) -> list[dict[str,
         else:
             out.append({k: v for k, v in message.items() if k not in _TOOL_KEYS})
             chained = False
+    return out
+
+
+def peer_turns_as_user(messages: Sequence[Mapping[str, Any]], agent: str) -> list[dict[str, Any]]:
+    """``messages`` (the engine's input for a model call, as
+    :func:`~ce.core.integration.assembled_to_openai` makes it) as agent ``agent`` reads them
+    in a session several agents share: each turn another agent wrote (its assistant
+    messages, the results of its tool calls and the observations of its ReAct steps, in a
+    row) becomes one user message, ``[<that agent> wrote:]`` then the turn's text, its tool
+    calls and results as text (see :func:`tool_chains_as_text`). So the model never takes a
+    peer's answer for its own turn, nor a peer's tool chain for calls it made. Messages
+    whose author is unknown, or a user's, or ``agent``'s own stay as they are. Without the
+    authors (a list that is not a :class:`~ce.core.integration.SentMessages`) the messages
+    come back as they are. Returns fresh dicts; ``messages`` is not changed."""
+    authors = getattr(messages, "authors", None)
+    if not isinstance(authors, list) or len(authors) != len(messages):
+        return [dict(m) for m in messages]
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        author = authors[i]
+        if (
+            author is None
+            or author.kind is not AuthorKind.AGENT
+            or author.id == agent
+            or messages[i].get("role") != "assistant"
+        ):
+            out.append(dict(messages[i]))
+            i += 1
+            continue
+        end = i + 1
+        while end < len(messages) and authors[end] == author:
+            end += 1
+        turn = tool_chains_as_text(messages[i:end])
+        text = "\n".join(t for t in (_text(m.get("content")) for m in turn) if t)
+        out.append({"role": "user", "content": f"[{author.id} wrote:]\n{text}"})
+        i = end
     return out

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ce.core.integration._history import History
+    from ce.core.schema import Author
 
 __all__ = ["Reconciled", "SentMessages", "index_keys", "openai_key", "reconcile_openai"]
 
@@ -103,13 +104,23 @@ class SentMessages(list[dict[str, Any]]):
     """The OpenAI messages the model receives for an assembled input
     (:func:`~ce.core.integration.assembled_to_openai`), with each one's
     :func:`openai_key` in ``reconcile_keys``, so that :func:`reconcile_openai` need not
-    read them again. The messages are the caller's own (fresh dicts on every call)."""
+    read them again, and who wrote each in ``authors`` (the part's
+    :attr:`~ce.core.schema.MessagePart.author`). The messages are the caller's own (fresh
+    dicts on every call)."""
 
-    __slots__ = ("reconcile_keys",)
+    __slots__ = ("authors", "reconcile_keys")
 
-    def __init__(self, messages: list[dict[str, Any]], keys: list[Key]) -> None:
+    def __init__(
+        self,
+        messages: list[dict[str, Any]],
+        keys: list[Key],
+        authors: list[Author | None] | None = None,
+    ) -> None:
         super().__init__(messages)
         self.reconcile_keys = keys
+        self.authors: list[Author | None] = (
+            authors if authors is not None else [None] * len(messages)
+        )
 
 
 def _sent_keys(sent: Sequence[Mapping[str, Any]]) -> list[Key]:

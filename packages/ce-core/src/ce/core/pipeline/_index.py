@@ -577,6 +577,7 @@ class SessionIndex:
 
     def _render_group(self, data: _Group, level: LevelOfDetail) -> Rendering:
         head = data.head
+        author = head.author
         if head.role is Role.USER:
             text, media = self._text(head, level), head.parts
             if data.index in self._quotes.prompts:
@@ -584,7 +585,7 @@ class SessionIndex:
             if media and level is not LevelOfDetail.LIVE:
                 text, media = without_media(text, media), None
             parts: tuple[MessagePart, ...] = (
-                MessagePart(role=Role.USER, content=text, parts=media),
+                MessagePart(role=Role.USER, content=text, parts=media, author=author),
             )
         else:
             calls = [c for c in head.tool_calls or () if self._answered(data, c.tool_call_id)]
@@ -592,7 +593,11 @@ class SessionIndex:
             text = QUOTED_ANSWER if quoted else self._text(head, level)
             if not calls and not text.strip():
                 return Rendering(level, (), "", 0)
-            built = [MessagePart(role=Role.ASSISTANT, content=text, tool_calls=calls or None)]
+            built = [
+                MessagePart(
+                    role=Role.ASSISTANT, content=text, tool_calls=calls or None, author=author
+                )
+            ]
             for call in calls:
                 record = self._tool_records.get(call.tool_call_id)
                 result = data.results.get(call.tool_call_id)
@@ -608,6 +613,7 @@ class SessionIndex:
                         name=(result.name if result is not None else None) or call.name,
                         is_error=record is not None and record.status is not ToolCallStatus.SUCCESS,
                         parts=media,
+                        author=author,
                     )
                 )
             observation = data.observation
@@ -615,7 +621,7 @@ class SessionIndex:
                 text, media = self._text(observation, level), observation.parts
                 if media and level is not LevelOfDetail.LIVE:
                     text, media = without_media(text, media), None
-                built.append(MessagePart(role=Role.USER, content=text, parts=media))
+                built.append(MessagePart(role=Role.USER, content=text, parts=media, author=author))
             parts = tuple(built)
         tokens = sum(self.estimator.estimate_part(p, self.model_hint) for p in parts)
         return Rendering(level, parts, "", tokens)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ce.core.schema._document import Parts, Summary, ToolCallRequest
+from ce.core.schema._document import Author, Parts, Summary, ToolCallRequest
 from ce.core.schema._enums import BlockType, Priority, Role
 
 __all__ = [
@@ -52,7 +52,11 @@ class MessagePart(_Model):
     ``is_error`` marks a tool result whose call did not succeed (its recorded status is not
     ``success``); renderers that have an error flag (Anthropic ``is_error``) carry it over.
     ``parts`` are the message's images, files and audio in order with its text, as on
-    :class:`~ce.core.schema.Message` (``None``: text only).
+    :class:`~ce.core.schema.Message` (``None``: text only). ``author`` is who wrote the
+    recorded message it renders, when the session knows (an agent's turn in a multi-agent
+    session; a tool result carries the author of the call it answers); renderers do not
+    send it, a plugin may show another agent's turns as theirs (see
+    :func:`ce.core.integration.peer_turns_as_user`).
     """
 
     role: Role
@@ -62,6 +66,7 @@ class MessagePart(_Model):
     name: str | None = None
     is_error: bool = False
     parts: Parts | None = None
+    author: Author | None = None
 
 
 class AssembledInput(_Model):
