@@ -289,3 +289,44 @@ def test_ce_view_serves_until_interrupted(demo_store_url: str) -> None:
             process.kill()
             process.wait()
     assert process.returncode == 130 and "Traceback" not in err
+
+
+# ``ce view`` in a child process whose Ctrl-C lands on another thread than the main one (the
+# kernel hands a process its SIGINT on any thread that does not block it: on a busy machine,
+# now and then the server's): a helper thread waits for a byte on stdin, then signals itself.
+_SIGINT_ON_ANOTHER_THREAD = """
+import signal, sys, threading
+from ce.core.cli import main
+
+def interrupt() -> None:
+    sys.stdin.read(1)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+threading.Thread(target=interrupt, daemon=True).start()
+sys.exit(main(["view", "--store", sys.argv[1], "--port", "0"]))
+"""
+
+
+def test_ce_view_stops_on_a_ctrl_c_that_reaches_another_thread(demo_store_url: str) -> None:
+    """Python runs a signal's handler on the main thread once that thread runs: a SIGINT the
+    kernel delivered to another thread of ``ce view`` was left waiting while the main thread
+    slept in the event loop's select, and the command never stopped."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _SIGINT_ON_ANOTHER_THREAD, demo_store_url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert process.stdout is not None and process.stdin is not None
+        assert process.stdout.readline().startswith(f"ce view: {demo_store_url} at ")
+        process.stdin.write("x")
+        process.stdin.flush()
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130 and "Traceback" not in err

@@ -26,6 +26,7 @@ __all__ = ["DEFAULT_PORT", "HOST", "ViewerHTTPServer", "serve"]
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 _REQUEST_TIMEOUT = 120.0  # seconds one API read may take before the request fails
+_WAKE_SECONDS = 0.25  # how long a Ctrl-C can wait at most (see serve)
 _STATIC_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -196,7 +197,11 @@ async def serve(
     try:
         if ready is not None:
             ready(httpd.url)
-        await asyncio.Event().wait()
+        while True:
+            # the main thread wakes now and then: Python runs a signal's handler on it once it
+            # runs, and a Ctrl-C the kernel delivered to another thread (the server's) would
+            # wait for as long as it slept in the loop's select
+            await asyncio.sleep(_WAKE_SECONDS)
     finally:
         await asyncio.to_thread(httpd.shutdown)
         httpd.server_close()
