@@ -181,3 +181,40 @@ async def test_a_model_call_made_while_consuming_the_chat_is_the_apps_own(
         "researcher",
         "writer",
     ]
+
+
+async def test_a_peers_reply_the_engine_rewrote_still_goes_as_the_peers(
+    engine: ContextEngine,
+) -> None:
+    """The researcher's reply holds an e-mail address, so the engine sends it redacted: no
+    longer the app's own message, it is built anew, and still named after the researcher (as
+    SK names an agent's reply), never an anonymous assistant turn the writer would take for
+    its own."""
+    facts = "Facts: 9 C and light rain in Oslo; ask ops@example.com."
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        text = wire(body)
+        if "SELECT-NEXT-SPEAKER" in text:
+            return ScriptedResponse(text="writer" if "Facts:" in text else "researcher")
+        if "IS-IT-DONE?" in text:
+            return ScriptedResponse(text="yes" if BRIEF in text else "no")
+        if body["messages"][0]["content"].startswith(RESEARCHER):
+            return ScriptedResponse(text=facts)
+        return ScriptedResponse(text=BRIEF)
+
+    with ScriptedOpenAIServer(script) as server:
+        chat = _chat(server)
+        ce.semantic_kernel.install(engine)
+        with engine.session("s-team-redacted"):
+            await chat.add_chat_message("Brief me on Oslo this weekend.")
+            replies = [str(m.content) async for m in chat.invoke()]
+        requests = server.requests
+    assert replies == [facts, BRIEF]
+    agents = [r for r in requests if "SELECT-NEXT-SPEAKER" not in wire(r)]
+    agents = [r for r in agents if "IS-IT-DONE?" not in wire(r)]
+    writer = agents[-1]
+    assert writer["messages"][0]["content"].startswith(WRITER)
+    (reply,) = [m for m in writer["messages"] if m["role"] == "assistant"]
+    assert reply["content"] == "Facts: 9 C and light rain in Oslo; ask [REDACTED:email]."
+    assert reply["name"] == "researcher"
+    assert "ops@example.com" not in wire(writer)

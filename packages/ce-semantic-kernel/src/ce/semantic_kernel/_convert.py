@@ -205,8 +205,9 @@ def _call_names(sent: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return names
 
 
-def _build(entry: Mapping[str, Any], names: Mapping[str, str]) -> Any:
-    """A new ``ChatMessageContent`` from one assembled OpenAI dict."""
+def _build(entry: Mapping[str, Any], names: Mapping[str, str], peer: str | None = None) -> Any:
+    """A new ``ChatMessageContent`` from one assembled OpenAI dict; an assistant message
+    another agent wrote is named after it (``peer``), as SK names an agent's reply."""
     from semantic_kernel.contents import (
         AuthorRole,
         ChatMessageContent,
@@ -233,7 +234,7 @@ def _build(entry: Mapping[str, Any], names: Mapping[str, str]) -> Any:
                     arguments=str(function.get("arguments") or "{}"),
                 )
             )
-        return ChatMessageContent(role=AuthorRole.ASSISTANT, items=items)
+        return ChatMessageContent(role=AuthorRole.ASSISTANT, items=items, name=peer)
     return ChatMessageContent(role=AuthorRole(role), content=text)
 
 
@@ -280,26 +281,37 @@ def _reads_as_held(message: Any, history: History, position: int) -> bool:
 
 
 def from_sent(
-    sent: Sequence[Mapping[str, Any]], pending: Pending, history: History | None = None
+    sent: Sequence[Mapping[str, Any]],
+    pending: Pending,
+    history: History | None = None,
+    agent: str | None = None,
 ) -> Any:
     """A new ``ChatHistory`` holding the engine's input ``sent`` for a request whose own
-    messages are ``pending`` (see the module docstring). With the ``history`` ``pending``
-    comes from, the work grows with ``sent``, not with the app's history; an app message that
-    would go as it is but was changed in place since it was converted goes as the engine's
-    input has it."""
+    messages are ``pending`` (see the module docstring), made by ``agent`` (``None``: no
+    agent); another agent's reply built anew (the engine changed its text: redacted, at a
+    cheaper level of detail) is still named after that agent, never sent as the caller's own
+    turn. With the ``history`` ``pending`` comes from, the work grows with ``sent``, not with
+    the app's history; an app message that would go as it is but was changed in place since
+    it was converted goes as the engine's input has it."""
     from semantic_kernel.contents import ChatHistory
 
     messages = pending.messages
     names = _call_names(sent)
+    authors = getattr(sent, "authors", None) or [None] * len(sent)
     out: list[Any] = []
     origins = reconcile_openai(pending.dicts, sent, pending.opaque, history=history)
-    for entry, where in zip(sent, origins, strict=True):
+    for entry, where, author in zip(sent, origins, authors, strict=True):
         if where.source is None or (
             where.text is None
             and history is not None
             and not _reads_as_held(messages[where.source], history, where.source)
         ):
-            out.append(_build(entry, names))
+            peer = (
+                author.id
+                if author is not None and author.kind is AuthorKind.AGENT and author.id != agent
+                else None
+            )
+            out.append(_build(entry, names, peer))
         elif where.text is None:
             out.append(messages[where.source])
         else:

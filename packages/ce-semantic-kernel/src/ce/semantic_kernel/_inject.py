@@ -124,7 +124,7 @@ class Seam:
         if sent is None:
             return history
         try:
-            return from_sent(sent, pending, converted)
+            return from_sent(sent, pending, converted, site.agent)
         except Exception as exc:
             own = await fail_open(plugin, session_id, "convert messages", exc, redact)
             return history if own is None else own
