@@ -22,6 +22,7 @@ from langchain_core.messages import (
     HumanMessage,
     SystemMessage,
     ToolMessage,
+    convert_to_openai_messages,
 )
 from langchain_openai import ChatOpenAI
 from scripted import replies, texts
@@ -29,7 +30,10 @@ from scripted import replies, texts
 import ce.langchain
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
+from ce.core.formats import from_openai_messages, to_openai_messages
+from ce.core.integration import openai_to_messages
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
+from ce.core.tokens import TiktokenEstimator
 
 # a 1x1 PNG
 DATA_URL = (
@@ -137,6 +141,61 @@ async def test_replace_mode_hands_the_model_the_apps_own_objects(
     ]
     assert sent[5].additional_kwargs == {"app_tag": "image"}
     assert CANARY in str(messages[5].content)  # the app's own message is not changed
+
+
+@pytest.mark.parametrize("path", ["invoke", "ainvoke"])
+async def test_named_agents_messages_go_as_the_apps_own_and_their_names_are_counted(
+    path: str, engine: ContextEngine
+) -> None:
+    """A multi-agent app names who wrote each message (a LangGraph supervisor's agents
+    answer as ``AIMessage(name=...)``): those messages reach the model as the app's own
+    objects, name and id kept, not as unnamed assistant turns the calling agent would take for
+    its own; the session stores the names, and the budget counts them as they go."""
+    ce.langchain.install(engine, session_id="team")
+    messages: list[BaseMessage] = [
+        SystemMessage("You are the writer.", id="sys-1"),
+        HumanMessage("Brief me on Oslo.", name="alice", id="u-1"),
+        AIMessage("Facts: 9 C and rain in Oslo.", name="researcher", id="a-1"),
+        AIMessage("Noted.", name="writer", id="a-2"),
+        HumanMessage("Write it, please.", name="alice", id="u-2"),
+    ]
+    model = replies("Pack a rain jacket.")
+    if path == "invoke":
+        await asyncio.to_thread(model.invoke, messages)
+    else:
+        await model.ainvoke(messages)
+    (sent,) = model.seen
+    assert all(a is b for a, b in zip(sent[1:], messages[1:], strict=True))
+    assert [m.name for m in sent[1:]] == ["alice", "researcher", "writer", "alice"]
+    doc = await engine.get_session("team")
+    stored = [(m.role.value, m.name, m.content) for m in doc.session.messages[1:5]]
+    assert stored == [
+        ("user", "alice", "Brief me on Oslo."),
+        ("assistant", "researcher", "Facts: 9 C and rain in Oslo."),
+        ("assistant", "writer", "Noted."),
+        ("user", "alice", "Write it, please."),
+    ]
+    (turn,) = await engine.list_turns("team")
+    wire = to_openai_messages(from_openai_messages(convert_to_openai_messages(sent)))
+    counted = TiktokenEstimator().estimate_messages(openai_to_messages(wire), "gpt-4o")
+    assert turn.report.token_used == counted  # the names included
+
+
+async def test_an_agents_reply_named_after_its_call_goes_as_the_apps_own_to_the_next_agent(
+    engine: ContextEngine,
+) -> None:
+    """A LangGraph agent names its reply after the model call that made it
+    (``create_react_agent(name=...)``): the session stored the reply unnamed, and the next
+    agent's request still carries the app's own message, its name and id kept."""
+    ce.langchain.install(engine, session_id="graph")
+    history: list[BaseMessage] = [HumanMessage("Brief me on Oslo.")]
+    model = replies("Facts: 9 C and rain in Oslo.", "Pack a rain jacket.")
+    reply = await model.ainvoke([SystemMessage("You are the researcher."), *history])
+    reply.name = "researcher"
+    history.append(reply)
+    await model.ainvoke([SystemMessage("You are the writer."), *history])
+    sent = model.seen[-1]
+    assert sent[-1] is reply and sent[-1].name == "researcher" and sent[-1].id == reply.id
 
 
 async def test_augment_mode_hands_the_model_the_apps_own_objects(engine: ContextEngine) -> None:

@@ -209,6 +209,7 @@ class HistoryWriter:
             meta=meta,
             message_id=message.message_id,
             parts=message.parts,
+            name=message.name,
         )
         self._note_redaction(call, f"msg:{stored.message_id}", rules + meta_rules, 1)
         call.new_messages.append(stored)
@@ -237,6 +238,7 @@ class HistoryWriter:
                 refs=message.refs,
                 meta=dict(message.meta),
                 message_id=message.message_id,
+                name=message.name,
             )
         else:
             output = message

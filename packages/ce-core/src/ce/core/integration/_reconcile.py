@@ -137,7 +137,10 @@ def index_keys(
     results: dict[Hashable, list[int]] | None = None,
 ) -> tuple[dict[Key, list[int]], dict[str, list[int]], dict[Hashable, list[int]]]:
     """The indexes of :class:`History` for ``keys`` at positions ``start``, ``start + 1``,
-    ...: new dicts, extending the given ones (never changed: a touched list is copied)."""
+    ...: new dicts, extending the given ones (never changed: a touched list is copied). A
+    named message is found by its key without the name too: the engine sends a message it
+    stored before the app named it (a multi-agent graph names an agent's reply after the
+    model call that made it) without the name, and it is still that app message."""
     positions = dict(positions or {})
     by_role = dict(by_role or {})
     results = dict(results or {})
@@ -146,6 +149,10 @@ def index_keys(
         at = start + offset
         held = positions.get(key)
         positions[key] = [at] if held is None else [*held, at]
+        if key[3] is not None:
+            unnamed = (key[0], key[1], key[2], None, key[4])
+            held = positions.get(unnamed)
+            positions[unnamed] = [at] if held is None else [*held, at]
         role = key[0]
         if isinstance(role, str) and role in _INDEXED_ROLES:
             held_role = by_role.get(role)

@@ -585,7 +585,9 @@ class SessionIndex:
             if media and level is not LevelOfDetail.LIVE:
                 text, media = without_media(text, media), None
             parts: tuple[MessagePart, ...] = (
-                MessagePart(role=Role.USER, content=text, parts=media, author=author),
+                MessagePart(
+                    role=Role.USER, content=text, parts=media, name=head.name, author=author
+                ),
             )
         else:
             calls = [c for c in head.tool_calls or () if self._answered(data, c.tool_call_id)]
@@ -595,7 +597,11 @@ class SessionIndex:
                 return Rendering(level, (), "", 0)
             built = [
                 MessagePart(
-                    role=Role.ASSISTANT, content=text, tool_calls=calls or None, author=author
+                    role=Role.ASSISTANT,
+                    content=text,
+                    tool_calls=calls or None,
+                    name=head.name,
+                    author=author,
                 )
             ]
             for call in calls:

@@ -254,12 +254,14 @@ class AgentState(RecordWriters, HostStateWriters):
         meta: Mapping[str, Any] | None = None,
         message_id: str | None = None,
         parts: Sequence[ContentPart] | None = None,
+        name: str | None = None,
     ) -> Message:
         """Append a user message and return (a copy of) it.
 
         ``content`` is the Live text or sections; ``lod`` may add Summary/Gist renderings
         (see :meth:`ce.core.schema.LodSections.get`); ``parts`` its images, files and audio
-        (see :class:`ce.core.schema.TextPart`). Blank content without such parts is rejected.
+        (see :class:`ce.core.schema.TextPart`); ``name`` the participant name it goes with.
+        Blank content without such parts is rejected.
         """
         text, sections = normalize_content(content, lod)
         if not text.strip() and not any(p.type != "text" for p in parts or ()):
@@ -273,6 +275,7 @@ class AgentState(RecordWriters, HostStateWriters):
             meta=validate_meta(meta),
             message_id=self._check_message_id(message_id),
             parts=list(parts) if parts else None,
+            name=name,
         )
         return self._append(message)
 
@@ -314,6 +317,7 @@ class AgentState(RecordWriters, HostStateWriters):
             invocation=invocation.model_copy(),
             meta=validate_meta(meta),
             message_id=self._check_message_id(output.message_id),
+            name=output.name,
         )
         stored = self._append(message)
         if output.usage is not None:

@@ -59,6 +59,9 @@ class ModelOutput(_Record):
     latency_ms: int | None = Field(default=None, ge=0)
     first_token_latency_ms: int | None = Field(default=None, ge=0)
     author: Author | None = None
+    name: str | None = None
+    """The participant name the message goes with (OpenAI ``name``: an agent's, in a
+    multi-agent app); sent and counted with it."""
     refs: list[Ref] | None = None
     meta: dict[str, Any] = Field(default_factory=dict)
     message_id: str | None = None
