@@ -95,14 +95,16 @@ class Pending:
 
 
 def _entry(message: Any) -> dict[str, Any]:
-    """The OpenAI-style dict the engine reads for ``message``: SK's ``to_dict()`` without
-    the name (an agent's name is the author), ``developer`` read as ``system``, a list of
-    items as their text."""
+    """The OpenAI-style dict the engine reads for ``message``: SK's ``to_dict()``, the name
+    kept on an assistant message only (an agent's reply goes with its agent's name: the
+    engine stores it, sends it and counts it; the agent is its author too), ``developer``
+    read as ``system``, a list of items as their text."""
     entry = dict(message.to_dict())
     role = entry.get("role")
     if role == "developer":
         entry["role"] = "system"
-    entry.pop("name", None)
+    if role != "assistant":
+        entry.pop("name", None)
     if isinstance(entry.get("content"), list):
         entry["content"] = message_text(message)
     elif entry.get("content") is None and role != "assistant":
@@ -207,7 +209,8 @@ def _call_names(sent: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 
 def _build(entry: Mapping[str, Any], names: Mapping[str, str], peer: str | None = None) -> Any:
     """A new ``ChatMessageContent`` from one assembled OpenAI dict; an assistant message
-    another agent wrote is named after it (``peer``), as SK names an agent's reply."""
+    keeps the name it was stored with, and one another agent wrote is named after it
+    (``peer``) when it has none, as SK names an agent's reply."""
     from semantic_kernel.contents import (
         AuthorRole,
         ChatMessageContent,
@@ -234,7 +237,10 @@ def _build(entry: Mapping[str, Any], names: Mapping[str, str], peer: str | None 
                     arguments=str(function.get("arguments") or "{}"),
                 )
             )
-        return ChatMessageContent(role=AuthorRole.ASSISTANT, items=items, name=peer)
+        name = entry.get("name")  # as the engine stored it (and counted it)
+        if not isinstance(name, str) or not name:
+            name = peer  # stored before replies kept their agent's name
+        return ChatMessageContent(role=AuthorRole.ASSISTANT, items=items, name=name)
     return ChatMessageContent(role=AuthorRole(role), content=text)
 
 
@@ -355,8 +361,9 @@ def normalise_usage(usage: Any) -> tuple[int, int]:
 
 def reply_to_message(reply: Any, agent: str | None, provider: str, model: str) -> Message | None:
     """The model's reply (a ``ChatMessageContent``) as the neutral assistant
-    :class:`Message` the engine commits, written by ``agent``; ``None`` when it has neither
-    text nor function calls."""
+    :class:`Message` the engine commits, written by ``agent`` and named after it (SK sends an
+    agent's reply with its name in later requests); ``None`` when it has neither text nor
+    function calls."""
     from semantic_kernel.contents import FunctionCallContent
 
     calls = [item for item in reply.items if isinstance(item, FunctionCallContent)]
@@ -364,6 +371,8 @@ def reply_to_message(reply: Any, agent: str | None, provider: str, model: str) -
     if not text and not calls:
         return None
     entry: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if agent:
+        entry["name"] = agent
     if calls:
         entry["tool_calls"] = [
             {
