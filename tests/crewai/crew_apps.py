@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from crewai import LLM, Agent, Crew, Task
+from crewai.events import crewai_event_bus
 from crewai.tools import tool
 
+import ce.crewai
+from ce.core.engine import ContextEngine
 from ce.core.testing import ScriptedOpenAIServer
 
 
@@ -41,3 +45,12 @@ def two_task_crew(server: ScriptedOpenAIServer) -> tuple[Crew, Task, Task]:
         context=[research],
     )
     return Crew(agents=[researcher, writer], tasks=[research, write]), research, write
+
+
+async def kicked_off(engine: ContextEngine, crew: Crew, session_id: str) -> Any:
+    """``crew.kickoff()`` on a worker thread with the plugin installed in ``session_id``, its
+    event handlers done; the crew's output."""
+    ce.crewai.install(engine, session_id=session_id)
+    output = await asyncio.to_thread(crew.kickoff)
+    crewai_event_bus.flush()
+    return output

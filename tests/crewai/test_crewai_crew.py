@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from crew_apps import llm, two_task_crew
+from crew_apps import kicked_off, llm, two_task_crew
 from crewai import Agent, Crew, Task
 from crewai.events import crewai_event_bus
 
@@ -148,9 +148,7 @@ async def test_an_engine_failure_sends_the_crews_own_messages(
     monkeypatch.setattr(engine, "prepare_call", broken)
     with ScriptedOpenAIServer(_script) as server:
         crew, _, _ = two_task_crew(server)
-        ce.crewai.install(engine, session_id="s-open")
-        output = await asyncio.to_thread(crew.kickoff)
-        crewai_event_bus.flush()
+        output = await kicked_off(engine, crew, "s-open")
         requests = server.requests
     assert output.raw == "Sunny Paris today."
     assert len(requests) == 3

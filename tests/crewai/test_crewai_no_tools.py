@@ -6,11 +6,10 @@ another agent's chain as that agent's turn, never as calls of its own."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
-from crew_apps import llm, two_task_crew
+from crew_apps import kicked_off, llm, two_task_crew
 from crewai.events import crewai_event_bus
 from crewai.tools import tool
 
@@ -62,9 +61,7 @@ async def test_the_writer_without_tools_gets_the_researchers_tool_chain_as_text(
 ) -> None:
     with ScriptedOpenAIServer(_script) as server:
         crew, _, _ = two_task_crew(server)
-        ce.crewai.install(engine, session_id="s-flat")
-        output = await asyncio.to_thread(crew.kickoff)
-        crewai_event_bus.flush()
+        output = await kicked_off(engine, crew, "s-flat")
         requests = server.requests
     assert output.raw == "Sunny Paris today."
     assert len(requests) == 3
@@ -119,9 +116,7 @@ async def test_an_agent_with_tools_of_its_own_gets_the_other_agents_chain_as_its
     with ScriptedOpenAIServer(_script_two_tools) as server:
         crew, _, write = two_task_crew(server)
         write.agent.tools = [translate]  # type: ignore[union-attr]
-        ce.crewai.install(engine, session_id="s-peer-tools")
-        output = await asyncio.to_thread(crew.kickoff)
-        crewai_event_bus.flush()
+        output = await kicked_off(engine, crew, "s-peer-tools")
         requests = server.requests
     assert output.raw == "Ensoleillé."
     assert len(requests) == 4

@@ -107,6 +107,14 @@ async def test_an_image_part_reaches_the_wire_unchanged(path: str, engine: Conte
     assert doc.session.messages[-1].content == "A single pixel."
 
 
+async def _call(model: Any, path: str, messages: list[BaseMessage]) -> None:
+    """``model.invoke`` (on a worker thread) or ``model.ainvoke`` with ``messages``."""
+    if path == "invoke":
+        await asyncio.to_thread(model.invoke, messages)
+    else:
+        await model.ainvoke(messages)
+
+
 @pytest.mark.parametrize("path", ["invoke", "ainvoke"])
 async def test_replace_mode_hands_the_model_the_apps_own_objects(
     path: str, engine: ContextEngine
@@ -121,10 +129,7 @@ async def test_replace_mode_hands_the_model_the_apps_own_objects(
         AIMessage("Hi! Send me a picture.", id="a-2", additional_kwargs={"app_tag": "reply"}),
     ]
     model = replies("ok")
-    if path == "invoke":
-        await asyncio.to_thread(model.invoke, messages)
-    else:
-        await model.ainvoke(messages)
+    await _call(model, path, messages)
 
     (sent,) = model.seen
     assert [m.id for m in sent] == ["sys-1", "u-1", "a-1", "t-1", "a-2", "u-2"]
@@ -160,10 +165,7 @@ async def test_named_agents_messages_go_as_the_apps_own_and_their_names_are_coun
         HumanMessage("Write it, please.", name="alice", id="u-2"),
     ]
     model = replies("Pack a rain jacket.")
-    if path == "invoke":
-        await asyncio.to_thread(model.invoke, messages)
-    else:
-        await model.ainvoke(messages)
+    await _call(model, path, messages)
     (sent,) = model.seen
     assert all(a is b for a, b in zip(sent[1:], messages[1:], strict=True))
     assert [m.name for m in sent[1:]] == ["alice", "researcher", "writer", "alice"]
