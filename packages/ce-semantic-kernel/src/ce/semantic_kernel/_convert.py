@@ -34,6 +34,7 @@ __all__ = [
     "Pending",
     "continued",
     "conversation",
+    "fingerprint",
     "from_sent",
     "message_text",
     "normalise_usage",
@@ -110,6 +111,53 @@ def _entry(message: Any) -> dict[str, Any]:
     elif entry.get("content") is None and role != "assistant":
         entry["content"] = ""
     return entry
+
+
+# What SK writes of an item of each class (``to_dict()``, the text the engine reads); None: an
+# item of any other class (an image, a file) is read whole.
+_ITEM_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _item_fields(cls: type) -> tuple[str, ...] | None:
+    fields = _ITEM_FIELDS.get(cls, ())
+    if fields == ():
+        from semantic_kernel.contents import (
+            FunctionCallContent,
+            FunctionResultContent,
+            TextContent,
+        )
+
+        if issubclass(cls, TextContent):
+            fields = ("text",)
+        elif issubclass(cls, FunctionCallContent):
+            fields = ("id", "name", "function_name", "plugin_name", "arguments")
+        elif issubclass(cls, FunctionResultContent):
+            fields = ("id", "name", "function_name", "plugin_name", "result")
+        else:
+            fields = None
+        _ITEM_FIELDS[cls] = fields
+    return fields
+
+
+def fingerprint(message: Any) -> tuple[Any, ...]:
+    """What :func:`to_openai`, :func:`opaque` and :func:`author` read of an SK message,
+    cheaply (see :class:`~ce.core.integration.HistoryMemo`): its class, role and name, its
+    items (the list and its length) and, of each item, its class and what SK writes of it (a
+    text's text; a function call's or result's id, names and arguments or result; every field
+    of any other item). Reading every field of every message and item costs about four times
+    as much on SK's pydantic messages."""
+    fields = message.__dict__
+    items = fields.get("items") or ()
+    out: list[Any] = [type(message), fields.get("role"), fields.get("name"), items, len(items)]
+    for item in items:
+        read = _item_fields(type(item))
+        values = item.__dict__
+        out.append(type(item))
+        if read is None:
+            out.extend(values.values())
+        else:
+            out.extend([values.get(name) for name in read])
+    return tuple(out)
 
 
 def to_openai(messages: Sequence[Any]) -> list[dict[str, Any]]:

@@ -41,6 +41,7 @@ from ce.semantic_kernel._convert import (
     author,
     continued,
     conversation,
+    fingerprint,
     from_sent,
     message_text,
     normalise_usage,
@@ -78,7 +79,9 @@ class Seam:
         from (None: from their dicts, converted again) and their authors (None: no message has
         one). Raises what the conversion raises."""
         messages = conversation(messages)
-        history = self.plugin.histories.convert(session_id, messages, to_openai, opaque, author)
+        history = self.plugin.histories.convert(
+            session_id, messages, to_openai, opaque, author, fingerprint_of=fingerprint
+        )
         if history is None:
             pending = to_pending(messages)
             return pending, None, pending.authors
