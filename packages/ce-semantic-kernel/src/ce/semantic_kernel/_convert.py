@@ -255,10 +255,9 @@ def _call_names(sent: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return names
 
 
-def _build(entry: Mapping[str, Any], names: Mapping[str, str], peer: str | None = None) -> Any:
+def _build(entry: Mapping[str, Any], names: Mapping[str, str]) -> Any:
     """A new ``ChatMessageContent`` from one assembled OpenAI dict; an assistant message
-    keeps the name it was stored with, and one another agent wrote is named after it
-    (``peer``) when it has none, as SK names an agent's reply."""
+    keeps the name it was stored with (its agent's, as SK names an agent's reply)."""
     from semantic_kernel.contents import (
         AuthorRole,
         ChatMessageContent,
@@ -286,9 +285,9 @@ def _build(entry: Mapping[str, Any], names: Mapping[str, str], peer: str | None 
                 )
             )
         name = entry.get("name")  # as the engine stored it (and counted it)
-        if not isinstance(name, str) or not name:
-            name = peer  # stored before replies kept their agent's name
-        return ChatMessageContent(role=AuthorRole.ASSISTANT, items=items, name=name)
+        return ChatMessageContent(
+            role=AuthorRole.ASSISTANT, items=items, name=name if isinstance(name, str) else None
+        )
     return ChatMessageContent(role=AuthorRole(role), content=text)
 
 
@@ -335,37 +334,28 @@ def _reads_as_held(message: Any, history: History, position: int) -> bool:
 
 
 def from_sent(
-    sent: Sequence[Mapping[str, Any]],
-    pending: Pending,
-    history: History | None = None,
-    agent: str | None = None,
+    sent: Sequence[Mapping[str, Any]], pending: Pending, history: History | None = None
 ) -> Any:
     """A new ``ChatHistory`` holding the engine's input ``sent`` for a request whose own
-    messages are ``pending`` (see the module docstring), made by ``agent`` (``None``: no
-    agent); another agent's reply built anew (the engine changed its text: redacted, at a
-    cheaper level of detail) is still named after that agent, never sent as the caller's own
-    turn. With the ``history`` ``pending`` comes from, the work grows with ``sent``, not with
-    the app's history; an app message that would go as it is but was changed in place since
-    it was converted goes as the engine's input has it."""
+    messages are ``pending`` (see the module docstring); an agent's reply built anew (the
+    engine changed its text: redacted, at a cheaper level of detail) is still named after
+    its agent, never sent as the caller's own turn. With the ``history`` ``pending`` comes
+    from, the work grows with ``sent``, not with the app's history; an app message that
+    would go as it is but was changed in place since it was converted goes as the engine's
+    input has it."""
     from semantic_kernel.contents import ChatHistory
 
     messages = pending.messages
     names = _call_names(sent)
-    authors = getattr(sent, "authors", None) or [None] * len(sent)
     out: list[Any] = []
     origins = reconcile_openai(pending.dicts, sent, pending.opaque, history=history)
-    for entry, where, author in zip(sent, origins, authors, strict=True):
+    for entry, where in zip(sent, origins, strict=True):
         if where.source is None or (
             where.text is None
             and history is not None
             and not _reads_as_held(messages[where.source], history, where.source)
         ):
-            peer = (
-                author.id
-                if author is not None and author.kind is AuthorKind.AGENT and author.id != agent
-                else None
-            )
-            out.append(_build(entry, names, peer))
+            out.append(_build(entry, names))
         elif where.text is None:
             out.append(messages[where.source])
         else:

@@ -127,7 +127,7 @@ class Seam:
         if sent is None:
             return history
         try:
-            return from_sent(sent, pending, converted, site.agent)
+            return from_sent(sent, pending, converted)
         except Exception as exc:
             own = await fail_open(plugin, session_id, "convert messages", exc, redact)
             return history if own is None else own

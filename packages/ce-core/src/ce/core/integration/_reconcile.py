@@ -114,13 +114,11 @@ class SentMessages(list[dict[str, Any]]):
         self,
         messages: list[dict[str, Any]],
         keys: list[Key],
-        authors: list[Author | None] | None = None,
+        authors: list[Author | None],
     ) -> None:
         super().__init__(messages)
         self.reconcile_keys = keys
-        self.authors: list[Author | None] = (
-            authors if authors is not None else [None] * len(messages)
-        )
+        self.authors = authors
 
 
 def _sent_keys(sent: Sequence[Mapping[str, Any]]) -> list[Key]:
