@@ -331,13 +331,6 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 class SessionLocks:
     """One lock per session that works across threads and event loops: calls for one session
     are serialized (first come, first served), different sessions run concurrently.
@@ -363,7 +356,7 @@ class SessionLocks:
             return len(self._waiters)
 
     async def _acquire(self, session_id: str) -> None:
-        loop = _running_loop()
+        loop = asyncio._get_running_loop()  # None off a loop, without raising
         blocking = inline()
         me = _Holder(
             threading.get_ident() if blocking else None,
