@@ -50,6 +50,21 @@ class Reconciled:
     media: bool = True
 
 
+_AS_IS: dict[int, Reconciled] = {}
+_AS_IS_MAX = 1 << 16  # app positions whose unchanged Reconciled is shared
+
+
+def _as_is(source: int) -> Reconciled:
+    """The :class:`Reconciled` of the app message at ``source`` going unchanged: one shared
+    instance per position (it is immutable), made once, not on every call."""
+    held = _AS_IS.get(source)
+    if held is None:
+        held = Reconciled(source)
+        if source < _AS_IS_MAX:
+            held = _AS_IS.setdefault(source, held)
+    return held
+
+
 def _text(content: Any) -> str:
     """A content's text as the engine reads it: a string, or the text parts of a list joined
     with newlines; anything else counts as no text."""
@@ -258,9 +273,10 @@ def reconcile_openai(
     match = _unchanged(positions, sent_keys)
     rewritten = _rewritten(app_keys, sent_keys, match, by_role, results)
     out: list[Reconciled] = []
+    shared = _AS_IS.get
     for i, j in enumerate(match):
         if j is not None:
-            out.append(Reconciled(j))
+            out.append(shared(j) or _as_is(j))
         elif i in rewritten:
             text, source = sent_keys[i][1], rewritten[i]
             # the engine keeps the media of user messages and tool results (not a system
