@@ -19,9 +19,11 @@ __all__ = [
 
 
 _PARTS_MAX = 8192
-# Each assembled part's OpenAI message and reconcile key, by the part object: the engine keeps
-# the renderings of the history it sends, so a kept message is the same part on every call.
-_parts: dict[int, tuple[MessagePart, dict[str, Any], Key]] = {}
+# Each assembled part's OpenAI message, reconcile key, whether that message is flat (string
+# content, no tool calls: a shallow copy is the caller's own) and author, by the part object:
+# the engine keeps the renderings of the history it sends, so a kept message is the same part
+# on every call.
+_parts: dict[int, tuple[MessagePart, dict[str, Any], Key, bool, Author | None]] = {}
 _parts_lock = threading.Lock()
 
 
@@ -37,19 +39,26 @@ def assembled_to_openai(assembled: AssembledInput) -> SentMessages:
         held = _parts.get(id(part))
         if held is None or held[0] is not part:
             (message,) = to_openai_messages([part])
-            held = (part, message, openai_key(message))
+            flat = isinstance(message["content"], str) and "tool_calls" not in message
+            held = (part, message, openai_key(message), flat, part.author)
             with _parts_lock:
                 if len(_parts) >= _PARTS_MAX:
                     _parts.clear()
                 _parts[id(part)] = held
-        message = held[1]
-        if isinstance(message["content"], str) and "tool_calls" not in message:
-            messages.append(dict(message))  # flat: a copy is the caller's own
-        else:  # nested lists and dicts: made anew
-            messages.extend(to_openai_messages([part]))
+        # a copy is the caller's own: a shallow one of a flat message
+        messages.append(held[1].copy() if held[3] else _copied(held[1]))
         keys.append(held[2])
-        authors.append(part.author)
+        authors.append(held[4])
     return SentMessages(messages, keys, authors)
+
+
+def _copied(value: Any) -> Any:
+    """A copy of an OpenAI message's value, its dicts and lists copied at every depth."""
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
 
 
 def message_from_part(part: MessagePart, author: Author | None = None) -> Message:
