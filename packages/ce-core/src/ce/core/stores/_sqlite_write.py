@@ -4,6 +4,7 @@ scrubbed from the file and its write-ahead log)."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 
 from ce.core.errors import StoreError
@@ -32,6 +33,30 @@ from ce.core.stores.base import (
 __all__ = ["apply", "commit", "delete_evidence", "delete_session", "put"]
 
 
+@functools.cache
+def _insert_sql(table: str) -> str:
+    """The statement appending one row of ``table`` after the session's stored ones (with the
+    values of the table's ``_rows.TAGGED`` columns as parameters 5, 6, ...)."""
+    id_column = RECORD_TABLES[table]
+    on_conflict = (
+        f"DO UPDATE SET body = excluded.body, version = excluded.version"
+        f" WHERE {table}.body IS NOT excluded.body"
+        if table in UPSERTED
+        else "DO NOTHING"
+    )
+    tagged = TAGGED.get(table, ())
+    extra = "".join(f", {column}" for column in tagged)
+    slots = "".join(f", ?{5 + i}" for i in range(len(tagged)))
+    # each row takes the session's next seq of the table in the same statement (an index
+    # lookup: the table's key starts with (session_id, seq))
+    return (
+        f"INSERT INTO {table} (session_id, seq, {id_column}, version, body{extra})"
+        f" SELECT ?1, COALESCE(MAX(seq) + 1, 0), ?2, ?3, ?4{slots}"
+        f" FROM {table} WHERE session_id = ?1"
+        f" ON CONFLICT (session_id, {id_column}) {on_conflict}"
+    )
+
+
 def _write_records(
     conn: sqlite3.Connection,
     table: str,
@@ -47,29 +72,12 @@ def _write_records(
     """
     if not rows:
         return 0
-    id_column = RECORD_TABLES[table]
-    on_conflict = (
-        f"DO UPDATE SET body = excluded.body, version = excluded.version"
-        f" WHERE {table}.body IS NOT excluded.body"
-        if table in UPSERTED
-        else "DO NOTHING"
-    )
-    tagged = TAGGED.get(table, ())
-    extra = "".join(f", {column}" for column in tagged)
-    slots = "".join(f", ?{5 + i}" for i in range(len(tagged)))
-    # each row takes the session's next seq of the table in the same statement (an index
-    # lookup: the table's key starts with (session_id, seq))
-    sql = (
-        f"INSERT INTO {table} (session_id, seq, {id_column}, version, body{extra})"
-        f" SELECT ?1, COALESCE(MAX(seq) + 1, 0), ?2, ?3, ?4{slots}"
-        f" FROM {table} WHERE session_id = ?1"
-        f" ON CONFLICT (session_id, {id_column}) {on_conflict}"
-    )
+    statement = _insert_sql(table)
     changed = 0
     values = tags.get(table)
     for record_id, body in rows:
         params = (session_id, record_id, version, body, *(values[record_id] if values else ()))
-        changed += conn.execute(sql, params).rowcount
+        changed += conn.execute(statement, params).rowcount
     return changed
 
 
