@@ -124,7 +124,9 @@ def _scope(
 
 
 def _leave_alone(plugin: LangChainPlugin, model: BaseChatModel) -> bool:
-    return _injected.get() or not plugin.installed or getattr(model, "_ce_injects", False)
+    # a class attribute, read off the class: a model instance answers a missing attribute
+    # through pydantic's ``__getattr__``, which raises (microseconds on every call)
+    return _injected.get() or not plugin.installed or getattr(type(model), "_ce_injects", False)
 
 
 def make_convert_input(
