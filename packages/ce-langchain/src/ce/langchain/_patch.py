@@ -123,10 +123,20 @@ def _scope(
     return call_scope(plugin, config, tags, metadata, run_id), run_id
 
 
+# whether a chat model class injects its own input (``ce.langchain.wrap``), by class: a
+# missing attribute, on a pydantic model or its class, is answered by a ``__getattr__`` that
+# raises (microseconds on every call)
+_SELF_INJECTING: dict[type, bool] = {}
+
+
 def _leave_alone(plugin: LangChainPlugin, model: BaseChatModel) -> bool:
-    # a class attribute, read off the class: a model instance answers a missing attribute
-    # through pydantic's ``__getattr__``, which raises (microseconds on every call)
-    return _injected.get() or not plugin.installed or getattr(type(model), "_ce_injects", False)
+    if _injected.get() or not plugin.installed:
+        return True
+    cls = type(model)
+    injects = _SELF_INJECTING.get(cls)
+    if injects is None:
+        injects = _SELF_INJECTING[cls] = bool(getattr(cls, "_ce_injects", False))
+    return injects
 
 
 def make_convert_input(
