@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -286,8 +287,8 @@ async def test_a_streaming_query_engines_synthesis_stays_out_of_the_chat(
     made when the app reads the response, after the query returned, with no open span
     above it; in a session that already holds a chat it is still a component: every
     synthesizer request holds its own prompt only (none of the chat, each retrieved text
-    once: no evidence block repeating the text the prompt quotes), each is recorded in a
-    child scope of the session, and the chat session gains no synthesizer turn."""
+    once: a text an evidence block holds goes as a pointer in the prompt), each is recorded
+    in a child scope of the session, and the chat session gains no synthesizer turn."""
     server = server_box["server"] = ScriptedOpenAIServer(_chat_or_synthesis).start()
     llm = _openai(server)
     query_engine = _docs_index().as_query_engine(
@@ -314,7 +315,9 @@ async def test_a_streaming_query_engines_synthesis_stays_out_of_the_chat(
     for request in synthesis:
         assert CHAT_TURN not in _text(request) and "CHAT-SYS" not in _text(request)
         assert all(_text(request).count(doc) <= 1 for doc in DOC_TEXTS)
-        assert "<evidence" not in _text(request)
+        system, prompt = _system(request), request["messages"][-1]["content"]
+        for evidence_id in re.findall(r'<evidence id="([^"]+)"', system):
+            assert f"[retrieved document: evidence {evidence_id}]" in prompt
     assert all(any(doc in _text(r) for r in synthesis) for doc in DOC_TEXTS)
     await _assert_only_the_chat_in(engine, "chat-q")
     children = [s for s in await _sessions(engine) if s != "chat-q"]

@@ -17,6 +17,7 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.chat_engine import ContextChatEngine
 from llama_index.core.instrumentation.dispatcher import instrument_tags
+from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.core.tools import FunctionTool
 from llama_index.llms.openai import OpenAI
@@ -195,3 +196,77 @@ async def test_a_passage_two_indexes_return_is_sent_once_citing_both(
         assert whole in blocks[other] and "REFUND" not in blocks[other]
         assert f"[retrieved document: evidence {whole}]" in prompt
         assert other not in prompt  # the prompt never points at a pointer
+
+
+async def test_a_query_engines_prompt_sends_a_passage_two_indexes_return_once(
+    engine: ContextEngine,
+) -> None:
+    """A RetrieverQueryEngine over two indexes that both hold a passage: LlamaIndex's
+    question-answering prompt quotes it twice (once per source). Its synthesizer's model call
+    runs in a session of its own, which gets the nodes the prompt quotes as evidence before the
+    call: every request holds the passage once, fenced whole under one id that both of the
+    prompt's copies point to, with both sources cited; the query's session keeps its hits."""
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="Within 30 days.")) as server:
+        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+        query_engine = RetrieverQueryEngine.from_args(retriever=BothIndexes(), llm=llm)
+        ce.llamaindex.install(engine)
+        try:
+            with instrument_tags({"ce_session_id": "query-two-indexes"}):
+                query_engine.query("Can I get a refund on an annual plan?")
+                await query_engine.aquery("And on a monthly plan?")
+        finally:
+            LlamaIndexPlugin().uninstall()
+        requests = server.requests
+    assert len(requests) == 2
+    for request in requests:
+        assert json.dumps(request).count("REFUND-7731") == 1  # the passage once
+        system, prompt = request["messages"][0]["content"], request["messages"][-1]["content"]
+        blocks = dict(re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', system, re.S))
+        uris = re.findall(r'uri="([^"]+)"', system)
+        assert sorted(uris) == ["faq://returns", "kb://handbook/refunds"]  # both cited
+        (whole,) = [i for i, body in blocks.items() if body == POLICY]
+        assert prompt.count(f"[retrieved document: evidence {whole}]") == 2
+        assert "Can I get a refund" in prompt or "monthly plan" in prompt
+    doc = await engine.get_session("query-two-indexes")
+    assert {e.source.uri for e in doc.evidences.values() if e.content == POLICY} == {
+        "kb://handbook/refunds",
+        "faq://returns",
+    }
+
+
+SHIPPING = "SHIPPING-11: parcels ship within two business days from the central warehouse."
+RETURNS = "RETURNS-22: returns are accepted within sixty days with the original receipt."
+
+
+class TwoPolicies(BaseRetriever):
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return [
+            NodeWithScore(node=TextNode(text=text, metadata={"source": uri}), score=0.8)
+            for text, uri in ((SHIPPING, "kb://shipping"), (RETURNS, "kb://returns"))
+        ]
+
+
+async def test_each_refine_call_gets_the_nodes_its_own_prompt_quotes(
+    engine: ContextEngine,
+) -> None:
+    """A refine synthesizer makes one model call per node: each call's evidence is the node
+    its own prompt quotes, never the other one (no call pays for what it does not read)."""
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="An answer.")) as server:
+        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+        query_engine = RetrieverQueryEngine.from_args(
+            retriever=TwoPolicies(), llm=llm, response_mode="refine"
+        )
+        ce.llamaindex.install(engine)
+        try:
+            with instrument_tags({"ce_session_id": "refine"}):
+                await query_engine.aquery("What are the policies?")
+        finally:
+            LlamaIndexPlugin().uninstall()
+        first, second = server.requests
+    for request, own, other in ((first, SHIPPING, RETURNS), (second, RETURNS, SHIPPING)):
+        body = json.dumps(request)
+        assert body.count(own.split(":")[0]) == 1 and other.split(":")[0] not in body
+        system = request["messages"][0]["content"]
+        (block,) = re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', system, re.S)
+        assert block[1] == own
+        assert f"[retrieved document: evidence {block[0]}]" in request["messages"][-1]["content"]

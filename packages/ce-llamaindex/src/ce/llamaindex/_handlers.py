@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncGenerator, Generator, Mapping
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, cast
 
 from llama_index.core.base.llms.base import BaseLLM
+from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
@@ -39,6 +40,7 @@ from llama_index.core.instrumentation.events.query import QueryEndEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.instrumentation.span import BaseSpan, active_span_id
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+from llama_index.core.schema import NodeWithScore
 from llama_index.core.tools.types import BaseTool
 
 from ce.core.integration import (
@@ -48,8 +50,9 @@ from ce.core.integration import (
     redacted_or_reported_sync,
     resolve_scope,
 )
+from ce.llamaindex._convert import message_text
 from ce.llamaindex._inject import inject_async, inject_sync, redacted_prompt
-from ce.llamaindex._record import LlmCall, Tracker, call_args
+from ce.llamaindex._record import LlmCall, Tracker, call_args, hits_from_nodes
 from ce.llamaindex._scopes import CHAT_METHODS, SpanInfo, is_tool, method_of, span_scope
 from ce.llamaindex._seam import ASYNC_CHAT_METHODS, COMPLETION_METHODS, seamed
 
@@ -232,6 +235,8 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
                 skip=is_suppressed(),
                 blocking=method not in ASYNC_CHAT_METHODS,
             )
+            if info.nodes and not call.skip:
+                self._record_quoted(call, info.nodes, arguments)
             wrapper = getattr(llm, "ce_injects", False)  # wrap(): it injects itself
             if self._inject and not (call.skip or wrapper):
                 if method in ASYNC_CHAT_METHODS and seamed(llm, method):
@@ -241,6 +246,34 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         with tracker.lock:
             tracker.calls[id_] = call
         return call
+
+    def _record_quoted(
+        self, call: LlmCall, nodes: Sequence[Any], arguments: Mapping[str, Any]
+    ) -> None:
+        """Before a model call a query's synthesizer makes (in a session of its own): the
+        synthesizer's nodes that the call's messages quote, as retrieved evidence of that
+        session, written before the call's input is assembled. The engine then sends each
+        quoted text once, fenced as evidence with its source, and the prompt's copies as
+        pointers to it (a passage two indexes both return goes once, not twice)."""
+        messages, _ = _chat_input(arguments)
+        if not messages:
+            return
+        text = "\n".join(message_text(m) for m in messages if isinstance(m, ChatMessage))
+        quoted = [
+            scored
+            for scored in nodes
+            if isinstance(scored, NodeWithScore)
+            and (content := scored.node.get_content().strip())
+            and content in text
+        ]
+        hits = hits_from_nodes(quoted)
+        if hits:
+            self.tracker.write(
+                call.session_id,
+                "record retrieval",
+                lambda r: r.record_retrieval(hits, None),
+                blocking=call.blocking,
+            )
 
     def _rewrite(self, id_: str, call: LlmCall, arguments: Mapping[str, Any]) -> None:
         messages, tools = _chat_input(arguments)

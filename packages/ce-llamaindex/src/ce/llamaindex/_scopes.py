@@ -123,6 +123,9 @@ class SpanInfo:
     chat_inside: bool = False
     """A chat call ran inside this span (a completion a provider serves through its own chat:
     that call is recorded, the completion is not recorded again)."""
+    nodes: tuple[Any, ...] = ()
+    """The nodes a query's synthesizer answers from (its final source nodes), for the model
+    calls made inside it: the ones a call's messages quote are that call's evidence."""
 
     @property
     def session_id(self) -> str:
@@ -261,6 +264,7 @@ def span_scope(
             answer=parent.answer,
             prompt_call=parent.prompt_call,
             prompt_handled=parent.prompt_handled,
+            nodes=parent.nodes,
         )
         component = _component(id_, method, instance, arguments, parent)
         # a name the span's context lost (a workflow step's own instrument_tags) is kept
@@ -287,6 +291,9 @@ def span_scope(
     info.named, info.engine_named = named, in_engine
     info.framework = own or info.framework
     _mark(info, method, instance)
+    if info.in_query and isinstance(instance, BaseSynthesizer) and method in _SYNTHESIZE_METHODS:
+        nodes = arguments.get("nodes")
+        info.nodes = tuple(nodes) if isinstance(nodes, (list, tuple)) else ()
     return info
 
 
