@@ -14,7 +14,17 @@ from hypothesis import strategies as st
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.pipeline._quotes import SAME_TEXT_POINTER
-from ce.core.schema import EvidenceSource, EvidenceType, PrepareResult, SourceKind
+from ce.core.schema import (
+    EvidenceLinks,
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    ModelInvocation,
+    PrepareResult,
+    Role,
+    SourceKind,
+    ToolCallRequest,
+)
 from ce.core.testing import deterministic_engine
 
 PASSAGE = (
@@ -22,6 +32,7 @@ PASSAGE = (
     "the refund is prorated by the months left, minus a processing fee of five percent. "
     "Monthly plans are not refunded, but they can be cancelled at any time before renewal."
 )
+_INVOCATION = ModelInvocation(provider="openai", model="gpt-4o")
 _BLOCK = re.compile(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', re.S)
 
 
@@ -166,3 +177,46 @@ async def test_three_copies_point_to_the_oldest_one_kept() -> None:
         await _hit(other, PASSAGE.replace("4411", f"441{n}"), f"kb://{n}")
     three = await other.prepare_turn("s1", "Refunds?")
     assert result.report.token_used < three.report.token_used - 60
+
+
+async def test_a_retrieval_tools_two_copies_of_a_passage_go_once_in_its_result() -> None:
+    """A retrieval tool asking two indexes that both hold a passage: the call's result
+    carries its documents fenced (linked to the call), the passage whole once, the other
+    source's copy as its own block pointing to it; a different document and a text shorter
+    than a pointer go whole."""
+    engine = _engine()
+    await engine.prepare_turn("s1", "Can I get a refund on an annual plan?")
+    call = ToolCallRequest(tool_call_id="c1", name="search", arguments={"q": "refund"})
+    reply = Message(role=Role.ASSISTANT, content="", tool_calls=[call], invocation=_INVOCATION)
+    await engine.commit_assistant_message("s1", reply)
+    documents = [
+        (PASSAGE, "kb://handbook/refunds"),
+        (PASSAGE, "faq://returns"),
+        ("Support: weekdays.", "kb://support"),
+        ("Support: weekdays.", "faq://support"),
+        ("Monthly plans renew on the first day of each month.", "kb://billing"),
+    ]
+    ids = [
+        (
+            await engine.ingest_evidence(
+                "s1",
+                text,
+                EvidenceSource(kind=SourceKind.RAG, uri=uri),
+                EvidenceType.RAG_DOC,
+                links=EvidenceLinks(tool_call_id="c1"),
+            )
+        ).evidence_id
+        for text, uri in documents
+    ]
+    result = Message(role=Role.TOOL, content="5 documents found.", tool_call_id="c1", name="search")
+    prepared = await engine.prepare_call("s1", [result])
+    (tool,) = [p for p in prepared.assembled_input.parts if p.role is Role.TOOL]
+    assert tool.content.count("REFUND-POLICY-4411") == 1
+    blocks = dict(_BLOCK.findall(tool.content))
+    assert blocks[ids[0]] == PASSAGE
+    assert blocks[ids[1]] == _pointer(ids[0])  # the other source, cited, pointing to it
+    assert 'uri="faq://returns"' in tool.content
+    assert blocks[ids[2]] == blocks[ids[3]] == "Support: weekdays."  # shorter than a pointer
+    assert blocks[ids[4]] == "Monthly plans renew on the first day of each month."
+    # the budget counts what is sent: the pointer, not the passage twice
+    assert prepared.report.token_used <= prepared.report.token_budget

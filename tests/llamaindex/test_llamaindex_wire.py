@@ -19,7 +19,7 @@ from llama_index.core.chat_engine import ContextChatEngine
 from llama_index.core.instrumentation.dispatcher import instrument_tags
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
-from llama_index.core.tools import FunctionTool
+from llama_index.core.tools import FunctionTool, QueryEngineTool
 from llama_index.llms.openai import OpenAI
 
 import ce.llamaindex
@@ -270,3 +270,45 @@ async def test_each_refine_call_gets_the_nodes_its_own_prompt_quotes(
         (block,) = re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', system, re.S)
         assert block[1] == own
         assert f"[retrieved document: evidence {block[0]}]" in request["messages"][-1]["content"]
+
+
+def _refund_agent_script(body: dict[str, Any]) -> ScriptedResponse:
+    if body.get("tools") and body["messages"][-1]["role"] == "user":
+        arguments = json.dumps({"input": "annual plan refund"})
+        return ScriptedResponse(tool_calls=[("call_1", "refunds", arguments)])
+    return ScriptedResponse(text="Within 30 days.")
+
+
+async def test_an_agents_query_engine_tool_over_two_indexes_sends_the_passage_once(
+    engine: ContextEngine,
+) -> None:
+    """An agent whose tool is a query engine over two indexes that both hold a passage: the
+    synthesizer's request and the agent's request after the tool (whose result carries the
+    query's documents) each hold the passage once, both sources cited."""
+    with ScriptedOpenAIServer(_refund_agent_script) as server:
+        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+        query_engine = RetrieverQueryEngine.from_args(retriever=BothIndexes(), llm=llm)
+        tool = QueryEngineTool.from_defaults(
+            query_engine, name="refunds", description="Refund policies."
+        )
+        agent = FunctionAgent(tools=[tool], llm=llm, system_prompt="You help with refunds.")
+        ce.llamaindex.install(engine)
+        try:
+            with instrument_tags({"ce_session_id": "refund-agent"}):
+                await agent.run("Can I get a refund on an annual plan?")
+        finally:
+            LlamaIndexPlugin().uninstall()
+        first, synthesis, after_tool = server.requests
+    assert "REFUND-7731" not in json.dumps(first)
+    for request in (synthesis, after_tool):
+        body = json.dumps(request)
+        assert body.count("REFUND-7731") == 1
+        assert "kb://handbook/refunds" in body and "faq://returns" in body
+    (tool_message,) = [m for m in after_tool["messages"] if m["role"] == "tool"]
+    blocks = dict(
+        re.findall(
+            r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', tool_message["content"], re.S
+        )
+    )
+    (whole,) = [i for i, body in blocks.items() if body == POLICY]
+    assert f"[same text as evidence {whole}]" in blocks.values()

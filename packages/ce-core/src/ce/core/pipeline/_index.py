@@ -35,7 +35,7 @@ Token counts are for one ``model_hint``; an index serves one hint.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -177,6 +177,25 @@ class _Group:
         self.index = index
         self.results: dict[str, Message] = {}
         self.observation: Message | None = None  # the answer to a ReAct step (see _react)
+
+
+def _fenced_documents(evidences: Sequence[Evidence], level: LevelOfDetail) -> list[str]:
+    """A tool call's evidences, each fenced with its provenance at ``level``; a text an
+    earlier one of them holds goes as a pointer to that one (a retrieval tool asking two
+    indexes that both hold a passage: the passage goes once, both sources are cited), unless
+    the pointer is not shorter than the text."""
+    first: dict[str, str] = {}  # text -> the evidence of the call sent whole with it
+    blocks: list[str] = []
+    for evidence in evidences:
+        text = evidence.content.strip()
+        whole = first.get(text)
+        pointer = SAME_TEXT_POINTER.format(evidence_id=whole) if whole else None
+        if pointer is not None and len(pointer) < len(text):
+            blocks.append(fence_evidence(evidence, pointer))
+            continue
+        first.setdefault(text, evidence.evidence_id)
+        blocks.append(fence_evidence(evidence, shorten(evidence.content, level)))
+    return blocks
 
 
 class SessionIndex:
@@ -548,13 +567,11 @@ class SessionIndex:
         if not evidences and result is None:
             evidences = self._result_by_call.get(call_id)
         if evidences:
-            return "\n\n".join(fence_evidence(ev, shorten(ev.content, level)) for ev in evidences)
+            return "\n\n".join(_fenced_documents(evidences, level))
         if result is None:
             return ""
         text = self._text(result, level)
-        documents = "".join(
-            "\n\n" + fence_evidence(ev, shorten(ev.content, level)) for ev in sources
-        )
+        documents = "".join("\n\n" + block for block in _fenced_documents(sources, level))
         if not self.fence_tool_results:
             return text + documents
         recorded = self._result_by_call.get(call_id)
