@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("langchain_openai")
 
+from langchain.agents import create_agent
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, HumanMessage
@@ -22,6 +23,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
 import ce.langchain
@@ -249,3 +251,46 @@ async def test_a_passage_two_retrievers_return_is_sent_once_citing_both(
     prompt_part = system.split("## Evidence")[0]
     assert f"[retrieved document: evidence {whole[0]}]" in prompt_part
     assert other not in prompt_part
+
+
+@tool
+def search_policies(query: str) -> str:
+    """Search the handbook and the FAQ."""
+    found = Handbook().invoke(query) + Faq().invoke(query)
+    return "\n\n".join(d.page_content for d in found)
+
+
+def _search_then_answer(body: dict[str, Any]) -> ScriptedResponse:
+    if body["messages"][-1]["role"] == "user":
+        arguments = json.dumps({"query": "refund"})
+        return ScriptedResponse(tool_calls=[("call_1", "search_policies", arguments)])
+    return ScriptedResponse(text="30 days.")
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_an_agents_search_tool_over_two_indexes_sends_the_passage_once(
+    path: str, engine: ContextEngine
+) -> None:
+    """An agent whose search tool asks two indexes that both hold the refund policy: the
+    tool's result carries its documents fenced, the policy once and the FAQ's copy as its
+    own block pointing to it (both sources cited); the request after the tool holds the
+    policy once."""
+    with ScriptedOpenAIServer(_search_then_answer) as server:
+        model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-test")
+        agent = create_agent(model, [search_policies], system_prompt="Answer from the policies.")
+        ce.langchain.install(engine, session_id="agent-two-indexes")
+        question = {"messages": [{"role": "user", "content": "Can I return an unopened order?"}]}
+        try:
+            if path == "sync":
+                agent.invoke(question)
+            else:
+                await agent.ainvoke(question)
+        finally:
+            ce.langchain.uninstall()
+        _, after_tool = server.requests
+    assert json.dumps(after_tool).count("Refunds are accepted within 30 days") == 5  # once
+    (result,) = [m["content"] for m in after_tool["messages"] if m["role"] == "tool"]
+    blocks = dict(re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', result, re.S))
+    (whole,) = [i for i, body in blocks.items() if body == POLICY.strip()]
+    assert 'uri="kb://refunds"' in result and 'uri="faq://returns"' in result
+    assert f"[same text as evidence {whole}]" in blocks.values()
