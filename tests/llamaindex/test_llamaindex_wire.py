@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -198,6 +199,23 @@ async def test_a_passage_two_indexes_return_is_sent_once_citing_both(
         assert other not in prompt  # the prompt never points at a pointer
 
 
+@contextmanager
+def _query_engine(
+    engine: ContextEngine, retriever: BaseRetriever, session_id: str, answer: str, **kwargs: Any
+) -> Iterator[tuple[RetrieverQueryEngine, ScriptedOpenAIServer]]:
+    """A RetrieverQueryEngine over ``retriever`` with OpenAI on the scripted server (which
+    answers ``answer``), the plugin installed, inside ``session_id``."""
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text=answer)) as server:
+        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+        query_engine = RetrieverQueryEngine.from_args(retriever=retriever, llm=llm, **kwargs)
+        ce.llamaindex.install(engine)
+        try:
+            with instrument_tags({"ce_session_id": session_id}):
+                yield query_engine, server
+        finally:
+            LlamaIndexPlugin().uninstall()
+
+
 async def test_a_query_engines_prompt_sends_a_passage_two_indexes_return_once(
     engine: ContextEngine,
 ) -> None:
@@ -206,17 +224,13 @@ async def test_a_query_engines_prompt_sends_a_passage_two_indexes_return_once(
     runs in a session of its own, which gets the nodes the prompt quotes as evidence before the
     call: every request holds the passage once, fenced whole under one id that both of the
     prompt's copies point to, with both sources cited; the query's session keeps its hits."""
-    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="Within 30 days.")) as server:
-        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
-        query_engine = RetrieverQueryEngine.from_args(retriever=BothIndexes(), llm=llm)
-        ce.llamaindex.install(engine)
-        try:
-            with instrument_tags({"ce_session_id": "query-two-indexes"}):
-                query_engine.query("Can I get a refund on an annual plan?")
-                await query_engine.aquery("And on a monthly plan?")
-        finally:
-            LlamaIndexPlugin().uninstall()
-        requests = server.requests
+    with _query_engine(engine, BothIndexes(), "query-two-indexes", "Within 30 days.") as (
+        query_engine,
+        server,
+    ):
+        query_engine.query("Can I get a refund on an annual plan?")
+        await query_engine.aquery("And on a monthly plan?")
+    requests = server.requests
     assert len(requests) == 2
     for request in requests:
         assert json.dumps(request).count("REFUND-7731") == 1  # the passage once
@@ -251,18 +265,12 @@ async def test_each_refine_call_gets_the_nodes_its_own_prompt_quotes(
 ) -> None:
     """A refine synthesizer makes one model call per node: each call's evidence is the node
     its own prompt quotes, never the other one (no call pays for what it does not read)."""
-    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="An answer.")) as server:
-        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
-        query_engine = RetrieverQueryEngine.from_args(
-            retriever=TwoPolicies(), llm=llm, response_mode="refine"
-        )
-        ce.llamaindex.install(engine)
-        try:
-            with instrument_tags({"ce_session_id": "refine"}):
-                await query_engine.aquery("What are the policies?")
-        finally:
-            LlamaIndexPlugin().uninstall()
-        first, second = server.requests
+    with _query_engine(engine, TwoPolicies(), "refine", "An answer.", response_mode="refine") as (
+        query_engine,
+        server,
+    ):
+        await query_engine.aquery("What are the policies?")
+    first, second = server.requests
     for request, own, other in ((first, SHIPPING, RETURNS), (second, RETURNS, SHIPPING)):
         body = json.dumps(request)
         assert body.count(own.split(":")[0]) == 1 and other.split(":")[0] not in body
