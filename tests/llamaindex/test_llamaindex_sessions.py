@@ -861,6 +861,25 @@ async def test_fail_closed_still_raises(engine: ContextEngine, server_box: dict[
     assert server.requests == []
 
 
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_fail_closed_raises_into_a_query_engines_synthesis(
+    path: str, engine: ContextEngine, server_box: dict[str, Any]
+) -> None:
+    """A query engine's synthesizer call records the nodes its prompt quotes before the
+    call: with ``fail_closed`` and the store down, the query raises the store's error and the
+    model is not called."""
+    server = server_box["server"] = ScriptedOpenAIServer(_echo).start()
+    query_engine = _docs_index().as_query_engine(llm=_openai(server), similarity_top_k=2)
+    engine.store = _BrokenStore(engine.store)  # type: ignore[assignment]
+    ce.llamaindex.install(engine, fail_closed=True)
+    with pytest.raises(RuntimeError, match="store is down"):
+        if path == "sync":
+            await asyncio.to_thread(query_engine.query, "What about Paris?")
+        else:
+            await query_engine.aquery("What about Paris?")
+    assert server.requests == []
+
+
 # -- 20 concurrent users -------------------------------------------------------------------
 
 

@@ -236,7 +236,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
                 blocking=method not in ASYNC_CHAT_METHODS,
             )
             if info.nodes and not call.skip:
-                self._record_quoted(call, info.nodes, arguments)
+                self._record_quoted(id_, call, info.nodes, arguments)
             wrapper = getattr(llm, "ce_injects", False)  # wrap(): it injects itself
             if self._inject and not (call.skip or wrapper):
                 if method in ASYNC_CHAT_METHODS and seamed(llm, method):
@@ -248,7 +248,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         return call
 
     def _record_quoted(
-        self, call: LlmCall, nodes: Sequence[Any], arguments: Mapping[str, Any]
+        self, id_: str, call: LlmCall, nodes: Sequence[Any], arguments: Mapping[str, Any]
     ) -> None:
         """Before a model call a query's synthesizer makes (in a session of its own): the
         synthesizer's nodes that the call's messages quote, as retrieved evidence of that
@@ -267,13 +267,17 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             and content in text
         ]
         hits = hits_from_nodes(quoted)
-        if hits:
+        if not hits:
+            return
+        try:
             self.tracker.write(
                 call.session_id,
                 "record retrieval",
                 lambda r: r.record_retrieval(hits, None),
                 blocking=call.blocking,
             )
+        except Exception as exc:  # fail_closed: raised into the call by the dispatcher patch
+            _failure.set((id_, exc))
 
     def _rewrite(self, id_: str, call: LlmCall, arguments: Mapping[str, Any]) -> None:
         messages, tools = _chat_input(arguments)
