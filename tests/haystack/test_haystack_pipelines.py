@@ -308,6 +308,36 @@ async def test_a_retriever_behind_a_component_tool_is_linked_to_its_call(
     assert (run.tool_call_id, run.tool, run.status.value) == ("call_docs", "search_docs", "success")
 
 
+async def test_a_retriever_tool_over_two_indexes_sends_a_passage_once(
+    engine: ContextEngine,
+) -> None:
+    """An agent's retriever tool returning one passage from two sources: the call's result
+    carries it once, the other source's copy as its own block pointing to it."""
+    from haystack.tools import ComponentTool
+
+    policy = "REFUND-7731: annual plans are refunded within 30 days of purchase, prorated after."
+    docs = (("kb://handbook", policy, 0.9), ("faq://returns", policy, 0.7))
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if body["messages"][-1]["role"] == "tool":
+            return ScriptedResponse(text="30 days.")
+        args = json.dumps({"query": "refund"})
+        return ScriptedResponse(tool_calls=[("call_docs", "search_docs", args)])
+
+    with ScriptedOpenAIServer(script) as server:
+        tool = ComponentTool(
+            component=FixedRetriever(docs), name="search_docs", description="Search."
+        )
+        agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
+        ce.haystack.install(engine)
+        agent.run([ChatMessage.from_user("Refund?")], hook_context={SESSION_KEY: "s-twice"})
+        _, after_tool = server.requests
+    assert wire(after_tool).count("REFUND-7731") == 1
+    (result,) = [m["content"] for m in after_tool["messages"] if m["role"] == "tool"]
+    assert 'uri="kb://handbook"' in result and 'uri="faq://returns"' in result
+    assert "[same text as evidence " in result
+
+
 async def test_a_second_generator_improving_the_first_ones_draft_reads_it_once(
     engine: ContextEngine,
 ) -> None:
