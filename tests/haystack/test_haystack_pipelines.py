@@ -282,24 +282,33 @@ async def test_a_reused_tool_call_id_nests_each_turn_in_a_child_of_its_own(
         assert [m.content for m in child.session.messages if m.role is Role.USER] == [topic]
 
 
-async def test_a_retriever_behind_a_component_tool_is_linked_to_its_call(
-    engine: ContextEngine,
-) -> None:
+def _search_agent(
+    engine: ContextEngine, docs: tuple[tuple[str, str, float], ...], session_id: str
+) -> list[dict[str, Any]]:
+    """An Agent whose ``search_docs`` tool is a retriever returning ``docs``, asked one
+    question in ``session_id`` (the model calls the tool, then answers); its request bodies."""
     from haystack.tools import ComponentTool
 
     def script(body: dict[str, Any]) -> ScriptedResponse:
         if body["messages"][-1]["role"] == "tool":
-            return ScriptedResponse(text="Rain in Oslo.")
-        args = json.dumps({"query": "Oslo"})
+            return ScriptedResponse(text="From the documents.")
+        args = json.dumps({"query": "the question"})
         return ScriptedResponse(tool_calls=[("call_docs", "search_docs", args)])
 
     with ScriptedOpenAIServer(script) as server:
         tool = ComponentTool(
-            component=FixedRetriever(DOCS), name="search_docs", description="Search."
+            component=FixedRetriever(docs), name="search_docs", description="Search."
         )
         agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
         ce.haystack.install(engine)
-        agent.run([ChatMessage.from_user("Weather?")], hook_context={SESSION_KEY: "s-tool"})
+        agent.run([ChatMessage.from_user("The question?")], hook_context={SESSION_KEY: session_id})
+        return server.requests
+
+
+async def test_a_retriever_behind_a_component_tool_is_linked_to_its_call(
+    engine: ContextEngine,
+) -> None:
+    _search_agent(engine, DOCS, "s-tool")
     doc = await engine.get_session("s-tool")
     hits = [e for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC]
     assert {h.source.uri for h in hits} == {uri for uri, _, _ in DOCS}
@@ -313,25 +322,9 @@ async def test_a_retriever_tool_over_two_indexes_sends_a_passage_once(
 ) -> None:
     """An agent's retriever tool returning one passage from two sources: the call's result
     carries it once, the other source's copy as its own block pointing to it."""
-    from haystack.tools import ComponentTool
-
     policy = "REFUND-7731: annual plans are refunded within 30 days of purchase, prorated after."
     docs = (("kb://handbook", policy, 0.9), ("faq://returns", policy, 0.7))
-
-    def script(body: dict[str, Any]) -> ScriptedResponse:
-        if body["messages"][-1]["role"] == "tool":
-            return ScriptedResponse(text="30 days.")
-        args = json.dumps({"query": "refund"})
-        return ScriptedResponse(tool_calls=[("call_docs", "search_docs", args)])
-
-    with ScriptedOpenAIServer(script) as server:
-        tool = ComponentTool(
-            component=FixedRetriever(docs), name="search_docs", description="Search."
-        )
-        agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt=SYSTEM)
-        ce.haystack.install(engine)
-        agent.run([ChatMessage.from_user("Refund?")], hook_context={SESSION_KEY: "s-twice"})
-        _, after_tool = server.requests
+    _, after_tool = _search_agent(engine, docs, "s-twice")
     assert wire(after_tool).count("REFUND-7731") == 1
     (result,) = [m["content"] for m in after_tool["messages"] if m["role"] == "tool"]
     assert 'uri="kb://handbook"' in result and 'uri="faq://returns"' in result
