@@ -251,22 +251,23 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         self, id_: str, call: LlmCall, nodes: Sequence[Any], arguments: Mapping[str, Any]
     ) -> None:
         """Before a model call a query's synthesizer makes (in a session of its own): the
-        synthesizer's nodes that the call's messages quote, as retrieved evidence of that
-        session, written before the call's input is assembled. The engine then sends each
-        quoted text once, fenced as evidence with its source, and the prompt's copies as
-        pointers to it (a passage two indexes both return goes once, not twice)."""
+        synthesizer's nodes whose text the call's messages quote and another of its nodes holds
+        too (one passage from two sources or indexes), as retrieved evidence of that session,
+        written before the call's input is assembled. The engine then sends that text once,
+        fenced as evidence with each source, and the prompt's copies as pointers to it. A
+        prompt whose documents all differ goes as LlamaIndex built it: its documents are the
+        call's own content, not evidence competing for a share of the budget."""
         messages, _ = _chat_input(arguments)
         if not messages:
             return
         text = "\n".join(message_text(m) for m in messages if isinstance(m, ChatMessage))
-        quoted = [
-            scored
-            for scored in nodes
-            if isinstance(scored, NodeWithScore)
-            and (content := scored.node.get_content().strip())
-            and content in text
-        ]
-        hits = hits_from_nodes(quoted)
+        quoted: dict[str, list[NodeWithScore]] = {}
+        for scored in nodes:
+            if isinstance(scored, NodeWithScore):
+                content = scored.node.get_content().strip()
+                if content and content in text:
+                    quoted.setdefault(content, []).append(scored)
+        hits = hits_from_nodes([n for same in quoted.values() if len(same) > 1 for n in same])
         if not hits:
             return
         try:

@@ -125,7 +125,8 @@ class SpanInfo:
     that call is recorded, the completion is not recorded again)."""
     nodes: tuple[Any, ...] = ()
     """The nodes a query's synthesizer answers from (its final source nodes), for the model
-    calls made inside it: the ones a call's messages quote are that call's evidence."""
+    calls made inside it: a text a call's messages quote from two of them is that call's
+    evidence (sent once)."""
 
     @property
     def session_id(self) -> str:
