@@ -284,6 +284,28 @@ async def test_a_query_whose_documents_differ_keeps_llamaindexs_prompt(
         assert "RETURNS-22" in second and "SHIPPING-11" not in second
 
 
+class ShortTwice(BaseRetriever):
+    """One text too short to be taken for a quoted document, from two sources."""
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return [
+            NodeWithScore(node=TextNode(text="Yes, 30 days.", metadata={"source": uri}), score=0.8)
+            for uri in ("kb://short", "faq://short")
+        ]
+
+
+async def test_a_short_text_two_sources_return_stays_in_the_prompt(engine: ContextEngine) -> None:
+    """A text shorter than the engine's quoted-document rule allows is not made evidence:
+    the engine would not replace it in the prompt, so an evidence block would only add a
+    copy. The prompt goes as LlamaIndex built it."""
+    with _query_engine(engine, ShortTwice(), "short", "Yes.") as (query_engine, server):
+        await query_engine.aquery("Refunds?")
+    (request,) = server.requests
+    body = json.dumps(request)
+    assert "<evidence" not in body and "[retrieved document" not in body
+    assert body.count("Yes, 30 days.") == 2  # LlamaIndex's own two copies, as without us
+
+
 def _refund_agent_script(body: dict[str, Any]) -> ScriptedResponse:
     if body.get("tools") and body["messages"][-1]["role"] == "user":
         arguments = json.dumps({"input": "annual plan refund"})

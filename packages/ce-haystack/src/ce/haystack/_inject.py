@@ -49,7 +49,7 @@ from ce.core.integration import (
     record_awaited,
     redact_openai,
 )
-from ce.core.pipeline import document_pointer
+from ce.core.pipeline import document_pointer, quotes_document
 from ce.haystack._convert import (
     Pending,
     agent_author,
@@ -73,10 +73,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Seam", "inline_evidence"]
 
-_MIN_INLINE = 16
-"""Documents shorter than this are never looked for in a prompt (too likely to match by
-chance)."""
-
 
 def inline_evidence(
     dicts: Sequence[Mapping[str, Any]], documents: Sequence[tuple[str, str]]
@@ -89,7 +85,7 @@ def inline_evidence(
         if entry.get("role") in ("system", "user") and isinstance(content, str):
             text = content
             for document, evidence_id in documents:
-                if len(document) >= _MIN_INLINE and document in text:
+                if quotes_document(text, document):
                     text = text.replace(document, document_pointer(evidence_id))
             if text != content:
                 entry = {**entry, "content": text}

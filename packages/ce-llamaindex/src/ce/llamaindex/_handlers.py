@@ -50,6 +50,7 @@ from ce.core.integration import (
     redacted_or_reported_sync,
     resolve_scope,
 )
+from ce.core.pipeline import quotes_document
 from ce.llamaindex._convert import message_text
 from ce.llamaindex._inject import inject_async, inject_sync, redacted_prompt
 from ce.llamaindex._record import LlmCall, Tracker, call_args, hits_from_nodes
@@ -265,7 +266,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         for scored in nodes:
             if isinstance(scored, NodeWithScore):
                 content = scored.node.get_content().strip()
-                if content and content in text:
+                if quotes_document(text, content):  # as the engine will read it
                     quoted.setdefault(content, []).append(scored)
         hits = hits_from_nodes([n for same in quoted.values() if len(same) > 1 for n in same])
         if not hits:

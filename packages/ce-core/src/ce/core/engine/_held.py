@@ -12,7 +12,13 @@ from typing import Any
 
 from ce.core.config import RuntimeConfig
 from ce.core.engine._session import FRAMEWORK_CALL_IDS, SessionEntry, message_key
-from ce.core.pipeline import canonical_step, document_pointer, transcript_parts
+from ce.core.pipeline import (
+    QUOTED_MIN_CHARS,
+    canonical_step,
+    document_pointer,
+    quotes_document,
+    transcript_parts,
+)
 from ce.core.schema import EvidenceType, Message, Ref, Role
 
 __all__ = [
@@ -82,7 +88,6 @@ def answers_waiting_call(entry: SessionEntry, framework_id: str) -> bool:
     return framework_id in waiting or entry.call_aliases.get(framework_id) in waiting
 
 
-_QUOTED_MIN_CHARS = 16  # shorter evidence could match ordinary instruction text
 _QUOTED_RECENT = 64  # the newest retrieved documents a framework's prompt may quote
 
 
@@ -92,7 +97,7 @@ def quoting_evidence(entry: SessionEntry, text: str) -> str:
     evidence. A framework that inlines retrieved context into its prompt (a chat engine's
     context template) would otherwise send it twice: raw in the instruction and fenced as
     evidence. The engine sends it once, fenced with its evidence id and budgeted as evidence."""
-    if len(text) < _QUOTED_MIN_CHARS:
+    if len(text) < QUOTED_MIN_CHARS:
         return text
     evidences = entry.doc.evidences
     # the same instruction on every call of a session: look once per instruction and evidence
@@ -114,7 +119,7 @@ def quoted_documents(entry: SessionEntry, text: str) -> str:
     for evidence in islice(reversed(entry.doc.evidences.values()), _QUOTED_RECENT):
         if evidence.type is EvidenceType.RAG_DOC:
             content = evidence.content.strip()
-            if len(content) >= _QUOTED_MIN_CHARS and content in text:
+            if quotes_document(text, content):
                 oldest[content] = evidence.evidence_id
     for content, evidence_id in oldest.items():
         text = text.replace(content, document_pointer(evidence_id))

@@ -21,9 +21,11 @@ from ce.core.pipeline._ingest import EvidenceIngestor, IngestOptions, PreparedEv
 from ce.core.pipeline._levels import (
     EVIDENCE_PREAMBLE,
     LEVELS,
+    QUOTED_MIN_CHARS,
     document_pointer,
     fence_evidence,
     fence_tool_result,
+    quotes_document,
     shorten,
 )
 from ce.core.pipeline._prune import (
@@ -61,6 +63,7 @@ from ce.core.pipeline._summarize import (
 __all__ = [
     "EVIDENCE_PREAMBLE",
     "LEVELS",
+    "QUOTED_MIN_CHARS",
     "SECTION_JOIN_TOKENS",
     "SUMMARY_OF",
     "Assembler",
@@ -98,6 +101,7 @@ __all__ = [
     "fence_tool_result",
     "is_observation",
     "is_react_step",
+    "quotes_document",
     "resolve_conflicts",
     "shorten",
     "should_summarize",

@@ -11,9 +11,11 @@ from ce.core.schema import Evidence, LevelOfDetail
 __all__ = [
     "EVIDENCE_PREAMBLE",
     "LEVELS",
+    "QUOTED_MIN_CHARS",
     "document_pointer",
     "fence_evidence",
     "fence_tool_result",
+    "quotes_document",
     "shorten",
 ]
 
@@ -135,6 +137,18 @@ def _leading_sentences(text: str, keep: int) -> str:
 
 def _attr(value: str) -> str:
     return value.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+
+
+QUOTED_MIN_CHARS = 16
+"""A retrieved document shorter than this is never taken for quoted by a prompt: it could
+match ordinary prompt text by chance."""
+
+
+def quotes_document(text: str, document: str) -> bool:
+    """Whether the prompt ``text`` quotes the retrieved ``document`` whole: the rule by which
+    a prompt's copy of a document is sent as a :func:`document_pointer` (the engine's, and a
+    plugin's that records or replaces documents a framework inlined)."""
+    return len(document) >= QUOTED_MIN_CHARS and document in text
 
 
 def document_pointer(evidence_id: str) -> str:
