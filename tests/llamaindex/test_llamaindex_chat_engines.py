@@ -26,6 +26,7 @@ from llama_index.llms.openai import OpenAI
 import ce.llamaindex
 from ce.core import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
+from ce.core.pipeline import LEFT_OUT_POINTER
 from ce.core.schema import EvidenceType
 from ce.core.stores import MemoryStore
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
@@ -108,10 +109,11 @@ async def test_a_tight_budget_leaves_the_retrieved_text_out_never_raw(
     server: ScriptedOpenAIServer,
 ) -> None:
     """With no room for the documents the model gets the prompt without them (their
-    evidence reported dropped), not the raw text the chat engine inlined."""
+    evidence reported dropped), not the raw text the chat engine inlined; where the prompt
+    held each of them it says that a document was left out."""
     config = RuntimeConfig(
         model_hint="gpt-4o",
-        budget=BudgetConfig(max_input_tokens=420, reserved_reply_tokens=100),
+        budget=BudgetConfig(max_input_tokens=340, reserved_reply_tokens=100),
     )
     engine = ContextEngine(MemoryStore(), config=config)
     ce.llamaindex.install(engine, session_id="tight")
@@ -119,11 +121,46 @@ async def test_a_tight_budget_leaves_the_retrieved_text_out_never_raw(
     await chat.achat("How is the weather in Paris?")
     (system,) = _answer_calls(server)
     assert "mild in autumn" not in system and "cold in autumn" not in system
+    assert system.count(LEFT_OUT_POINTER) == 2 and "[retrieved document: evidence" not in system
     report = await engine.get_report("tight")
     dropped = [d for d in report.prune_decisions if d.action == "dropped"]
     doc = await engine.get_session("tight")
     rag = [e.evidence_id for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC]
     assert rag and all(any(eid in d.block_id for d in dropped) for eid in rag)
+    assert report.token_used <= report.token_budget
+    await engine.close()
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+async def test_the_documents_the_prompt_holds_come_before_the_evidence_share(
+    path: str, server: ScriptedOpenAIServer
+) -> None:
+    """The documents a chat engine inlined are the prompt's: with room for one of them (but
+    not for both within the evidence share of the budget, which held both back before) the
+    first goes whole, fenced, the prompt pointing at it, and the prompt says the other was
+    left out: no pointer names a block the model does not get."""
+    config = RuntimeConfig(
+        model_hint="gpt-4o",
+        budget=BudgetConfig(max_input_tokens=420, reserved_reply_tokens=100),
+    )
+    engine = ContextEngine(MemoryStore(), config=config)
+    ce.llamaindex.install(engine, session_id="one-fits")
+    chat = _chat_engine("context", server)
+    if path == "sync":
+        await asyncio.to_thread(chat.chat, "How is the weather in Paris?")
+    else:
+        await chat.achat("How is the weather in Paris?")
+    (system,) = _answer_calls(server)
+    report = await engine.get_report("one-fits")
+    decided = {d.block_id: d for d in report.prune_decisions if d.block_id.startswith("ev:")}
+    assert [d.action for d in decided.values()] == ["kept", "dropped"]
+    assert all("the prompt points to it" in d.reason for d in decided.values())
+    kept, dropped = (block_id.removeprefix("ev:") for block_id in decided)
+    assert system.count(f'<evidence id=\\"{kept}\\"') == 1
+    assert f"[retrieved document: evidence {kept}]" in system
+    assert dropped not in system and system.count(LEFT_OUT_POINTER) == 1
+    sent, left_out = ("mild", "cold") if "mild in autumn" in system else ("cold", "mild")
+    assert system.count(f"{sent} in autumn") == 6 and f"{left_out} in autumn" not in system
     assert report.token_used <= report.token_budget
     await engine.close()
 

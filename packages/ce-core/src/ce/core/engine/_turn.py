@@ -26,6 +26,7 @@ from ce.core.pipeline import (
     SessionIndex,
     resolve_conflicts,
     shorten,
+    without_dangling,
 )
 from ce.core.schema import (
     AssembledInput,
@@ -240,6 +241,7 @@ async def select_and_assemble(
     decisions = [*_unread_decisions(unread, covered), *decisions]
     assembler = Assembler(estimator)
     while True:
+        kept = without_dangling(kept, index)
         assembled = _assemble(assembler, kept, hint)
         if assembled.total_tokens <= budget:
             break

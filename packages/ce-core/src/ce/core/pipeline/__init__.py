@@ -28,6 +28,7 @@ from ce.core.pipeline._levels import (
     quotes_document,
     shorten,
 )
+from ce.core.pipeline._pointed import LEFT_OUT_POINTER, without_dangling
 from ce.core.pipeline._prune import (
     GreedyPriorityPruner,
     PruneBudget,
@@ -62,6 +63,7 @@ from ce.core.pipeline._summarize import (
 
 __all__ = [
     "EVIDENCE_PREAMBLE",
+    "LEFT_OUT_POINTER",
     "LEVELS",
     "QUOTED_MIN_CHARS",
     "SECTION_JOIN_TOKENS",
@@ -107,4 +109,5 @@ __all__ = [
     "should_summarize",
     "summary_range_end",
     "transcript_parts",
+    "without_dangling",
 ]

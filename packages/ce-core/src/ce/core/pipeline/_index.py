@@ -41,7 +41,13 @@ from datetime import datetime
 from functools import partial
 
 from ce.core.pipeline._conflicts import ConflictTracker
-from ce.core.pipeline._levels import LEVELS, fence_evidence, fence_tool_result, shorten
+from ce.core.pipeline._levels import (
+    LEVELS,
+    POINTER_PREFIX,
+    fence_evidence,
+    fence_tool_result,
+    shorten,
+)
 from ce.core.pipeline._quotes import (
     QUOTE_LOOKBACK,
     QUOTED_ANSWER,
@@ -244,6 +250,13 @@ class SessionIndex:
         # each evidence block's evidence and its text (what two blocks with the same text
         # share, surrounding whitespace aside), and its pointer renderings (evidence_pointer)
         self._evidence_of: dict[str, Evidence] = {}
+        # where each evidence renders: its own block (tier, place in the tier) or, linked to
+        # a tool call, that call's group (by the call's id)
+        self._evidence_slot: dict[str, tuple[Priority, int]] = {}
+        self._evidence_call: dict[str, str] = {}
+        self.pointing: set[str] = set()
+        """The conversation blocks whose messages hold a document pointer (their prompt
+        quoted a retrieved document whole: see ``_pointed``)."""
         self.evidence_texts: dict[str, str] = {}
         self._pointers: dict[tuple[str, str], Rendering] = {}
         self.message_base = message_base
@@ -262,6 +275,7 @@ class SessionIndex:
     def add_message(self, message: Message) -> None:
         position = self.message_count
         self.message_count += 1
+        points = POINTER_PREFIX in message.content  # a prompt that quoted a document
         if message.role is Role.SYSTEM:
             self.instruction = message
             return
@@ -269,6 +283,8 @@ class SessionIndex:
             self._group_data[-1].observation = message
             self._note_group(message, len(self.groups) - 1)
             self._refresh(len(self.groups) - 1)
+            if points:
+                self.pointing.add(self.groups[-1].block_id)
             return
         if message.role is Role.TOOL:
             index = self._call_group.get(message.tool_call_id or "")
@@ -278,9 +294,13 @@ class SessionIndex:
                     group.results[message.tool_call_id or ""] = message
                     self._note_group(message, index)
                     self._refresh(index)
+                    if points:
+                        self.pointing.add(self.groups[index].block_id)
             return
         index = len(self.groups)
         group_id = f"msg:{message.message_id or position}"
+        if points:
+            self.pointing.add(group_id)
         data = _Group(message, index)
         candidate = Candidate(
             group_id,
@@ -379,6 +399,7 @@ class SessionIndex:
                 self._result_by_call.setdefault(call_id, []).append(evidence)
             else:
                 return
+            self._evidence_call[evidence.evidence_id] = call_id
             index = self._call_group.get(call_id)
             if index is not None and self._answered(self._group_data[index], call_id):
                 self._refresh(index)
@@ -392,6 +413,7 @@ class SessionIndex:
                 ("evidence_derive_failed", f"evidence {evidence.evidence_id}: {exc!r}")
             )
             return
+        self._evidence_slot[evidence.evidence_id] = (tier, len(self.evidence_tiers[tier]))
         self.evidence_tiers[tier].append(candidate)
         self._evidence_of[candidate.block_id] = evidence
         self.evidence_texts[candidate.block_id] = evidence.content.strip()
@@ -440,6 +462,21 @@ class SessionIndex:
         if index is None or self._group_data[index].head.message_id != message_id:
             return None
         return index if self.opens_turn(index) else None
+
+    def evidence_slot(self, evidence_id: str) -> tuple[Priority, int] | None:
+        """The tier and the place in it of the evidence block of ``evidence_id`` (None when
+        the evidence has no block of its own, or the index does not hold it)."""
+        return self._evidence_slot.get(evidence_id)
+
+    def evidence_home(self, evidence_id: str) -> Candidate | None:
+        """The block a model reads the evidence ``evidence_id`` in: its own, or the group of
+        the tool call it is linked to (its result shows it); None when the index holds
+        neither."""
+        slot = self._evidence_slot.get(evidence_id)
+        if slot is not None:
+            return self.evidence_tiers[slot[0]][slot[1]]
+        index = self._call_group.get(self._evidence_call.get(evidence_id, ""))
+        return self.groups[index] if index is not None else None
 
     def call_group(self, tool_call_id: str) -> int | None:
         """The index of the group whose assistant message made the tool call."""

@@ -11,6 +11,7 @@ from ce.core.schema import Evidence, LevelOfDetail
 __all__ = [
     "EVIDENCE_PREAMBLE",
     "LEVELS",
+    "POINTER_PREFIX",
     "QUOTED_MIN_CHARS",
     "document_pointer",
     "fence_evidence",
@@ -151,10 +152,14 @@ def quotes_document(text: str, document: str) -> bool:
     return len(document) >= QUOTED_MIN_CHARS and document in text
 
 
+POINTER_PREFIX = "[retrieved document: evidence "
+"""How every :func:`document_pointer` starts."""
+
+
 def document_pointer(evidence_id: str) -> str:
     """What stands in a prompt for a retrieved document it quoted whole: the model gets the
     document once, fenced as the evidence ``evidence_id``."""
-    return f"[retrieved document: evidence {evidence_id}]"
+    return f"{POINTER_PREFIX}{evidence_id}]"
 
 
 def fence_evidence(evidence: Evidence, body: str) -> str:

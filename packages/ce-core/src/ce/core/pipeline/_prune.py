@@ -5,7 +5,9 @@ Rules, in order:
 1. ``must`` blocks (the instruction, the newest user message and the run's in-flight tool chain,
    plus any block whose priority the config lists as must-keep) are kept. When they do not fit,
    the in-flight tool results are degraded (Summary, then Gist) before giving up with
-   :class:`~ce.core.errors.BudgetExceededError`.
+   :class:`~ce.core.errors.BudgetExceededError`. The retrieved documents they point to
+   (a prompt that quoted a document holds a pointer to it) come next, outside the evidence
+   share, each at the richest level that fits (see ``_pointed``).
 2. The rest of the budget is spent tier by tier (high, medium, low). In a tier: context blocks
    (memory, task state, summary, custom blocks), then conversation newest first, then evidence
    newest first; evidence altogether may use at most ``evidence_share`` of what the must
@@ -36,6 +38,7 @@ from typing import Literal
 
 from ce.core.errors import BudgetExceededError
 from ce.core.pipeline._index import Candidate, Rendering, SessionIndex
+from ce.core.pipeline._pointed import keep_pointed
 from ce.core.pipeline._quotes import QUOTED_REASON
 from ce.core.pipeline._same_text import SameTexts
 from ce.core.schema import LevelOfDetail, Priority, PruneDecision
@@ -262,10 +265,15 @@ class _Run:
         )
 
     def try_fit(
-        self, candidate: Candidate, priority: Priority, extra: int = 0, room: int | None = None
+        self,
+        candidate: Candidate,
+        priority: Priority,
+        extra: int = 0,
+        room: int | None = None,
+        note: str = "",
     ) -> bool:
         """Keep ``candidate`` at the richest level that fits in ``room`` (default: what is
-        left of the budget); False when it was dropped."""
+        left of the budget); False when it was dropped. ``note`` ends the decision's reason."""
         left = self.remaining if room is None else min(room, self.remaining)
         ttl = self.expired(candidate, priority)
         live = candidate.live
@@ -281,7 +289,7 @@ class _Run:
             reason = f"fits (priority {priority.value})"
             if self.at is not None and self.at in self.request.index.quoted:
                 reason += QUOTED_REASON
-            self.keep(candidate, live, reason, extra)
+            self.keep(candidate, live, reason + note, extra)
             return True
         for cheaper in candidate.cheaper():
             if cheaper.tokens + extra <= left:
@@ -289,14 +297,14 @@ class _Run:
                     candidate,
                     cheaper,
                     f"degraded (priority {priority.value}): live needs {live.tokens + extra}"
-                    f" tokens, {left} left",
+                    f" tokens, {left} left{note}",
                     extra,
                 )
                 return True
         self.decide(
             candidate,
             "dropped",
-            f"does not fit at any level (priority {priority.value}): {left} tokens left",
+            f"does not fit at any level (priority {priority.value}): {left} tokens left{note}",
             live.tokens,
         )
         return False
@@ -322,6 +330,12 @@ def _unpinned(start: int, stop: int, pinned: frozenset[int]) -> list[tuple[int, 
     return runs
 
 
+def _evidence_span(blocks: Sequence[Candidate], start: int, stop: int) -> str:
+    """The block id of ``blocks[start:stop]``: one id, or ``first..last``."""
+    first = blocks[start].block_id
+    return first if stop - start == 1 else f"{first}..{blocks[stop - 1].block_id}"
+
+
 def _span(index: SessionIndex, start: int, stop: int) -> str:
     """The block id of ``groups[start:stop]``: one id, or ``first..last``."""
     first = index.groups[start].block_id
@@ -338,6 +352,7 @@ class GreedyPriorityPruner:
         self._keep_must(
             run, [*request.must, *(c for c in request.context if c.priority in must_keep)]
         )
+        pointed = keep_pointed(run)
         run.evidence_room = int(run.remaining * rules.evidence_share)
 
         cursor = request.tail_start - 1
@@ -350,7 +365,7 @@ class GreedyPriorityPruner:
                     run.try_fit(candidate, tier)
             if conversation_open:
                 cursor, conversation_open = self._walk(run, cursor, tier)
-            self._evidence(run, tier)
+            self._evidence(run, tier, pointed.get(tier, set()))
         run.result.history_open = conversation_open and cursor < 0
         history: list[tuple[int, PruneDecision]] = []  # (first group, decision)
         cursor = self._start_at_a_turn(run, cursor, history)
@@ -503,31 +518,34 @@ class GreedyPriorityPruner:
             )
             run.keep(candidate, rendering, reason)
 
-    def _evidence(self, run: _Run, tier: Priority) -> None:
+    def _evidence(self, run: _Run, tier: Priority, pointed: set[int]) -> None:
+        """Walk ``tier``'s evidence newest first (``pointed``: the places of the blocks the
+        prompt points to, decided before)."""
         index = run.request.index
         blocks = index.evidence_tiers[tier]
         texts, same = index.evidence_texts, run.same_texts
         misses = 0
         for position in range(len(blocks) - 1, -1, -1):
+            if position in pointed:
+                continue
             room = min(run.remaining, run.evidence_room)
             if room < _MIN_EVIDENCE_TOKENS or misses >= _MAX_EVIDENCE_MISSES:
                 share = run.evidence_room < run.remaining
-                run.result.decisions.append(
-                    _decision(
-                        f"{blocks[0].block_id}..{blocks[position].block_id}"
-                        if position
-                        else blocks[0].block_id,
-                        "dropped",
-                        (
-                            f"evidence share of the budget ({run.rules.evidence_share:.0%}) used"
-                            if share
-                            else "budget exhausted"
+                reason = (
+                    f"evidence share of the budget ({run.rules.evidence_share:.0%}) used"
+                    if share
+                    else "budget exhausted"
+                ) + f" before older {tier.value}-priority evidence"
+                for start, stop in _unpinned(0, position + 1, frozenset(pointed)):
+                    run.result.decisions.append(
+                        _decision(
+                            _evidence_span(blocks, start, stop),
+                            "dropped",
+                            reason,
+                            index.evidence_tokens(tier, start, stop),
+                            count=stop - start,
                         )
-                        + f" before older {tier.value}-priority evidence",
-                        index.evidence_tokens(tier, 0, position + 1),
-                        count=position + 1,
                     )
-                )
                 break
             candidate = blocks[position]
             left_out = run.request.excluded.get(candidate.block_id)
