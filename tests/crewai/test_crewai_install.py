@@ -1,5 +1,6 @@
 """Install / uninstall: CrewAI's exact methods come back, the event-bus handlers go, and a
-crew kicked off after ``uninstall()`` is neither rewritten nor recorded; a provider class
+crew kicked off after ``uninstall()`` is neither rewritten nor recorded, its requests byte
+for byte those of a crew that never met the plugin; a provider class
 created while installed is covered (and left clean after); the ReAct text path."""
 
 from __future__ import annotations
@@ -58,6 +59,30 @@ async def test_uninstall_puts_everything_back(engine: ContextEngine) -> None:
     assert doc is not None
     assert doc.session.task_state.todo_list.tasks == []
     assert doc.session.model_usage == [] and doc.session.tool_state.tool_calls == []
+
+
+async def _requests_of_a_kickoff() -> list[str]:
+    """The request bodies of a two-task crew's kickoff (a crew built anew), as JSON."""
+    with ScriptedOpenAIServer(_native) as server:
+        crew, _, _ = two_task_crew(server)
+        await asyncio.to_thread(crew.kickoff)
+        crewai_event_bus.flush()
+        return [json.dumps(r, sort_keys=True) for r in server.requests]
+
+
+async def test_uninstall_gives_byte_identical_requests(engine: ContextEngine) -> None:
+    """A crew kicked off after an install and an uninstall (with a kickoff between, so the
+    plugin acted) sends exactly the bytes it sent before the plugin was ever installed;
+    also after a second install and uninstall on the same agents' classes."""
+    before = await _requests_of_a_kickoff()
+    assert len(before) == 3
+    for session_id in ("s-bytes-1", "s-bytes-2"):
+        await engine.update_notebook(session_id, MARK)
+        plugin = ce.crewai.install(engine, session_id=session_id)
+        during = await _requests_of_a_kickoff()
+        assert during != before and MARK in during[0]
+        plugin.uninstall()
+        assert await _requests_of_a_kickoff() == before
 
 
 async def test_respect_context_window_is_off_during_a_kickoff_only(
