@@ -244,13 +244,15 @@ async def test_a_streaming_crew(engine: ContextEngine) -> None:
     assert "Answer alpha." in chunks
     assert len(requests) == 1 and MARK in _text(requests[0])
     assert requests[0].get("stream") is True
+    assert requests[0].get("stream_options") == {"include_usage": True}
     doc = await engine.get_session("s-stream")
     assert doc is not None
     (record,) = doc.session.task_state.todo_list.tasks
     assert record.status.value == "completed"
     assert _answers(doc) == [("Alpha", "Answer alpha.")]
-    (usage,) = doc.session.model_usage
+    (usage,) = doc.session.model_usage  # once, with the numbers of the stream's last chunk
     assert usage.task_id == record.task_id
+    assert (usage.prompt_tokens, usage.completion_tokens) == (10, 5)
 
 
 async def test_concurrent_kickoffs_for_two_users_never_mix(engine: ContextEngine) -> None:
