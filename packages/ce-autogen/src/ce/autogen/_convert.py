@@ -344,21 +344,21 @@ class AuthorLookup:
                 return self.calls[call_id]
         return self.texts.get(text) if text else None
 
-    def explains(self, sent: Sequence[Mapping[str, Any]]) -> bool:
-        """Whether the author of every assistant message of ``sent`` with text or tool calls
-        is known."""
+    def unexplained(self, sent: Sequence[Mapping[str, Any]]) -> set[str]:
+        """The texts and tool call ids of the assistant messages of ``sent`` whose author is
+        not known."""
+        unknown: set[str] = set()
         for message in sent:
             if message.get("role") != "assistant":
                 continue
             calls = [str(c.get("id") or "") for c in message.get("tool_calls") or ()]
             if calls:
-                if not all(c in self.calls for c in calls):
-                    return False
+                unknown.update(c for c in calls if c not in self.calls)
                 continue
             text = _text(message.get("content"))
             if text and text not in self.texts:
-                return False
-        return True
+                unknown.add(text)
+        return unknown
 
 
 def from_sent(

@@ -52,6 +52,7 @@ from ce.core.integration import (
     prepare_openai,
 )
 from ce.core.schema import ModelUsageStage
+from ce.core.stores import SliceStore
 
 if TYPE_CHECKING:
     from ce.autogen._record import Book
@@ -140,27 +141,38 @@ def _view_key(site: CallSite) -> str:
     return "\x1f".join((site.session_id, site.agent, *sorted(site.frame.peers)))
 
 
+_TAIL_MARGIN = 32  # messages read beyond the engine's input (tool results, left-out calls)
+
+
 async def _lookup(site: CallSite, sent: Sequence[Mapping[str, Any]]) -> AuthorLookup:
     """The authors of the assistant messages of the engine's input ``sent`` for a team
     agent's call. When the book does not know one (written by another process, or before
     this one started: a team resumed with ``load_state``), the authors the session stores
-    are read into the book, once per session (a run's own new session is never read)."""
+    are read into the book from its newest part, as many messages as ``sent`` holds and a
+    few more (``sent`` is the newest part of the session, and what this process wrote the
+    book knows); again whenever another process wrote one since. A run's own new session is
+    never read; a message the session stores without an agent author is read for once."""
     book, session_id = site.book, site.session_id
     lookup = AuthorLookup(*book.authors(session_id))
-    if (
-        session_id.startswith(RUN_SESSION_PREFIX)  # a run's own (or nested in one): all new
-        or lookup.explains(sent)
-        or not book.note_read(session_id)
-    ):
+    if session_id.startswith(RUN_SESSION_PREFIX):  # a run's own (or nested in one): all new
         return lookup
-    plugin = site.plugin
+    if not lookup.unexplained(sent) - book.unattributed(session_id):
+        return lookup
+    engine = site.plugin.engine
 
     async def read() -> None:
-        doc = await plugin.engine.get_session(session_id)
-        book.note_stored(session_id, doc.session.messages)
+        store = engine.store
+        if isinstance(store, SliceStore):
+            tail = await store.read_tail(session_id, messages=len(sent) + _TAIL_MARGIN, evidences=0)
+            messages = tail.changes.messages if tail is not None else []
+        else:
+            messages = (await engine.get_session(session_id)).session.messages
+        book.note_stored(session_id, messages)
 
-    await guarded(plugin, read, session_id=session_id, what="read the session's authors")
-    return AuthorLookup(*book.authors(session_id))
+    await guarded(site.plugin, read, session_id=session_id, what="read the session's authors")
+    lookup = AuthorLookup(*book.authors(session_id))
+    book.note_unattributed(session_id, lookup.unexplained(sent))
+    return lookup
 
 
 def _note_authors(site: CallSite, pending: Any) -> None:

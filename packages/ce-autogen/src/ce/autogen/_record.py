@@ -179,7 +179,7 @@ class Book:
         self._calls: OrderedDict[str, dict[str, str]] = OrderedDict()
         self._emitted: OrderedDict[str, dict[str, str]] = OrderedDict()
         self._ever_emitted: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._read: OrderedDict[str, None] = OrderedDict()
+        self._unattributed: OrderedDict[str, set[str]] = OrderedDict()
         self._memory: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -251,17 +251,24 @@ class Book:
                 dict(self._emitted.get(session_id, {})),
             )
 
-    def note_read(self, session_id: str) -> bool:
-        """Note that the stored authors of ``session_id`` are read (see
-        :meth:`note_stored`); False when they were read before."""
+    def unattributed(self, session_id: str) -> frozenset[str]:
+        """The texts and tool call ids of ``session_id`` whose messages the session stores
+        without an agent author (see :meth:`note_unattributed`)."""
         with self._lock:
-            if session_id in self._read:
-                self._read.move_to_end(session_id)
-                return False
-            self._read[session_id] = None
-            while len(self._read) > _SESSIONS_KEPT:
-                self._read.popitem(last=False)
-            return True
+            return frozenset(self._unattributed.get(session_id, ()))
+
+    def note_unattributed(self, session_id: str, keys: Collection[str]) -> None:
+        """Note texts and tool call ids of ``session_id`` that the session stores with no
+        agent author: reading the session again would not tell their author either."""
+        if not keys:
+            return
+        with self._lock:
+            known = self._unattributed.get(session_id)
+            if known is None:
+                known = self._unattributed[session_id] = set()
+                while len(self._unattributed) > _SESSIONS_KEPT:
+                    self._unattributed.popitem(last=False)
+            known.update(keys)
 
     def note_stored(self, session_id: str, messages: Sequence[Message]) -> None:
         """Note the authors of the assistant messages ``session_id`` stores (written by
