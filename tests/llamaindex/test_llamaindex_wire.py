@@ -18,7 +18,7 @@ from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.chat_engine import ContextChatEngine
 from llama_index.core.instrumentation.dispatcher import instrument_tags
-from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.query_engine import CitationQueryEngine, RetrieverQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.core.tools import FunctionTool, QueryEngineTool
 from llama_index.llms.openai import OpenAI
@@ -246,6 +246,40 @@ async def test_a_query_engines_prompt_sends_a_passage_two_indexes_return_once(
         "kb://handbook/refunds",
         "faq://returns",
     }
+
+
+async def test_a_citation_query_engine_sends_a_passage_two_indexes_return_once(
+    engine: ContextEngine,
+) -> None:
+    """A CitationQueryEngine over two indexes that both hold a passage labels each copy as a
+    source of its own (``Source 1:`` / ``Source 2:`` before the text). Every request holds the
+    passage once, fenced whole with both sources cited; both labels stay in the prompt, each
+    before a pointer to that block, so the model's ``[1]`` and ``[2]`` still name them."""
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="Within 30 days [1].")) as server:
+        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+        query_engine = CitationQueryEngine(retriever=BothIndexes(), llm=llm)
+        ce.llamaindex.install(engine)
+        try:
+            with instrument_tags({"ce_session_id": "cite-two-indexes"}):
+                answer = query_engine.query("Can I get a refund on an annual plan?")
+                await query_engine.aquery("And on a monthly plan?")
+        finally:
+            LlamaIndexPlugin().uninstall()
+        requests = server.requests
+    assert [n.node.get_content().split("\n")[0] for n in answer.source_nodes] == [
+        "Source 1:",
+        "Source 2:",
+    ]
+    assert len(requests) == 2
+    for request in requests:
+        assert json.dumps(request).count("REFUND-7731") == 1  # the passage once
+        system, prompt = request["messages"][0]["content"], request["messages"][-1]["content"]
+        blocks = dict(re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', system, re.S))
+        uris = re.findall(r'uri="([^"]+)"', system)
+        assert sorted(uris) == ["faq://returns", "kb://handbook/refunds"]  # both cited
+        (whole,) = [i for i, body in blocks.items() if body == POLICY]
+        pointer = f"[retrieved document: evidence {whole}]"
+        assert f"Source 1:\n{pointer}" in prompt and f"Source 2:\n{pointer}" in prompt
 
 
 SHIPPING = "SHIPPING-11: parcels ship within two business days from the central warehouse."

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 import time
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from llama_index.core.base.llms.base import BaseLLM
@@ -68,6 +70,7 @@ __all__ = [
 
 
 _PARAMS = ("temperature", "max_tokens", "top_p", "seed")
+_CITATION_LABEL = re.compile(r"\ASource \d+:\n")  # a CitationQueryEngine node's label
 
 # fail_closed: the engine error of an LLM span, raised by the dispatcher patch (_plugin.py)
 _failure: ContextVar[tuple[str, Exception] | None] = ContextVar("ce_li_failure", default=None)
@@ -256,8 +259,10 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         too (one passage from two sources or indexes), as retrieved evidence of that session,
         written before the call's input is assembled. The engine then sends that text once,
         fenced as evidence with each source, and the prompt's copies as pointers to it. A
-        prompt whose documents all differ goes as LlamaIndex built it: its documents are the
-        call's own content, not evidence competing for a share of the budget."""
+        ``CitationQueryEngine``'s nodes are compared without the ``Source <n>:`` label it puts
+        before each one (the labels stay in the prompt, before the pointers, so the model's
+        citations still name both sources). A prompt whose documents all differ goes as
+        LlamaIndex built it."""
         messages, _ = _chat_input(arguments)
         if not messages:
             return
@@ -265,10 +270,15 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         quoted: dict[str, list[NodeWithScore]] = {}
         for scored in nodes:
             if isinstance(scored, NodeWithScore):
-                content = scored.node.get_content().strip()
+                content = _CITATION_LABEL.sub("", scored.node.get_content()).strip()
                 if quotes_document(text, content):  # as the engine will read it
                     quoted.setdefault(content, []).append(scored)
-        hits = hits_from_nodes([n for same in quoted.values() if len(same) > 1 for n in same])
+        hits = [
+            replace(hit, content=content)
+            for content, same in quoted.items()
+            if len(same) > 1
+            for hit in hits_from_nodes(same)
+        ]
         if not hits:
             return
         try:
