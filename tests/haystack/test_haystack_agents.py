@@ -74,3 +74,49 @@ async def test_each_agent_gets_its_own_prompt_and_authors_its_messages(
         "call_researcher",
         "call_writer",
     }
+
+
+async def test_each_agent_gets_the_others_turns_as_the_others_words(
+    engine: ContextEngine,
+) -> None:
+    """Two Agents of a pipeline asked twice in one session: each call holds the other Agent's
+    turns (the engine's history), each as one user message ``[<agent> wrote:]`` with its tool
+    call and result as text and its answer, never as the caller's own assistant turn or tool
+    call; the caller's own turns keep their native tool messages, pairs intact. The store
+    keeps every message as it was written."""
+    with ScriptedOpenAIServer(script) as server:
+        pipeline = Pipeline(metadata={SESSION_KEY: "s-peers"})
+        for name, prompt in PROMPTS.items():
+            agent = Agent(chat_generator=generator(server), tools=[LOOKUP], system_prompt=prompt)
+            pipeline.add_component(name, agent)
+        ce.haystack.install(engine)
+        for question in ("Weather in Oslo?", "And tomorrow?"):
+            pipeline.run(
+                {name: {"messages": [ChatMessage.from_user(question)]} for name in PROMPTS}
+            )
+        requests = server.requests
+    assert len(requests) == 8
+    peers_seen = 0
+    for request in requests:
+        messages = request["messages"]
+        own = next(n for n, p in PROMPTS.items() if messages[0]["content"].startswith(p))
+        other = next(n for n in PROMPTS if n != own)
+        for message in messages:
+            text = str(message.get("content") or "")
+            calls = [c["id"] for c in message.get("tool_calls") or ()]
+            if message["role"] in ("assistant", "tool"):
+                assert other not in text and not any(other in c for c in calls), (own, message)
+                if message["role"] == "tool":
+                    assert message["tool_call_id"].startswith(f"call_{own}")
+            if text.startswith(f"[{other} wrote:]"):
+                assert message["role"] == "user"
+                assert f'[called lookup({{"q": "{other}"}})]' in text
+                assert f"{other} is done." in text
+                peers_seen += 1
+        assert_tool_pairs_intact(from_openai_messages(messages))
+    assert peers_seen >= 6  # every call after the other Agent's first turn holds it
+    doc = await engine.get_session("s-peers")
+    stored = [m for m in doc.session.messages if m.role is Role.ASSISTANT and m.content]
+    assert {(m.author.id if m.author else None, m.content) for m in stored} == {
+        (name, f"{name} is done.") for name in PROMPTS
+    }

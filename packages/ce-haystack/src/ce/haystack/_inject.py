@@ -43,6 +43,7 @@ from ce.core.integration import (
     fail_open_sync,
     guarded,
     guarded_sync,
+    peer_turns_as_user,
     prepare_openai,
     prepare_openai_sync,
     provider_of,
@@ -300,6 +301,7 @@ class Seam:
             arguments,
             sent,
             pending,
+            frame.agent,
             lambda exc: fail_open_sync(plugin, session_id, "convert messages", exc, redact),
         )
 
@@ -331,7 +333,7 @@ class Seam:
             plugin, session_id, dicts, schemas, self._authors(pending, frame), history=history
         )
         failed: list[Exception] = []
-        self._send(arguments, sent, pending, lambda exc: failed.append(exc))
+        self._send(arguments, sent, pending, frame.agent, lambda exc: failed.append(exc))
         if failed:
             own = await fail_open(plugin, session_id, "convert messages", failed[0], redact)
             if own is not None:
@@ -342,13 +344,18 @@ class Seam:
         arguments: inspect.BoundArguments,
         sent: list[dict[str, Any]] | None,
         pending: Pending,
+        agent: str | None,
         on_error: Callable[[Exception], Any],
     ) -> None:
         """Put the engine's input ``sent`` in the call's ``messages`` (nothing when it is
-        ``None``: the app's own go, or with ``inject=False``)."""
+        ``None``: the app's own go, or with ``inject=False``). For an Agent's call, the turns
+        another Agent of the session wrote go as that Agent's words (see
+        :func:`~ce.core.integration.peer_turns_as_user`), never as the caller's own."""
         if sent is None or not self.inject:
             return
         try:
+            if agent:
+                sent = peer_turns_as_user(sent, agent)
             arguments.arguments["messages"] = from_sent(sent, pending)
         except Exception as exc:
             own = on_error(exc)
