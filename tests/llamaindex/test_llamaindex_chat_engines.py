@@ -113,7 +113,7 @@ async def test_a_tight_budget_leaves_the_retrieved_text_out_never_raw(
     held each of them it says that a document was left out."""
     config = RuntimeConfig(
         model_hint="gpt-4o",
-        budget=BudgetConfig(max_input_tokens=340, reserved_reply_tokens=100),
+        budget=BudgetConfig(max_input_tokens=280, reserved_reply_tokens=100),
     )
     engine = ContextEngine(MemoryStore(), config=config)
     ce.llamaindex.install(engine, session_id="tight")
