@@ -1,6 +1,6 @@
 """ce.core.integration.tool_chains_as_text: tool calls and results as plain assistant text,
 for providers that reject tool blocks in a request without tools; peer_turns_as_user: another
-agent's turns shown to an agent as that agent's."""
+agent's turns shown to an agent as that agent's, counted with the budget by the engine."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import copy
 import json
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
+from ce.core.errors import BudgetExceededError
+from ce.core.formats import from_openai_messages
 from ce.core.integration import (
     SentMessages,
     assembled_to_openai,
@@ -16,8 +22,10 @@ from ce.core.integration import (
     peer_turns_as_user,
     tool_chains_as_text,
 )
-from ce.core.schema import Author, AuthorKind, Message, Role
+from ce.core.schema import Author, AuthorKind, Message, Role, ToolCallRequest
 from ce.core.stores import SQLiteStore
+from ce.core.testing import deterministic_engine
+from ce.core.tokens import TiktokenEstimator
 
 
 def _call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -203,3 +211,63 @@ def test_the_engines_input_names_who_wrote_each_recorded_turn(tmp_path: Any) -> 
     out = peer_turns_as_user(sent, "Writer")
     assert {"role": "user", "content": "[Researcher wrote:]\nParis is sunny."} in out
     engine.sync.close()
+
+
+_AGENTS = ("Researcher", "Analyst", "Writer")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    turns=st.lists(
+        st.tuples(
+            st.sampled_from(_AGENTS),
+            st.integers(min_value=1, max_value=4),  # sentences of the answer
+            st.sampled_from([0, 0, 0, 1, 2]),  # tool calls before it
+        ),
+        min_size=1,
+        max_size=24,
+    ),
+    budget=st.integers(min_value=150, max_value=900),
+)
+async def test_every_agent_reads_a_shared_session_within_the_budget(
+    turns: list[tuple[str, int, int]], budget: int
+) -> None:
+    """A session three agents write (answers, tool calls and their results): each agent's
+    reading of the engine's input (the others' turns as ``[<agent> wrote:]`` user messages,
+    its own as they are) fits the budget, tool schemas counted."""
+    config = RuntimeConfig(
+        model_hint="gpt-4o",
+        budget=BudgetConfig(max_input_tokens=budget + 1_024, reserved_reply_tokens=1_024),
+    )
+    engine = deterministic_engine(config)
+    estimator = TiktokenEstimator()
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
+    history: list[Message] = []
+    for n, (agent, sentences, calls) in enumerate(turns):
+        author = Author(kind=AuthorKind.AGENT, id=agent)
+        history.append(Message(role=Role.USER, content=f"Task {n} for the {agent.lower()}."))
+        for c in range(calls):
+            call_id = f"call_{n}_{c}"
+            history.append(
+                Message(
+                    role=Role.ASSISTANT,
+                    content="",
+                    tool_calls=[ToolCallRequest(tool_call_id=call_id, name="lookup", arguments={})],
+                    author=author,
+                )
+            )
+            history.append(
+                Message(role=Role.TOOL, content=f"lookup result {n}.{c}", tool_call_id=call_id)
+            )
+        answer = " ".join(f"Point {n}.{s} of the {agent.lower()}." for s in range(sentences))
+        history.append(Message(role=Role.ASSISTANT, content=answer, author=author))
+    history.append(Message(role=Role.USER, content="Next task."))
+    try:
+        result = await engine.prepare_call("s", history, tool_schemas=tools)
+    except BudgetExceededError:
+        return  # the must blocks alone over the budget: nothing is sent
+    sent = assembled_to_openai(result.assembled_input)
+    for agent in _AGENTS:
+        parts = from_openai_messages(peer_turns_as_user(sent, agent))
+        used = sum(estimator.estimate_part(p, "gpt-4o") for p in parts)
+        assert used + estimator.estimate_tools(tools, "gpt-4o") <= budget, agent

@@ -38,7 +38,7 @@ def _script(body: dict[str, Any]) -> ScriptedResponse:
     )
 
 
-def _crew(server: ScriptedOpenAIServer, kickoff: int) -> Crew:
+def _crew(server: ScriptedOpenAIServer, kickoff: int, tools: bool) -> Crew:
     model = llm(server)
     agents = [
         Agent(
@@ -46,7 +46,7 @@ def _crew(server: ScriptedOpenAIServer, kickoff: int) -> Crew:
             goal="help",
             backstory=f"The {role.lower()} of the team.",
             llm=model,
-            tools=[weather] if role == "Researcher" else [],
+            tools=[weather] if tools and role == "Researcher" else [],
         )
         for role in ROLES
     ]
@@ -62,8 +62,11 @@ def _crew(server: ScriptedOpenAIServer, kickoff: int) -> Crew:
     return Crew(agents=agents, tasks=tasks)
 
 
+@pytest.mark.parametrize("tools", [True, False], ids=["researcher-with-tool", "no-tools"])
 @pytest.mark.parametrize("path", ["kickoff", "akickoff"])
-async def test_every_call_of_every_agent_is_within_budget(path: str) -> None:
+async def test_every_call_of_every_agent_is_within_budget(path: str, tools: bool) -> None:
+    """Without tools each peer turn is one plain answer, so each request holds the most
+    ``[<role> wrote:]`` headers for its size: the engine counts them with the budget."""
     config = RuntimeConfig(
         model_hint="gpt-4o",
         budget=BudgetConfig(max_input_tokens=BUDGET + 100, reserved_reply_tokens=100),
@@ -73,7 +76,7 @@ async def test_every_call_of_every_agent_is_within_budget(path: str) -> None:
     with ScriptedOpenAIServer(_script) as server:
         ce.crewai.install(engine, session_id="s-budget")
         for kickoff in range(5):
-            crew = _crew(server, kickoff)
+            crew = _crew(server, kickoff, tools)
             if path == "akickoff":
                 await crew.akickoff()
             else:
@@ -81,7 +84,8 @@ async def test_every_call_of_every_agent_is_within_budget(path: str) -> None:
             crewai_event_bus.flush()
         requests = server.requests
     await engine.flush()
-    assert len(requests) == 5 * 4  # per kickoff: the researcher twice, then one call each
+    # per kickoff: the researcher twice with its tool, then one call each
+    assert len(requests) == 5 * (4 if tools else 3)
     cut = 0
     for request in requests:
         parts = from_openai_messages(request["messages"])
@@ -95,7 +99,7 @@ async def test_every_call_of_every_agent_is_within_budget(path: str) -> None:
         users = [m for m in request["messages"] if m["role"] == "user"]
         assert f"the {own.lower()}'s step" in users[-1]["content"]
         cut += "Kickoff 0:" not in json.dumps(request["messages"])
-    assert cut >= 10  # the budget left the first kickoffs out of the later calls
+    assert cut >= 8  # the budget left the first kickoffs out of the later calls
     doc = await engine.get_session("s-budget")
-    assert len(doc.session.messages) > 40  # while the session keeps every message
+    assert len(doc.session.messages) > 30  # while the session keeps every message
     await engine.close()

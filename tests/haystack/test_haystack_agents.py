@@ -14,12 +14,14 @@ from haystack.dataclasses import ChatMessage
 from hs_apps import LOOKUP, generator
 
 import ce.haystack
+from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.formats import from_openai_messages
 from ce.core.integration import SESSION_KEY
 from ce.core.schema import AuthorKind, Role
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
 from ce.core.testing.assertions import assert_tool_pairs_intact
+from ce.core.tokens import TiktokenEstimator
 
 PROMPTS = {"researcher": "You research facts.", "writer": "You write the answer."}
 
@@ -120,3 +122,38 @@ async def test_each_agent_gets_the_others_turns_as_the_others_words(
     assert {(m.author.id if m.author else None, m.content) for m in stored} == {
         (name, f"{name} is done.") for name in PROMPTS
     }
+
+
+def plain_script(body: dict[str, Any]) -> ScriptedResponse:
+    """Each Agent answers at once (no tool call), a few sentences long."""
+    system = body["messages"][0]["content"]
+    agent = "researcher" if system.startswith(PROMPTS["researcher"]) else "writer"
+    return ScriptedResponse(text=f"{agent} says: " + "it is mild and dry today. " * 4)
+
+
+async def test_the_other_agents_turns_are_counted_with_the_budget() -> None:
+    """Two Agents that answer at once, asked eight times in one session under a small
+    budget: every call of both is within it as sent, the ``[<agent> wrote:]`` headers of the
+    other Agent's answers included (each answer a message of its own, the most headers a
+    request of its size can hold)."""
+    budget = BudgetConfig(max_input_tokens=410, reserved_reply_tokens=100)
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=budget))
+    estimator = TiktokenEstimator()
+    with ScriptedOpenAIServer(plain_script) as server:
+        pipeline = Pipeline(metadata={SESSION_KEY: "s-peer-budget"})
+        for name, prompt in PROMPTS.items():
+            agent = Agent(chat_generator=generator(server), system_prompt=prompt)
+            pipeline.add_component(name, agent)
+        ce.haystack.install(engine)
+        for turn in range(8):
+            question = [ChatMessage.from_user(f"Weather in city number {turn}?")]
+            pipeline.run({name: {"messages": question} for name in PROMPTS})
+        requests = server.requests
+    await engine.close()
+    assert len(requests) == 16
+    peers = 0
+    for request in requests:
+        parts = from_openai_messages(request["messages"])
+        assert sum(estimator.estimate_part(p, "gpt-4o") for p in parts) <= 310
+        peers += sum(" wrote:]" in p.content for p in parts)
+    assert peers >= 20  # the other Agent's answers were there to count

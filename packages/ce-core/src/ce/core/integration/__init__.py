@@ -12,6 +12,7 @@ tools), and :func:`peer_turns_as_user` (in a session several agents share, anoth
 turns shown to an agent as that agent's, not its own).
 """
 
+from ce.core._flatten import peer_turns_as_user, tool_chains_as_text
 from ce.core.integration._asked import AskedToolCalls, arguments_key
 from ce.core.integration._convert import (
     assembled_to_openai,
@@ -19,7 +20,6 @@ from ce.core.integration._convert import (
     message_from_part,
     openai_to_messages,
 )
-from ce.core.integration._flatten import peer_turns_as_user, tool_chains_as_text
 from ce.core.integration._guard import (
     INTEGRATION_FAILED,
     REDACTION_FAILED,

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 
+from ce.core._flatten import peer_turn_text
+from ce.core.formats import to_openai_messages
 from ce.core.pipeline._conflicts import ConflictTracker
 from ce.core.pipeline._levels import (
     LEVELS,
@@ -61,6 +63,8 @@ from ce.core.pipeline._quotes import (
 from ce.core.pipeline._react import is_observation, is_react_step
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
+    Author,
+    AuthorKind,
     BlockType,
     Evidence,
     EvidenceType,
@@ -684,7 +688,23 @@ class SessionIndex:
                 built.append(MessagePart(role=Role.USER, content=text, parts=media, author=author))
             parts = tuple(built)
         tokens = sum(self.estimator.estimate_part(p, self.model_hint) for p in parts)
+        if head.role is Role.ASSISTANT and author is not None:
+            tokens += self._peer_reserve(parts, author, tokens)
         return Rendering(level, parts, "", tokens)
+
+    def _peer_reserve(self, parts: tuple[MessagePart, ...], author: Author, tokens: int) -> int:
+        """What the block ``parts`` (``tokens``) written by agent ``author`` costs more when
+        another agent of the session reads it as that agent's words: one user message
+        ``[<agent> wrote:]`` with its tool calls and results as text (see
+        :func:`~ce.core.integration.peer_turns_as_user`). Counted with the block whoever
+        reads it (an agent that has not written in the session yet reads it so too), so the
+        budget holds for every agent of a session agents share."""
+        if author.kind is not AuthorKind.AGENT:
+            return 0
+        as_peer = MessagePart(
+            role=Role.USER, content=peer_turn_text(to_openai_messages(parts), author.id)
+        )
+        return max(0, self.estimator.estimate_part(as_peer, self.model_hint) - tokens)
 
     def _refresh(self, index: int) -> None:
         """Render ``groups[index]`` again when next needed; the sums after it are brought up

@@ -8,7 +8,7 @@ from typing import Any
 
 from ce.core.schema import AuthorKind
 
-__all__ = ["peer_turns_as_user", "tool_chains_as_text"]
+__all__ = ["peer_turn_text", "peer_turns_as_user", "tool_chains_as_text"]
 
 _PLAIN = {"role", "content", "name"}
 _TOOL_KEYS = ("tool_calls", "tool_call_id")
@@ -133,8 +133,16 @@ def peer_turns_as_user(messages: Sequence[Mapping[str, Any]], agent: str) -> lis
         end = i + 1
         while end < len(messages) and authors[end] == author:
             end += 1
-        turn = tool_chains_as_text(messages[i:end])
-        text = "\n".join(t for t in (_text(m.get("content")) for m in turn) if t)
-        out.append({"role": "user", "content": f"[{author.id} wrote:]\n{text}"})
+        out.append({"role": "user", "content": peer_turn_text(messages[i:end], author.id)})
         i = end
     return out
+
+
+def peer_turn_text(turn: Sequence[Mapping[str, Any]], agent: str) -> str:
+    """The text of the user message that a turn agent ``agent`` wrote (its assistant
+    messages with their tool results, OpenAI-style) becomes for another agent (see
+    :func:`peer_turns_as_user`): ``[<agent> wrote:]`` then the turn's text, its tool calls
+    and results as text."""
+    lines = (_text(m.get("content")) for m in tool_chains_as_text(turn))
+    text = "\n".join(t for t in lines if t)
+    return f"[{agent} wrote:]\n{text}"
