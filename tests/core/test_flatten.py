@@ -234,7 +234,8 @@ async def test_every_agent_reads_a_shared_session_within_the_budget(
 ) -> None:
     """A session three agents write (answers, tool calls and their results): each agent's
     reading of the engine's input (the others' turns as ``[<agent> wrote:]`` user messages,
-    its own as they are) fits the budget, tool schemas counted."""
+    its own as they are, or its own tool chains as text too for a call without tools) fits
+    the budget, tool schemas counted."""
     config = RuntimeConfig(
         model_hint="gpt-4o",
         budget=BudgetConfig(max_input_tokens=budget + 1_024, reserved_reply_tokens=1_024),
@@ -267,7 +268,11 @@ async def test_every_agent_reads_a_shared_session_within_the_budget(
     except BudgetExceededError:
         return  # the must blocks alone over the budget: nothing is sent
     sent = assembled_to_openai(result.assembled_input)
+    schemas = estimator.estimate_tools(tools, "gpt-4o")
     for agent in _AGENTS:
-        parts = from_openai_messages(peer_turns_as_user(sent, agent))
-        used = sum(estimator.estimate_part(p, "gpt-4o") for p in parts)
-        assert used + estimator.estimate_tools(tools, "gpt-4o") <= budget, agent
+        read = peer_turns_as_user(sent, agent)
+        parts = from_openai_messages(read)
+        assert sum(estimator.estimate_part(p, "gpt-4o") for p in parts) + schemas <= budget
+        # a call of that agent that passes no tools: its own chains as text as well
+        flat = from_openai_messages(tool_chains_as_text(read))
+        assert sum(estimator.estimate_part(p, "gpt-4o") for p in flat) + schemas <= budget
