@@ -10,18 +10,16 @@ import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_same_text_evidence import _hit
 
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.pipeline import LEFT_OUT_POINTER, document_pointer
 from ce.core.schema import (
-    EvidenceSource,
-    EvidenceType,
     Message,
     ModelInvocation,
     PrepareResult,
     Role,
-    SourceKind,
 )
 from ce.core.testing import deterministic_engine
 
@@ -37,17 +35,6 @@ def _engine(budget: int) -> ContextEngine:
 def _document(key: str, sentences: int = 12) -> str:
     sentence = "{}-{}: the {} plan covers item {} for thirty days."
     return " ".join(sentence.format(key.upper(), i, key, i) for i in range(sentences))
-
-
-async def _retrieve(engine: ContextEngine, text: str, uri: str, score: float | None = None) -> str:
-    evidence = await engine.ingest_evidence(
-        "s1",
-        text,
-        EvidenceSource(kind=SourceKind.RAG, uri=uri),
-        EvidenceType.RAG_DOC,
-        metadata=None if score is None else {"score": score},
-    )
-    return evidence.evidence_id
 
 
 def _prompt(documents: list[str]) -> str:
@@ -88,8 +75,8 @@ async def test_the_prompts_documents_come_before_the_history_and_other_evidence(
     engine = _engine(1_300)
     await _history(engine, 6)
     quoted = [_document("gold"), _document("silver")]
-    ids = [await _retrieve(engine, text, f"kb://{i}") for i, text in enumerate(quoted)]
-    other = await _retrieve(engine, _document("bronze"), "kb://other", score=0.9)
+    ids = [await _hit(engine, text, f"kb://{i}") for i, text in enumerate(quoted)]
+    other = await _hit(engine, _document("bronze"), "kb://other", score=0.9)
     history = [
         Message(role=Role.SYSTEM, content=_prompt(quoted)),
         Message(role=Role.USER, content="Which plan covers item 3?"),
@@ -112,7 +99,7 @@ async def test_documents_that_do_not_fit_are_said_left_out_where_the_prompt_held
     prompt says a document was left out."""
     engine = _engine(450)
     quoted = [_document("gold", 14), _document("silver", 14), _document("tin", 14)]
-    ids = [await _retrieve(engine, text, f"kb://{i}") for i, text in enumerate(quoted)]
+    ids = [await _hit(engine, text, f"kb://{i}") for i, text in enumerate(quoted)]
     history = [
         Message(role=Role.SYSTEM, content=_prompt(quoted)),
         Message(role=Role.USER, content="Which plan covers item 3?"),
@@ -134,13 +121,13 @@ async def test_an_earlier_prompts_pointer_to_a_document_left_out_says_so() -> No
     turn 1's prompt, still in the history, says so instead of naming a block not sent."""
     engine = _engine(900)
     first = _document("gold")
-    old = await _retrieve(engine, first, "kb://gold")
+    old = await _hit(engine, first, "kb://gold")
     await engine.prepare_turn("s1", f"Context:\n{first}\nQuestion: what does gold cover?")
     await engine.commit_assistant_message(
         "s1", Message(role=Role.ASSISTANT, content="Items 0-11.", invocation=_INVOCATION)
     )
     for key in ("silver", "tin"):
-        await _retrieve(engine, _document(key, 16), f"kb://{key}", score=0.95)
+        await _hit(engine, _document(key, 16), f"kb://{key}", score=0.95)
     result = await engine.prepare_turn("s1", "And what does tin cover?")
     decisions = {d.block_id: d for d in result.report.prune_decisions}
     assert decisions[f"ev:{old}"].action == "dropped"
@@ -165,10 +152,10 @@ async def test_a_document_pointer_always_names_a_block_the_model_gets(
     engine = _engine(budget)
     await _history(engine, turns)
     for i in range(others):
-        await _retrieve(engine, _document(f"other{i}", 8), f"kb://other{i}", score=0.9)
+        await _hit(engine, _document(f"other{i}", 8), f"kb://other{i}", score=0.9)
     quoted = [_document(f"doc{i}", size) for i, size in enumerate(sizes)]
     for i, text in enumerate(quoted):
-        await _retrieve(engine, text, f"kb://{i}")
+        await _hit(engine, text, f"kb://{i}")
     history = [
         Message(role=Role.SYSTEM, content=_prompt(quoted)),
         Message(role=Role.USER, content="Which plan covers item 3?"),

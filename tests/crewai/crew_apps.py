@@ -54,3 +54,14 @@ async def kicked_off(engine: ContextEngine, crew: Crew, session_id: str) -> Any:
     output = await asyncio.to_thread(crew.kickoff)
     crewai_event_bus.flush()
     return output
+
+
+async def kicked_off_by(crew: Crew, path: str) -> Any:
+    """``crew`` kicked off through ``path``: ``"kickoff"`` on a worker thread or
+    ``"akickoff"`` on this loop, its event handlers done; the crew's output."""
+    if path == "akickoff":
+        output = await crew.akickoff()
+    else:
+        output = await asyncio.to_thread(crew.kickoff)
+    crewai_event_bus.flush()
+    return output

@@ -7,14 +7,12 @@ its task in the newest user message."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
-from crew_apps import llm, weather
+from crew_apps import kicked_off_by, llm, weather
 from crewai import Agent, Crew, Task
-from crewai.events import crewai_event_bus
 
 import ce.crewai
 from ce.core import BudgetConfig, RuntimeConfig
@@ -76,12 +74,7 @@ async def test_every_call_of_every_agent_is_within_budget(path: str, tools: bool
     with ScriptedOpenAIServer(_script) as server:
         ce.crewai.install(engine, session_id="s-budget")
         for kickoff in range(5):
-            crew = _crew(server, kickoff, tools)
-            if path == "akickoff":
-                await crew.akickoff()
-            else:
-                await asyncio.to_thread(crew.kickoff)
-            crewai_event_bus.flush()
+            await kicked_off_by(_crew(server, kickoff, tools), path)
         requests = server.requests
     await engine.flush()
     # per kickoff: the researcher twice with its tool, then one call each

@@ -6,15 +6,13 @@ directory) is CrewAI's: the engine's redaction does not reach it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from crew_apps import llm
+from crew_apps import kicked_off_by, llm
 from crewai import Agent, Crew, Task
-from crewai.events import crewai_event_bus
 from crewai.tools import tool
 
 import ce.crewai
@@ -72,12 +70,7 @@ async def test_the_canaries_are_in_neither_the_wire_nor_the_sqlite_file(
     )
     with ScriptedOpenAIServer(_script) as server:
         ce.crewai.install(engine, session_id="s-canary")
-        crew = _crew(server)
-        if path == "akickoff":
-            await crew.akickoff()
-        else:
-            await asyncio.to_thread(crew.kickoff)
-        crewai_event_bus.flush()
+        await kicked_off_by(_crew(server), path)
         requests = server.requests
     await engine.flush()
     doc = await engine.get_session("s-canary")

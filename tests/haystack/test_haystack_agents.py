@@ -35,14 +35,25 @@ def script(body: dict[str, Any]) -> ScriptedResponse:
     return ScriptedResponse(tool_calls=[(f"call_{agent}", "lookup", args)])
 
 
+def _pipeline(server: ScriptedOpenAIServer, session_id: str, tools: bool = True) -> Pipeline:
+    """The researcher and the writer Agents (with the lookup tool, or none) in one pipeline
+    whose runs share ``session_id``."""
+    pipeline = Pipeline(metadata={SESSION_KEY: session_id})
+    for name, prompt in PROMPTS.items():
+        agent = Agent(
+            chat_generator=generator(server),
+            tools=[LOOKUP] if tools else None,
+            system_prompt=prompt,
+        )
+        pipeline.add_component(name, agent)
+    return pipeline
+
+
 async def test_each_agent_gets_its_own_prompt_and_authors_its_messages(
     engine: ContextEngine,
 ) -> None:
     with ScriptedOpenAIServer(script) as server:
-        pipeline = Pipeline(metadata={SESSION_KEY: "s-team"})
-        for name, prompt in PROMPTS.items():
-            agent = Agent(chat_generator=generator(server), tools=[LOOKUP], system_prompt=prompt)
-            pipeline.add_component(name, agent)
+        pipeline = _pipeline(server, "s-team")
         ce.haystack.install(engine)
         question = [ChatMessage.from_user("Weather in Oslo?")]
         result = pipeline.run({name: {"messages": question} for name in PROMPTS})
@@ -87,10 +98,7 @@ async def test_each_agent_gets_the_others_turns_as_the_others_words(
     call; the caller's own turns keep their native tool messages, pairs intact. The store
     keeps every message as it was written."""
     with ScriptedOpenAIServer(script) as server:
-        pipeline = Pipeline(metadata={SESSION_KEY: "s-peers"})
-        for name, prompt in PROMPTS.items():
-            agent = Agent(chat_generator=generator(server), tools=[LOOKUP], system_prompt=prompt)
-            pipeline.add_component(name, agent)
+        pipeline = _pipeline(server, "s-peers")
         ce.haystack.install(engine)
         for question in ("Weather in Oslo?", "And tomorrow?"):
             pipeline.run(
@@ -140,10 +148,7 @@ async def test_the_other_agents_turns_are_counted_with_the_budget() -> None:
     engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o", budget=budget))
     estimator = TiktokenEstimator()
     with ScriptedOpenAIServer(plain_script) as server:
-        pipeline = Pipeline(metadata={SESSION_KEY: "s-peer-budget"})
-        for name, prompt in PROMPTS.items():
-            agent = Agent(chat_generator=generator(server), system_prompt=prompt)
-            pipeline.add_component(name, agent)
+        pipeline = _pipeline(server, "s-peer-budget", tools=False)
         ce.haystack.install(engine)
         for turn in range(8):
             question = [ChatMessage.from_user(f"Weather in city number {turn}?")]

@@ -216,6 +216,18 @@ def _query_engine(
             LlamaIndexPlugin().uninstall()
 
 
+def _policy_sent_once(request: dict[str, Any]) -> tuple[str, str]:
+    """A query engine's request over ``BothIndexes``: the passage once, fenced whole, both
+    sources cited. Its prompt (the last message) and the pointer to that block."""
+    assert json.dumps(request).count("REFUND-7731") == 1  # the passage once
+    system, prompt = request["messages"][0]["content"], request["messages"][-1]["content"]
+    blocks = dict(re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', system, re.S))
+    uris = re.findall(r'uri="([^"]+)"', system)
+    assert sorted(uris) == ["faq://returns", "kb://handbook/refunds"]  # both cited
+    (whole,) = [i for i, body in blocks.items() if body == POLICY]
+    return prompt, f"[retrieved document: evidence {whole}]"
+
+
 async def test_a_query_engines_prompt_sends_a_passage_two_indexes_return_once(
     engine: ContextEngine,
 ) -> None:
@@ -233,13 +245,8 @@ async def test_a_query_engines_prompt_sends_a_passage_two_indexes_return_once(
     requests = server.requests
     assert len(requests) == 2
     for request in requests:
-        assert json.dumps(request).count("REFUND-7731") == 1  # the passage once
-        system, prompt = request["messages"][0]["content"], request["messages"][-1]["content"]
-        blocks = dict(re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', system, re.S))
-        uris = re.findall(r'uri="([^"]+)"', system)
-        assert sorted(uris) == ["faq://returns", "kb://handbook/refunds"]  # both cited
-        (whole,) = [i for i, body in blocks.items() if body == POLICY]
-        assert prompt.count(f"[retrieved document: evidence {whole}]") == 2
+        prompt, pointer = _policy_sent_once(request)
+        assert prompt.count(pointer) == 2
         assert "Can I get a refund" in prompt or "monthly plan" in prompt
     doc = await engine.get_session("query-two-indexes")
     assert {e.source.uri for e in doc.evidences.values() if e.content == POLICY} == {
@@ -272,13 +279,7 @@ async def test_a_citation_query_engine_sends_a_passage_two_indexes_return_once(
     ]
     assert len(requests) == 2
     for request in requests:
-        assert json.dumps(request).count("REFUND-7731") == 1  # the passage once
-        system, prompt = request["messages"][0]["content"], request["messages"][-1]["content"]
-        blocks = dict(re.findall(r'<evidence id="([^"]+)"[^>]*>\n(.*?)\n</evidence>', system, re.S))
-        uris = re.findall(r'uri="([^"]+)"', system)
-        assert sorted(uris) == ["faq://returns", "kb://handbook/refunds"]  # both cited
-        (whole,) = [i for i, body in blocks.items() if body == POLICY]
-        pointer = f"[retrieved document: evidence {whole}]"
+        prompt, pointer = _policy_sent_once(request)
         assert f"Source 1:\n{pointer}" in prompt and f"Source 2:\n{pointer}" in prompt
 
 
