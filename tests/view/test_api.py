@@ -70,7 +70,7 @@ def test_session_timeline_messages_tools_evidences_and_model_calls(api: Api) -> 
         after = timeline[timeline.index(call) + 1]
         assert (after["item"], after["index"]) == ("message", call["reply_index"])
         assert after["role"] == "assistant"
-        assert 0 < call["token_used"] <= call["token_budget"] == 600
+        assert 0 < call["token_used"] <= call["token_budget"] == 620
     last = calls[-1]["actions"]
     assert (last["kept"]["blocks"], last["degraded"]["blocks"], last["dropped"]["blocks"]) == (
         10,
@@ -114,7 +114,7 @@ def test_redacted_email_is_shown_as_its_marker_and_stored_nowhere(api: Api) -> N
 def test_model_call_input_decisions_and_evidence_provenance(api: Api) -> None:
     turn = api(f"/api/sessions/{SESSION}/turns/-1")
     assert turn["turn"]["turn"] == 5 and turn["turns"] == 5
-    assert (turn["turn"]["max_input_tokens"], turn["turn"]["reserved_reply_tokens"]) == (800, 200)
+    assert (turn["turn"]["max_input_tokens"], turn["turn"]["reserved_reply_tokens"]) == (820, 200)
     decisions = {d["block_id"]: d for d in turn["decisions"]}
     degraded = [d for d in decisions.values() if d["action"] == "degraded"]
     dropped = [d for d in decisions.values() if d["action"] == "dropped"]
@@ -147,9 +147,9 @@ def test_model_call_input_decisions_and_evidence_provenance(api: Api) -> None:
 
 def test_replay_under_another_budget_diffs_inputs_and_decisions(api: Api) -> None:
     replay = api(f"/api/sessions/{SESSION}/turns/5/replay?budget=450")
-    assert replay["labels"][0].endswith("@ 800 tokens (stored)")
+    assert replay["labels"][0].endswith("@ 820 tokens (stored)")
     assert replay["labels"][1].endswith("@ 450 tokens")
-    assert replay["before"]["total_tokens"] == 587
+    assert replay["before"]["total_tokens"] == 597
     assert replay["after"]["total_tokens"] <= replay["after"]["token_budget"] < 450
     changed = {c["label"].split(":")[0] + c["before"]: c["after"] for c in replay["changed"]}
     assert changed["rag_doc rag" + "kept @live"] == "dropped"  # the Friday forecast
@@ -158,7 +158,7 @@ def test_replay_under_another_budget_diffs_inputs_and_decisions(api: Api) -> Non
     assert any("Friday forecast" in line for line in removed)
     assert replay["diff"][0]["op"] == "h" and replay["diff"][2]["op"] == "@"
 
-    same = api(f"/api/sessions/{SESSION}/turns/5/replay?budget=800")
+    same = api(f"/api/sessions/{SESSION}/turns/5/replay?budget=820")
     assert same["identical"] and same["changed"] == [] and same["diff"] == []
 
 

@@ -130,7 +130,7 @@ def test_click_through_a_session_to_a_replay(
         "model call 4 (call)",
         "model call 5 (turn)",
     ]
-    assert "input 587 of 600 tokens" in calls[4].text
+    assert "input 597 of 620 tokens" in calls[4].text
     assert "degraded 1 (59 tok)" in calls[4].text and "dropped 1 (49 tok)" in calls[4].text
     assert "reply #12: scripted/demo-model · 860 prompt + 38 completion tokens · 1,240 ms" in (
         calls[4].text
@@ -152,7 +152,7 @@ def test_click_through_a_session_to_a_replay(
     link.click()
     _ready(browser, route)
     assert _text(browser, "#turn-title").startswith("Model call 5 of 5 (turn)")
-    assert "587 of 600 input tokens used" in _text(browser, "#turn-budget")
+    assert "597 of 620 input tokens used" in _text(browser, "#turn-budget")
     degraded = _text(browser, '#decisions tr[data-action="degraded"]')
     assert "gist" in degraded and "Pack layers" in degraded and "saved" in degraded
     dropped = _text(browser, '#decisions tr[data-action="dropped"]')
@@ -177,7 +177,7 @@ def test_click_through_a_session_to_a_replay(
     _ready(browser, "/replay/450")
     WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.ID, "replay-diff"))
     totals = _text(browser, "#replay-totals")
-    assert "@ 800 tokens (stored)" in totals and "@ 450 tokens" in totals
+    assert "@ 820 tokens (stored)" in totals and "@ 450 tokens" in totals
     changes = browser.find_elements(By.CSS_SELECTOR, "#replay-changes tbody tr")
     friday_change = next(r.text for r in changes if "Friday forecast" in r.text)
     assert "kept @live dropped" in friday_change

@@ -34,7 +34,7 @@ XSS_TEXT = (
 EMAIL = "ana.lopez@example.com"
 CONFIG = RuntimeConfig(
     model_hint="gpt-4o",
-    budget=BudgetConfig(max_input_tokens=800, reserved_reply_tokens=200),
+    budget=BudgetConfig(max_input_tokens=820, reserved_reply_tokens=200),
     prune=PruneConfig(evidence_share=0.75),
 )
 MODEL = ModelInvocation(provider="scripted", model="demo-model")
