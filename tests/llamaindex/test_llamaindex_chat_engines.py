@@ -105,19 +105,27 @@ async def test_retrieved_text_reaches_the_model_once_fenced_with_its_evidence(
     await engine.close()
 
 
+def _tight_context_chat(
+    server: ScriptedOpenAIServer, max_input_tokens: int, session_id: str
+) -> tuple[ContextEngine, Any]:
+    """An engine with ``max_input_tokens`` (100 of them for the reply), installed for
+    ``session_id``, and a ContextChatEngine on the scripted server."""
+    config = RuntimeConfig(
+        model_hint="gpt-4o",
+        budget=BudgetConfig(max_input_tokens=max_input_tokens, reserved_reply_tokens=100),
+    )
+    engine = ContextEngine(MemoryStore(), config=config)
+    ce.llamaindex.install(engine, session_id=session_id)
+    return engine, _chat_engine("context", server)
+
+
 async def test_a_tight_budget_leaves_the_retrieved_text_out_never_raw(
     server: ScriptedOpenAIServer,
 ) -> None:
     """With no room for the documents the model gets the prompt without them (their
     evidence reported dropped), not the raw text the chat engine inlined; where the prompt
     held each of them it says that a document was left out."""
-    config = RuntimeConfig(
-        model_hint="gpt-4o",
-        budget=BudgetConfig(max_input_tokens=280, reserved_reply_tokens=100),
-    )
-    engine = ContextEngine(MemoryStore(), config=config)
-    ce.llamaindex.install(engine, session_id="tight")
-    chat = _chat_engine("context", server)
+    engine, chat = _tight_context_chat(server, 280, "tight")
     await chat.achat("How is the weather in Paris?")
     (system,) = _answer_calls(server)
     assert "mild in autumn" not in system and "cold in autumn" not in system
@@ -139,13 +147,7 @@ async def test_the_documents_the_prompt_holds_come_before_the_evidence_share(
     not for both within the evidence share of the budget, which held both back before) the
     first goes whole, fenced, the prompt pointing at it, and the prompt says the other was
     left out: no pointer names a block the model does not get."""
-    config = RuntimeConfig(
-        model_hint="gpt-4o",
-        budget=BudgetConfig(max_input_tokens=420, reserved_reply_tokens=100),
-    )
-    engine = ContextEngine(MemoryStore(), config=config)
-    ce.llamaindex.install(engine, session_id="one-fits")
-    chat = _chat_engine("context", server)
+    engine, chat = _tight_context_chat(server, 420, "one-fits")
     if path == "sync":
         await asyncio.to_thread(chat.chat, "How is the weather in Paris?")
     else:

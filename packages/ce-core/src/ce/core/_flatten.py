@@ -113,10 +113,21 @@ def peer_turns_as_user(messages: Sequence[Mapping[str, Any]], agent: str) -> lis
     peer's answer for its own turn, nor a peer's tool chain for calls it made. Messages
     whose author is unknown, or a user's, or ``agent``'s own stay as they are. Without the
     authors (a list that is not a :class:`~ce.core.integration.SentMessages`) the messages
-    come back as they are. Returns fresh dicts; ``messages`` is not changed."""
+    come back as they are. When no turn is another agent's (the common call of an agent on
+    its own), ``messages`` itself comes back, so a reconciler keeps the keys it holds (see
+    :class:`~ce.core.integration.SentMessages`); else fresh dicts. ``messages`` is not
+    changed."""
     authors = getattr(messages, "authors", None)
     if not isinstance(authors, list) or len(authors) != len(messages):
         return [dict(m) for m in messages]
+    if not any(
+        author is not None
+        and author.kind is AuthorKind.AGENT
+        and author.id != agent
+        and message.get("role") == "assistant"
+        for message, author in zip(messages, authors, strict=True)
+    ):
+        return messages  # type: ignore[return-value]  # the caller's own fresh dicts
     out: list[dict[str, Any]] = []
     i = 0
     while i < len(messages):
