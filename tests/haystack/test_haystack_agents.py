@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from haystack import Pipeline
 from haystack.components.agents import Agent
 from haystack.dataclasses import ChatMessage
@@ -162,3 +163,104 @@ async def test_the_other_agents_turns_are_counted_with_the_budget() -> None:
         assert sum(estimator.estimate_part(p, "gpt-4o") for p in parts) <= 310
         peers += sum(" wrote:]" in p.content for p in parts)
     assert peers >= 20  # the other Agent's answers were there to count
+
+
+def _texts(request: dict[str, Any], role: str) -> list[str]:
+    return [str(m.get("content") or "") for m in request["messages"] if m["role"] == role]
+
+
+@pytest.mark.parametrize("tools", [False, True])
+async def test_one_question_handed_to_two_agents_is_asked_once(
+    engine: ContextEngine, tools: bool
+) -> None:
+    """A pipeline's input handed to both of its Agents (each Agent's ``messages`` input gets
+    the user's question) is one question of the session: stored once per run, and the Agent
+    asked second gets it where it was asked, before the first Agent's turn, not asked again
+    after it (each of its model calls, tool loop included, holds it once)."""
+    with ScriptedOpenAIServer(script if tools else plain_script) as server:
+        pipeline = _pipeline(server, "s-fan-out", tools=tools)
+        ce.haystack.install(engine)
+        for question in ("Weather in Oslo?", "And tomorrow?"):
+            pipeline.run(
+                {name: {"messages": [ChatMessage.from_user(question)]} for name in PROMPTS}
+            )
+        requests = server.requests
+    assert len(requests) == (8 if tools else 4)
+    for request in requests:
+        asked = _texts(request, "user")
+        assert asked.count("Weather in Oslo?") == 1, asked
+        assert asked.count("And tomorrow?") <= 1, asked
+        assert_tool_pairs_intact(from_openai_messages(request["messages"]))
+    writer_first = next(r for r in requests if _texts(r, "system") == [PROMPTS["writer"]])
+    assert [m["role"] for m in writer_first["messages"]][:2] == ["system", "user"]
+    assert writer_first["messages"][1]["content"] == "Weather in Oslo?"
+    assert writer_first["messages"][-1]["content"].startswith("[researcher wrote:]")
+    doc = await engine.get_session("s-fan-out")
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
+        "Weather in Oslo?",
+        "And tomorrow?",
+    ]
+
+
+async def test_an_agent_continuing_another_agents_messages_keeps_its_own_prompt(
+    engine: ContextEngine,
+) -> None:
+    """The researcher's ``messages`` output connected to the writer's ``messages`` input:
+    the writer's model calls get the writer's system prompt as their instruction, never the
+    researcher's that came with the researcher's conversation (Haystack's Agent puts its own
+    prompt first and the other Agent's after it); the researcher's turns reach the writer as
+    the researcher's words and are stored once, by the researcher."""
+    with ScriptedOpenAIServer(script) as server:
+        pipeline = _pipeline(server, "s-chain")
+        pipeline.connect("researcher.messages", "writer.messages")
+        ce.haystack.install(engine)
+        for question in ("Weather in Oslo?", "And tomorrow?"):
+            pipeline.run({"researcher": {"messages": [ChatMessage.from_user(question)]}})
+        requests = server.requests
+    assert len(requests) == 8
+    writers = [r for r in requests if PROMPTS["researcher"] not in json.dumps(r["messages"][0])]
+    assert len(writers) == 4
+    for request in writers:
+        assert _texts(request, "system") == [PROMPTS["writer"]]
+        assert PROMPTS["researcher"] not in json.dumps(request["messages"])
+        calls = [c["id"] for m in request["messages"] for c in m.get("tool_calls") or ()]
+        assert all(c.startswith("call_writer") for c in calls), calls
+        assert any(t.startswith("[researcher wrote:]") for t in _texts(request, "user"))
+        assert_tool_pairs_intact(from_openai_messages(request["messages"]))
+    doc = await engine.get_session("s-chain")
+    said = [
+        (m.author.id if m.author else None, m.content, [c.tool_call_id for c in m.tool_calls or ()])
+        for m in doc.session.messages
+        if m.role is Role.ASSISTANT
+    ]
+    assert len(said) == 8  # a tool call and an answer per Agent and run, none stored twice
+    for author, content, calls in said:
+        assert author in PROMPTS
+        assert all(c.startswith(f"call_{author}") for c in calls)
+        assert not content or content == f"{author} is done."
+
+
+async def test_one_question_handed_to_two_agents_running_at_once_is_asked_once(
+    engine: ContextEngine,
+) -> None:
+    """``run_async`` runs both Agents at once: whichever the engine prepares first is asked
+    the question; the other gets it from the session, once, in every model call."""
+    with ScriptedOpenAIServer(script) as server:
+        pipeline = _pipeline(server, "s-fan-out-async")
+        ce.haystack.install(engine)
+        for question in ("Weather in Oslo?", "And tomorrow?"):
+            await pipeline.run_async(
+                {name: {"messages": [ChatMessage.from_user(question)]} for name in PROMPTS}
+            )
+        requests = server.requests
+    assert len(requests) == 8
+    for request in requests:
+        asked = _texts(request, "user")
+        assert asked.count("Weather in Oslo?") == 1, asked
+        assert asked.count("And tomorrow?") <= 1, asked
+        assert_tool_pairs_intact(from_openai_messages(request["messages"]))
+    doc = await engine.get_session("s-fan-out-async")
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
+        "Weather in Oslo?",
+        "And tomorrow?",
+    ]

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +134,60 @@ class _Timer:
             self.first = time.perf_counter()
 
 
+class AgentPrompts:
+    """The system prompt each Agent put first in its model calls (the newest
+    ``held`` prompts), to tell another Agent's prompt among a call's messages: an Agent whose
+    ``messages`` input is connected to another Agent's ``messages`` output gets that Agent's
+    conversation, its system prompt included, after its own prompt."""
+
+    def __init__(self, held: int = 1024) -> None:
+        self._agents: OrderedDict[str, str] = OrderedDict()
+        self._held = held
+        self._lock = threading.Lock()
+
+    def own_instruction(self, frame: RunFrame, messages: list[Any]) -> list[Any]:
+        """The messages of a model call of ``frame``'s Agent without the system prompts of
+        other Agents: its instruction is its own (the first message, which the Agent put
+        there), never the prompt of the Agent whose output it continues. ``messages``
+        itself when there is none to leave out, or the Agent has no prompt of its own."""
+        if not frame.agent or not frame.prompted or not messages:
+            return messages
+        first = messages[0]
+        if not first.is_from("system"):
+            return messages
+        agent, others = frame.agent, []
+        with self._lock:
+            self._agents[first.text or ""] = agent
+            self._agents.move_to_end(first.text or "")
+            while len(self._agents) > self._held:
+                self._agents.popitem(last=False)
+            for i in range(1, len(messages)):
+                message = messages[i]
+                if message.is_from("system"):
+                    owner = self._agents.get(message.text or "")
+                    if owner is not None and owner != agent:
+                        others.append(i)
+        if not others:
+            return messages
+        left_out = set(others)
+        return [m for i, m in enumerate(messages) if i not in left_out]
+
+
+def asked_once(frame: RunFrame, messages: list[Any]) -> tuple[list[Any], str | None]:
+    """The messages of a model call of ``frame``'s Agent with the user message that closes
+    them left out when another Agent of the run was asked it first (the run's input handed to
+    each of its Agents): the session holds it, where it was asked, and the call gets it from
+    there, not asked again after the other Agents' turns. Also the text of that message for
+    :attr:`RunFrame.asked` once the engine prepared the call, None when it is not to be noted
+    (no Agent, no closing user message, or left out)."""
+    if not frame.agent or not messages or not messages[-1].is_from("user"):
+        return messages, None
+    question = messages[-1].text or ""
+    if frame.asked.get(question, frame.agent) == frame.agent:
+        return messages, question
+    return messages[:-1], None
+
+
 class Seam:
     """The per-call hook of one install: what a wrapped ``run`` / ``run_async`` does."""
 
@@ -139,6 +195,7 @@ class Seam:
         self.plugin = plugin
         self.inject = inject
         self.active = active
+        self.prompts = AgentPrompts()
 
     # -- the wrappers ----------------------------------------------------------------------
 
@@ -272,8 +329,9 @@ class Seam:
 
     def _prepare_sync(self, frame: RunFrame, arguments: inspect.BoundArguments) -> None:
         plugin, session_id = self.plugin, frame.scope.session_id
-        messages = as_messages(arguments.arguments["messages"])
+        messages = self.prompts.own_instruction(frame, as_messages(arguments.arguments["messages"]))
         redact = self._redactor(messages)
+        messages, question = asked_once(frame, messages)
         try:
             pending = _pending(plugin, session_id, messages)
             schemas = tool_schemas(arguments.arguments.get("tools"))
@@ -297,6 +355,8 @@ class Seam:
         sent = prepare_openai_sync(
             plugin, session_id, dicts, schemas, self._authors(pending, frame), history=history
         )
+        if sent is not None and question is not None:
+            frame.asked.setdefault(question, frame.agent or "")
         self._send(
             arguments,
             sent,
@@ -307,8 +367,9 @@ class Seam:
 
     async def _prepare(self, frame: RunFrame, arguments: inspect.BoundArguments) -> None:
         plugin, session_id = self.plugin, frame.scope.session_id
-        messages = as_messages(arguments.arguments["messages"])
+        messages = self.prompts.own_instruction(frame, as_messages(arguments.arguments["messages"]))
         redact = self._redactor(messages)
+        messages, question = asked_once(frame, messages)
         try:
             pending = _pending(plugin, session_id, messages)
             schemas = tool_schemas(arguments.arguments.get("tools"))
@@ -332,6 +393,8 @@ class Seam:
         sent = await prepare_openai(
             plugin, session_id, dicts, schemas, self._authors(pending, frame), history=history
         )
+        if sent is not None and question is not None:
+            frame.asked.setdefault(question, frame.agent or "")
         failed: list[Exception] = []
         self._send(arguments, sent, pending, frame.agent, lambda exc: failed.append(exc))
         if failed:

@@ -226,7 +226,8 @@ class Patches:
             context = kwargs.get("hook_context")
             explicit = context.get(SESSION_KEY) if isinstance(context, Mapping) else None
             name = None if tool_frame.get() is not None else component_name.get()
-            frame = open_run(self.plugin, explicit, agent=name)
+            prompted = getattr(agent, "system_prompt", None) is not None
+            frame = open_run(self.plugin, explicit, agent=name, prompted=prompted)
         except Exception:
             logger.warning("ce-haystack: cannot scope the Agent run", exc_info=True)
             yield

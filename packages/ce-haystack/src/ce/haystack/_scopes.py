@@ -53,12 +53,17 @@ __all__ = [
 @dataclass
 class RunFrame:
     """One run in flight: its scope, the documents its retrievers returned (so a prompt that
-    inlines them sends them once), and the Agent whose model calls these are (a component's
-    name in a pipeline, else ``None``)."""
+    inlines them sends them once), the Agent whose model calls these are (a component's
+    name in a pipeline, else ``None``), whether that Agent has a system prompt of its own
+    (the first message of each of its model calls), and the user messages the run's Agents
+    were asked, by text, with the Agent that was asked first (the run's input handed to each
+    of its Agents is asked once). The run's Agents share ``hits`` and ``asked``."""
 
     scope: Scope
     hits: list[RetrievalHit] = field(default_factory=list)
     agent: str | None = None
+    prompted: bool = False
+    asked: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,9 +158,12 @@ def bound(var: ContextVar[Any], value: Any) -> Iterator[None]:
             var.reset(token)
 
 
-def open_run(plugin: Plugin, explicit: object = None, agent: str | None = None) -> RunFrame:
+def open_run(
+    plugin: Plugin, explicit: object = None, agent: str | None = None, prompted: bool = False
+) -> RunFrame:
     """The frame of a run starting now: nested in the tool run in flight, else the enclosing
-    run's own frame (unless ``explicit`` names another session), else a new top-level run."""
+    run's own frame (unless ``explicit`` names another session), else a new top-level run.
+    ``agent``, ``prompted``: see :class:`RunFrame`."""
     tool = tool_frame.get()
     outer = run_frame.get()
     if tool is not None:
@@ -166,18 +174,22 @@ def open_run(plugin: Plugin, explicit: object = None, agent: str | None = None) 
             parent=tool.scope,
             parent_call_id=tool.child_id,
         )
-        return RunFrame(scope, agent=agent or tool.name)
+        return RunFrame(scope, agent=agent or tool.name, prompted=prompted)
     if outer is not None:
         named = explicit if isinstance(explicit, (str, int)) and explicit != "" else None
         if named is None or str(named) == outer.scope.session_id:
-            return outer if agent is None or outer.agent == agent else _with_agent(outer, agent)
-        return RunFrame(Scope(str(named), "explicit"), agent=agent)
-    return RunFrame(resolve_scope(plugin, run_id=uuid.uuid4().hex, explicit=explicit), agent=agent)
+            if agent is None or (outer.agent, outer.prompted) == (agent, prompted):
+                return outer
+            return _with_agent(outer, agent, prompted)
+        return RunFrame(Scope(str(named), "explicit"), agent=agent, prompted=prompted)
+    scope = resolve_scope(plugin, run_id=uuid.uuid4().hex, explicit=explicit)
+    return RunFrame(scope, agent=agent, prompted=prompted)
 
 
-def _with_agent(outer: RunFrame, agent: str) -> RunFrame:
-    """The enclosing run's frame as seen by one of its Agents (the retrieved documents are
-    shared)."""
-    frame = RunFrame(outer.scope, agent=agent)
+def _with_agent(outer: RunFrame, agent: str, prompted: bool) -> RunFrame:
+    """The enclosing run's frame as seen by one of its Agents (the retrieved documents and
+    the questions asked are shared)."""
+    frame = RunFrame(outer.scope, agent=agent, prompted=prompted)
     frame.hits = outer.hits
+    frame.asked = outer.asked
     return frame
