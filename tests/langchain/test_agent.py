@@ -227,3 +227,31 @@ async def test_skip_tag_and_helper_nodes_are_left_alone(engine: ContextEngine) -
     assert "NOTEBOOK-MARK" in str(plain.seen[0][0].content)
     doc = await engine.get_session("s-skip")
     assert [m.content for m in doc.session.messages if m.role is Role.USER] == ["app call"]
+
+
+@pytest.mark.parametrize("path", ["invoke", "ainvoke"])
+async def test_the_agents_prompt_and_the_apps_system_message_both_reach_the_model(
+    path: str, engine: ContextEngine
+) -> None:
+    """``create_agent(system_prompt=...)`` invoked with the app's own ``SystemMessage`` among
+    its messages: LangChain sends both; so does the plugin, as the one instruction (before,
+    the engine kept the last system message only and the agent's prompt was lost)."""
+    model = make_model()
+    agent = create_agent(model, tools=[get_weather, flaky, search_docs], system_prompt=SYSTEM)
+    ce.langchain.install(engine, session_id="s-two-systems")
+    note = "The user is Bob, premium tier."
+    state = {"messages": [SystemMessage(note), ("user", "Weather in Paris?")]}
+    if path == "invoke":
+        agent.invoke(state)
+    else:
+        await agent.ainvoke(state)
+    assert len(model.seen) == 2
+    for seen in model.seen:
+        systems = [m for m in seen if m.type == "system"]
+        assert len(systems) == 1 and seen[0] is systems[0]
+        assert SYSTEM in str(systems[0].content) and note in str(systems[0].content)
+        assert str(systems[0].content).index(SYSTEM) < str(systems[0].content).index(note)
+    doc = await engine.get_session("s-two-systems")
+    assert [m.content for m in doc.session.messages if m.role is Role.SYSTEM] == [
+        f"{SYSTEM}\n\n{note}"
+    ]

@@ -28,6 +28,7 @@ __all__ = [
     "cited",
     "current_turn",
     "holds_transcript",
+    "joined_instruction",
     "quoted_documents",
     "quoting_evidence",
     "unchanged_prefix",
@@ -36,22 +37,36 @@ __all__ = [
 
 def unchanged_prefix(
     entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
-) -> tuple[int, dict[tuple[Any, ...], int], int | None]:
+) -> tuple[int, dict[tuple[Any, ...], int], tuple[int, ...]]:
     """How many leading ``pending`` messages are the very objects the session's previous call
     passed before its last one (under the same config), with the counts of their keys and
-    the position of their last system message: they were matched then and stay matched (a
+    the positions of their system messages: they were matched then and stay matched (a
     session only gains messages), so only what follows them is matched again. ``(0, {},
-    None)`` when the history is not that one continued."""
+    ())`` when the history is not that one continued."""
     memo = entry.pending_memo
     if memo is None:
-        return 0, {}, None
-    before, seen, system, config = memo
+        return 0, {}, ()
+    before, seen, systems, config = memo
     count = len(before)
     if config is not cfg or count == 0 or len(pending) <= count:
-        return 0, {}, None
+        return 0, {}, ()
     if not all(map(operator.is_, pending[:count], before)):
-        return 0, {}, None
-    return count, dict(seen), system
+        return 0, {}, ()
+    return count, dict(seen), systems
+
+
+def joined_instruction(pending: Sequence[Message], systems: Sequence[int]) -> Message | None:
+    """The instruction of a call whose system messages are ``pending[i]`` for ``i`` in
+    ``systems`` (in order): the one system message, or the texts of several joined with a
+    blank line, a text repeated once (a framework's own prompt and the app's system message
+    among its messages are both what the model is told). None when there is none."""
+    if not systems:
+        return None
+    last = pending[systems[-1]]
+    if len(systems) == 1:
+        return last
+    texts = list(dict.fromkeys(t for i in systems if (t := pending[i].content).strip()))
+    return last.model_copy(update={"content": "\n\n".join(texts)})
 
 
 def holds_transcript(entry: SessionEntry, text: str) -> bool:

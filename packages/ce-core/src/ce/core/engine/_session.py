@@ -108,11 +108,11 @@ class SessionEntry:
         self.call_aliases: dict[str, str] = {}
         self.chunks: dict[int, str] = {}
         # the previous call's pending messages but the last, the counts of their keys, the
-        # position of their last system message and the config they were read under: a
+        # positions of their system messages and the config they were read under: a
         # framework passes its history again on every call, so the next call matches only
         # what follows them (see _record_pending)
         self.pending_memo: (
-            tuple[list[Message], dict[tuple[Any, ...], int], int | None, object] | None
+            tuple[list[Message], dict[tuple[Any, ...], int], tuple[int, ...], object] | None
         ) = None
         self.config_ids: set[str] = set()  # config snapshots this entry stored a turn with
         # an instruction, the session's evidence (count, newest id) then, and the instruction

@@ -14,6 +14,7 @@ from ce.core.engine._held import (
     cited,
     current_turn,
     holds_transcript,
+    joined_instruction,
     quoted_documents,
     quoting_evidence,
     unchanged_prefix,
@@ -342,10 +343,10 @@ class HistoryWriter:
 
     async def _tail_start(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
-    ) -> tuple[int, int | None] | None:
+    ) -> tuple[int, tuple[int, ...]] | None:
         """For an entry that holds the session's newest messages only (see
         ``ContextEngine._tail_entry``): where its messages start in ``pending`` and the
-        position of the last system message before that (None: the entry holds the whole
+        positions of the system messages before that (None: the entry holds the whole
         session, or ``pending`` continues the list the previous call matched). The ids of
         the messages after them that the entry has not read are looked up in the store
         (a framework id the session took before is not stored twice).
@@ -371,8 +372,7 @@ class HistoryWriter:
             if not self._same_turn(entry, pending[position], stored, cfg):
                 raise TailTooShort(whole=True)
         start = positions[older] if older < len(positions) else len(pending)
-        before = bisect.bisect_left(systems, start)
-        system = systems[before - 1] if before else None
+        before = tuple(systems[: bisect.bisect_left(systems, start)])
         unknown: list[str] = []
         for position in positions[older + len(held) :]:
             message = pending[position]
@@ -386,7 +386,7 @@ class HistoryWriter:
         if unknown:
             store = cast(SliceStore, self.store)  # an entry of newest records: a SliceStore
             entry.note_taken(await store.read_messages(entry.session_id, unknown))
-        return start, system
+        return start, before
 
     def _record_pending(
         self,
@@ -394,32 +394,36 @@ class HistoryWriter:
         pending: Sequence[Message],
         cfg: RuntimeConfig,
         call: WriteLog,
-        tail_start: tuple[int, int | None] | None = None,
+        tail_start: tuple[int, tuple[int, ...]] | None = None,
     ) -> None:
         """Record the pending messages that the session does not hold yet: by framework id
         when they carry one, else by content (a message seen k times is new the k+1-th; the
         closing user message is new unless the session's history ends with it).
 
-        The last system message is the instruction of this call (the assembled input has one
-        instruction): it becomes the session's instruction whenever it differs from the
-        current one, even if the session held it before, so agents that take turns in one
-        session, each with its own system prompt, each get their own.
+        The system messages are the instruction of this call (the assembled input has one
+        instruction), joined in order when there are several (an agent's own prompt and one
+        the app passes with its messages, say: the model is sent both, as without the
+        engine): it becomes the session's instruction whenever it differs from the current
+        one, even if the session held it before, so agents that take turns in one session,
+        each with its own system prompt, each get their own.
 
         ``tail_start``: for an entry of the session's newest messages only, where its
-        messages start in ``pending`` and the last system message before (see
+        messages start in ``pending`` and the system messages before (see
         :meth:`_tail_start`); the messages before are not matched."""
         known_ids = entry.message_ids
         before = len(entry.doc.session.messages)  # the messages held before this call
         last = len(pending) - 1
-        start, seen, system = unchanged_prefix(entry, pending, cfg)
+        start, seen, held_systems = unchanged_prefix(entry, pending, cfg)
         if not start and tail_start is not None:  # the entry's messages start there
-            start, system = tail_start
-        prefix_system = system
-        system = next(
-            (i for i in range(last, start - 1, -1) if pending[i].role is Role.SYSTEM), system
-        )
-        if system is not None and system < start:
-            self._write_instruction(entry, pending[system], cfg, call)
+            start, held_systems = tail_start
+        systems = [
+            *held_systems,
+            *(i for i in range(start, len(pending)) if pending[i].role is Role.SYSTEM),
+        ]
+        system = systems[-1] if systems else None
+        instruction = joined_instruction(pending, systems)
+        if instruction is not None and system is not None and system < start:
+            self._write_instruction(entry, instruction, cfg, call)
         # The message the model is asked to answer now: when the session's history does not
         # already end with it, it is new even if the same text was asked before (a framework
         # that passes only the new question, e.g. a fresh memory on a named session).
@@ -458,12 +462,11 @@ class HistoryWriter:
         for position in range(start, len(pending)):
             message = pending[position]
             if position == last:
-                entry.pending_memo = (list(pending[:last]), dict(seen), prefix_system, cfg)
-            if message.role is Role.SYSTEM and position < last:
-                prefix_system = position
+                memo_systems = tuple(i for i in systems if i < last)
+                entry.pending_memo = (list(pending[:last]), dict(seen), memo_systems, cfg)
             if message.role is Role.SYSTEM:
-                if position == system:
-                    self._write_instruction(entry, message, cfg, call)
+                if position == system and instruction is not None:
+                    self._write_instruction(entry, instruction, cfg, call)
                 continue
             if message.message_id and message.message_id in known_ids:
                 fresh = self._unless_held(entry, message, cfg, call)
