@@ -10,6 +10,7 @@ which decides the session of each call (see :mod:`ce.langchain._scopes`).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 
 from ce.core.integration import (
@@ -63,6 +64,7 @@ class _Run:
     params: dict[str, Any] = field(default_factory=dict)
     parent_tool: UUID | None = None
     hits: list[RetrievalHit] = field(default_factory=list)
+    structured: bool = False  # a with_structured_output call: its reply is the app's data
 
 
 def _scalar_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,6 +88,17 @@ def _hit(document: Document) -> RetrievalHit:
         doc_version=str(version) if version is not None else None,
         metadata=_scalar_metadata(meta),
     )
+
+
+def _output_text(message: BaseMessage | None, structured: bool) -> str:
+    """What a model call answered: the reply's text; for a structured-output call that
+    answered with a tool call (``method="function_calling"``), the call's arguments."""
+    if message is None:
+        return ""
+    text = message_text(message)
+    if text or not structured or not isinstance(message, AIMessage):
+        return text
+    return "\n".join(json.dumps(c["args"], ensure_ascii=False) for c in message.tool_calls)
 
 
 class RecordingHandler(BaseCallbackHandler):
@@ -174,6 +187,7 @@ class RecordingHandler(BaseCallbackHandler):
                 provider=str(metadata.get("ls_provider") or invocation.get("_type") or ""),
                 model=str(model),
                 params={k: invocation[k] for k in _PARAMS if invocation.get(k) is not None},
+                structured=bool((kwargs.get("options") or {}).get("ls_structured_output_format")),
             ),
         )
 
@@ -203,13 +217,17 @@ class RecordingHandler(BaseCallbackHandler):
             first_token_latency_ms=(
                 round((run.first_token - run.perf) * 1000) if run.first_token is not None else None
             ),
-            output_text=message_text(message) if message is not None else "",
+            output_text=_output_text(message, run.structured),
             params=run.params,
         )
-
+        # A with_structured_output call answers the app, not the conversation: its output
+        # parser turns the reply into the app's data, and LangChain keeps no such reply in a
+        # chat history. Stored as the call's output (evidence), never as a turn, so the
+        # app's next call on the same messages (a router's, a grader's) is not answered
+        # already, nor does it hold a tool call without its result.
         reply = (
             ai_to_message(message, run.provider, run.model)
-            if isinstance(message, AIMessage)
+            if isinstance(message, AIMessage) and not run.structured
             else None
         )
         self._write(run.session_id, "record model call", lambda r: r.record_model_call(call, reply))
