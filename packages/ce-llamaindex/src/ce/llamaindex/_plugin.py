@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ce.core.integration import InjectMode, Plugin
@@ -64,6 +65,7 @@ class LlamaIndexPlugin(Plugin):
         self.ledger.register(lambda: _remove(root.event_handlers, events), "root event handler")
         self.tracker = tracker
         self.ledger.register(self._forget_tracker, "tracker")
+        self._mark_memory_blocks()
         if inject:
             from ce.llamaindex._seam import Seams
 
@@ -74,6 +76,28 @@ class LlamaIndexPlugin(Plugin):
             ).install()
         if self.fail_closed and inject:
             self._raise_from_span_enter()
+
+    def _mark_memory_blocks(self) -> None:
+        """A memory block's own model calls (``FactExtractionMemoryBlock`` extracting the
+        facts of the messages a ``Memory`` flushes to it) run with
+        :data:`~ce.llamaindex._scopes.in_memory_block` set: LlamaIndex opens no span there
+        to tell them from the agent's calls."""
+        from llama_index.core.memory.memory import BaseMemoryBlock
+
+        from ce.llamaindex._scopes import in_memory_block
+
+        def factory(original: Any) -> Any:
+            @functools.wraps(original)
+            async def aput(self: Any, *args: Any, **kwargs: Any) -> Any:
+                token = in_memory_block.set(True)
+                try:
+                    return await original(self, *args, **kwargs)
+                finally:
+                    in_memory_block.reset(token)
+
+            return aput
+
+        self.ledger.wrap(BaseMemoryBlock, "aput", factory)
 
     def _forget_tracker(self) -> None:
         if self.tracker is not None:

@@ -1,0 +1,104 @@
+"""A ``Memory`` with a ``FactExtractionMemoryBlock``: when the chat history outgrows its share,
+``Memory`` flushes the oldest messages to the block, which asks the LLM for their facts. That
+call is the block's own work: it gets exactly what LlamaIndex sends (the flushed messages and
+the extraction prompt, never the agent's prompt or the rest of the session) and is recorded in
+a child session, never as a turn of the conversation the agent's later calls receive. Driven
+over llama-index-llms-openai's ``OpenAI`` on the scripted OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_index.llms.openai")
+
+from llama_index.core.agent.workflow import FunctionAgent
+from llama_index.core.memory import FactExtractionMemoryBlock, Memory
+from llama_index.llms.openai import OpenAI
+
+import ce.llamaindex
+from ce.core.config import RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.schema import Role
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
+
+BUTLER = "You are a butler."
+FACTS = "<facts><fact>The user likes tea.</fact></facts>"
+QUESTIONS = [
+    "I like tea, remember that.",
+    "What is the weather?",
+    "Tell me a joke.",
+    "And another?",
+    "What do I like?",
+]
+
+
+def _extracting(body: dict[str, Any]) -> bool:
+    return "fact extraction" in str(body["messages"][-1].get("content"))
+
+
+def script(body: dict[str, Any]) -> ScriptedResponse:
+    if _extracting(body):
+        return ScriptedResponse(text=FACTS)
+    asked = sum(m["role"] == "user" for m in body["messages"])
+    return ScriptedResponse(text=f"Answer number {asked}. " + "words " * 40)
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[ContextEngine]:
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o"))
+    yield engine
+    await engine.close()
+
+
+async def _converse(server: ScriptedOpenAIServer) -> None:
+    llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+    memory = Memory.from_defaults(
+        session_id="alice",
+        token_limit=300,
+        token_flush_size=100,
+        chat_history_token_ratio=0.5,
+        memory_blocks=[FactExtractionMemoryBlock(name="facts", llm=llm, priority=1)],
+    )
+    agent = FunctionAgent(tools=[], llm=llm, system_prompt=BUTLER)
+    for question in QUESTIONS:
+        await agent.run(question, memory=memory)
+
+
+async def test_a_memory_blocks_fact_extraction_is_no_turn_of_the_conversation(
+    engine: ContextEngine,
+) -> None:
+    with ScriptedOpenAIServer(script) as server:
+        await _converse(server)
+        native = [r for r in server.requests if _extracting(r)]
+    with ScriptedOpenAIServer(script) as server:
+        ce.llamaindex.install(engine)
+        await _converse(server)
+        requests = server.requests
+    extractions = [r for r in requests if _extracting(r)]
+    assert extractions and len(extractions) == len(native)
+    # the block's calls go as LlamaIndex sends them: the flushed messages and the prompt
+    # (the answers' texts differ: the scripted model numbers them by the questions it sees)
+    for sent, own in zip(extractions, native, strict=True):
+        assert [m["role"] for m in sent["messages"]] == [m["role"] for m in own["messages"]]
+        assert sent["messages"][-1] == own["messages"][-1]
+        assert [m["content"] for m in sent["messages"] if m["role"] == "user"] == [
+            m["content"] for m in own["messages"] if m["role"] == "user"
+        ]
+    answers = [r for r in requests if not _extracting(r)]
+    assert len(answers) == len(QUESTIONS)
+    for request in answers:
+        assert request["messages"][0]["content"].startswith(BUTLER)
+        said = [str(m.get("content")) for m in request["messages"][1:]]
+        assert not any("fact extraction" in text for text in said)
+        assert FACTS not in said
+    # the conversation holds the questions and answers only; the block's call has its own
+    doc = await engine.get_session("alice")
+    users = [m.content for m in doc.session.messages if m.role is Role.USER]
+    assert users == QUESTIONS
+    assert all(m.content != FACTS for m in doc.session.messages)
+    children = [s for s in await engine.list_sessions() if s.startswith("alice/")]
+    assert len(children) == len(extractions)
