@@ -1,4 +1,6 @@
-"""A ``Memory`` with a ``FactExtractionMemoryBlock``: when the chat history outgrows its share,
+"""A memory's own model calls are no turns of the conversation.
+
+A ``Memory`` with a ``FactExtractionMemoryBlock``: when the chat history outgrows its share,
 ``Memory`` flushes the oldest messages to the block, which asks the LLM for their facts. That
 call is the block's own work: it gets exactly what LlamaIndex sends (the flushed messages and
 the extraction prompt, never the agent's prompt or the rest of the session) and is recorded in
@@ -16,7 +18,8 @@ import pytest
 pytest.importorskip("llama_index.llms.openai")
 
 from llama_index.core.agent.workflow import FunctionAgent
-from llama_index.core.memory import FactExtractionMemoryBlock, Memory
+from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.memory import ChatSummaryMemoryBuffer, FactExtractionMemoryBlock, Memory
 from llama_index.llms.openai import OpenAI
 
 import ce.llamaindex
@@ -102,3 +105,48 @@ async def test_a_memory_blocks_fact_extraction_is_no_turn_of_the_conversation(
     assert all(m.content != FACTS for m in doc.session.messages)
     children = [s for s in await engine.list_sessions() if s.startswith("alice/")]
     assert len(children) == len(extractions)
+
+
+def summarizing_script(body: dict[str, Any]) -> ScriptedResponse:
+    if _summarizing(body):
+        return ScriptedResponse(text="SUMMARY: the user likes tea.")
+    asked = sum(m["role"] == "user" for m in body["messages"])
+    return ScriptedResponse(text=f"Answer {asked}. " + "words " * 30)
+
+
+def _summarizing(body: dict[str, Any]) -> bool:
+    """A call of ``ChatSummaryMemoryBuffer``'s summarizer (its own system prompt)."""
+    return str(body["messages"][0].get("content")).startswith("The following is a conversation")
+
+
+def _chat(server: ScriptedOpenAIServer) -> None:
+    llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+    memory = ChatSummaryMemoryBuffer.from_defaults(llm=llm, token_limit=120, chat_store_key="bob")
+    chat = SimpleChatEngine.from_defaults(llm=llm, memory=memory, system_prompt=BUTLER)
+    for question in QUESTIONS:
+        chat.chat(question)
+
+
+async def test_a_summary_buffers_summarizer_call_is_no_turn_of_the_conversation(
+    engine: ContextEngine,
+) -> None:
+    """``ChatSummaryMemoryBuffer`` summarises the oldest messages with the LLM when the chat
+    engine reads it (a sync ``chat``): that call goes as LlamaIndex sends it, in a child
+    session, and the chat's later calls never get its prompt or its summary as turns."""
+    with ScriptedOpenAIServer(summarizing_script) as server:
+        _chat(server)
+        native = [r["messages"] for r in server.requests if _summarizing(r)]
+    with ScriptedOpenAIServer(summarizing_script) as server:
+        ce.llamaindex.install(engine)
+        _chat(server)
+        requests = server.requests
+    summaries = [r["messages"] for r in requests if _summarizing(r)]
+    assert summaries and summaries == native
+    for request in requests:
+        if _summarizing(request):
+            continue
+        assert request["messages"][0]["content"].startswith(BUTLER)
+        turns = [str(m.get("content")) for m in request["messages"][1:]]
+        assert not any(t.startswith("SUMMARY") or "Transcript so far" in t for t in turns)
+    doc = await engine.get_session("bob")
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == QUESTIONS

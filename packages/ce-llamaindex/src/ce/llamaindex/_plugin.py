@@ -65,7 +65,7 @@ class LlamaIndexPlugin(Plugin):
         self.ledger.register(lambda: _remove(root.event_handlers, events), "root event handler")
         self.tracker = tracker
         self.ledger.register(self._forget_tracker, "tracker")
-        self._mark_memory_blocks()
+        self._mark_memory_work()
         if inject:
             from ce.llamaindex._seam import Seams
 
@@ -77,27 +77,41 @@ class LlamaIndexPlugin(Plugin):
         if self.fail_closed and inject:
             self._raise_from_span_enter()
 
-    def _mark_memory_blocks(self) -> None:
-        """A memory block's own model calls (``FactExtractionMemoryBlock`` extracting the
-        facts of the messages a ``Memory`` flushes to it) run with
-        :data:`~ce.llamaindex._scopes.in_memory_block` set: LlamaIndex opens no span there
-        to tell them from the agent's calls."""
+    def _mark_memory_work(self) -> None:
+        """A memory's own model calls (``FactExtractionMemoryBlock`` extracting the facts of
+        the messages a ``Memory`` flushes to it; ``ChatSummaryMemoryBuffer`` summarising the
+        oldest messages when the chat engine reads it) run with
+        :data:`~ce.llamaindex._scopes.in_memory_work` set: LlamaIndex opens no span there
+        to tell them from the conversation's calls."""
+        from llama_index.core.memory import ChatSummaryMemoryBuffer
         from llama_index.core.memory.memory import BaseMemoryBlock
 
-        from ce.llamaindex._scopes import in_memory_block
+        from ce.llamaindex._scopes import in_memory_work
 
-        def factory(original: Any) -> Any:
+        def marked_async(original: Any) -> Any:
             @functools.wraps(original)
-            async def aput(self: Any, *args: Any, **kwargs: Any) -> Any:
-                token = in_memory_block.set(True)
+            async def work(self: Any, *args: Any, **kwargs: Any) -> Any:
+                token = in_memory_work.set(True)
                 try:
                     return await original(self, *args, **kwargs)
                 finally:
-                    in_memory_block.reset(token)
+                    in_memory_work.reset(token)
 
-            return aput
+            return work
 
-        self.ledger.wrap(BaseMemoryBlock, "aput", factory)
+        def marked(original: Any) -> Any:
+            @functools.wraps(original)
+            def work(self: Any, *args: Any, **kwargs: Any) -> Any:
+                token = in_memory_work.set(True)
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    in_memory_work.reset(token)
+
+            return work
+
+        self.ledger.wrap(BaseMemoryBlock, "aput", marked_async)
+        self.ledger.wrap(ChatSummaryMemoryBuffer, "get", marked)
 
     def _forget_tracker(self) -> None:
         if self.tracker is not None:

@@ -21,9 +21,10 @@ A span's scope is its parent span's, except where something changes it:
   response synthesizer's call, an LLM-backed helper; id: the span id) except the answer a chat
   engine's response synthesizer makes (``CondensePlusContextChatEngine``,
   ``ContextChatEngine``, streamed or not: that call carries the conversation); a chat call
-  made directly inside a query engine, or by a memory block while a ``Memory`` puts messages
-  into it (``FactExtractionMemoryBlock`` asks the LLM for the facts of the messages that
-  left the chat history; see :data:`in_memory_block`) (id: its span id). Each gets
+  made directly inside a query engine, or by a memory's own work (a memory block while a
+  ``Memory`` puts messages into it: ``FactExtractionMemoryBlock`` asks the LLM for the facts
+  of the messages that left the chat history; ``ChatSummaryMemoryBuffer.get`` summarising
+  the oldest messages; see :data:`in_memory_work`) (id: its span id). Each gets
   ``<enclosing session>/<id>``, unless the spans inside it name a session of their own (an
   ``instrument_tags`` ``ce_session_id`` or an ``engine.session`` that no enclosing scope has).
 
@@ -60,16 +61,17 @@ __all__ = [
     "SESSION_TAGS",
     "SpanInfo",
     "explicit_session",
-    "in_memory_block",
+    "in_memory_work",
     "is_tool",
     "memory_session",
     "method_of",
     "span_scope",
 ]
 
-in_memory_block: ContextVar[bool] = ContextVar("ce_llamaindex_in_memory_block", default=False)
-"""True while a memory block takes messages in (``BaseMemoryBlock.aput``, wrapped by the
-plugin): a model call made there is the block's own work, not a turn of the conversation."""
+in_memory_work: ContextVar[bool] = ContextVar("ce_llamaindex_in_memory_work", default=False)
+"""True while a memory does its own work (``BaseMemoryBlock.aput``,
+``ChatSummaryMemoryBuffer.get``, wrapped by the plugin): a model call made there is the
+memory's, not a turn of the conversation."""
 
 SESSION_TAGS = ("ce_session_id", "session_id")
 """``instrument_tags`` keys naming the session of everything run inside them."""
@@ -215,8 +217,8 @@ def _component(
             return None  # part of the LLM call already open
         if method in _PROMPT_METHODS:
             return None if parent.answer or _streamed_answer(method, parent) else id_
-        if method in CHAT_METHODS and (parent.in_query or in_memory_block.get()):
-            return id_  # a chat call a query engine or a memory block makes itself
+        if method in CHAT_METHODS and (parent.in_query or in_memory_work.get()):
+            return id_  # a chat call a query engine or a memory makes itself
     return None
 
 
@@ -252,9 +254,9 @@ def span_scope(
     if parent is None:
         scope = resolve_scope(plugin, run_id=id_, explicit=named, framework=own)
         if isinstance(instance, BaseLLM) and (
-            method in _PROMPT_METHODS or (method in CHAT_METHODS and in_memory_block.get())
+            method in _PROMPT_METHODS or (method in CHAT_METHODS and in_memory_work.get())
         ):
-            # a prompt call (or a memory block's call) is never the conversation, also without
+            # a prompt call (or a memory's own call) is never the conversation, also without
             # a parent: an app's own
             # llm.predict, or the last call of a streaming query engine's synthesizer, which its
             # response generator makes when the app reads it, after query() returned; that span
