@@ -87,3 +87,67 @@ async def test_compaction_hook_and_engine_together_keep_requests_whole() -> None
     assert len(doc.session.tool_state.tool_calls) == TURNS
     assert all("earlier messages" not in (m.content or "") for m in doc.session.messages)
     await engine.close()
+
+
+SUMMARY = "SUMMARY of the earlier turns."
+
+
+def _summarizing(body: dict[str, Any]) -> bool:
+    """A call of the ``SummarizationCompactor``'s generator (its own system prompt)."""
+    return not body["messages"][0]["content"].startswith(SYSTEM)
+
+
+def summarizing_script(body: dict[str, Any]) -> ScriptedResponse:
+    if _summarizing(body):
+        return ScriptedResponse(text=SUMMARY, prompt_tokens=100)
+    return script(body)
+
+
+@pytest.mark.filterwarnings("ignore::Warning")
+async def test_a_summarizing_compactors_calls_are_the_hooks_not_the_agents() -> None:
+    """A ``CompactionHook`` with a ``SummarizationCompactor`` summarises the Agent's older
+    messages with a generator of its own, from the ``before_llm`` hook, inside the Agent's run:
+    each such call goes as Haystack sends it (its prompt and the part to summarise, not the
+    Agent's prompt nor the session) and is recorded in a child session; the Agent's own calls
+    never get its prompt or its summary as turns, and keep ending with the question or the
+    tool result they answer."""
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o"))
+    with ScriptedOpenAIServer(summarizing_script) as server:
+        hook = compaction.CompactionHook(
+            compaction.SummarizationCompactor(chat_generator=generator(server)),
+            context_window=1000,
+            compact_at=0.5,
+            compact_to=0.3,
+        )
+        agent = Agent(
+            chat_generator=generator(server),
+            tools=[LOOKUP],
+            system_prompt=SYSTEM,
+            hooks={"before_llm": [hook]},
+        )
+        ce.haystack.install(engine)
+        messages: list[ChatMessage] = []
+        for turn in range(TURNS):
+            messages.append(ChatMessage.from_user(f"turn {turn}: " + "words " * 50))
+            result = agent.run(messages, hook_context={SESSION_KEY: "s-summarized"})
+            messages = result["messages"][1:]
+        requests = server.requests
+    summaries = [r for r in requests if _summarizing(r)]
+    assert summaries  # the hook summarised
+    for request in summaries:
+        assert SYSTEM not in json.dumps(request["messages"])
+        assert [m["role"] for m in request["messages"]] == ["system", "user"]
+    agents = [r for r in requests if not _summarizing(r)]
+    assert len(agents) == 2 * TURNS
+    for request in agents:
+        sent = json.dumps(request["messages"])
+        assert SUMMARY not in sent and "conversation_to_summarize" not in sent
+        assert request["messages"][-1]["role"] in ("user", "tool")
+        assert_tool_pairs_intact(from_openai_messages(request["messages"]))
+    doc = await engine.get_session("s-summarized")
+    users = [m.content for m in doc.session.messages if m.role is Role.USER]
+    assert [u.split(":")[0] for u in users] == [f"turn {t}" for t in range(TURNS)]
+    assert all(m.content != SUMMARY for m in doc.session.messages)
+    children = [s for s in await engine.list_sessions() if s.startswith("s-summarized/")]
+    assert len(children) == len(summaries)
+    await engine.close()

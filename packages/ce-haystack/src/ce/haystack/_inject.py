@@ -68,7 +68,16 @@ from ce.haystack._convert import (
     tool_schemas,
 )
 from ce.haystack._record import write
-from ce.haystack._scopes import RunFrame, bound, in_call, open_run, run_frame, tool_frame
+from ce.haystack._scopes import (
+    RunFrame,
+    bound,
+    hook_run,
+    in_call,
+    in_hook,
+    open_run,
+    run_frame,
+    tool_frame,
+)
 
 if TYPE_CHECKING:
     from ce.core.integration import History, Plugin
@@ -251,10 +260,12 @@ class Seam:
             return None
         if "messages" not in arguments.arguments:
             return None
-        frame, tool = run_frame.get(), tool_frame.get()
+        frame, tool, hook = run_frame.get(), tool_frame.get(), in_hook.get()
         if frame is None or (tool is not None and tool.scope == frame.scope):
             # on its own, or inside a tool of the run (an LLM-backed tool): a run of its own
             frame = open_run(self.plugin)
+        elif hook is not None:  # an Agent's hook summarising its messages, say
+            frame = hook_run(self.plugin, frame, hook)
         return arguments, frame
 
     def call(

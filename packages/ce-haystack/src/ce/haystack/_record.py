@@ -47,6 +47,7 @@ from ce.haystack._scopes import (
     ToolFrame,
     bound,
     component_name,
+    in_hook,
     open_run,
     run_frame,
     step_frame,
@@ -125,6 +126,8 @@ class SpanObserver:
             stack.enter_context(bound(component_name, tags.get("haystack.component.name")))
         elif name == "haystack.agent.step":
             stack.enter_context(bound(step_frame, StepFrame()))
+        elif name == "haystack.agent.hook":
+            stack.enter_context(bound(in_hook, str(tags.get("haystack.agent.hook.name") or "hook")))
         elif name == "haystack.agent.step.tool":
             run = run_frame.get()
             if run is not None:

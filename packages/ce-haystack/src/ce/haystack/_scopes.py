@@ -42,7 +42,9 @@ __all__ = [
     "ToolFrame",
     "bound",
     "component_name",
+    "hook_run",
     "in_call",
+    "in_hook",
     "open_run",
     "run_frame",
     "step_frame",
@@ -142,6 +144,10 @@ step_frame: ContextVar[StepFrame | None] = ContextVar("ce_haystack_step", defaul
 tool_frame: ContextVar[ToolFrame | None] = ContextVar("ce_haystack_tool", default=None)
 component_name: ContextVar[str | None] = ContextVar("ce_haystack_component", default=None)
 """The name of the pipeline component running (an Agent's name in its pipeline)."""
+in_hook: ContextVar[str | None] = ContextVar("ce_haystack_in_hook", default=None)
+"""The name of the Agent hook running (its ``haystack.agent.hook`` span): a model call made
+there (a ``CompactionHook``'s ``SummarizationCompactor``) is the hook's work (see
+:func:`hook_run`)."""
 in_call: ContextVar[bool] = ContextVar("ce_haystack_in_call", default=False)
 """Set while a wrapped chat generator runs: a generator it calls (a fallback's, a
 subclass's ``super().run``) passes through."""
@@ -184,6 +190,19 @@ def open_run(
         return RunFrame(Scope(str(named), "explicit"), agent=agent, prompted=prompted)
     scope = resolve_scope(plugin, run_id=uuid.uuid4().hex, explicit=explicit)
     return RunFrame(scope, agent=agent, prompted=prompted)
+
+
+def hook_run(plugin: Plugin, outer: RunFrame, hook: str) -> RunFrame:
+    """The frame of a model call an Agent's hook makes (a ``CompactionHook`` summarising the
+    Agent's older messages with its own generator): the hook's work, a run of its own in the
+    child scope ``<Agent's session>/<hook>-<id>``, never a turn of the Agent's conversation."""
+    scope = resolve_scope(
+        plugin,
+        run_id=uuid.uuid4().hex,
+        parent=outer.scope,
+        parent_call_id=f"{hook}-{uuid.uuid4().hex[:12]}",
+    )
+    return RunFrame(scope)
 
 
 def _with_agent(outer: RunFrame, agent: str, prompted: bool) -> RunFrame:
