@@ -24,7 +24,9 @@ A span's scope is its parent span's, except where something changes it:
   made directly inside a query engine, or by a memory's own work (a memory block while a
   ``Memory`` puts messages into it: ``FactExtractionMemoryBlock`` asks the LLM for the facts
   of the messages that left the chat history; ``ChatSummaryMemoryBuffer.get`` summarising
-  the oldest messages; see :data:`in_memory_work`) (id: its span id). Each gets
+  the oldest messages; see :data:`in_memory_work`), or a ``StructuredLLM``'s chat (an
+  agent's ``output_cls`` answer, made from the conversation rendered as XML in one message)
+  (id: its span id). Each gets
   ``<enclosing session>/<id>``, unless the spans inside it name a session of their own (an
   ``instrument_tags`` ``ce_session_id`` or an ``engine.session`` that no enclosing scope has).
 
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.chat_engine.types import BaseChatEngine, StreamingAgentChatResponse
+from llama_index.core.llms.structured_llm import StructuredLLM
 from llama_index.core.memory.types import BaseMemory
 from llama_index.core.response_synthesizers.base import BaseSynthesizer
 from llama_index.core.tools.types import BaseTool
@@ -217,9 +220,17 @@ def _component(
             return None  # part of the LLM call already open
         if method in _PROMPT_METHODS:
             return None if parent.answer or _streamed_answer(method, parent) else id_
-        if method in CHAT_METHODS and (parent.in_query or in_memory_work.get()):
-            return id_  # a chat call a query engine or a memory makes itself
+        if method in CHAT_METHODS and (parent.in_query or _helper_chat(instance)):
+            return id_  # a chat call a query engine, a memory or a structured LLM makes
     return None
+
+
+def _helper_chat(instance: Any) -> bool:
+    """Whether a chat call of the LLM ``instance`` is helper work, never a turn of the
+    conversation it runs in: a memory's own call (see :data:`in_memory_work`), or a
+    ``StructuredLLM``'s (``llm.as_structured_llm(cls)``: an agent's ``output_cls`` answer
+    made from the whole conversation rendered as XML in one message, an extraction)."""
+    return in_memory_work.get() or isinstance(instance, StructuredLLM)
 
 
 def _streamed_answer(method: str, parent: SpanInfo) -> bool:
@@ -254,7 +265,7 @@ def span_scope(
     if parent is None:
         scope = resolve_scope(plugin, run_id=id_, explicit=named, framework=own)
         if isinstance(instance, BaseLLM) and (
-            method in _PROMPT_METHODS or (method in CHAT_METHODS and in_memory_work.get())
+            method in _PROMPT_METHODS or (method in CHAT_METHODS and _helper_chat(instance))
         ):
             # a prompt call (or a memory's own call) is never the conversation, also without
             # a parent: an app's own

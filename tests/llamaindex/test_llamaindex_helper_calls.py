@@ -1,4 +1,5 @@
-"""A memory's own model calls are no turns of the conversation.
+"""A memory's own model calls, and an agent's structured answer, are no turns of the
+conversation.
 
 A ``Memory`` with a ``FactExtractionMemoryBlock``: when the chat history outgrows its share,
 ``Memory`` flushes the oldest messages to the block, which asks the LLM for their facts. That
@@ -10,6 +11,7 @@ over llama-index-llms-openai's ``OpenAI`` on the scripted OpenAI-compatible serv
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,8 +21,14 @@ pytest.importorskip("llama_index.llms.openai")
 
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.chat_engine import SimpleChatEngine
-from llama_index.core.memory import ChatSummaryMemoryBuffer, FactExtractionMemoryBlock, Memory
+from llama_index.core.memory import (
+    ChatMemoryBuffer,
+    ChatSummaryMemoryBuffer,
+    FactExtractionMemoryBlock,
+    Memory,
+)
 from llama_index.llms.openai import OpenAI
+from pydantic import BaseModel
 
 import ce.llamaindex
 from ce.core.config import RuntimeConfig
@@ -150,3 +158,56 @@ async def test_a_summary_buffers_summarizer_call_is_no_turn_of_the_conversation(
         assert not any(t.startswith("SUMMARY") or "Transcript so far" in t for t in turns)
     doc = await engine.get_session("bob")
     assert [m.content for m in doc.session.messages if m.role is Role.USER] == QUESTIONS
+
+
+class City(BaseModel):
+    """The agent's structured answer."""
+
+    city: str
+
+
+def structured_script(body: dict[str, Any]) -> ScriptedResponse:
+    if body.get("response_format") or body.get("tools"):
+        if body.get("tools"):
+            args = json.dumps({"city": "Oslo"})
+            return ScriptedResponse(tool_calls=[("call_city", "City", args)])
+        return ScriptedResponse(text=json.dumps({"city": "Oslo"}))
+    asked = sum(m["role"] == "user" for m in body["messages"])
+    return ScriptedResponse(text=f"Answer {asked}: Oslo.")
+
+
+def _structuring(body: dict[str, Any]) -> bool:
+    return "<current_conversation>" in str(body["messages"][-1].get("content"))
+
+
+async def _guide(server: ScriptedOpenAIServer) -> list[Any]:
+    llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+    memory = ChatMemoryBuffer.from_defaults(chat_store_key="carol")
+    agent = FunctionAgent(tools=[], llm=llm, system_prompt="You are a guide.", output_cls=City)
+    answers = []
+    for question in ("Capital of Norway?", "And of Sweden?"):
+        answers.append((await agent.run(question, memory=memory)).structured_response)
+    return answers
+
+
+async def test_an_agents_structured_answer_is_no_turn_of_the_conversation(
+    engine: ContextEngine,
+) -> None:
+    """``FunctionAgent(output_cls=...)`` makes one more call after its answer: the whole
+    conversation rendered as XML in one user message, through ``llm.as_structured_llm``.
+    That call goes as LlamaIndex sends it (not with the session's history before it) and its
+    JSON is no answer the agent's next turn receives."""
+    with ScriptedOpenAIServer(structured_script) as server:
+        native_answers = await _guide(server)
+        native = [[(m["role"], m.get("content")) for m in r["messages"]] for r in server.requests]
+    with ScriptedOpenAIServer(structured_script) as server:
+        ce.llamaindex.install(engine)
+        answers = await _guide(server)
+        requests = server.requests
+    assert answers == native_answers == [{"city": "Oslo"}, {"city": "Oslo"}]
+    sent = [[(m["role"], m.get("content")) for m in r["messages"]] for r in requests]
+    assert sent == native
+    assert sum(_structuring(r) for r in requests) == 2
+    doc = await engine.get_session("carol")
+    said = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
+    assert said == ["Answer 1: Oslo.", "Answer 2: Oslo."]
