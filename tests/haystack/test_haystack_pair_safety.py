@@ -19,6 +19,7 @@ from hs_apps import LOOKUP, generator
 
 import ce.haystack
 from ce.core.config import BudgetConfig, RuntimeConfig
+from ce.core.engine import ContextEngine
 from ce.core.formats import from_openai_messages
 from ce.core.integration import SESSION_KEY
 from ce.core.schema import Role
@@ -44,6 +45,27 @@ def script(body: dict[str, Any]) -> ScriptedResponse:
     return ScriptedResponse(tool_calls=[(call_id, "lookup", args)], prompt_tokens=900)
 
 
+def _converse(
+    engine: ContextEngine, server: ScriptedOpenAIServer, hook: Any, session_id: str
+) -> list[ChatMessage]:
+    """``TURNS`` turns of an Agent with the lookup tool and ``hook`` before each model call,
+    the plugin installed, the app passing the Agent's own (maybe compacted) history back each
+    turn with a new question; that history at the end."""
+    agent = Agent(
+        chat_generator=generator(server),
+        tools=[LOOKUP],
+        system_prompt=SYSTEM,
+        hooks={"before_llm": [hook]},
+    )
+    ce.haystack.install(engine)
+    messages: list[ChatMessage] = []
+    for turn in range(TURNS):
+        messages.append(ChatMessage.from_user(f"turn {turn}: " + "words " * 50))
+        result = agent.run(messages, hook_context={SESSION_KEY: session_id})
+        messages = result["messages"][1:]
+    return messages
+
+
 @pytest.mark.filterwarnings("ignore::Warning")
 async def test_compaction_hook_and_engine_together_keep_requests_whole() -> None:
     budget = BudgetConfig(max_input_tokens=1200, reserved_reply_tokens=200)
@@ -56,18 +78,7 @@ async def test_compaction_hook_and_engine_together_keep_requests_whole() -> None
     )
     estimator = TiktokenEstimator()
     with ScriptedOpenAIServer(script) as server:
-        agent = Agent(
-            chat_generator=generator(server),
-            tools=[LOOKUP],
-            system_prompt=SYSTEM,
-            hooks={"before_llm": [hook]},
-        )
-        ce.haystack.install(engine)
-        messages: list[ChatMessage] = []
-        for turn in range(TURNS):
-            messages.append(ChatMessage.from_user(f"turn {turn}: " + "words " * 50))
-            result = agent.run(messages, hook_context={SESSION_KEY: "s-compact"})
-            messages = result["messages"][1:]  # the Agent's own (maybe compacted) history
+        messages = _converse(engine, server, hook, "s-compact")
         requests = server.requests
     assert len(messages) < 4 * TURNS  # the hook compacted the Agent's own history
     assert any("context_compaction" in m.meta for m in messages)
@@ -119,18 +130,7 @@ async def test_a_summarizing_compactors_calls_are_the_hooks_not_the_agents() -> 
             compact_at=0.5,
             compact_to=0.3,
         )
-        agent = Agent(
-            chat_generator=generator(server),
-            tools=[LOOKUP],
-            system_prompt=SYSTEM,
-            hooks={"before_llm": [hook]},
-        )
-        ce.haystack.install(engine)
-        messages: list[ChatMessage] = []
-        for turn in range(TURNS):
-            messages.append(ChatMessage.from_user(f"turn {turn}: " + "words " * 50))
-            result = agent.run(messages, hook_context={SESSION_KEY: "s-summarized"})
-            messages = result["messages"][1:]
+        _converse(engine, server, hook, "s-summarized")
         requests = server.requests
     summaries = [r for r in requests if _summarizing(r)]
     assert summaries  # the hook summarised
