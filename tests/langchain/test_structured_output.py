@@ -17,9 +17,10 @@ from typing import Annotated, Any, Literal, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage
+from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.graph import END, START, StateGraph
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import add_messages
 from pydantic import BaseModel
 
@@ -135,3 +136,108 @@ async def test_the_apps_own_form_of_a_structured_answer_is_the_turn(
         ("assistant", "The billing desk."),
         ("user", "Thanks, and refunds?"),
     ]
+
+
+GENERATE = "Answer the question from the context. Question: {question} Context: {context}"
+
+
+@tool
+def retrieve_posts(query: str) -> str:
+    """Search the blog posts."""
+    return "Reward hacking is when an agent exploits flaws in its reward function. " * 3
+
+
+def rag_script(body: dict[str, Any]) -> ScriptedResponse:
+    messages = body["messages"]
+    last = str(messages[-1].get("content"))
+    if body.get("response_format"):
+        return ScriptedResponse(text=json.dumps({"relevant": "yes"}))
+    if last.startswith("Answer the question"):
+        return ScriptedResponse(text="It exploits reward flaws.")
+    if messages[-1]["role"] == "user" and body.get("tools"):
+        args = json.dumps({"query": last[:30]})
+        return ScriptedResponse(tool_calls=[(f"call_{len(messages)}", "retrieve_posts", args)])
+    return ScriptedResponse(text="Hello!")
+
+
+class Grade(BaseModel):
+    """Whether the retrieved text answers the question."""
+
+    relevant: Literal["yes", "no"]
+
+
+def agentic_rag(llm: ChatOpenAI) -> Any:
+    """LangGraph's agentic RAG: a node answers or retrieves with the conversation, a grader
+    judges the retrieved text, a node answers from a prompt it builds from scratch."""
+
+    def query_or_respond(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [llm.bind_tools([retrieve_posts]).invoke(state["messages"])]}
+
+    def grade(state: MessagesState) -> str:
+        question, context = state["messages"][0].content, state["messages"][-1].content
+        prompt = f"Does this answer {question}? {context}"
+        llm.with_structured_output(Grade).invoke([{"role": "user", "content": prompt}])
+        return "generate"
+
+    def generate(state: MessagesState) -> dict[str, Any]:
+        question, context = state["messages"][0].content, state["messages"][-1].content
+        prompt = GENERATE.format(question=question, context=context)
+        return {"messages": [llm.invoke([{"role": "user", "content": prompt}])]}
+
+    def retrieve(state: MessagesState) -> dict[str, Any]:
+        calls = getattr(state["messages"][-1], "tool_calls", [])
+        return {"messages": [retrieve_posts.invoke(call) for call in calls]}
+
+    def route(state: MessagesState) -> str:
+        return "retrieve" if getattr(state["messages"][-1], "tool_calls", None) else END
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("query_or_respond", query_or_respond)
+    graph.add_node("retrieve", retrieve)
+    graph.add_node("generate", generate)
+    graph.add_edge(START, "query_or_respond")
+    graph.add_conditional_edges("query_or_respond", route, ["retrieve", END])
+    graph.add_conditional_edges("retrieve", grade, ["generate"])
+    graph.add_edge("generate", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def _rag_bodies(engine: ContextEngine | None) -> list[list[tuple[str, str]]]:
+    with ScriptedOpenAIServer(rag_script) as server:
+        app = agentic_rag(ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-t"))
+        if engine is not None:
+            ce.langchain.install(engine)
+        config = {"configurable": {"thread_id": "t-rag"}}
+        for question in ("What is reward hacking?", "And how to avoid it?"):
+            app.invoke({"messages": [HumanMessage(question)]}, config)
+        if engine is not None:
+            ce.langchain.uninstall()
+        # a tool result goes fenced as evidence: compared by who sent it
+        return [
+            [
+                (m["role"], "tool" if m["role"] == "tool" else str(m.get("content")))
+                for m in r["messages"]
+            ]
+            for r in server.requests
+        ]
+
+
+async def test_a_graph_nodes_own_prompts_are_no_turns_of_the_conversation(
+    engine: ContextEngine,
+) -> None:
+    """A LangGraph node that calls the model with a prompt it builds from scratch (none of
+    the graph's messages: a grader, an answer from the retrieved context) is the node's own
+    work: its request is the node's prompt alone, and the conversation's next calls carry
+    neither that prompt nor the grader's, as without the plugin."""
+    native = _rag_bodies(None)
+    sent = _rag_bodies(engine)
+    assert len(sent) == len(native) == 6
+    assert sent == native
+    doc = await engine.get_session("t-rag")
+    users = [m.content for m in doc.session.messages if m.role is Role.USER]
+    assert users == ["What is reward hacking?", "And how to avoid it?"]
+    # each node's own call in a session of its own (the grader runs in the edge after
+    # "retrieve", so in that node's run)
+    children = [s for s in await engine.list_sessions() if s.startswith("t-rag/")]
+    nodes = sorted(s.split("/")[1].split(":")[0] for s in children)
+    assert nodes == ["generate", "generate", "retrieve", "retrieve"]

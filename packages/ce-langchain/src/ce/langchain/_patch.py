@@ -100,7 +100,10 @@ def _handed(messages: Sequence[BaseMessage]) -> bool:
 
 
 def _scope(
-    plugin: LangChainPlugin, model: BaseChatModel, config: dict[str, Any] | None
+    plugin: LangChainPlugin,
+    model: BaseChatModel,
+    config: dict[str, Any] | None,
+    messages: Sequence[BaseMessage],
 ) -> tuple[Scope, UUID | None] | None:
     """The scope of a call of ``model`` with the ensured ``config`` (``None``: unknown, the
     current run config stands for it) and the run id it gets (put into ``config``, which
@@ -120,7 +123,7 @@ def _scope(
     if should_skip(tags, metadata) or plugin.tracker.in_hook(parent_run_id(config)):
         return None
     run_id = run_id if isinstance(run_id, UUID) else None
-    return call_scope(plugin, config, tags, metadata, run_id), run_id
+    return call_scope(plugin, config, tags, metadata, run_id, messages), run_id
 
 
 # whether a chat model class injects its own input (``ce.langchain.wrap``), by class: a
@@ -161,7 +164,7 @@ def make_convert_input(
                 # even with the very objects handed out last (the app's own ones)
                 return value
             set_blocking(True)  # a blocking entry point: its records are written inline
-            target = _scope(plugin, self, config)
+            target = _scope(plugin, self, config, messages)
             if target is None:
                 return value
             scope, run_id = target
@@ -196,7 +199,7 @@ async def _prepare(
         ensured = dict(ensure_config(config))
     except Exception:  # the original call raises the app's own error for bad input
         return None
-    target = _scope(plugin, model, ensured)
+    target = _scope(plugin, model, ensured, messages)
     if target is None:
         return None
     sent = await inject_async(plugin, target[0].session_id, messages, _bound_tools(kwargs))

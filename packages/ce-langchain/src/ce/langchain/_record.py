@@ -36,6 +36,7 @@ from ce.langchain._scopes import (
     ScopeTracker,
     in_blocking_call,
     messages_key,
+    node_state,
     tool_call_in_flight,
 )
 
@@ -149,7 +150,9 @@ class RecordingHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self.tracker.start(run_id, parent_run_id, "chain", metadata, tags)
+        self.tracker.start(
+            run_id, parent_run_id, "chain", metadata, tags, state=node_state(inputs, metadata)
+        )
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self.tracker.end(run_id)
@@ -172,7 +175,9 @@ class RecordingHandler(BaseCallbackHandler):
     ) -> None:
         first = messages[0] if messages else []
         key = messages_key(first) if first else None
-        scope = self.tracker.start(run_id, parent_run_id, "model", metadata, tags, pending_key=key)
+        scope = self.tracker.start(
+            run_id, parent_run_id, "model", metadata, tags, pending_key=key, messages=first
+        )
         if not self.plugin.installed or should_skip(tags, metadata):
             return
         metadata = metadata or {}

@@ -18,7 +18,11 @@ tools, retrievers, chat models: parent link and scope, dropped when the run ends
   ``<outer>/call_0~2``, ``<outer>/call_0~3``, as the engine renames the reused call;
 - a run inside a ``create_agent`` middleware hook node (``<Middleware>.before_model``, ...),
   or under such a run, is a hook run (:meth:`ScopeTracker.in_hook`): the model calls made
-  there are the middleware's own, left alone.
+  there are the middleware's own, left alone;
+- a chat-model call in a LangGraph node whose input state holds messages, that passes none
+  of the newest of them (a grader, a query rewriter, an answer prompt the node builds from
+  scratch: LangGraph's agentic RAG), is the node's own work: ``<outer>/<node>:<id>``, never a
+  turn of the graph's conversation (:meth:`ScopeTracker.side_call`).
 
 Injection (before a chat model's run starts) and recording (its callbacks) ask the same
 tracker, so one call is assembled from and recorded into one session.
@@ -52,6 +56,7 @@ __all__ = [
     "make_tool_arun",
     "make_tool_run",
     "messages_key",
+    "node_state",
     "parent_run_id",
     "set_blocking",
     "tool_call_in_flight",
@@ -64,6 +69,7 @@ HISTORY_KEY = "ce_history_session"
 
 _FRAMEWORK_KEYS = (HISTORY_KEY, "thread_id", "session_id")
 _NESTING_KINDS = frozenset({"tool", "retriever"})
+_STATE_TAIL = 16  # the newest messages of a LangGraph node's state a conversation call passes
 _PENDING_MAX = 4096
 _NODES_MAX = 65536  # runs never ended (an abandoned stream) are forgotten beyond this
 
@@ -116,6 +122,24 @@ def in_hook_node(metadata: Mapping[str, Any] | None) -> bool:
     return isinstance(node, str) and node.endswith(_HOOK_NODE_SUFFIXES)
 
 
+def node_state(
+    inputs: Any, metadata: Mapping[str, Any] | None
+) -> tuple[str, frozenset[str]] | None:
+    """For a LangGraph node's run (``langgraph_node`` in its metadata) whose input state holds
+    ``messages``: the node's name and the ids of the newest of those messages (LangGraph's
+    ``add_messages`` gives every message one); ``None`` otherwise."""
+    node = (metadata or {}).get("langgraph_node")
+    if not isinstance(node, str) or not isinstance(inputs, Mapping):
+        return None
+    messages = inputs.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    ids = frozenset(
+        i for m in messages[-_STATE_TAIL:] if isinstance(i := getattr(m, "id", None), str)
+    )
+    return (node, ids) if ids else None
+
+
 def parent_run_id(config: Mapping[str, Any] | None) -> UUID | None:
     """The run a call made with ``config`` runs under (its callback manager's parent)."""
     callbacks = (config or {}).get("callbacks")
@@ -152,6 +176,7 @@ class _Node:
     scope: Scope
     call_id: str  # what a nested run's scope is named after: unique in the session
     hook: bool  # in a create_agent middleware hook node
+    state: tuple[str, frozenset[str]] | None = None  # its LangGraph node, see node_state
 
 
 class ScopeTracker:
@@ -241,13 +266,18 @@ class ScopeTracker:
         *,
         call_id: str | None = None,
         pending_key: Hashable | None = None,
+        state: tuple[str, frozenset[str]] | None = None,
+        messages: Sequence[Any] = (),
     ) -> Scope:
         """Follow run ``run_id`` (``kind``: chain, tool, retriever, model; a tool run's
-        ``call_id``: its ``tool_call_id``) until :meth:`end`; its scope: the one
-        :meth:`for_call` registered for it (by run id, else by ``pending_key``), else
-        :meth:`resolve`'s."""
+        ``call_id``: its ``tool_call_id``; a LangGraph node's ``state``, see
+        :func:`node_state`) until :meth:`end`; its scope: the one :meth:`for_call`
+        registered for it (by run id, else by ``pending_key``), else :meth:`resolve`'s (a
+        chat model's ``messages`` tell a node's own call, see :meth:`side_call`)."""
         by_id, by_key = self._take(run_id), self._take(pending_key)
         scope = by_id or by_key
+        if scope is None:
+            scope = self._side_scope(run_id, parent, messages) if messages else None
         if scope is None:
             scope = self.resolve(run_id, parent, metadata, tags)
         named = str(run_id) if call_id is None else self._call_ids.take(scope.session_id, call_id)
@@ -255,8 +285,10 @@ class ScopeTracker:
         with self._lock:
             outer = self._nodes.get(parent) if parent is not None else None
             hook = hook or (outer is not None and outer.hook)
+            if state is None and outer is not None:
+                state = outer.state
             self._nodes[run_id] = _Node(
-                parent=parent, kind=kind, scope=scope, call_id=named, hook=hook
+                parent=parent, kind=kind, scope=scope, call_id=named, hook=hook, state=state
             )
             if len(self._nodes) > _NODES_MAX:
                 del self._nodes[next(iter(self._nodes))]
@@ -271,6 +303,33 @@ class ScopeTracker:
         """The scope of a run in flight, or ``None``."""
         node = self._node(run_id)
         return None if node is None else node.scope
+
+    def side_call(self, parent: UUID | None, messages: Sequence[Any]) -> _Node | None:
+        """The run under which a chat-model call with ``messages`` is a LangGraph node's
+        own work: under ``parent`` is a node whose input state holds messages (with ids), and
+        the call passes none of the newest of them (looked for newest first: a call that
+        carries the conversation finds one at once). ``None`` for a call of the
+        conversation, or outside such a node."""
+        node = self._node(parent)
+        if node is None or node.state is None or node.hook or node.kind in _NESTING_KINDS:
+            return None
+        ids = node.state[1]
+        if any(getattr(m, "id", None) in ids for m in reversed(messages)):
+            return None
+        return node
+
+    def _side_scope(
+        self, run_id: UUID | None, parent: UUID | None, messages: Sequence[Any]
+    ) -> Scope | None:
+        """The child scope ``<outer>/<node>:<id>`` of a node's own call (see
+        :meth:`side_call`), or ``None``."""
+        node = self.side_call(parent, messages)
+        if node is None or node.state is None:
+            return None
+        name = f"{node.state[0]}:{(run_id or uuid.uuid4()).hex[:12]}"
+        return resolve_scope(
+            self.plugin, run_id=str(run_id), parent=node.scope, parent_call_id=name
+        )
 
     def in_hook(self, run_id: UUID | None) -> bool:
         """Whether run ``run_id`` (in flight) is in a ``create_agent`` middleware hook node:
@@ -287,11 +346,15 @@ class ScopeTracker:
         *,
         pending_key: Hashable | None = None,
         keep: object = None,
+        messages: Sequence[Any] = (),
     ) -> Scope:
-        """The scope of a chat-model call about to start under ``parent``, registered for the
-        handler under ``run_id`` (the id the call's run will get) or ``pending_key`` (e.g.
-        the identities of the messages handed to it; ``keep`` holds them alive meanwhile)."""
-        scope = self.resolve(run_id or uuid.uuid4(), parent, metadata, tags)
+        """The scope of a chat-model call about to start under ``parent`` with ``messages``,
+        registered for the handler under ``run_id`` (the id the call's run will get) or
+        ``pending_key`` (e.g. the identities of the messages handed to it; ``keep`` holds them
+        alive meanwhile)."""
+        scope = self._side_scope(run_id, parent, messages) if messages else None
+        if scope is None:
+            scope = self.resolve(run_id or uuid.uuid4(), parent, metadata, tags)
         for key in (run_id, pending_key):
             if key is not None:
                 self.remember(key, scope, keep)
