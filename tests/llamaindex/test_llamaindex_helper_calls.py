@@ -1,5 +1,5 @@
-"""A memory's own model calls, and an agent's structured answer, are no turns of the
-conversation.
+"""A memory's own model calls, an agent's structured answer and the unrelated steps of a custom
+workflow are no turns of one conversation.
 
 A ``Memory`` with a ``FactExtractionMemoryBlock``: when the chat history outgrows its share,
 ``Memory`` flushes the oldest messages to the block, which asks the LLM for their facts. That
@@ -21,12 +21,14 @@ pytest.importorskip("llama_index.llms.openai")
 
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.llms import ChatMessage
 from llama_index.core.memory import (
     ChatMemoryBuffer,
     ChatSummaryMemoryBuffer,
     FactExtractionMemoryBlock,
     Memory,
 )
+from llama_index.core.workflow import Event, StartEvent, StopEvent, Workflow, step
 from llama_index.llms.openai import OpenAI
 from pydantic import BaseModel
 
@@ -211,3 +213,57 @@ async def test_an_agents_structured_answer_is_no_turn_of_the_conversation(
     doc = await engine.get_session("carol")
     said = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
     assert said == ["Answer 1: Oslo.", "Answer 2: Oslo."]
+
+
+class Drafted(Event):
+    draft: str
+
+
+class Reflect(Workflow):
+    """A custom workflow: one step prompts for a draft, the next for its critique."""
+
+    def __init__(self, llm: OpenAI, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.llm = llm
+
+    @step
+    async def write(self, ev: StartEvent) -> Drafted:
+        prompt = ChatMessage(role="user", content=f"Write a haiku about {ev.topic}.")
+        return Drafted(draft=str((await self.llm.achat([prompt])).message.content))
+
+    @step
+    async def critique(self, ev: Drafted) -> StopEvent:
+        messages = [
+            ChatMessage(role="system", content="You are a strict critic."),
+            ChatMessage(role="user", content=f"Critique: {ev.draft}"),
+        ]
+        return StopEvent(result=(await self.llm.achat(messages)).message.content)
+
+
+def haiku_script(body: dict[str, Any]) -> ScriptedResponse:
+    last = str(body["messages"][-1]["content"])
+    return ScriptedResponse(text=f"A haiku. ({last[:20]})" if last.startswith("Write") else "Meh.")
+
+
+async def test_the_steps_of_a_custom_workflow_each_get_their_own_messages(
+    engine: ContextEngine,
+) -> None:
+    """Two runs of a workflow whose steps prompt from scratch, with no session named: each
+    call goes as the workflow builds it (the critique without the draft's exchange before
+    it), recorded in the run's session and a child of it."""
+
+    async def run(install: bool) -> list[Any]:
+        with ScriptedOpenAIServer(haiku_script) as server:
+            if install:
+                ce.llamaindex.install(engine)
+            llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test")
+            for topic in ("cats", "dogs"):
+                await Reflect(llm, timeout=30).run(topic=topic)
+            if install:
+                ce.llamaindex.uninstall()
+            return [r["messages"] for r in server.requests]
+
+    native = await run(False)
+    assert await run(True) == native
+    runs = [s for s in await engine.list_sessions() if s.startswith("run:")]
+    assert len(runs) == 4 and sum("/" in s for s in runs) == 2

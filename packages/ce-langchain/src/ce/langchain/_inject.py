@@ -138,9 +138,7 @@ def call_scope(
     """The scope of a chat-model call with ``messages`` about to run with ``config`` (its
     parent run is the config's callback manager's), registered for the handler under
     ``run_id``: the same scope the call's callbacks are recorded into."""
-    return plugin.tracker.for_call(
-        run_id, parent_run_id(config), metadata, tags, messages=messages
-    )
+    return plugin.tracker.for_call(run_id, parent_run_id(config), metadata, tags, messages=messages)
 
 
 def _redact_messages(plugin: LangChainPlugin, messages: list[BaseMessage]) -> list[BaseMessage]:

@@ -22,7 +22,11 @@ tools, retrievers, chat models: parent link and scope, dropped when the run ends
 - a chat-model call in a LangGraph node whose input state holds messages, that passes none
   of the newest of them (a grader, a query rewriter, an answer prompt the node builds from
   scratch: LangGraph's agentic RAG), is the node's own work: ``<outer>/<node>:<id>``, never a
-  turn of the graph's conversation (:meth:`ScopeTracker.side_call`).
+  turn of the graph's conversation (:meth:`ScopeTracker.side_call`);
+- in a scope nothing names (``run:<id>``, a nested one), a chat-model call that continues none
+  of the conversations of the scope's earlier calls (a map-reduce's map calls, a chain's
+  draft-then-critique steps) is a conversation of its own in a child scope
+  (:class:`~ce.core.integration.RunConversations`).
 
 Injection (before a chat model's run starts) and recording (its callbacks) ask the same
 tracker, so one call is assembled from and recorded into one session.
@@ -40,7 +44,13 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from ce.core.engine import current_session_id
-from ce.core.integration import SESSION_KEY, Scope, ToolScopeIds, resolve_scope
+from ce.core.integration import (
+    SESSION_KEY,
+    RunConversations,
+    Scope,
+    ToolScopeIds,
+    resolve_scope,
+)
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -140,6 +150,16 @@ def node_state(
     return (node, ids) if ids else None
 
 
+def _turn_key(message: Any) -> Hashable | None:
+    """A LangChain message as a conversation holds it (``None`` for a system message, which
+    two unrelated calls may share)."""
+    kind = getattr(message, "type", None)
+    if kind is None or kind == "system":
+        return None
+    calls = tuple(c.get("id") for c in getattr(message, "tool_calls", None) or ())
+    return (kind, str(message.content), calls, getattr(message, "tool_call_id", None))
+
+
 def parent_run_id(config: Mapping[str, Any] | None) -> UUID | None:
     """The run a call made with ``config`` runs under (its callback manager's parent)."""
     callbacks = (config or {}).get("callbacks")
@@ -193,6 +213,7 @@ class ScopeTracker:
         self._nodes: dict[UUID, _Node] = {}
         self._pending: OrderedDict[Hashable, tuple[Scope, object]] = OrderedDict()
         self._call_ids = ToolScopeIds(plugin)  # the child scopes of tool runs, per session
+        self._conversations = RunConversations()  # of the scopes nothing names
         self._lock = threading.Lock()
 
     def _node(self, run_id: UUID | None) -> _Node | None:
@@ -276,8 +297,8 @@ class ScopeTracker:
         chat model's ``messages`` tell a node's own call, see :meth:`side_call`)."""
         by_id, by_key = self._take(run_id), self._take(pending_key)
         scope = by_id or by_key
-        if scope is None:
-            scope = self._side_scope(run_id, parent, messages) if messages else None
+        if scope is None and kind == "model":
+            scope = self._model_scope(run_id, parent, metadata, tags, messages)
         if scope is None:
             scope = self.resolve(run_id, parent, metadata, tags)
         named = str(run_id) if call_id is None else self._call_ids.take(scope.session_id, call_id)
@@ -318,6 +339,23 @@ class ScopeTracker:
             return None
         return node
 
+    def _model_scope(
+        self,
+        run_id: UUID,
+        parent: UUID | None,
+        metadata: Mapping[str, Any] | None,
+        tags: Sequence[str] | None,
+        messages: Sequence[Any],
+    ) -> Scope:
+        """The scope of a chat-model call with ``messages``: a LangGraph node's own (see
+        :meth:`side_call`), else :meth:`resolve`'s, placed among the conversations of a
+        scope nothing names (see :class:`~ce.core.integration.RunConversations`)."""
+        scope = self._side_scope(run_id, parent, messages) if messages else None
+        if scope is not None:
+            return scope
+        scope = self.resolve(run_id, parent, metadata, tags)
+        return self._conversations.place(scope, messages, _turn_key, f"call:{run_id.hex[:12]}")
+
     def _side_scope(
         self, run_id: UUID | None, parent: UUID | None, messages: Sequence[Any]
     ) -> Scope | None:
@@ -352,9 +390,7 @@ class ScopeTracker:
         registered for the handler under ``run_id`` (the id the call's run will get) or
         ``pending_key`` (e.g. the identities of the messages handed to it; ``keep`` holds them
         alive meanwhile)."""
-        scope = self._side_scope(run_id, parent, messages) if messages else None
-        if scope is None:
-            scope = self.resolve(run_id or uuid.uuid4(), parent, metadata, tags)
+        scope = self._model_scope(run_id or uuid.uuid4(), parent, metadata, tags, messages)
         for key in (run_id, pending_key):
             if key is not None:
                 self.remember(key, scope, keep)
@@ -377,11 +413,12 @@ class ScopeTracker:
         return None if entry is None else entry[0]
 
     def clear(self) -> None:
-        """Forget every run, pending call and tool-call id (on uninstall)."""
+        """Forget every run, pending call, tool-call id and run conversation (on uninstall)."""
         with self._lock:
             self._nodes.clear()
             self._pending.clear()
         self._call_ids.clear()
+        self._conversations.clear()
 
 
 def messages_key(messages: Sequence[object]) -> tuple[str, tuple[int, ...]]:

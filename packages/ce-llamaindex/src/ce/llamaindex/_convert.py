@@ -12,7 +12,7 @@ import base64
 import functools
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -34,6 +34,7 @@ __all__ = [
     "reply_to_message",
     "to_openai",
     "tool_schemas",
+    "turn_key",
 ]
 
 try:  # llama-index-core >= 0.14.1
@@ -56,6 +57,22 @@ _ROLES = {
 def message_text(message: ChatMessage) -> str:
     """The text of ``message``: its text blocks, joined."""
     return "".join(b.text for b in message.blocks if isinstance(b, TextBlock))
+
+
+def turn_key(message: Any) -> Hashable | None:
+    """A LlamaIndex message as a conversation holds it (``None`` for a system message, which
+    two unrelated calls may share)."""
+    role = getattr(message, "role", None)
+    if role is None or getattr(role, "value", role) == "system":
+        return None
+    kwargs = getattr(message, "additional_kwargs", None) or {}
+    calls = (
+        tuple(str(b.tool_call_id) for b in message.blocks if isinstance(b, ToolCallBlock))
+        if ToolCallBlock is not None
+        else ()
+    )
+    text = message_text(message)
+    return (str(getattr(role, "value", role)), text, calls, kwargs.get("tool_call_id"))
 
 
 def _arguments(value: Any) -> str:

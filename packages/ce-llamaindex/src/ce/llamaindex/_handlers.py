@@ -53,7 +53,7 @@ from ce.core.integration import (
     resolve_scope,
 )
 from ce.core.pipeline import quotes_document
-from ce.llamaindex._convert import message_text
+from ce.llamaindex._convert import message_text, turn_key
 from ce.llamaindex._inject import inject_async, inject_sync, redacted_prompt
 from ce.llamaindex._record import LlmCall, Tracker, call_args, hits_from_nodes
 from ce.llamaindex._scopes import CHAT_METHODS, SpanInfo, is_tool, method_of, span_scope
@@ -206,6 +206,13 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         if isinstance(instance, BaseLLM) and getattr(instance, "ce_injects", False):
             info.prompt_handled = True  # wrap(): its completions go through the engine
         if isinstance(instance, BaseLLM) and method in CHAT_METHODS:
+            messages = arguments.get("messages")
+            if isinstance(messages, list) and (
+                parent is None or (parent.call is None and not parent.prompt_call)
+            ):
+                # a step of a custom workflow prompting from scratch is no turn of the
+                # conversation of the run's earlier calls (see RunConversations)
+                info.scope = tracker.conversations.place(info.scope, messages, turn_key, id_)
             info.call = self._enter_llm(id_, method, info, parent, instance, arguments)
             if parent is not None:
                 parent.chat_inside = True

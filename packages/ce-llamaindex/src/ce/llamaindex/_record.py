@@ -21,6 +21,7 @@ from ce.core.integration import (
     ModelCall,
     Recorder,
     RetrievalHit,
+    RunConversations,
     ToolRun,
     ToolScopeIds,
     error_text,
@@ -136,6 +137,7 @@ class Tracker:
         self.calls: dict[str, LlmCall] = {}
         self._asked = AskedToolCalls()  # by session: the calls of its latest reply
         self.tool_scope_ids = ToolScopeIds(plugin)  # the child scopes of tool runs, per session
+        self.conversations = RunConversations()  # of the scopes nothing names
         self.lock = threading.Lock()
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -203,6 +205,7 @@ class Tracker:
             self.closed.clear()
         self._asked.clear()
         self.tool_scope_ids.clear()
+        self.conversations.clear()
         for call in calls:
             self.restore(call)
 

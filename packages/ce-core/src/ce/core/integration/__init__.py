@@ -70,6 +70,7 @@ from ce.core.integration._reconcile import (
     reconcile_openai,
 )
 from ce.core.integration._rewrites import RewriteMemo
+from ce.core.integration._runs import RunConversations
 from ce.core.integration._sessions import (
     RUN_SESSION_PREFIX,
     SESSION_KEY,
@@ -101,6 +102,7 @@ __all__ = [
     "Recorder",
     "RetrievalHit",
     "RewriteMemo",
+    "RunConversations",
     "Scope",
     "ScopeSource",
     "SentMessages",

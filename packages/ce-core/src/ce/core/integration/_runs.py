@@ -1,0 +1,81 @@
+"""The conversations of one run that nothing names a session for.
+
+A run scoped to itself (``run:<id>``, or a nested call's ``<outer>/<id>``) may make model calls
+that continue one another (an agent's tool loop passes its whole history on every call) and
+calls that have nothing to do with each other: the map calls of a map-reduce summary, the
+steps of a chain that prompts for a draft and then for its critique, the steps of a custom
+workflow. Without the engine each of those gets its own messages only; sharing the run's
+session would hand each one the exchanges of the calls before it. So within such a scope,
+:class:`RunConversations` places a call in the conversation whose messages it continues (it
+passes a user, assistant or tool message one of that conversation's calls passed), else, if
+the scope already holds a conversation, in a child scope of its own (``<scope>/<call id>``).
+Named sessions (``ce_session_id``, ``engine.session()``, the framework's conversation, the
+install default) are conversations by name: a call in one always continues it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from ce.core.integration._sessions import Scope
+
+__all__ = ["RunConversations"]
+
+_UNNAMED = frozenset({"run", "nested"})
+
+
+class RunConversations:
+    """Per unnamed scope (the newest ``sessions`` of them), its conversations: the scope each
+    one is recorded in and the keys of the messages its calls passed. Thread-safe."""
+
+    def __init__(self, sessions: int = 1024) -> None:
+        self._held: OrderedDict[str, list[tuple[Scope, set[Hashable]]]] = OrderedDict()
+        self._sessions = sessions
+        self._lock = threading.Lock()
+
+    def place(
+        self,
+        scope: Scope,
+        messages: Sequence[Any],
+        key: Callable[[Any], Hashable | None],
+        call_id: str,
+    ) -> Scope:
+        """The scope of a model call passing ``messages`` (oldest first), resolved to
+        ``scope``: ``scope`` itself when a session names it, when it holds no conversation
+        yet, or when the call continues its first one; else the conversation of the scope
+        the call continues, else a new child ``scope.child(call_id)``. ``key`` reads a
+        message as the conversation holds it (``None``: not a turn, e.g. a system message).
+        Looks at the messages newest first and stops at the first it knows: a call that
+        continues a conversation costs what it adds to it."""
+        if scope.source not in _UNNAMED or not messages:
+            return scope
+        with self._lock:
+            conversations = self._held.pop(scope.session_id, None)
+            if conversations is None:
+                conversations = []
+            self._held[scope.session_id] = conversations  # the latest used last
+            while len(self._held) > self._sessions:
+                self._held.popitem(last=False)
+            for placed, keys in conversations:
+                new: list[Hashable] = []
+                for message in reversed(messages):
+                    k = key(message)
+                    if k is None:
+                        continue
+                    if k in keys:
+                        keys.update(new)
+                        return placed
+                    new.append(k)
+            keys = {k for k in map(key, messages) if k is not None}
+            placed = scope.child(call_id) if conversations else scope
+            if keys:
+                conversations.append((placed, keys))
+            return placed
+
+    def clear(self) -> None:
+        """Forget every conversation."""
+        with self._lock:
+            self._held.clear()

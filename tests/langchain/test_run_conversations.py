@@ -1,0 +1,99 @@
+"""One invocation that names no session, several unrelated model calls: each call gets its
+own messages, as without the plugin. A map-reduce summary (the map calls batched, then the
+reduce call) and a chain that prompts for a draft and then for its critique; an agent's tool
+loop in the same kind of run still continues its own conversation."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from langchain_core.messages import BaseMessage
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableLambda
+from scripted import Scripted
+
+import ce.langchain
+from ce.core.config import RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.integration import RUN_SESSION_PREFIX
+from ce.core.schema import Role
+from ce.core.testing import deterministic_engine
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[ContextEngine]:
+    engine = deterministic_engine(RuntimeConfig(model_hint="gpt-4o"))
+    yield engine
+    await engine.close()
+
+
+def answer(messages: list[BaseMessage]) -> str:
+    return f"About {str(messages[-1].content)[:24]}"
+
+
+def map_reduce(model: Scripted) -> Any:
+    system = ("system", "You summarise.")
+    map_chain = (
+        ChatPromptTemplate.from_messages([system, ("user", "Summarize: {chunk}")])
+        | model
+        | StrOutputParser()
+    )
+    reduce_chain = (
+        ChatPromptTemplate.from_messages([system, ("user", "Combine: {summaries}")])
+        | model
+        | StrOutputParser()
+    )
+
+    def run(chunks: list[str]) -> str:
+        summaries = map_chain.batch([{"chunk": chunk} for chunk in chunks])
+        return str(reduce_chain.invoke({"summaries": "\n".join(summaries)}))
+
+    return RunnableLambda(run)
+
+
+def draft_then_critique(model: Scripted) -> Any:
+    draft = ChatPromptTemplate.from_messages([("user", "Write a haiku about {topic}.")])
+    critique = ChatPromptTemplate.from_messages(
+        [("system", "You are a strict critic."), ("user", "Critique: {draft}")]
+    )
+    return draft | model | StrOutputParser() | (lambda text: {"draft": text}) | critique | model
+
+
+def _seen(app: Any, inputs: Any, engine: ContextEngine | None) -> list[list[tuple[str, str]]]:
+    model = Scripted(script=answer)
+    runnable = app(model)
+    if engine is not None:
+        ce.langchain.install(engine)
+    runnable.invoke(inputs)
+    if engine is not None:
+        ce.langchain.uninstall()
+    return [[(m.type, str(m.content)) for m in seen] for seen in model.seen]
+
+
+@pytest.mark.parametrize(
+    ("app", "inputs", "calls"),
+    [
+        (map_reduce, ["chunk one text", "chunk two text", "chunk three text"], 4),
+        (draft_then_critique, {"topic": "cats"}, 2),
+    ],
+)
+async def test_unrelated_calls_of_one_run_each_get_their_own_messages(
+    engine: ContextEngine, app: Any, inputs: Any, calls: int
+) -> None:
+    native = _seen(app, inputs, None)
+    sent = _seen(app, inputs, engine)
+    assert len(sent) == len(native) == calls
+    assert sorted(sent) == sorted(native)  # batched map calls may run in any order
+    # one session for the run's first call, one child per unrelated call, each holding
+    # its own question and answer only
+    sessions = [s for s in await engine.list_sessions() if s.startswith(RUN_SESSION_PREFIX)]
+    assert len(sessions) == calls
+    for session in sessions:
+        doc = await engine.get_session(session)
+        assert [m.role for m in doc.session.messages if m.role is not Role.SYSTEM] == [
+            Role.USER,
+            Role.ASSISTANT,
+        ]
