@@ -369,3 +369,50 @@ async def test_a_second_generator_improving_the_first_ones_draft_reads_it_once(
     assert doc is not None
     answers = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
     assert answers == [draft, "Pack a jacket."]
+
+
+def rewrite_script(body: dict[str, Any]) -> ScriptedResponse:
+    last = str(body["messages"][-1]["content"])
+    return ScriptedResponse(text="a better query" if last.startswith("Rewrite") else "The answer.")
+
+
+def _rewrite_then_answer(server: ScriptedOpenAIServer) -> Pipeline:
+    """A query rewriter's generator, then the answering one, each with its own prompt."""
+    pipeline = Pipeline()
+    rewrite = [ChatMessage.from_user("Rewrite: {{q}}")]
+    answer = [
+        ChatMessage.from_system("You answer."),
+        ChatMessage.from_user("Answer: {{r[0].text}}"),
+    ]
+    pipeline.add_component("rewrite_prompt", ChatPromptBuilder(rewrite, required_variables=["q"]))
+    pipeline.add_component("rewriter", generator(server))
+    pipeline.add_component("answer_prompt", ChatPromptBuilder(answer, required_variables=["r"]))
+    pipeline.add_component("answerer", generator(server))
+    pipeline.connect("rewrite_prompt.prompt", "rewriter.messages")
+    pipeline.connect("rewriter.replies", "answer_prompt.r")
+    pipeline.connect("answer_prompt.prompt", "answerer.messages")
+    return pipeline
+
+
+async def test_two_generators_of_a_run_with_no_session_each_get_their_own_prompt(
+    engine: ContextEngine,
+) -> None:
+    """A pipeline run that names no session, with a query rewriter before the answering
+    generator: the answer's request is its own prompt, as without the plugin, not the
+    rewriter's exchange before it; each call is recorded in the run's session or a child."""
+
+    def bodies(install: bool) -> list[Any]:
+        with ScriptedOpenAIServer(rewrite_script) as server:
+            pipeline = _rewrite_then_answer(server)
+            if install:
+                ce.haystack.install(engine)
+            for question in ("cats?", "dogs?"):
+                pipeline.run({"rewrite_prompt": {"q": question}})
+            if install:
+                ce.haystack.uninstall()
+            return [r["messages"] for r in server.requests]
+
+    native = bodies(False)
+    assert bodies(True) == native
+    runs = [s for s in await engine.list_sessions() if s.startswith("run:")]
+    assert len(runs) == 4 and sum("/" in s for s in runs) == 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "to_openai",
     "to_pending",
     "tool_schemas",
+    "turn_key",
 ]
 
 COMPACTION_META = "context_compaction"
@@ -107,6 +108,17 @@ def _entry(message: Any) -> tuple[dict[str, Any], bool]:
     if entry.get("role") == "developer":
         entry["role"] = "system"
     return entry, hidden
+
+
+def turn_key(message: Any) -> Hashable | None:
+    """A Haystack message as a conversation holds it (``None`` for a system message, which
+    two unrelated calls may share)."""
+    if message.is_from("system"):
+        return None
+    calls = tuple(str(c.id) for c in message.tool_calls)
+    result = message.tool_call_result
+    answered = str(result.origin.id) if result is not None else None
+    return (str(message.role.value), message.text, calls, answered)
 
 
 def is_readable(message: Any) -> bool:

@@ -28,6 +28,7 @@ recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import threading
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from ce.core.integration import (
     ModelCall,
     Recorder,
+    RunConversations,
     error_text,
     fail_open,
     fail_open_sync,
@@ -66,6 +68,7 @@ from ce.haystack._convert import (
     to_openai,
     to_pending,
     tool_schemas,
+    turn_key,
 )
 from ce.haystack._record import write
 from ce.haystack._scopes import (
@@ -205,6 +208,7 @@ class Seam:
         self.inject = inject
         self.active = active
         self.prompts = AgentPrompts()
+        self.conversations = RunConversations()
 
     # -- the wrappers ----------------------------------------------------------------------
 
@@ -266,6 +270,12 @@ class Seam:
             frame = open_run(self.plugin)
         elif hook is not None:  # an Agent's hook summarising its messages, say
             frame = hook_run(self.plugin, frame, hook)
+        # in a run that names no session, a call continuing none of its earlier calls (a
+        # query rewriter's, then the answer's) is a conversation of its own
+        messages = as_messages(arguments.arguments["messages"])
+        scope = self.conversations.place(frame.scope, messages, turn_key, uuid.uuid4().hex[:12])
+        if scope is not frame.scope:
+            frame = dataclasses.replace(frame, scope=scope)
         return arguments, frame
 
     def call(
