@@ -97,3 +97,27 @@ async def test_unrelated_calls_of_one_run_each_get_their_own_messages(
             Role.USER,
             Role.ASSISTANT,
         ]
+
+
+async def test_map_calls_batched_on_the_event_loop_each_get_their_own(
+    engine: ContextEngine,
+) -> None:
+    """``abatch`` starts the map calls within the same millisecond on one loop: each still
+    gets a scope of its own (named by the random part of its run id, not the time part)."""
+    model = Scripted(script=answer)
+    prompt = ChatPromptTemplate.from_messages([("user", "Summarize: {chunk}")])
+    map_chain = prompt | model | StrOutputParser()
+
+    async def run(chunks: list[str]) -> list[str]:
+        return await map_chain.abatch([{"chunk": chunk} for chunk in chunks])
+
+    ce.langchain.install(engine)
+    chunks = [f"chunk {n} text" for n in range(8)]
+    await RunnableLambda(run).ainvoke(chunks)
+    await engine.flush()
+    assert sorted(str(seen[-1].content) for seen in model.seen) == [
+        f"Summarize: {c}" for c in chunks
+    ]
+    assert all(len(seen) == 1 for seen in model.seen)
+    sessions = [s for s in await engine.list_sessions() if s.startswith(RUN_SESSION_PREFIX)]
+    assert len(sessions) == len(chunks)

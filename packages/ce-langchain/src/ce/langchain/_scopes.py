@@ -354,7 +354,7 @@ class ScopeTracker:
         if scope is not None:
             return scope
         scope = self.resolve(run_id, parent, metadata, tags)
-        return self._conversations.place(scope, messages, _turn_key, f"call:{run_id.hex[:12]}")
+        return self._conversations.place(scope, messages, _turn_key, f"call:{run_id.hex[-12:]}")
 
     def _side_scope(
         self, run_id: UUID | None, parent: UUID | None, messages: Sequence[Any]
@@ -364,7 +364,7 @@ class ScopeTracker:
         node = self.side_call(parent, messages)
         if node is None or node.state is None:
             return None
-        name = f"{node.state[0]}:{(run_id or uuid.uuid4()).hex[:12]}"
+        name = f"{node.state[0]}:{(run_id or uuid.uuid4()).hex[-12:]}"
         return resolve_scope(
             self.plugin, run_id=str(run_id), parent=node.scope, parent_call_id=name
         )
