@@ -14,17 +14,18 @@ An agent's own tool-call summary or handoff message (stored when the team emits 
 ``HeadAndTailChatCompletionContext``'s "Skipped N messages." placeholder is left out: the
 session holds what it stands for.
 
-One OpenAI dict per unit (:data:`Unit`: an AutoGen message, one result of a
-``FunctionExecutionResultMessage``, or the call's system messages joined): a history an agent
+One OpenAI dict per unit (:data:`Unit`: an AutoGen message, or one result of a
+``FunctionExecutionResultMessage``): a history an agent
 continues is converted only for its new units (``plugin.histories``, see
 :class:`ce.core.integration.HistoryMemo`; each neutral message written by its unit's author,
 :func:`author_of`), and :func:`from_sent` checks an app message changed in place since before
 it goes as the app's own object.
 
 System messages: the agent's own system message (prepended by AutoGen outside the model
-context) is the call's instruction; other system messages of the model context are joined to
-it, except those a memory added (``_record`` notes them): the memory's hits are recorded as
-evidence and reach the model once, in the engine's context.
+context) and the other system messages of the model context are the call's instruction (the
+engine joins a call's system messages in order), except those a memory added (``_record``
+notes them): the memory's hits are recorded as evidence and reach the model once, in the
+engine's context.
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ from ce.core.integration import History, RewriteMemo, message_from_openai, recon
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation, Role
 
 __all__ = [
-    "MergedSystem",
     "Pending",
     "Unit",
     "author_of",
@@ -105,15 +105,7 @@ def _call_dict(call: FunctionCall) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True, eq=False)
-class MergedSystem:
-    """The system messages of a model call joined into the call's one instruction (the
-    engine's input has one)."""
-
-    messages: tuple[SystemMessage, ...]
-
-
-Unit = SystemMessage | MergedSystem | UserMessage | AssistantMessage | FunctionExecutionResult
+Unit = SystemMessage | UserMessage | AssistantMessage | FunctionExecutionResult
 """What one OpenAI dict of the engine's pending messages comes from: an AutoGen message, or
 one result of a ``FunctionExecutionResultMessage`` (which holds the results of a turn)."""
 
@@ -149,8 +141,6 @@ def to_openai(
             out.append(entry)
         elif isinstance(unit, SystemMessage):
             out.append({"role": "system", "content": unit.content})
-        elif isinstance(unit, MergedSystem):
-            out.append({"role": "system", "content": "\n\n".join(m.content for m in unit.messages)})
         else:  # a message type of a later AutoGen: the engine cannot read it
             raise TypeError(f"unsupported AutoGen message type {type(unit).__name__}")
     return out
@@ -176,14 +166,13 @@ def opaque(unit: Unit) -> bool:
 class Pending:
     """An agent's messages as the engine's pending messages: ``units`` (what each OpenAI dict
     comes from, see :data:`Unit`), ``origins`` (the index of the AutoGen message each unit
-    comes from), ``merged_system`` (several system messages joined into the first unit);
-    then, from :meth:`convert` (every unit converted) or :meth:`continued` (the units of a
-    :class:`~ce.core.integration.History`): ``dicts`` (OpenAI-style), ``opaque`` (dicts
-    whose message carries media the engine cannot read) and ``history``."""
+    comes from); then, from :meth:`convert` (every unit converted) or :meth:`continued`
+    (the units of a :class:`~ce.core.integration.History`): ``dicts`` (OpenAI-style),
+    ``opaque`` (dicts whose message carries media the engine cannot read) and
+    ``history``."""
 
     units: list[Unit] = field(default_factory=list)
     origins: list[int] = field(default_factory=list)
-    merged_system: bool = False
     dicts: Sequence[dict[str, Any]] = ()
     opaque: set[int] = field(default_factory=set)
     history: History | None = None
@@ -273,12 +262,11 @@ def to_pending(
     """``messages`` (the list an agent's model call sends) as the units of the engine's
     pending messages, from ``agent``'s view (see the module docstring; convert them with
     :func:`to_openai`, one dict each): the system messages but those memories added
-    (``memory_texts``) joined into one, first; each result of a
+    (``memory_texts``); each result of a
     ``FunctionExecutionResultMessage`` one unit; ``HeadAndTailChatCompletionContext``'s
     placeholder left out; ``peers`` are the names of the other agents of its team."""
     pending = Pending(agent=agent, peers=peers)
     units, origins = pending.units, pending.origins
-    system: list[tuple[int, SystemMessage]] = []
     for index, message in enumerate(messages):
         kind, plain = type(message), cast(Any, message)
         # the common messages first, without isinstance (an ABC check on pydantic models)
@@ -290,7 +278,8 @@ def to_pending(
             origins.extend([index] * len(message.content))
         elif isinstance(message, SystemMessage):
             if message.content not in memory_texts:
-                system.append((index, message))
+                units.append(message)
+                origins.append(index)
         elif (
             isinstance(message, UserMessage)
             and message.source == "System"
@@ -300,11 +289,6 @@ def to_pending(
         else:
             units.append(message)
             origins.append(index)
-    if system:
-        pending.merged_system = len(system) > 1
-        head = system[0][1] if len(system) == 1 else MergedSystem(tuple(m for _, m in system))
-        units.insert(0, head)
-        origins.insert(0, system[0][0])
     return pending
 
 
@@ -437,9 +421,7 @@ def from_sent(
         flush()
         if source is not None:
             original = messages[pending.origins[source]]
-            if role == "system" and pending.merged_system:
-                out.append(SystemMessage(content=origin.text if origin.text is not None else text))
-            elif origin.text is None:
+            if origin.text is None:
                 out.append(original)
             else:
                 out.append(_with_text(original, origin.text))
