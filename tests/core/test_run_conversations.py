@@ -1,4 +1,5 @@
-"""RunConversations: the model calls of a scope nothing names, placed by what they continue."""
+"""RunConversations: the model calls of a scope nothing names, placed by what they continue;
+marking: a patched function runs with a context variable set."""
 
 from __future__ import annotations
 
@@ -82,3 +83,27 @@ def test_every_call_continues_the_conversation_it_is_placed_in(calls: list[list[
         else:
             assert placed.session_id == ("run:r1" if not known else f"run:r1/c{n}")
             known.append((placed.session_id, set(texts)))
+
+
+def test_marking_sets_the_variable_for_the_call_only_sync_and_async() -> None:
+    import asyncio
+    from contextvars import ContextVar
+
+    from ce.core.integration import PatchLedger, marking
+
+    where: ContextVar[str | None] = ContextVar("where", default=None)
+
+    class Memory:
+        def get(self) -> str | None:
+            return where.get()
+
+        async def aput(self) -> str | None:
+            return where.get()
+
+    ledger = PatchLedger()
+    ledger.wrap(Memory, "get", marking(where, "memory"))
+    ledger.wrap(Memory, "aput", marking(where, "memory"))
+    assert Memory().get() == "memory" and where.get() is None
+    assert asyncio.run(Memory().aput()) == "memory" and where.get() is None
+    ledger.undo()
+    assert Memory().get() is None

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ce.core.integration import InjectMode, Plugin
+from ce.core.integration import InjectMode, Plugin, marking
 from ce.llamaindex.package import REQUIREMENTS
 
 if TYPE_CHECKING:
@@ -88,30 +87,8 @@ class LlamaIndexPlugin(Plugin):
 
         from ce.llamaindex._scopes import in_memory_work
 
-        def marked_async(original: Any) -> Any:
-            @functools.wraps(original)
-            async def work(self: Any, *args: Any, **kwargs: Any) -> Any:
-                token = in_memory_work.set(True)
-                try:
-                    return await original(self, *args, **kwargs)
-                finally:
-                    in_memory_work.reset(token)
-
-            return work
-
-        def marked(original: Any) -> Any:
-            @functools.wraps(original)
-            def work(self: Any, *args: Any, **kwargs: Any) -> Any:
-                token = in_memory_work.set(True)
-                try:
-                    return original(self, *args, **kwargs)
-                finally:
-                    in_memory_work.reset(token)
-
-            return work
-
-        self.ledger.wrap(BaseMemoryBlock, "aput", marked_async)
-        self.ledger.wrap(ChatSummaryMemoryBuffer, "get", marked)
+        self.ledger.wrap(BaseMemoryBlock, "aput", marking(in_memory_work, True))
+        self.ledger.wrap(ChatSummaryMemoryBuffer, "get", marking(in_memory_work, True))
 
     def _forget_tracker(self) -> None:
         if self.tracker is not None:

@@ -31,7 +31,7 @@ import weakref
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import is_suppressed
+from ce.core.integration import is_suppressed, marking
 from ce.semantic_kernel._inject import INNER, INNER_STREAM, Seam
 from ce.semantic_kernel._record import Filters
 from ce.semantic_kernel._scopes import (
@@ -159,7 +159,7 @@ class Patches:
         for owner, attr in _team_targets():
             ledger.wrap(owner, attr, self._make_team)
         for owner, attr, internal in _internal_targets():
-            ledger.wrap(owner, attr, functools.partial(self._make_internal, internal))
+            ledger.wrap(owner, attr, marking(internal_kind, internal))
 
     # -- filters ----------------------------------------------------------------------------
 
@@ -341,19 +341,6 @@ class Patches:
             return stepped(team_scope, scope, original(chat, *args, **kwargs))
 
         return invoke
-
-    # -- SK internal model calls ------------------------------------------------------------
-
-    def _make_internal(self, kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        async def internal(owner: Any, *args: Any, **kwargs: Any) -> Any:
-            token = internal_kind.set(kind)
-            try:
-                return await original(owner, *args, **kwargs)
-            finally:
-                internal_kind.reset(token)
-
-        return internal
 
 
 def _thread_id(kwargs: dict[str, Any]) -> str | None:

@@ -39,7 +39,7 @@ from ce.core.integration._inject import (
     prepare_openai_sync,
     redact_openai,
 )
-from ce.core.integration._ledger import LedgerEntry, PatchLedger
+from ce.core.integration._ledger import LedgerEntry, PatchLedger, marking
 from ce.core.integration._mappers import (
     EvidenceDraft,
     ModelCall,
@@ -122,6 +122,7 @@ __all__ = [
     "guarded_sync",
     "is_suppressed",
     "llm_output_evidence",
+    "marking",
     "message_from_openai",
     "message_from_part",
     "model_usage_from_call",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LedgerEntry", "PatchLedger"]
+__all__ = ["LedgerEntry", "PatchLedger", "marking"]
 
 logger = logging.getLogger("ce.core.integration")
 
@@ -166,3 +169,34 @@ class PatchLedger:
                 first = first or exc
         if first is not None:
             raise first
+
+
+def marking(var: ContextVar[Any], value: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A replacement factory for :meth:`PatchLedger.wrap`: the original function (sync or
+    async) runs with ``var`` set to ``value``, so a hook further down (a model call the
+    framework makes there) knows where it runs, e.g. in a memory's own work."""
+
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(original):
+
+            @functools.wraps(original)
+            async def marked_async(*args: Any, **kwargs: Any) -> Any:
+                token = var.set(value)
+                try:
+                    return await original(*args, **kwargs)
+                finally:
+                    var.reset(token)
+
+            return marked_async
+
+        @functools.wraps(original)
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            token = var.set(value)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                var.reset(token)
+
+        return marked
+
+    return factory
