@@ -24,22 +24,28 @@ def llm(server: ScriptedOpenAIServer) -> Any:
     return LLM(model="openai/gpt-4o-mini", base_url=server.base_url, api_key="sk-scripted")
 
 
-def two_task_crew(server: ScriptedOpenAIServer) -> tuple[Crew, Task, Task]:
-    """A researcher with the weather tool, then a writer whose task depends on it."""
+def two_task_crew(
+    server: ScriptedOpenAIServer,
+    tool: Any = weather,
+    question: str = "What is the weather in Paris?",
+    reply: str = "Write one line about it.",
+) -> tuple[Crew, Task, Task]:
+    """A researcher with ``tool`` (the weather tool) asked ``question``, then a writer whose
+    task, ``reply``, depends on it."""
     model = llm(server)
     researcher = Agent(
-        role="Researcher", goal="find facts", backstory="careful", llm=model, tools=[weather]
+        role="Researcher", goal="find facts", backstory="careful", llm=model, tools=[tool]
     )
     writer = Agent(role="Writer", goal="write", backstory="terse", llm=model)
     research = Task(
         name="research",
-        description="What is the weather in Paris?",
+        description=question,
         expected_output="a fact",
         agent=researcher,
     )
     write = Task(
         name="write",
-        description="Write one line about it.",
+        description=reply,
         expected_output="a line",
         agent=writer,
         context=[research],

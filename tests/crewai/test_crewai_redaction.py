@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crew_apps import kicked_off_by, llm
-from crewai import Agent, Crew, Task
+from crew_apps import kicked_off_by, two_task_crew
+from crewai import Crew
 from crewai.tools import tool
 
 import ce.crewai
@@ -40,25 +40,14 @@ def _script(body: dict[str, Any]) -> ScriptedResponse:
 
 
 def _crew(server: ScriptedOpenAIServer) -> Crew:
-    model = llm(server)
-    support = Agent(
-        role="Support", goal="answer", backstory="helpful", llm=model, tools=[lookup_customer]
+    """A support agent looks the customer up with the tool, a writer replies."""
+    crew, _, _ = two_task_crew(
+        server,
+        tool=lookup_customer,
+        question=f"Find the invoices of the customer {CANARY}.",
+        reply="Write the customer a one-line reply about the invoices.",
     )
-    writer = Agent(role="Writer", goal="write", backstory="terse", llm=model)
-    lookup = Task(
-        name="lookup",
-        description=f"Find the invoices of the customer {CANARY}.",
-        expected_output="the invoices",
-        agent=support,
-    )
-    reply = Task(
-        name="reply",
-        description="Write the customer a one-line reply about the invoices.",
-        expected_output="a line",
-        agent=writer,
-        context=[lookup],
-    )
-    return Crew(agents=[support, writer], tasks=[lookup, reply])
+    return crew
 
 
 @pytest.mark.parametrize("path", ["kickoff", "akickoff"])
