@@ -150,7 +150,8 @@ class AgentPrompts:
     """The system prompt each Agent put first in its model calls (the newest
     ``held`` prompts), to tell another Agent's prompt among a call's messages: an Agent whose
     ``messages`` input is connected to another Agent's ``messages`` output gets that Agent's
-    conversation, its system prompt included, after its own prompt."""
+    conversation, its system prompt included, right after its own prompt (a chain of Agents:
+    each one's prompt, in the leading system messages)."""
 
     def __init__(self, held: int = 1024) -> None:
         self._agents: OrderedDict[str, str] = OrderedDict()
@@ -161,7 +162,8 @@ class AgentPrompts:
         """The messages of a model call of ``frame``'s Agent without the system prompts of
         other Agents: its instruction is its own (the first message, which the Agent put
         there), never the prompt of the Agent whose output it continues. ``messages``
-        itself when there is none to leave out, or the Agent has no prompt of its own."""
+        itself when there is none to leave out, or the Agent has no prompt of its own. Reads
+        the leading system messages only: a call costs the same however long its history."""
         if not frame.agent or not frame.prompted or not messages:
             return messages
         first = messages[0]
@@ -175,10 +177,11 @@ class AgentPrompts:
                 self._agents.popitem(last=False)
             for i in range(1, len(messages)):
                 message = messages[i]
-                if message.is_from("system"):
-                    owner = self._agents.get(message.text or "")
-                    if owner is not None and owner != agent:
-                        others.append(i)
+                if not message.is_from("system"):
+                    break
+                owner = self._agents.get(message.text or "")
+                if owner is not None and owner != agent:
+                    others.append(i)
         if not others:
             return messages
         left_out = set(others)
