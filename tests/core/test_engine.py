@@ -1398,3 +1398,52 @@ async def test_a_runs_own_blocks_go_once_when_another_run_wrote_to_the_session_s
     assert sum(1 for p in parts if p.tool_calls) == 1
     assert "earlier answer 5" in contents and "answer of run B" in contents
     assert result.report.token_used <= result.report.token_budget
+
+
+async def test_record_messages_stores_an_exchange_no_prepared_call_carried(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "ce.db")
+    engine = make_engine(store)
+    await engine.prepare_turn("s", "first question")
+    await engine.commit_assistant_message("s", assistant("first answer"))
+    exchange = [
+        Message(role=Role.USER, content="my key is sk-proj-A1b2C3d4E5f6G7h8I9j0K1l2"),
+        assistant("second answer"),
+    ]
+    await engine.record_messages("s", exchange)
+    await engine.record_messages("s", exchange)  # asked and answered the same again: new turns
+    await engine.close()
+
+    fresh = make_engine(SQLiteStore(tmp_path / "ce.db"))
+    doc = await fresh.get_session("s")
+    texts = [(m.role, m.content) for m in doc.session.messages]
+    assert texts[:2] == [(Role.USER, "first question"), (Role.ASSISTANT, "first answer")]
+    assert [role for role, _ in texts[2:]] == [Role.USER, Role.ASSISTANT] * 2
+    assert all("sk-proj-A1b2C3d4E5f6G7h8I9j0K1l2" not in text for _, text in texts)  # redacted
+    assert doc.session.run.status.value == "completed"
+    assert len(await fresh.list_turns("s")) == 1  # nothing was assembled for the exchange
+    result = await fresh.prepare_turn("s", "third question")
+    sent = [p.content for p in result.assembled_input.parts]
+    assert sent.count("second answer") == 2 and sent[-1] == "third question"
+    await fresh.close()
+
+
+async def test_record_messages_skips_stored_ids_and_refuses_other_messages() -> None:
+    engine = make_engine()
+    question = Message(role=Role.USER, content="q", message_id="u1")
+    answer = assistant("a", message_id="a1")
+    await engine.record_messages("s", [question, answer])
+    await engine.record_messages("s", [question, answer])  # a retried recording
+    doc = await engine.get_session("s")
+    assert [m.message_id for m in doc.session.messages] == ["u1", "a1"]
+    call = ToolCallRequest(tool_call_id="c1", name="t", arguments={})
+    for wrong in (
+        Message(role=Role.SYSTEM, content="s"),
+        Message(role=Role.TOOL, content="r", tool_call_id="c1"),
+        assistant("", call),
+    ):
+        with pytest.raises(InvariantViolationError):
+            await engine.record_messages("s", [wrong])
+    assert engine.sync.record_messages("s2", [question]).success
+    assert [m.content for m in engine.sync.get_session("s2").session.messages] == ["q"]

@@ -50,6 +50,7 @@ from ce.core.schema import (
     Ref,
     Report,
     Role,
+    RunStatus,
     SessionDocument,
     Task,
     ToolCall,
@@ -387,6 +388,44 @@ class ContextEngine(Preparer):
         # a reply without tool calls can work on the session's newest records (its own id,
         # if any, is looked up in the store); the ids of tool calls need the whole session
         return await self._write(session_id, op, tail=not assistant_message.tool_calls)
+
+    async def record_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        """Record turns of the conversation that no model call carried: a chat engine's
+        question and the answer it made with calls of their own (a query engine's), which
+        hold neither. User and assistant messages without tool calls, stored in order as
+        new ones (a message whose ``message_id`` is stored already is skipped), redacted
+        like every write; each user message starts a run that its answer completes. Nothing
+        is assembled and no turn record is written: no input was prepared."""
+        for message in messages:
+            if message.role not in (Role.USER, Role.ASSISTANT) or message.tool_calls:
+                raise InvariantViolationError(
+                    "record_messages takes user and assistant messages without tool calls, "
+                    f"got a {message.role.value} message"
+                    + (" with tool calls" if message.tool_calls else "")
+                )
+        cfg = self._cfg(runtime_config)
+
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
+            wrote = False
+            for message in messages:
+                if message.role is Role.ASSISTANT:
+                    self._transition(entry.state, RunStatus.MODEL_RUNNING)
+                    wrote = await self._write_reply(entry, message, cfg, call) or wrote
+                elif not (message.message_id and message.message_id in entry.message_ids):
+                    self._begin_run(entry.state)
+                    self._write_user(entry, message, cfg, call)
+                    wrote = True
+            if not wrote:
+                return PutResult(success=True, version=entry.version)
+            return await self._persist(entry, call)
+
+        # messages without ids of their own cannot repeat older ones: the newest records do
+        return await self._write(session_id, op, tail=all(m.message_id is None for m in messages))
 
     async def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         """Buffer one streamed chunk (in memory, per session) until the reply is finalized."""

@@ -146,6 +146,14 @@ class SyncEngine:
             )
         )
 
+    def record_messages(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        return drive(self._engine.record_messages(session_id, messages, runtime_config))
+
     def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         drive(self._engine.commit_assistant_chunk(session_id, chunk, chunk_index))
 
