@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.chat_engine.types import StreamingAgentChatResponse
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.exception import ExceptionEvent
@@ -56,7 +57,14 @@ from ce.core.pipeline import quotes_document
 from ce.llamaindex._convert import message_text, turn_key
 from ce.llamaindex._inject import inject_async, inject_sync, redacted_prompt
 from ce.llamaindex._record import LlmCall, Tracker, call_args, hits_from_nodes
-from ce.llamaindex._scopes import CHAT_METHODS, SpanInfo, is_tool, method_of, span_scope
+from ce.llamaindex._scopes import (
+    CHAT_METHODS,
+    WRITE_METHODS,
+    SpanInfo,
+    is_tool,
+    method_of,
+    span_scope,
+)
 from ce.llamaindex._seam import ASYNC_CHAT_METHODS, COMPLETION_METHODS, seamed
 
 if TYPE_CHECKING:
@@ -203,6 +211,8 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             info = span_scope(plugin, id_, parent_span_id, parent, tags, arguments, instance)
             if is_tool(instance, method):
                 info.tool_pending = False  # the tool object of the call_tool step above
+        if info.chat_turn is not None and isinstance(instance, BaseLLM):
+            info.chat_turn.model = _llm_identity(instance)[:2]  # the last call makes the answer
         if isinstance(instance, BaseLLM) and getattr(instance, "ce_injects", False):
             info.prompt_handled = True  # wrap(): its completions go through the engine
         if isinstance(instance, BaseLLM) and method in CHAT_METHODS:
@@ -382,11 +392,13 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         )
         return prompt if redacted is None else redacted
 
-    def _close(self, id_: str, result: Any, err: BaseException | None) -> None:
+    def _close(self, id_: str, instance: Any, result: Any, err: BaseException | None) -> None:
         tracker = self.tracker
         info = tracker.pop(id_)
         if info is None:
             return
+        if err is None:
+            self._close_turn(id_, info, instance, result)
         if info.tool is not None:
             tracker.record_tool(info, getattr(result, "tool_output", result), err)
         call = info.call
@@ -402,6 +414,24 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         else:
             tracker.finish_call(call)
 
+    def _close_turn(self, id_: str, info: SpanInfo, instance: Any, result: Any) -> None:
+        """A chat engine's ``chat`` ended: its turn is recorded unless a model call of its
+        session carried it; a streamed answer when the response is written to the memory."""
+        tracker = self.tracker
+        turn = info.chat_turn
+        method = method_of(id_)
+        if turn is not None and turn.span_id == id_:
+            if isinstance(result, StreamingAgentChatResponse):
+                tracker.stream_turn(result, turn)
+            else:
+                answer = getattr(result, "response", None)
+                tracker.record_turn(turn, answer, blocking=method not in ASYNC_CHAT_METHODS)
+        elif isinstance(instance, StreamingAgentChatResponse) and method in WRITE_METHODS:
+            streamed = tracker.streamed_turn(instance)
+            if streamed is not None:
+                blocking = method == "write_response_to_history"  # on a thread of its own
+                tracker.record_turn(streamed, instance.response, blocking=blocking)
+
     def prepare_to_exit_span(
         self,
         id_: str,
@@ -410,7 +440,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         result: Any | None = None,
         **kwargs: Any,
     ) -> BaseSpan | None:
-        self._close(id_, result, None)
+        self._close(id_, instance, result, None)
         return None
 
     def prepare_to_drop_span(
@@ -421,7 +451,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         err: BaseException | None = None,
         **kwargs: Any,
     ) -> BaseSpan | None:
-        self._close(id_, None, err)
+        self._close(id_, instance, None, err)
         return None
 
 

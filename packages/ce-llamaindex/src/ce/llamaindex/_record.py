@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,8 +26,10 @@ from ce.core.integration import (
     ToolRun,
     ToolScopeIds,
     error_text,
+    is_suppressed,
     record_sync,
 )
+from ce.core.schema import Message, ModelInvocation, Role
 from ce.llamaindex._convert import message_text, reply_to_message
 
 if TYPE_CHECKING:
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from llama_index.core.schema import NodeWithScore
 
     from ce.core.integration import Plugin
-    from ce.llamaindex._scopes import SpanInfo
+    from ce.llamaindex._scopes import ChatTurn, SpanInfo
 
 __all__ = ["LlmCall", "Tracker", "call_args", "hits_from_nodes", "tokens_of"]
 
@@ -138,6 +141,8 @@ class Tracker:
         self._asked = AskedToolCalls()  # by session: the calls of its latest reply
         self.tool_scope_ids = ToolScopeIds(plugin)  # the child scopes of tool runs, per session
         self.conversations = RunConversations()  # of the scopes nothing names
+        # streamed chat-engine answers not written to the memory yet: the turn of each
+        self._streamed: dict[int, tuple[weakref.ref[Any], ChatTurn]] = {}
         self.lock = threading.Lock()
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -266,6 +271,57 @@ class Tracker:
             params=params,
         )
         self.write(info.session_id, "record completion", lambda r: r.record_model_call(model_call))
+
+    # -- chat-engine turns ---------------------------------------------------------------
+
+    def record_turn(self, turn: ChatTurn, answer: Any, blocking: bool) -> None:
+        """The question and ``answer`` of a chat engine's ``chat`` that no model call of its
+        session carried (each call was a component: a condense step, a query engine's
+        synthesizer), as a turn of that session, so the conversation is recorded as the
+        chat engine's memory holds it."""
+        if turn.answered or not isinstance(answer, str) or is_suppressed():
+            return
+        provider, model = turn.model or ("unknown", "unknown")
+        messages = [
+            Message(role=Role.USER, content=turn.question),
+            Message(
+                role=Role.ASSISTANT,
+                content=answer,
+                invocation=ModelInvocation(provider=provider, model=model),
+            ),
+        ]
+        self.write(
+            turn.session_id,
+            "record chat turn",
+            lambda r: r.engine.record_messages(r.session_id, messages),
+            blocking,
+        )
+
+    def stream_turn(self, response: Any, turn: ChatTurn) -> None:
+        """Keep ``turn`` for the streamed ``response`` a chat engine returned: its answer is
+        known when the response is written to the memory (:meth:`streamed_turn`), maybe on
+        another thread, after the chat span closed."""
+        if turn.answered:
+            return
+        key = id(response)
+
+        def gone(_: weakref.ref[Any]) -> None:
+            with self.lock:
+                held = self._streamed.get(key)
+                if held is not None and held[0]() is None:
+                    del self._streamed[key]
+
+        with self.lock:
+            self._streamed[key] = (weakref.ref(response, gone), turn)
+
+    def streamed_turn(self, response: Any) -> ChatTurn | None:
+        """The turn of a streamed chat-engine ``response`` (taken out), if any."""
+        with self.lock:
+            held = self._streamed.get(id(response))
+            if held is None or held[0]() is not response:
+                return None
+            del self._streamed[id(response)]
+            return held[1]
 
     def record_failure(self, call: LlmCall, error: BaseException | str) -> None:
         text = error if isinstance(error, str) else error_text(error)

@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CHAT_METHODS",
     "SESSION_TAGS",
+    "WRITE_METHODS",
+    "ChatTurn",
     "SpanInfo",
     "explicit_session",
     "in_memory_work",
@@ -98,11 +100,31 @@ _PROMPT_METHODS = frozenset(
 )
 _STREAM_METHODS = frozenset({"stream", "astream"})
 _STREAM_CHAT_METHODS = frozenset({"stream_chat", "astream_chat"})
-_WRITE_METHODS = frozenset({"write_response_to_history", "awrite_response_to_history"})
+WRITE_METHODS = frozenset({"write_response_to_history", "awrite_response_to_history"})
 _TOOL_METHODS = frozenset({"call", "acall"})
 _QUERY_METHODS = frozenset({"query", "aquery"})
 _SYNTHESIZE_METHODS = frozenset({"synthesize", "asynthesize"})
 _DEFAULT_MEMORY_KEY = "chat_history"  # ChatMemoryBuffer's default chat_store_key
+
+
+@dataclass
+class ChatTurn:
+    """One ``chat`` of a chat engine (its outermost chat span ``span_id``): the user's
+    ``question`` in session ``session_id``, whether a model call of that session ran inside it
+    (``answered``: the call carried the exchange and recorded it) and the provider and model
+    of the last model call made inside it. A chat engine that answers through calls of their
+    own (``CondenseQuestionChatEngine``: a condense step, then a query engine's synthesizer,
+    each a component) carries the exchange in none of its calls: the plugin records it when
+    the answer is there."""
+
+    span_id: str
+    question: str
+    session_id: str
+    answered: bool = False
+    queried: bool = False
+    """A query engine ran inside it: a stream read after the chat span closed is that query
+    engine's synthesizer's (``CondenseQuestionChatEngine``), not the chat engine's answer."""
+    model: tuple[str, str] | None = None
 
 
 @dataclass
@@ -136,6 +158,8 @@ class SpanInfo:
     chat_inside: bool = False
     """A chat call ran inside this span (a completion a provider serves through its own chat:
     that call is recorded, the completion is not recorded again)."""
+    chat_turn: ChatTurn | None = None
+    """The chat engine's ``chat`` this span runs in."""
     nodes: tuple[Any, ...] = ()
     """The nodes a query's synthesizer answers from (its final source nodes), for the model
     calls made inside it: a text a call's messages quote from two of them is that call's
@@ -236,8 +260,11 @@ def _helper_chat(instance: Any) -> bool:
 def _streamed_answer(method: str, parent: SpanInfo) -> bool:
     """A chat engine streams its answer only (a condense step never streams): a streaming
     prompt call made right in a chat engine (a stream its response reads after the
-    synthesizer returned) is the answer."""
-    return method in _STREAM_METHODS and parent.in_chat_engine and not parent.in_query
+    synthesizer returned) is the answer, unless the chat engine answers through a query
+    engine (``CondenseQuestionChatEngine``): the stream is then that query engine's
+    synthesizer's, a component like its other calls."""
+    queried = parent.chat_turn is not None and parent.chat_turn.queried
+    return method in _STREAM_METHODS and parent.in_chat_engine and not (parent.in_query or queried)
 
 
 def span_scope(
@@ -289,9 +316,18 @@ def span_scope(
             answer=parent.answer,
             prompt_call=parent.prompt_call,
             prompt_handled=parent.prompt_handled,
+            chat_turn=parent.chat_turn,
             nodes=parent.nodes,
         )
         component = _component(id_, method, instance, arguments, parent)
+        if (
+            component is None
+            and info.chat_turn is not None
+            and isinstance(instance, BaseLLM)
+            and parent.call is None
+            and not parent.prompt_call
+        ):
+            info.chat_turn.answered = True  # a call of the conversation: it carries the turn
         # a name the span's context lost (a workflow step's own instrument_tags) is kept
         named, in_engine = named or parent.named, in_engine or parent.engine_named
         renamed = (named, in_engine) != (parent.named, parent.engine_named)
@@ -316,6 +352,10 @@ def span_scope(
     info.named, info.engine_named = named, in_engine
     info.framework = own or info.framework
     _mark(info, method, instance)
+    if info.chat_turn is None and isinstance(instance, BaseChatEngine) and method in CHAT_METHODS:
+        question = arguments.get("message")
+        if isinstance(question, str):
+            info.chat_turn = ChatTurn(id_, question, info.session_id)
     if info.in_query and isinstance(instance, BaseSynthesizer) and method in _SYNTHESIZE_METHODS:
         nodes = arguments.get("nodes")
         info.nodes = tuple(nodes) if isinstance(nodes, (list, tuple)) else ()
@@ -333,12 +373,16 @@ def _mark(info: SpanInfo, method: str, instance: Any) -> None:
         info.workflow_run = True
     elif isinstance(instance, BaseQueryEngine) and method in _QUERY_METHODS:
         info.in_query, info.answer = True, False
-    elif (isinstance(instance, BaseSynthesizer) and method in _SYNTHESIZE_METHODS) or (
-        isinstance(instance, StreamingAgentChatResponse) and method in _WRITE_METHODS
-    ):
-        # a chat engine's own synthesizer (not a query engine's) makes its answer; a streamed
-        # answer is read when the response is written to the memory
+        if info.chat_turn is not None:
+            info.chat_turn.queried = True
+    elif isinstance(instance, BaseSynthesizer) and method in _SYNTHESIZE_METHODS:
+        # a chat engine's own synthesizer (not a query engine's) makes its answer
         info.answer = info.in_chat_engine and not info.in_query and not info.prompt_call
+    elif isinstance(instance, StreamingAgentChatResponse) and method in WRITE_METHODS:
+        # a streamed answer is read when the response is written to the memory: the chat
+        # engine's own, unless it answered through a query engine (whose synthesizer's)
+        queried = info.chat_turn is not None and info.chat_turn.queried
+        info.answer = info.in_chat_engine and not info.in_query and not queried
 
 
 def is_tool(instance: Any, method: str) -> bool:
