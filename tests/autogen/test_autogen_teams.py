@@ -388,6 +388,168 @@ async def test_an_llm_backed_tool_calls_the_model_in_a_child_scope(
     ]
 
 
+async def test_a_tool_bodys_unrelated_model_calls_each_get_their_own_messages(
+    engine: ContextEngine,
+) -> None:
+    """A tool body that prompts the model twice, for two documents, then once more
+    continuing its first exchange: the second prompt gets its own messages only (a child
+    scope of its own), the third continues the first in the tool call's scope; the outer
+    agent gets the tool's result, not an error."""
+    from autogen_core.models import AssistantMessage, SystemMessage, UserMessage
+
+    tool_system = "Summarize the text in five words."
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        messages = body["messages"]
+        if messages[0]["content"] == tool_system:
+            return ScriptedResponse(text=f"summary of {messages[-1]['content']}")
+        if messages[-1]["role"] == "tool":
+            return ScriptedResponse(text="outer-answer")
+        return ScriptedResponse(tool_calls=[("call_t", "compare", '{"a": "alpha", "b": "beta"}')])
+
+    with ScriptedOpenAIServer(script) as server:
+        summarizer = client(server)
+
+        async def compare(a: str, b: str) -> str:
+            """Summarize two documents independently, then refine the first summary."""
+            first = [SystemMessage(content=tool_system), UserMessage(content=a, source="tool")]
+            one = await summarizer.create(first)
+            two = await summarizer.create(
+                [SystemMessage(content=tool_system), UserMessage(content=b, source="tool")]
+            )
+            follow_up = UserMessage(content="shorter", source="tool")
+            reply = AssistantMessage(content=str(one.content), source="summarizer")
+            three = await summarizer.create([*first, reply, follow_up])
+            return f"{one.content} | {two.content} | {three.content}"
+
+        outer = AssistantAgent(
+            "outer",
+            model_client=client(server),
+            tools=[compare],
+            system_message="You are the outer agent.",
+            reflect_on_tool_use=True,
+        )
+        ce.autogen.install(engine)
+        with engine.session("s-two"):
+            result = await outer.run(task="compare them")
+        requests = server.requests
+    assert result.messages[-1].content == "outer-answer"
+    tool_calls = [
+        [(m["role"], m["content"]) for m in r["messages"][1:]]
+        for r in requests
+        if r["messages"][0]["content"] == tool_system
+    ]
+    assert tool_calls == [
+        [("user", "alpha")],
+        [("user", "beta")],
+        [("user", "alpha"), ("assistant", "summary of alpha"), ("user", "shorter")],
+    ]
+    sessions = await engine.list_sessions()
+    children = [s for s in sessions if s.startswith("s-two/call_t/call:")]
+    assert len(children) == 1
+    inner = (await engine.get_session(children[0])).session.messages
+    assert [m.content for m in inner[1:]] == ["beta", "summary of beta"]
+    first = (await engine.get_session("s-two/call_t")).session.messages
+    assert [m.content for m in first[1:]] == [
+        "alpha",
+        "summary of alpha",
+        "shorter",
+        "summary of shorter",
+    ]
+    outer_doc = await engine.get_session("s-two")
+    (tool_result,) = [m for m in outer_doc.session.messages if m.role is Role.TOOL]
+    assert tool_result.content == "summary of alpha | summary of beta | summary of shorter"
+
+
+async def test_a_memorys_own_model_call_in_an_agent_tool_is_no_turn_of_the_agent(
+    engine: ContextEngine,
+) -> None:
+    """A memory whose ``update_context`` asks the model to rewrite the query, on an agent
+    run as an ``AgentTool``: that call is a child of the agent's scope, and the agent's own
+    call gets the user's question once, never the memory's exchange as its own turn."""
+    from autogen_core.memory import (
+        Memory,
+        MemoryContent,
+        MemoryQueryResult,
+        UpdateContextResult,
+    )
+    from autogen_core.models import SystemMessage, UserMessage
+
+    rewrite = "Rewrite the query for search."
+
+    class RewritingMemory(Memory):  # type: ignore[misc]
+        def __init__(self, model_client: Any) -> None:
+            self._client = model_client
+
+        async def update_context(self, model_context: Any) -> UpdateContextResult:
+            messages = await model_context.get_messages()
+            question = str(messages[-1].content)
+            result = await self._client.create(
+                [SystemMessage(content=rewrite), UserMessage(content=question, source="memory")]
+            )
+            await model_context.add_message(SystemMessage(content=f"Hit: {result.content}"))
+            hit = MemoryContent(content=f"Hit: {result.content}", mime_type="text/plain")
+            return UpdateContextResult(memories=MemoryQueryResult(results=[hit]))
+
+        async def query(self, query: Any, cancellation_token: Any = None, **_: Any) -> Any:
+            return MemoryQueryResult(results=[])
+
+        async def add(self, content: Any, cancellation_token: Any = None) -> None:
+            return None
+
+        async def clear(self) -> None:
+            return None
+
+        async def close(self) -> None:
+            return None
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        messages = body["messages"]
+        first = messages[0]["content"]
+        if first == rewrite:
+            return ScriptedResponse(text=f"rewritten({messages[-1]['content']})")
+        if first.startswith("You are the outer planner."):
+            if messages[-1]["role"] == "tool":
+                return ScriptedResponse(text="outer-answer")
+            return ScriptedResponse(tool_calls=[("call_x", "expert", '{"task": "where is oslo"}')])
+        return ScriptedResponse(text="Oslo is in Norway.")
+
+    with ScriptedOpenAIServer(script) as server:
+        inner = AssistantAgent(
+            "expert",
+            model_client=client(server),
+            system_message="You are the inner expert.",
+            memory=[RewritingMemory(client(server))],
+            description="An expert.",
+        )
+        outer = AssistantAgent(
+            "planner",
+            model_client=client(server),
+            system_message="You are the outer planner.",
+            tools=[AgentTool(inner)],
+            reflect_on_tool_use=True,
+        )
+        ce.autogen.install(engine)
+        with engine.session("s-mem"):
+            await outer.run(task="question")
+        requests = server.requests
+    (expert,) = [r for r in requests if "inner expert" in str(r["messages"][0]["content"])]
+    turns = [(m["role"], m["content"]) for m in expert["messages"][1:] if m["role"] != "system"]
+    assert turns == [("user", "where is oslo")]
+    agent_doc = await engine.get_session("s-mem/call_x")
+    assert [m.content for m in agent_doc.session.messages if m.role is not Role.SYSTEM] == [
+        "where is oslo",
+        "Oslo is in Norway.",
+    ]
+    children = [s for s in await engine.list_sessions() if s.startswith("s-mem/call_x/call:")]
+    assert len(children) == 1
+    memory_doc = await engine.get_session(children[0])
+    assert [m.content for m in memory_doc.session.messages[1:]] == [
+        "where is oslo",
+        "rewritten(where is oslo)",
+    ]
+
+
 async def test_a_reused_tool_call_id_nests_each_turn_in_a_child_of_its_own(
     engine: ContextEngine,
 ) -> None:

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncGenerator, Callable, Iterator
+import uuid
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from autogen_core.models import ChatCompletionClient
 
+from ce.autogen._convert import turn_key
 from ce.autogen._scopes import Frame, current_tool
-from ce.core.integration import is_suppressed
+from ce.core.integration import RunConversations, is_suppressed
 
 if TYPE_CHECKING:
     from ce.autogen._record import Book
@@ -58,6 +60,7 @@ class ClientSeams:
         self.runs = runs
         self.book = book
         self.ledger = ledger
+        self.conversations = RunConversations()  # of the direct calls, per tool call scope
         self._lock = threading.Lock()
 
     def install(self) -> None:
@@ -80,13 +83,28 @@ class ClientSeams:
                 new.__wrapped__ = current  # type: ignore[attr-defined]
                 self.ledger.replace(cls, name, new)
 
-    def _frame(self, client: object) -> Frame | None:
-        """The child scope of a direct call of ``client`` (None: leave it alone)."""
+    def _frame(self, client: object, messages: Sequence[Any]) -> Frame | None:
+        """The scope of a direct call of ``client`` passing ``messages`` (None: leave it
+        alone): the tool call's child scope when the call is the first the tool body makes,
+        or continues a conversation of its earlier calls there (it passes one of their
+        messages); else a child of that scope of its own (a second, unrelated prompt of the
+        same tool body, an orchestrator's ledger prompts). Where an agent's run records into
+        the tool call's scope (an ``AgentTool``), every direct call is a child of its own
+        unless it continues another direct call's conversation: a memory's own call is not
+        a turn of the agent's conversation."""
         if _bypass.get() == id(client) or current_tool() is None or is_suppressed():
             return None
         if not self.plugin.installed:
             return None
-        return Frame(self.runs.new_scope())
+        scope = self.runs.new_scope()
+        placed = self.conversations.place(
+            scope,
+            messages,
+            turn_key,
+            f"call:{uuid.uuid4().hex[:12]}",
+            first_in_scope=not self.runs.running_in(scope.session_id),
+        )
+        return Frame(placed)
 
     def _engine_client(self, client: Any, frame: Frame) -> Any:
         from ce.autogen._inject import CallSite, EngineClient
@@ -97,8 +115,8 @@ class ClientSeams:
         seams = self
 
         async def create(client: Any, *args: Any, **kwargs: Any) -> Any:
-            frame = seams._frame(client)
-            if frame is None or not args:
+            frame = seams._frame(client, args[0]) if args else None
+            if frame is None:
                 return await original(client, *args, **kwargs)
             return await seams._engine_client(client, frame).create(*args, **kwargs)
 
@@ -110,8 +128,8 @@ class ClientSeams:
         async def create_stream(
             client: Any, *args: Any, **kwargs: Any
         ) -> AsyncGenerator[Any, None]:
-            frame = seams._frame(client)
-            if frame is None or not args:
+            frame = seams._frame(client, args[0]) if args else None
+            if frame is None:
                 async for chunk in original(client, *args, **kwargs):
                     yield chunk
                 return

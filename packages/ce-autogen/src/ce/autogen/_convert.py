@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -66,6 +66,7 @@ __all__ = [
     "to_openai",
     "to_pending",
     "tool_schemas",
+    "turn_key",
 ]
 
 
@@ -345,6 +346,18 @@ class AuthorLookup:
         return unknown
 
 
+def turn_key(message: LLMMessage) -> Hashable | None:
+    """An AutoGen message as a conversation holds it (``None`` for a system message, which
+    two unrelated calls may share): its kind, source and content (a list of parts, tool
+    calls or results as their reprs)."""
+    if isinstance(message, SystemMessage):
+        return None
+    content: Any = message.content
+    if isinstance(content, list):
+        content = tuple(part if isinstance(part, str) else repr(part) for part in content)
+    return (type(message).__name__, getattr(message, "source", None), content)
+
+
 def from_sent(
     sent: Sequence[Mapping[str, Any]],
     messages: Sequence[LLMMessage],
@@ -448,10 +461,15 @@ def from_sent(
                 else:
                     out.append(UserMessage(content=text, source=author))
                 continue
+            # a call no agent makes (a tool body's own) names no source: AutoGen's clients
+            # send a message's source as its name, which may not be empty
+            source_name = agent or "assistant"
             if calls:
-                out.append(AssistantMessage(content=calls, thought=text or None, source=agent))
+                out.append(
+                    AssistantMessage(content=calls, thought=text or None, source=source_name)
+                )
             else:
-                out.append(AssistantMessage(content=text, source=agent))
+                out.append(AssistantMessage(content=text, source=source_name))
     flush()
     return out
 

@@ -131,6 +131,11 @@ class Runs:
             self.plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.child_id
         )
 
+    def running_in(self, session_id: str) -> bool:
+        """Whether an agent's or a team's run in flight records into ``session_id``."""
+        with self._lock:
+            return any(frame.session_id == session_id for _, frame, _ in self._frames.values())
+
     def _keys(self, agent: Any) -> list[tuple[str, Any]]:
         keys: list[tuple[str, Any]] = []
         for kind, attr in (("context", "_model_context"), ("workbench", "_workbench")):

@@ -42,12 +42,16 @@ class RunConversations:
         messages: Sequence[Any],
         key: Callable[[Any], Hashable | None],
         call_id: str,
+        *,
+        first_in_scope: bool = True,
     ) -> Scope:
         """The scope of a model call passing ``messages`` (oldest first), resolved to
         ``scope``: ``scope`` itself when a session names it, when it holds no conversation
         yet, or when the call continues its first one; else the conversation of the scope
         the call continues, else a new child ``scope.child(call_id)``. ``key`` reads a
         message as the conversation holds it (``None``: not a turn, e.g. a system message).
+        ``first_in_scope=False``: the scope is another's (an agent's run that these calls
+        are not part of), so even the first conversation placed gets a child scope.
         Looks at the messages newest first and stops at the first it knows: a call that
         continues a conversation costs what it adds to it."""
         if scope.source not in _UNNAMED or not messages:
@@ -70,7 +74,7 @@ class RunConversations:
                         return placed
                     new.append(k)
             keys = {k for k in map(key, messages) if k is not None}
-            placed = scope.child(call_id) if conversations else scope
+            placed = scope.child(call_id) if conversations or not first_in_scope else scope
             if keys:
                 conversations.append((placed, keys))
             return placed
