@@ -43,6 +43,17 @@ def test_an_agent_loop_stays_in_the_run_and_unrelated_calls_get_their_own() -> N
     assert runs.place(RUN, [*loop, ("assistant", "Done."), ("user", "Q2?")], key, "c5") is RUN
 
 
+def test_a_scope_that_is_anothers_gives_even_the_first_conversation_a_child() -> None:
+    runs = RunConversations()
+    nested = Scope("alice/call_x", "nested", "alice")
+    first = runs.place(nested, [("user", "rewrite q")], key, "c1", first_in_scope=False)
+    assert first.session_id == "alice/call_x/c1"
+    continued = [("user", "rewrite q"), ("assistant", "q'"), ("user", "again")]
+    assert runs.place(nested, continued, key, "c2", first_in_scope=False) == first
+    other = runs.place(nested, [("user", "other")], key, "c3", first_in_scope=False)
+    assert other.session_id == "alice/call_x/c3"
+
+
 def test_a_call_of_system_messages_only_names_no_conversation() -> None:
     runs = RunConversations()
     assert runs.place(RUN, [("system", "x")], key, "c1") is RUN
