@@ -7,9 +7,8 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = ["LedgerEntry", "PatchLedger", "marking"]
 
@@ -171,10 +170,19 @@ class PatchLedger:
             raise first
 
 
-def marking(var: ContextVar[Any], value: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+class Settable(Protocol):
+    """A context variable, or a wrapper of one: ``set`` returns the token ``reset`` takes."""
+
+    def set(self, value: Any, /) -> Any: ...
+
+    def reset(self, token: Any, /) -> None: ...
+
+
+def marking(var: Settable, value: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A replacement factory for :meth:`PatchLedger.wrap`: the original function (sync or
-    async) runs with ``var`` set to ``value``, so a hook further down (a model call the
-    framework makes there) knows where it runs, e.g. in a memory's own work."""
+    async) runs with ``var`` (a ``ContextVar`` or a wrapper of one) set to ``value``, so a
+    hook further down (a model call the framework makes there) knows where it runs, e.g. in a
+    memory's own work."""
 
     def factory(original: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(original):
