@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ __all__ = [
     "to_openai",
     "to_pending",
     "tool_schemas",
+    "turn_key",
 ]
 
 
@@ -244,6 +245,21 @@ def message_text(message: Any) -> str:
         elif isinstance(item, FunctionResultContent):
             texts.append(str(item.result))
     return "\n".join(texts)
+
+
+def turn_key(message: Any) -> Hashable | None:
+    """An SK message as a conversation holds it: its role, its text and the ids of the
+    function calls it makes or answers (``None`` for a system or developer message, which two
+    unrelated calls may share)."""
+    from semantic_kernel.contents import FunctionCallContent, FunctionResultContent
+
+    role = _role(message)
+    if role in ("system", "developer"):
+        return None
+    items = getattr(message, "items", ()) or ()
+    calls = tuple(str(item.id) for item in items if isinstance(item, FunctionCallContent))
+    answered = tuple(str(item.id) for item in items if isinstance(item, FunctionResultContent))
+    return (role, message_text(message), calls, answered)
 
 
 def _call_names(sent: Sequence[Mapping[str, Any]]) -> dict[str, str]:

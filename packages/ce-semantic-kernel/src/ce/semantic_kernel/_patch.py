@@ -10,6 +10,10 @@
 - ``ChatCompletionClientBase.get_chat_message_contents`` /
   ``get_streaming_chat_message_contents`` (class level, no connector overrides them) bind the
   call's scope and wrap the service's inner methods on first use (see ``_inject`` for why).
+  In a scope no session names (a run, a function call's child scope), a call that continues
+  none of the scope's earlier calls (a native function prompting for a summary, then for its
+  translation) gets a child scope ``<scope>/call:<id>`` of its own
+  (:class:`~ce.core.integration.RunConversations`); an ``AgentGroupChat`` stays one scope.
 - ``ChatCompletionAgent.get_response`` / ``invoke`` / ``invoke_stream`` and
   ``_ensure_thread_exists_with_messages`` note the agent and its thread (the session);
   ``ChatHistoryAgentThread.reduce`` notes the thread (its reducer's model call is the
@@ -31,7 +35,8 @@ import weakref
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import is_suppressed, marking
+from ce.core.integration import RunConversations, is_suppressed, marking
+from ce.semantic_kernel._convert import turn_key
 from ce.semantic_kernel._inject import INNER, INNER_STREAM, Seam
 from ce.semantic_kernel._record import Filters
 from ce.semantic_kernel._scopes import (
@@ -124,6 +129,7 @@ class Patches:
         # the services wrapped (pydantic models are unhashable: by id, through weak refs)
         self.services: dict[int, weakref.ref[Any]] = {}
         self.chats: dict[int, tuple[weakref.ref[Any], str]] = {}
+        self.conversations = RunConversations()  # the conversations of unnamed scopes
 
     # -- install ----------------------------------------------------------------------------
 
@@ -212,7 +218,9 @@ class Patches:
                     del own[name]
         self.services = {}
 
-    def _site(self, service: Any, kwargs: dict[str, Any]) -> CallSite | None:
+    def _site(self, service: Any, chat_history: Any, kwargs: dict[str, Any]) -> CallSite | None:
+        """The site of a chat-service call sending ``chat_history`` (``None``: not one the
+        plugin acts on)."""
         plugin = self.plugin
         if is_suppressed() or not plugin.installed or not self.targeted(kwargs.get("kernel")):
             return None
@@ -221,6 +229,10 @@ class Patches:
         if kind is not None:
             return CallSite(service, internal_scope(plugin, kind, arguments), None, kind)
         scope, agent = scope_for_call(plugin, arguments)
+        if scope is not team_scope.get():  # a group chat's agents share its scope
+            messages = list(getattr(chat_history, "messages", None) or ())
+            call_id = f"call:{uuid.uuid4().hex[:12]}"
+            scope = self.conversations.place(scope, messages, turn_key, call_id)
         return CallSite(service, scope, agent)
 
     def _make_get(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -230,7 +242,7 @@ class Patches:
         async def get_chat_message_contents(
             service: Any, chat_history: Any, settings: Any, **kwargs: Any
         ) -> Any:
-            site = patches._site(service, kwargs)
+            site = patches._site(service, chat_history, kwargs)
             if site is None:
                 return await original(service, chat_history, settings, **kwargs)
             patches._ensure_wrapped(service)
@@ -250,7 +262,7 @@ class Patches:
             service: Any, chat_history: Any, settings: Any, **kwargs: Any
         ) -> AsyncGenerator[Any, Any]:
             def site() -> CallSite | None:
-                found = patches._site(service, kwargs)
+                found = patches._site(service, chat_history, kwargs)
                 if found is not None:
                     patches._ensure_wrapped(service)
                 return found

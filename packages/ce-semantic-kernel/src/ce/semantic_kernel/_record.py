@@ -252,7 +252,7 @@ class Filters:
                 return
             call_id = str(call.id or uuid.uuid4().hex)
             child_id = scope_ids.take(site.scope.session_id, call_id)
-            frame = ToolFrame(site.scope, call_id, child_id)
+            frame = ToolFrame(site.scope, call_id, child_id, agent_frame.get())
             frame_token = tool_frame.set(frame)
             started = time.time()
             try:

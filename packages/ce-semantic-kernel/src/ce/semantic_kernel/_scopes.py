@@ -136,12 +136,13 @@ class ToolFrame:
     """A function call of the auto-function-calling loop in flight: the scope of the model
     call that asked for it, SK's call id, the id naming the child scope of the calls nested
     in it (the call id, or ``<id>~2``, ... when an earlier function call of the session used
-    it: see :class:`~ce.core.integration.ToolScopeIds`), and what the function filter saw of
-    the run."""
+    it: see :class:`~ce.core.integration.ToolScopeIds`), the frame of the agent that asked
+    for it (``None``: no agent) and what the function filter saw of the run."""
 
     scope: Scope
     call_id: str
     child_id: str
+    caller: AgentFrame | None = None
     error: str | None = None
     entered: bool = False
     hits: list[Any] = field(default_factory=list)
@@ -226,6 +227,9 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
     explicit = explicit_session(arguments)
     tool = tool_frame.get()
     if tool is not None:
+        # an agent invoked inside the function makes its calls; the agent that called the
+        # function does not make the function's own calls
+        inner = agent_frame.get()
         return (
             resolve_scope(
                 plugin,
@@ -234,7 +238,7 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
                 parent=tool.scope,
                 parent_call_id=tool.child_id,
             ),
-            (agent_frame.get() or AgentFrame(None, "")).agent or None,
+            (inner.agent or None) if inner is not None and inner is not tool.caller else None,
         )
     agent = agent_frame.get()
     team = team_scope.get()
