@@ -26,6 +26,7 @@ from ce.core.schema import Message, ModelInvocation, Role
 __all__ = [
     "SUMMARY_SOURCE",
     "ai_to_message",
+    "failed_results",
     "fingerprint",
     "from_openai",
     "in_conversation",
@@ -203,6 +204,17 @@ def ai_to_message(message: AIMessage, provider: str, model: str) -> Message:
     if converted.get("content") is None:
         converted["content"] = ""
     return message_from_openai(converted).model_copy(update={"invocation": invocation})
+
+
+def failed_results(messages: Sequence[BaseMessage]) -> list[ToolMessage]:
+    """The tool messages of ``messages`` that LangChain marks as failed (``status="error"``):
+    the error of a tool that raised, a call ``HumanInTheLoopMiddleware`` rejected, a call of
+    an unknown tool. Their OpenAI form does not say so (:func:`to_openai`)."""
+    return [
+        m
+        for m in messages
+        if _kind(type(m))[2] and isinstance(m, ToolMessage) and m.status == "error"
+    ]
 
 
 def message_text(message: BaseMessage) -> str:

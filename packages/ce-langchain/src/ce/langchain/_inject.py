@@ -11,6 +11,8 @@ keeps the app's own messages); ``wrap()`` in :mod:`ce.langchain._wrap`.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -18,18 +20,22 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from langchain_core.messages import BaseMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 from langchain_core.runnables.config import var_child_runnable_config
 
 from ce.core.integration import (
+    Recorder,
     Scope,
+    ToolRun,
     fail_open,
     fail_open_sync,
     is_suppressed,
     prepare_openai,
     prepare_openai_sync,
+    record_sync,
 )
 from ce.langchain._convert import (
+    failed_results,
     fingerprint,
     in_conversation,
     message_text,
@@ -38,7 +44,7 @@ from ce.langchain._convert import (
     to_openai,
     tool_schemas,
 )
-from ce.langchain._scopes import in_hook_node, parent_run_id
+from ce.langchain._scopes import in_blocking_call, in_hook_node, parent_run_id
 
 if TYPE_CHECKING:
     from ce.langchain._plugin import LangChainPlugin
@@ -47,6 +53,7 @@ __all__ = [
     "INTERNAL_CALL_KEY",
     "SKIP_METADATA_KEY",
     "SKIP_TAG",
+    "ToolOutcomes",
     "already_injected",
     "call_scope",
     "current_config",
@@ -141,6 +148,80 @@ def call_scope(
     return plugin.tracker.for_call(run_id, parent_run_id(config), metadata, tags, messages=messages)
 
 
+class ToolOutcomes:
+    """The tool calls whose outcome the plugin has recorded, by session and ``tool_call_id``.
+    Bounded: past ``size`` calls it starts over, and a call forgotten is recorded again,
+    which changes nothing (a call's first record in a session wins)."""
+
+    def __init__(self, size: int = 8192) -> None:
+        self._size = size
+        self._calls: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def add(self, session_id: str, tool_call_id: str) -> bool:
+        """Note the outcome of ``tool_call_id`` in ``session_id`` as recorded; whether it
+        was not noted yet."""
+        key = (session_id, tool_call_id)
+        with self._lock:
+            if key in self._calls:
+                return False
+            if len(self._calls) >= self._size:
+                self._calls.clear()
+            self._calls.add(key)
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._calls.clear()
+
+
+def _record_failed_results(
+    plugin: LangChainPlugin, session_id: str, messages: Sequence[BaseMessage]
+) -> None:
+    """Record a failed tool run for each tool message of ``messages`` that LangChain marks as
+    failed (:func:`~ce.langchain._convert.failed_results`) and no recorded run answers: a
+    call ``HumanInTheLoopMiddleware`` rejected, a call of an unknown tool (no tool ran). It
+    is queued before the call is prepared, so the session holds the result as the call's
+    failure and the model receives it fenced with ``status="error"``."""
+    failed = [
+        result
+        for result in failed_results(messages)
+        if plugin.outcomes.add(session_id, result.tool_call_id)
+    ]
+    if not failed:
+        return
+    calls = {
+        call["id"]: call
+        for message in messages
+        if isinstance(message, AIMessage)
+        for call in message.tool_calls
+        if call.get("id")
+    }
+    runs: list[ToolRun] = []
+    for result in failed:
+        call = calls.get(result.tool_call_id)
+        text = message_text(result)
+        now = time.time()
+        runs.append(
+            ToolRun(
+                tool_call_id=result.tool_call_id,
+                name=result.name or (call["name"] if call else "") or "tool",
+                args=dict(call["args"]) if call else "",
+                result=text,
+                error=text,
+                started_at=now,
+                ended_at=now,
+                provider_name="langchain",
+            )
+        )
+
+    async def record(recorder: Recorder) -> None:
+        for run in runs:
+            await recorder.record_tool_run(run)
+
+    record_sync(plugin, session_id, "record tool run", record, blocking=in_blocking_call())
+
+
 def _redact_messages(plugin: LangChainPlugin, messages: list[BaseMessage]) -> list[BaseMessage]:
     """Copies of ``messages`` with their texts (string contents, text blocks, tool-call
     arguments) through the configured redactor; raises what redaction raised."""
@@ -207,6 +288,7 @@ def inject_sync(
         )
         pending = to_openai(own) if history is None else history.pending
         schemas = tool_schemas(tools)
+        _record_failed_results(plugin, session_id, own)
     except Exception as exc:
         redacted = fail_open_sync(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
@@ -242,6 +324,7 @@ async def inject_async(
         )
         pending = to_openai(own) if history is None else history.pending
         schemas = tool_schemas(tools)
+        _record_failed_results(plugin, session_id, own)
     except Exception as exc:
         redacted = await fail_open(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)

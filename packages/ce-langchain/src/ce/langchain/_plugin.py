@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from ce.core.config import RuntimeConfig
     from ce.core.engine import ContextEngine
+    from ce.langchain._inject import ToolOutcomes
     from ce.langchain._scopes import ScopeTracker
 
 __all__ = ["LangChainPlugin", "install", "middleware", "uninstall", "wrap"]
@@ -49,6 +50,8 @@ class LangChainPlugin(Plugin):
 
     tracker: ScopeTracker
     """The runs in flight and their scopes (while installed)."""
+    outcomes: ToolOutcomes
+    """The tool calls whose outcome is recorded, by session (while installed)."""
 
     def _install(self, *, patch: bool = True, **options: Any) -> None:
         if options:
@@ -58,6 +61,7 @@ class LangChainPlugin(Plugin):
         from langchain_core.tools import BaseTool
         from langchain_core.tracers import context as tracer_context
 
+        from ce.langchain._inject import ToolOutcomes
         from ce.langchain._patch import make_ainvoke, make_astream, make_convert_input
         from ce.langchain._record import RecordingHandler
         from ce.langchain._scopes import (
@@ -69,6 +73,8 @@ class LangChainPlugin(Plugin):
 
         self.tracker = ScopeTracker(self)
         self.ledger.register(self.tracker.clear, "scope tracker (runs in flight)")
+        self.outcomes = ToolOutcomes()
+        self.ledger.register(self.outcomes.clear, "tool calls with a recorded outcome")
         # The conversation a RunnableWithMessageHistory's history_factory_config keys name,
         # and the tool_call_id of a starting tool run (older langchain-core does not pass it
         # to on_tool_start): both needed to scope the calls under them.

@@ -11,6 +11,7 @@ which decides the session of each call (see :mod:`ce.langchain._scopes`).
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -43,7 +44,7 @@ from ce.langchain._scopes import (
 if TYPE_CHECKING:
     from langchain_core.documents import Document
 
-    from ce.core.integration import Plugin
+    from ce.langchain._plugin import LangChainPlugin
 
 __all__ = ["RecordingHandler"]
 
@@ -91,6 +92,15 @@ def _hit(document: Document) -> RetrievalHit:
     )
 
 
+def _bubbles_up(error: BaseException) -> bool:
+    """Whether ``error`` is LangGraph's way of leaving a node early, not a failure: a
+    ``GraphBubbleUp`` (an ``interrupt()`` waiting for a human's answer, a ``Command`` for the
+    parent graph). Without langgraph imported, no error is one."""
+    errors = sys.modules.get("langgraph.errors")
+    bubble_up = getattr(errors, "GraphBubbleUp", None)
+    return isinstance(bubble_up, type) and isinstance(error, bubble_up)
+
+
 def _output_text(message: BaseMessage | None, structured: bool) -> str:
     """What a model call answered: the reply's text; for a structured-output call that
     answered with a tool call (``method="function_calling"``), the call's arguments."""
@@ -115,7 +125,7 @@ class RecordingHandler(BaseCallbackHandler):
     # as a task on the run's event loop), so an async run never hops threads nor blocks.
     run_inline = True
 
-    def __init__(self, plugin: Plugin, tracker: ScopeTracker) -> None:
+    def __init__(self, plugin: LangChainPlugin, tracker: ScopeTracker) -> None:
         self.plugin = plugin
         self.tracker = tracker
         self._runs: dict[UUID, _Run] = {}
@@ -297,6 +307,7 @@ class RecordingHandler(BaseCallbackHandler):
             ended_at=time.time(),
             provider_name="langchain",
         )
+        self.plugin.outcomes.add(run.session_id, run.tool_call_id)
         self._write(run.session_id, "record tool run", lambda r: r.record_tool_run(tool_run))
         if hits:
             # retrieval hits inside this tool run: linked to the call id known only now
@@ -319,6 +330,12 @@ class RecordingHandler(BaseCallbackHandler):
             self._finish_tool(run_id, output if isinstance(output, str) else str(output), None)
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        """A tool that raised is recorded as a failed run; one that LangGraph interrupted
+        (``interrupt()``, see :func:`_bubbles_up`) is not recorded at all: it runs again
+        when the graph resumes, and that run records the outcome."""
+        if _bubbles_up(error):
+            self._pop(run_id)
+            return
         self._finish_tool(run_id, None, error_text(error))
 
     # -- retrievers -------------------------------------------------------------------------
