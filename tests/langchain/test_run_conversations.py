@@ -5,8 +5,9 @@ loop in the same kind of run still continues its own conversation."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.messages import BaseMessage
@@ -121,3 +122,81 @@ async def test_map_calls_batched_on_the_event_loop_each_get_their_own(
     assert all(len(seen) == 1 for seen in model.seen)
     sessions = [s for s in await engine.list_sessions() if s.startswith(RUN_SESSION_PREFIX)]
     assert len(sessions) == len(chunks)
+
+
+class Jokes(TypedDict):
+    topic: str
+    subjects: list[str]
+    jokes: Annotated[list[str], operator.add]
+    best: str
+
+
+def joke_graph(model: Scripted) -> Any:
+    """LangGraph's map-reduce: a topic node, one joke node per subject (``Send``), a node that
+    picks the best; the state holds fields, no messages."""
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import Send
+
+    def subjects(state: Jokes) -> dict[str, Any]:
+        reply = model.invoke(f"Generate 3 subjects related to {state['topic']}")
+        return {"subjects": str(reply.content).split(", ")}
+
+    def joke(state: dict[str, Any]) -> dict[str, Any]:
+        return {"jokes": [str(model.invoke(f"Write a joke about {state['subject']}").content)]}
+
+    def best(state: Jokes) -> dict[str, Any]:
+        return {"best": str(model.invoke("Pick the best:\n" + "\n".join(state["jokes"])).content)}
+
+    graph = StateGraph(Jokes)
+    graph.add_node("subjects", subjects)
+    graph.add_node("joke", joke)
+    graph.add_node("best", best)
+    graph.add_edge(START, "subjects")
+    graph.add_conditional_edges(
+        "subjects", lambda s: [Send("joke", {"subject": x}) for x in s["subjects"]], ["joke"]
+    )
+    graph.add_edge("joke", "best")
+    graph.add_edge("best", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def jokes_script(messages: list[BaseMessage]) -> str:
+    prompt = str(messages[-1].content)
+    if prompt.startswith("Generate"):
+        return "lions, owls, bees"
+    if prompt.startswith("Write a joke"):
+        return "JOKE about " + prompt.split()[-1]
+    return "the first"
+
+
+async def test_a_graph_of_prompts_on_a_thread_sends_each_prompt_alone(
+    engine: ContextEngine,
+) -> None:
+    """A LangGraph graph whose state holds no messages (map-reduce with ``Send``), compiled
+    with a checkpointer and invoked twice on one ``thread_id``: every model call gets its own
+    prompt alone, as without the plugin (each is its node's own work, in a child scope of the
+    thread), never the other nodes' prompts and answers nor the first invocation's."""
+    config = {"configurable": {"thread_id": "jokes-1"}}
+    sent: dict[bool, list[list[tuple[str, str]]]] = {}
+    for installed in (False, True):
+        model = Scripted(script=jokes_script)
+        graph = joke_graph(model)
+        if installed:
+            ce.langchain.install(engine)
+        for _ in range(2):
+            await graph.ainvoke({"topic": "animals", "jokes": []}, config)
+        if installed:
+            ce.langchain.uninstall()
+        sent[installed] = [[(m.type, str(m.content)) for m in seen] for seen in model.seen]
+    assert len(sent[True]) == 10
+    assert sorted(sent[True]) == sorted(sent[False])  # the Send calls run in any order
+    assert all(len(seen) == 1 for seen in sent[True])
+    await engine.flush()
+    sessions = await engine.list_sessions()
+    assert "jokes-1" not in sessions  # no call was a turn of the thread's conversation
+    children = [s for s in sessions if s.startswith("jokes-1/")]
+    assert len(children) == 10
+    for child in children:
+        doc = await engine.get_session(child)
+        assert [m.role for m in doc.session.messages] == [Role.USER, Role.ASSISTANT]

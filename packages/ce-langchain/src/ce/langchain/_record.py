@@ -161,7 +161,12 @@ class RecordingHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         self.tracker.start(
-            run_id, parent_run_id, "chain", metadata, tags, state=node_state(inputs, metadata)
+            run_id,
+            parent_run_id,
+            "chain",
+            metadata,
+            tags,
+            state=node_state(inputs, metadata, kwargs.get("name")),
         )
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:

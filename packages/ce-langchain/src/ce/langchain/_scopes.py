@@ -133,14 +133,20 @@ def in_hook_node(metadata: Mapping[str, Any] | None) -> bool:
 
 
 def node_state(
-    inputs: Any, metadata: Mapping[str, Any] | None
+    inputs: Any, metadata: Mapping[str, Any] | None, name: str | None = None
 ) -> tuple[str, frozenset[str]] | None:
     """For a LangGraph node's run (``langgraph_node`` in its metadata) whose input state holds
     ``messages``: the node's name and the ids of the newest of those messages (LangGraph's
-    ``add_messages`` gives every message one); ``None`` otherwise."""
+    ``add_messages`` gives every message one). For the node's own run (``name``: the run's
+    name, the node's) whose input holds no ``messages`` at all (a map-reduce step's ``Send``
+    payload, a state of fields that is no chat): the node's name and no ids, so every model
+    call made in it is the node's own work (see :meth:`ScopeTracker.side_call`). ``None``
+    otherwise."""
     node = (metadata or {}).get("langgraph_node")
     if not isinstance(node, str) or not isinstance(inputs, Mapping):
         return None
+    if "messages" not in inputs:
+        return (node, frozenset()) if name == node else None
     messages = inputs.get("messages")
     if not isinstance(messages, list) or not messages:
         return None
@@ -329,8 +335,9 @@ class ScopeTracker:
         """The run under which a chat-model call with ``messages`` is a LangGraph node's
         own work: under ``parent`` is a node whose input state holds messages (with ids), and
         the call passes none of the newest of them (looked for newest first: a call that
-        carries the conversation finds one at once). ``None`` for a call of the
-        conversation, or outside such a node."""
+        carries the conversation finds one at once), or a node whose input holds no messages
+        (its calls are prompts of their own, whatever thread the graph runs on). ``None``
+        for a call of the conversation, or outside such a node."""
         node = self._node(parent)
         if node is None or node.state is None or node.hook or node.kind in _NESTING_KINDS:
             return None
