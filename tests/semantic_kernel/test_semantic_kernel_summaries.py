@@ -126,3 +126,37 @@ async def test_an_agent_threads_summary_is_neither_stored_nor_sent_and_its_reduc
     # the reducer's requests are the thread's internal calls, not runs of their own
     assert len(await _children(engine, "t-sum")) == len(summarizers)
     assert not [s for s in await engine.list_sessions() if s.startswith("run:")]
+
+
+async def test_a_summary_goes_as_sk_sends_it_where_no_session_holds_the_turns(
+    engine: ContextEngine,
+) -> None:
+    """The same chatbot naming no session: each service call is a run of its own, whose
+    session never held the turns the summary replaces, so the summary is the only copy of
+    what they said and the request carries it as SK sends it (the fact it holds reaches the
+    model)."""
+    with ScriptedOpenAIServer(_script) as server:
+        kernel = kernel_with(server)
+        service = kernel.get_service(type=None)
+        ce.semantic_kernel.install(engine)
+        history = ChatHistorySummarizationReducer(
+            service=service, target_count=2, threshold_count=0
+        )
+        history.add_system_message(SYSTEM)
+        settings = OpenAIChatPromptExecutionSettings()
+        for turn in range(TURNS):
+            await history.reduce()
+            history.add_user_message(f"question {turn}")
+            reply = await service.get_chat_message_content(history, settings, kernel=kernel)
+            assert reply is not None
+            history.add_message(reply)
+        requests = server.requests
+    turns = [r for r in requests if not _summarizer(r)]
+    assert len(turns) == TURNS
+    summarized = [r for r in turns if SUMMARY in wire(r)]
+    assert summarized  # once SK summarised, every request carries the summary, once
+    for request in summarized:
+        assert wire(request).count(SUMMARY) == 1
+        assert [m["content"] for m in request["messages"] if m["role"] == "user"][-1].startswith(
+            "question"
+        )

@@ -72,13 +72,19 @@ class Seam:
         self.inject = inject
 
     def _pending(
-        self, session_id: str, messages: list[Any]
+        self, site: CallSite, messages: list[Any]
     ) -> tuple[Pending, History | None, list[Author | None] | None]:
-        """The request's messages as the engine reads them (a summarization reducer's summary
-        left out: see :func:`conversation`), the converted history the engine is handed them
-        from (None: from their dicts, converted again) and their authors (None: no message has
-        one). Raises what the conversion raises."""
-        messages = conversation(messages)
+        """The request's messages as the engine reads them, the converted history the engine
+        is handed them from (None: from their dicts, converted again) and their authors
+        (None: no message has one). Raises what the conversion raises.
+
+        A summarization reducer's summary is left out (see :func:`conversation`) where the
+        session holds the turns it summarizes: a session named for the conversation. In a
+        scope no session names (a direct service call is a run of its own), the session never
+        held them: the summary is the only copy of what they said, and goes as SK sends it."""
+        session_id = site.session_id
+        if site.scope.named:
+            messages = conversation(messages)
         history = self.plugin.histories.convert(
             session_id, messages, to_openai, opaque, author, fingerprint_of=fingerprint
         )
@@ -116,7 +122,7 @@ class Seam:
                 redacted = await fail_open(plugin, session_id, "redact", exc, redact)
             return history if redacted is None else redacted
         try:
-            pending, converted, authors = self._pending(session_id, messages)
+            pending, converted, authors = self._pending(site, messages)
             schemas = tool_schemas(settings)
         except Exception as exc:
             own = await fail_open(plugin, session_id, "convert messages", exc, redact)
@@ -136,7 +142,7 @@ class Seam:
         """``inject=False``: the engine records the request's messages (fail-open), the model
         gets the app's own, as they are."""
         try:
-            pending, converted, authors = self._pending(site.session_id, messages)
+            pending, converted, authors = self._pending(site, messages)
             schemas = tool_schemas(settings)
         except Exception as exc:
             await fail_open(self.plugin, site.session_id, "convert messages", exc, lambda: None)

@@ -24,8 +24,6 @@ from ce.core.integration._sessions import Scope
 
 __all__ = ["RunConversations"]
 
-_UNNAMED = frozenset({"run", "nested"})
-
 
 class RunConversations:
     """Per unnamed scope (the newest ``sessions`` of them), its conversations: the scope each
@@ -54,7 +52,7 @@ class RunConversations:
         are not part of), so even the first conversation placed gets a child scope.
         Looks at the messages newest first and stops at the first it knows: a call that
         continues a conversation costs what it adds to it."""
-        if scope.source not in _UNNAMED or not messages:
+        if scope.named or not messages:
             return scope
         with self._lock:
             conversations = self._held.pop(scope.session_id, None)

@@ -68,6 +68,13 @@ class Scope:
         """Whether this scope is a child of an outer one."""
         return self.parent_session_id is not None
 
+    @property
+    def named(self) -> bool:
+        """Whether a session names this scope (``ce_session_id``, ``engine.session()``, the
+        framework's conversation, the install default), so it may hold earlier turns; a run's
+        own scope or a nested call's is new with the run."""
+        return self.source not in ("run", "nested")
+
     def child(self, call_id: str) -> Scope:
         """The scope of a call nested in this one's ``call_id`` (a tool call id, a
         component's run id)."""
