@@ -49,7 +49,7 @@ from autogen_core.models import (
     UserMessage,
 )
 
-from ce.autogen._record import EMITTED
+from ce.autogen._record import EMITTED, SHOWN
 from ce.core.integration import History, RewriteMemo, message_from_openai, reconcile_openai
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation, Role
 
@@ -128,8 +128,11 @@ def to_openai(
         if isinstance(unit, FunctionExecutionResult):
             out.append({"role": "tool", "tool_call_id": unit.call_id, "content": unit.content})
         elif isinstance(unit, UserMessage):
-            role = "assistant" if _is_peer(unit, agent, peers) else "user"
-            out.append({"role": role, "content": _text(unit.content)})
+            if _is_peer(unit, agent, peers):  # as the peer wrote it (see ``ShownTexts``)
+                text = SHOWN.written(unit.source, _text(unit.content))
+                out.append({"role": "assistant", "content": text})
+            else:
+                out.append({"role": "user", "content": _text(unit.content)})
         elif isinstance(unit, AssistantMessage):
             entry: dict[str, Any] = {"role": "assistant"}
             if isinstance(unit.content, list):
@@ -365,6 +368,7 @@ def from_sent(
     agent: str,
     peers: Collection[str],
     lookup: AuthorLookup | None = None,
+    own_only: bool = False,
 ) -> list[LLMMessage]:
     """The AutoGen messages ``agent``'s model call sends for the engine's input ``sent``,
     through the kit's reconciler (:func:`ce.core.integration.reconcile_openai`): a message
@@ -373,7 +377,10 @@ def from_sent(
     is built anew, from ``agent``'s view (see the module docstring). With a continued
     history (``pending.history``) the work grows with ``sent``, not with the history; an app
     message that would go as it is but was changed in place since the history converted it
-    goes as the engine's input has it (the engine never read its new text)."""
+    goes as the engine's input has it (the engine never read its new text). With
+    ``own_only`` (an agent a ``MessageFilterAgent`` wraps: it receives only what its filter
+    let into its model context) a message of the engine's input that stands for none of
+    ``messages`` (the session's history) is left out, system messages kept."""
     history = pending.history
     if history is None:
         origins = reconcile_openai(pending.dicts, sent, pending.opaque)
@@ -418,7 +425,7 @@ def from_sent(
             source = None  # changed in place since: as the engine has it
         if role == "tool":
             call_id = str(message.get("tool_call_id") or "")
-            if call_id in dropped:
+            if call_id in dropped or (own_only and origin.source is None):
                 continue
             name = message.get("name") or pending.tool_name(call_id)
             unchanged.append(source if origin.text is None else None)
@@ -432,6 +439,8 @@ def from_sent(
             )
             continue
         flush()
+        if own_only and origin.source is None and role != "system":
+            continue  # the session's, which the agent's filter kept from it
         if source is not None:
             original = messages[pending.origins[source]]
             if origin.text is None:

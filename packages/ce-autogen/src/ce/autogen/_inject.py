@@ -118,7 +118,8 @@ async def prepare(
         return None
     lookup = await _lookup(site, sent) if peers else None
     try:
-        return from_sent(sent, messages, pending, site.agent, peers, lookup)
+        own_only = site.agent in site.frame.filtered
+        return from_sent(sent, messages, pending, site.agent, peers, lookup, own_only)
     except Exception as exc:
         return await fail_open(plugin, session_id, "convert messages", exc, redact)
 

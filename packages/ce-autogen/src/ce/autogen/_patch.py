@@ -7,7 +7,8 @@ runs each tool call (AutoGen's call id, ``is_error``), its static
 ``_update_model_context_with_memory`` queries the memories. The plugin replaces these four
 class attributes, and ``on_messages_stream`` (a turn of a standalone agent starts a run; a
 team agent's turn that ends with a tool-call summary or a handoff message stores it) and
-``BaseGroupChat.run_stream`` (a team's run), and ``SelectorGroupChatManager._select_speaker``
+``BaseGroupChat.run_stream`` (a team's run), ``SocietyOfMindAgent.on_messages_stream`` (the
+inner team's run is nested in the turn), and ``SelectorGroupChatManager._select_speaker``
 (the speaker-selection prompt, recorded only), each by a function that does its part around
 the original; and ``FunctionTool.run``, whose sync tool bodies AutoGen runs in an executor
 thread that does not get the caller's context variables: inside an instrumented tool call the
@@ -32,9 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 from ce.autogen._convert import arguments_of, emitted_message
 from ce.autogen._inject import CallSite, EngineClient, RecordingClient
-from ce.autogen._record import hits_from_memory, tool_run, write
-from ce.autogen._scopes import Frame, ToolFrame, agents_of, current_tool, in_tool
-from ce.core.integration import is_suppressed
+from ce.autogen._record import SHOWN, hits_from_memory, tool_run, write
+from ce.autogen._scopes import (
+    Frame,
+    ToolFrame,
+    agents_of,
+    current_tool,
+    filtered_of,
+    in_tool,
+)
+from ce.core.integration import guarded, is_suppressed
 
 if TYPE_CHECKING:
     from ce.autogen._record import Book
@@ -48,7 +56,13 @@ logger = logging.getLogger("ce.autogen")
 
 def patched_targets() -> list[tuple[Any, str]]:
     """The ``(class, attribute)`` pairs the plugin replaces while installed."""
-    from autogen_agentchat.agents import AssistantAgent
+    return [(owner, attr) for owner, attr, _ in _hooks()]
+
+
+def _hooks() -> list[tuple[Any, str, str]]:
+    """Each replaced ``(class, attribute)`` with the :class:`Patches` method that makes its
+    replacement from the original."""
+    from autogen_agentchat.agents import AssistantAgent, SocietyOfMindAgent
     from autogen_agentchat.teams import BaseGroupChat
     from autogen_agentchat.teams._group_chat._selector_group_chat import (
         SelectorGroupChatManager,
@@ -56,15 +70,42 @@ def patched_targets() -> list[tuple[Any, str]]:
     from autogen_core.tools import FunctionTool
 
     return [
-        (AssistantAgent, "_call_llm"),
-        (AssistantAgent, "_reflect_on_tool_use_flow"),
-        (AssistantAgent, "_execute_tool_call"),
-        (AssistantAgent, "_update_model_context_with_memory"),
-        (AssistantAgent, "on_messages_stream"),
-        (BaseGroupChat, "run_stream"),
-        (SelectorGroupChatManager, "_select_speaker"),
-        (FunctionTool, "run"),
+        (AssistantAgent, "_call_llm", "_make_call_llm"),
+        (AssistantAgent, "_reflect_on_tool_use_flow", "_make_reflect_on_tool_use_flow"),
+        (AssistantAgent, "_execute_tool_call", "_make_execute_tool_call"),
+        (
+            AssistantAgent,
+            "_update_model_context_with_memory",
+            "_make_update_model_context_with_memory",
+        ),
+        (AssistantAgent, "on_messages_stream", "_make_on_messages_stream"),
+        (SocietyOfMindAgent, "on_messages_stream", "_make_society_turn"),
+        (BaseGroupChat, "run_stream", "_make_run_stream"),
+        (SelectorGroupChatManager, "_select_speaker", "_make_select_speaker"),
+        (FunctionTool, "run", "_make_run"),
     ]
+
+
+async def _note_shown(agent: Any, name: str, chat_message: Any) -> None:
+    """When ``chat_message`` (the end of agent ``name``'s turn) is a ``StructuredMessage``,
+    note the text its peers receive (its content's compact JSON) as the reply the model
+    wrote, the newest assistant message of the agent's model context (see
+    :class:`~ce.autogen._record.ShownTexts`): a peer's call then passes it as the reply the
+    session holds, recorded once."""
+    from autogen_agentchat.messages import StructuredMessage
+    from autogen_core.models import AssistantMessage
+
+    model_context = getattr(agent, "_model_context", None)
+    if not isinstance(chat_message, StructuredMessage) or model_context is None:
+        return
+    shown = chat_message.to_model_message().content
+    held = await model_context.get_messages()
+    written = next(
+        (m.content for m in reversed(held) if isinstance(m, AssistantMessage)),
+        None,
+    )
+    if isinstance(shown, str) and isinstance(written, str):
+        SHOWN.note(name, shown, written)
 
 
 class Patches:
@@ -79,11 +120,9 @@ class Patches:
     # -- install ----------------------------------------------------------------------------
 
     def install(self, ledger: PatchLedger) -> None:
-        for owner, attr in patched_targets():
+        for owner, attr, maker in _hooks():
             raw = vars(owner)[attr]
-            make: Callable[[Any], Any] = getattr(
-                self, f"_make{attr}" if attr[0] == "_" else f"_make_{attr}"
-            )
+            make: Callable[[Any], Any] = getattr(self, maker)
             if isinstance(raw, classmethod):
                 new: Any = classmethod(make(raw.__func__))
             elif isinstance(raw, staticmethod):
@@ -125,16 +164,23 @@ class Patches:
         shows the peers but never puts into the agent's own model context (a tool-call
         summary, a handoff message, see :func:`emitted_message`), it is stored now, in the
         order the team emits it, with the agent as author, and noted as the agent's emitted
-        message (it never comes back to the agent as its own assistant turn)."""
+        message (it never comes back to the agent as its own assistant turn). A structured
+        reply's text as the peers receive it is noted (see :func:`_note_shown`)."""
         plugin, book = self.plugin, self.book
         frame = self.runs.for_context(getattr(agent, "_model_context", None))
         if frame is None or not plugin.installed:
             return
         name = str(getattr(agent, "name", ""))
+        session_id = frame.session_id
         message = emitted_message(chat_message, name)
         if message is None:
+            await guarded(
+                plugin,
+                lambda: _note_shown(agent, name, chat_message),
+                session_id=session_id,
+                what="note a structured reply",
+            )
             return
-        session_id = frame.session_id
 
         async def record(recorder: Recorder) -> None:
             texts = [message.content]
@@ -159,7 +205,9 @@ class Patches:
                 names = frozenset(
                     str(getattr(a, "name", "")) for a in agents if hasattr(a, "_model_client")
                 )
-                frame = Frame(runs.new_scope(), peers=names, team=True)
+                filtered = frozenset(str(getattr(a, "name", "")) for a in filtered_of(team))
+                scope = runs.new_scope(runs.nested_in(team))
+                frame = Frame(scope, peers=names, filtered=filtered & names, team=True)
                 for agent in agents:
                     runs.bind_agent(agent, frame)
                 runs.bind_team(team, str(getattr(team, "_team_id", id(team))), frame)
@@ -171,6 +219,30 @@ class Patches:
                     runs.unbind(frame)
 
         return run_stream
+
+    def _make_society_turn(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        runs = self.runs
+
+        async def on_messages_stream(
+            agent: Any, *args: Any, **kwargs: Any
+        ) -> AsyncGenerator[Any, None]:
+            # the inner team's run is nested in this turn: AutoGen hands the team only the
+            # turn's messages (the earlier ones as one handoff's context) and resets it after
+            # the answer, so it never shares the conversation the agent takes part in
+            team = getattr(agent, "_team", None)
+            nested: ToolFrame | None = None
+            if team is not None and not is_suppressed():
+                outer = runs.team_frame(agent)
+                parent = outer.scope if outer is not None else runs.new_scope()
+                nested = runs.nest(team, parent, str(getattr(agent, "name", "")))
+            try:
+                async for item in original(agent, *args, **kwargs):
+                    yield item
+            finally:
+                if nested is not None:
+                    runs.unnest(team, nested)
+
+        return on_messages_stream
 
     # -- model calls ------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from autogen_core.models import CreateResult
 
 
-__all__ = ["EMITTED", "Book", "hits_from_memory", "model_name", "write"]
+__all__ = ["EMITTED", "SHOWN", "Book", "ShownTexts", "hits_from_memory", "model_name", "write"]
 
 _URI_KEYS = ("source", "uri", "url", "file_path", "path")
 _SCORE_KEYS = ("score", "relevance", "similarity")
@@ -45,6 +45,7 @@ _SESSIONS_KEPT = 1024
 _PER_SESSION = 4096
 _MEMORY_TEXTS = 4096
 _EMITTED_KEPT = 4096
+_SHOWN_KEPT = 4096
 
 EMITTED = "autogen_emitted"
 """The meta key of a message the plugin stored for an agent that AutoGen never puts into that
@@ -300,3 +301,34 @@ class Book:
     def memory_texts(self) -> Collection[str]:
         """The system messages memories added (a live view: membership tests only)."""
         return self._memory.keys()
+
+
+class ShownTexts:
+    """The replies whose text AutoGen shows an agent's peers differently from what the model
+    wrote: a ``StructuredMessage`` reaches the peers as its content's compact JSON, while the
+    agent's own model context (and the session) holds the model's text. By agent and the
+    text shown: the text written. Bounded (oldest first out); thread-safe."""
+
+    def __init__(self) -> None:
+        self._written: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def note(self, agent: str, shown: str, written: str) -> None:
+        """Agent ``agent``'s reply ``written`` reaches its peers as ``shown``."""
+        if shown == written:
+            return
+        with self._lock:
+            self._written[(agent, shown)] = written
+            self._written.move_to_end((agent, shown))
+            while len(self._written) > _SHOWN_KEPT:
+                self._written.popitem(last=False)
+
+    def written(self, agent: str, shown: str) -> str:
+        """The text agent ``agent`` wrote for a message its peers receive as ``shown``
+        (``shown`` itself when noted as none)."""
+        return self._written.get((agent, shown), shown)
+
+
+SHOWN = ShownTexts()
+"""The process's :class:`ShownTexts`: how AutoGen renders a reply for the peers depends on
+the reply alone, not on an install (the conversions of ``_convert`` read it)."""

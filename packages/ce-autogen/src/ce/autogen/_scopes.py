@@ -10,7 +10,10 @@ it and is assembled from it (each with its own system message first, see ``_inje
 
 A run started inside a tool call of another run (an ``AgentTool`` / ``TeamTool``, a tool body
 that runs an agent) is nested: it gets the child scope ``<outer session>/<tool call id>`` and
-never receives or changes the outer conversation.
+never receives or changes the outer conversation. So is the inner team's run of a
+``SocietyOfMindAgent``'s turn: ``<session of the agent's run>/<agent name>`` (``~2``, ... for
+its later turns), as AutoGen resets that team after every answer. An agent a
+``MessageFilterAgent`` wraps is the team's agent (the wrapper only filters what it receives).
 
 AutoGen's hooks do not receive the agent (``_call_llm`` and ``_execute_tool_call`` are
 class / static methods), so a run's :class:`Frame` is found by the objects they do receive:
@@ -33,7 +36,17 @@ from ce.core.integration import Scope, ToolScopeIds, resolve_scope
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
 
-__all__ = ["Frame", "Runs", "ToolFrame", "current_tool", "in_tool"]
+__all__ = [
+    "Frame",
+    "Runs",
+    "ToolFrame",
+    "agents_of",
+    "current_tool",
+    "filtered_of",
+    "in_tool",
+    "reachable",
+    "unwrapped",
+]
 
 
 @dataclass(frozen=True)
@@ -72,11 +85,13 @@ class in_tool:
 
 @dataclass
 class Frame:
-    """One run in flight: its scope and the names of the model-driven agents of its team
-    (empty for a standalone agent)."""
+    """One run in flight: its scope, the names of the model-driven agents of its team
+    (empty for a standalone agent) and of those of them a ``MessageFilterAgent`` wraps
+    (``filtered``: each sees only what its model context holds)."""
 
     scope: Scope
     peers: frozenset[str] = frozenset()
+    filtered: frozenset[str] = frozenset()
     team: bool = False
     team_id: str | None = None
     objects: list[tuple[str, Any]] = field(default_factory=list)
@@ -86,13 +101,45 @@ class Frame:
         return self.scope.session_id
 
 
+def unwrapped(agent: Any) -> Any:
+    """The agent a ``MessageFilterAgent`` wraps (through any depth of wrappers), else
+    ``agent``."""
+    while getattr(agent, "_wrapped_agent", None) is not None:
+        agent = agent._wrapped_agent
+    return agent
+
+
 def agents_of(team: Any) -> Iterator[Any]:
-    """The agents of a team, those of its nested teams included."""
+    """The agents of a team, those of its nested teams included; for a
+    ``MessageFilterAgent``, the agent it wraps (the one whose model calls the run makes)."""
     for participant in getattr(team, "_participants", ()) or ():
         if hasattr(participant, "_participants"):
             yield from agents_of(participant)
         else:
-            yield participant
+            yield unwrapped(participant)
+
+
+def filtered_of(team: Any) -> Iterator[Any]:
+    """The agents of a team (nested teams included) that a ``MessageFilterAgent`` wraps."""
+    for participant in getattr(team, "_participants", ()) or ():
+        if hasattr(participant, "_participants"):
+            yield from filtered_of(participant)
+        elif unwrapped(participant) is not participant:
+            yield unwrapped(participant)
+
+
+def reachable(target: Any) -> Iterator[Any]:
+    """``target`` (an agent or a team) and the agents and teams it runs: a team's agents
+    and nested teams, a wrapped agent, a ``SocietyOfMindAgent``'s inner team."""
+    yield target
+    inner = unwrapped(target)
+    if inner is not target:
+        yield from reachable(inner)
+    for participant in getattr(target, "_participants", ()) or ():
+        yield from reachable(participant)
+    team = getattr(target, "_team", None)
+    if team is not None and hasattr(team, "_participants"):
+        yield from reachable(team)
 
 
 class Runs:
@@ -103,15 +150,15 @@ class Runs:
         self.tool_scope_ids = ToolScopeIds(plugin)  # the child scopes of tool runs, per session
         self._frames: dict[tuple[str, int], tuple[Any, Frame, bool]] = {}
         self._teams: dict[str, tuple[Frame, bool]] = {}
+        self._nested: dict[int, tuple[Any, ToolFrame]] = {}
         self._lock = threading.Lock()
         self._targets: weakref.WeakSet[Any] | None = None
         targets = list(targets)
         if targets:
             self._targets = weakref.WeakSet()
             for target in targets:
-                self._targets.add(target)
-                for agent in agents_of(target):
-                    self._targets.add(agent)
+                for obj in reachable(target):
+                    self._targets.add(obj)
 
     # -- targets ----------------------------------------------------------------------------
 
@@ -121,15 +168,38 @@ class Runs:
 
     # -- frames -----------------------------------------------------------------------------
 
-    def new_scope(self) -> Scope:
-        """The scope of a run starting now, in the current context."""
-        tool = current_tool()
+    def new_scope(self, parent: ToolFrame | None = None) -> Scope:
+        """The scope of a run starting now: nested in ``parent`` when given, else in the
+        tool call the current code runs inside, else top-level."""
+        tool = parent or current_tool()
         run_id = uuid.uuid4().hex
         if tool is None:
             return resolve_scope(self.plugin, run_id=run_id)
         return resolve_scope(
             self.plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.child_id
         )
+
+    def nest(self, team: Any, parent: Scope, name: str) -> ToolFrame:
+        """Make the next runs of ``team`` (a ``SocietyOfMindAgent``'s inner team, the agent
+        named ``name`` taking its turn in ``parent``) nested: in the child scope
+        ``<parent session>/<name>`` (``<name>~2``, ... for the agent's later turns in that
+        session). Returns the binding, for :meth:`unnest`."""
+        frame = ToolFrame(parent, name, self.tool_scope_ids.take(parent.session_id, name))
+        with self._lock:
+            self._nested[id(team)] = (team, frame)
+        return frame
+
+    def unnest(self, team: Any, frame: ToolFrame) -> None:
+        """Forget the binding ``frame`` of ``team`` (the turn ended), where it still holds."""
+        with self._lock:
+            entry = self._nested.get(id(team))
+            if entry is not None and entry[1] is frame:
+                del self._nested[id(team)]
+
+    def nested_in(self, team: Any) -> ToolFrame | None:
+        """What a run of ``team`` starting now is nested in (see :meth:`nest`), if any."""
+        entry = self._nested.get(id(team))
+        return entry[1] if entry is not None and entry[0] is team else None
 
     def running_in(self, session_id: str) -> bool:
         """Whether an agent's or a team's run in flight records into ``session_id``."""
@@ -203,3 +273,4 @@ class Runs:
         with self._lock:
             self._frames.clear()
             self._teams.clear()
+            self._nested.clear()
