@@ -31,11 +31,13 @@ from ce.core.integration import (
     error_text,
     record_sync,
 )
+from ce.core.schema import Message
 from ce.langchain._convert import ai_to_message, message_text
 from ce.langchain._inject import should_skip
 from ce.langchain._scopes import (
     ScopeTracker,
     in_blocking_call,
+    keeps_replies,
     messages_key,
     node_state,
     tool_call_in_flight,
@@ -112,6 +114,65 @@ def _output_text(message: BaseMessage | None, structured: bool) -> str:
     return "\n".join(json.dumps(c["args"], ensure_ascii=False) for c in message.tool_calls)
 
 
+_KEPT_DEPTH = 4  # how deep a keeper run's output is searched for a reply
+
+
+def _kept(outputs: Any, reply: AIMessage, keeper: str) -> bool:
+    """Whether a keeper run's ``outputs`` (see :func:`~ce.langchain._scopes.keeps_replies`)
+    hold ``reply``: a LangGraph node's update (or the updates of its ``Command``s) under
+    ``messages`` (the very message, one with its id, or an AI message of its text); a
+    ``RunnableWithMessageHistory``'s output anywhere (as a message, or as its text)."""
+    text = _text_of(reply)
+    if keeper != "node":
+        return _holds(outputs, reply, text, 0)
+    updates = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    for update in updates:
+        if not isinstance(update, Mapping):
+            update = getattr(update, "update", None)  # a Command carries its update
+        if isinstance(update, Mapping) and _holds(update.get("messages"), reply, text, 1):
+            return True
+    return False
+
+
+def _text_of(reply: AIMessage) -> str:
+    return message_text(reply).strip()
+
+
+def _holds(value: Any, reply: AIMessage, text: str, depth: int) -> bool:
+    if value is reply:
+        return True
+    if isinstance(value, BaseMessage):
+        same_id = reply.id is not None and value.id == reply.id
+        return same_id or (value.type == "ai" and message_text(value).strip() == text)
+    if isinstance(value, str):
+        return bool(text) and value.strip() == text
+    if depth >= _KEPT_DEPTH:
+        return False
+    if isinstance(value, Mapping):
+        value = value.values()
+    if isinstance(value, (list, tuple, type({}.values()))):
+        return any(_holds(item, reply, text, depth + 1) for item in value)
+    return False
+
+
+def _recording(
+    call: ModelCall, reply: Message, keep: bool
+) -> Callable[[Recorder], Coroutine[Any, Any, Any]]:
+    """The write of a held call: with its reply as a turn when ``keep``, else without."""
+    return lambda recorder: recorder.record_model_call(call, reply if keep else None)
+
+
+@dataclass
+class _Held:
+    """A text reply made inside a keeper run, recorded when that run ends."""
+
+    session_id: str
+    call: ModelCall
+    reply: Message
+    original: AIMessage
+    keeper: str  # the keeper run's kind (see keeps_replies)
+
+
 class RecordingHandler(BaseCallbackHandler):
     """Records chat-model calls (usage, latency, first-token latency, the reply), tool runs
     (LangChain's ``tool_call_id``, status, duration) and retriever hits (as ``rag_doc``
@@ -129,6 +190,7 @@ class RecordingHandler(BaseCallbackHandler):
         self.plugin = plugin
         self.tracker = tracker
         self._runs: dict[UUID, _Run] = {}
+        self._held: dict[UUID, list[_Held]] = {}  # by keeper run: replies it decides on
         self._lock = threading.Lock()
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -160,20 +222,45 @@ class RecordingHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        name = kwargs.get("name")
+        state = node_state(inputs, metadata, name)
         self.tracker.start(
             run_id,
             parent_run_id,
             "chain",
             metadata,
             tags,
-            state=node_state(inputs, metadata, kwargs.get("name")),
+            state=state,
+            keeper=keeps_replies(name, state, metadata),
         )
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self.tracker.end(run_id)
+        self._decide(run_id, outputs)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self.tracker.end(run_id)
+        self._decide(run_id, None)
+
+    def _decide(self, run_id: UUID, outputs: Any) -> None:
+        """Record the replies held for keeper run ``run_id``, which ended with ``outputs``
+        (``None``: it failed): each as a turn when the output holds it, else as its call's
+        output only (usage and ``llm_output`` evidence). A ``RunnableWithMessageHistory``
+        adds its run's output to the history, the last reply: of the replies its output
+        holds, only the last one made is kept (a chain may also return the question it
+        rewrote)."""
+        with self._lock:
+            held = self._held.pop(run_id, None)
+        if not held:
+            return
+        kept = [outputs is not None and _kept(outputs, h.original, h.keeper) for h in held]
+        if held[0].keeper == "history" and any(kept):
+            last = max(i for i, k in enumerate(kept) if k)
+            kept = [i == last for i in range(len(held))]
+        for item, keep in zip(held, kept, strict=True):
+            self._write(
+                item.session_id, "record model call", _recording(item.call, item.reply, keep)
+            )
 
     # -- chat models ------------------------------------------------------------------------
 
@@ -218,6 +305,13 @@ class RecordingHandler(BaseCallbackHandler):
                 run.first_token = time.perf_counter()
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        with self._lock:
+            peeked = self._runs.get(run_id)
+        keeper = (
+            self.tracker.keeper_of(run_id, peeked.session_id)
+            if peeked is not None and peeked.kind == "model"
+            else None
+        )
         run = self._pop(run_id)
         if run is None or run.kind != "model":
             return
@@ -250,6 +344,14 @@ class RecordingHandler(BaseCallbackHandler):
             if isinstance(message, AIMessage) and not run.structured
             else None
         )
+        if keeper is not None and reply is not None and not reply.tool_calls:
+            # a text reply inside a keeper run joins the conversation if that run keeps it
+            assert isinstance(message, AIMessage)  # reply is made from one
+            with self._lock:
+                self._held.setdefault(keeper[0], []).append(
+                    _Held(run.session_id, call, reply, message, keeper[1])
+                )
+            return
         self._write(run.session_id, "record model call", lambda r: r.record_model_call(call, reply))
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:

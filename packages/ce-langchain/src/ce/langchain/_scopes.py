@@ -62,6 +62,7 @@ __all__ = [
     "framework_identity",
     "in_blocking_call",
     "in_hook_node",
+    "keeps_replies",
     "make_history_merge",
     "make_tool_arun",
     "make_tool_run",
@@ -82,6 +83,8 @@ _NESTING_KINDS = frozenset({"tool", "retriever"})
 _STATE_TAIL = 16  # the newest messages of a LangGraph node's state a conversation call passes
 _PENDING_MAX = 4096
 _NODES_MAX = 65536  # runs never ended (an abandoned stream) are forgotten beyond this
+_KEEPER_DEPTH = 64  # how far up a chat-model run its keeper is looked for
+_HISTORY_RUN = "RunnableWithMessageHistory"
 
 # create_agent runs middleware hooks as graph nodes named "<Middleware>.<hook>"; model calls
 # made there (a summarizer's) are the middleware's own, not the agent's.
@@ -156,6 +159,23 @@ def node_state(
     return (node, ids) if ids else None
 
 
+def keeps_replies(
+    name: str | None, state: tuple[str, frozenset[str]] | None, metadata: Mapping[str, Any] | None
+) -> str | None:
+    """Whether a chain run named ``name`` (with :func:`node_state` ``state``) decides by its
+    output which of the replies made inside it join the conversation, and how: ``"node"``, a
+    LangGraph node's own run whose input state holds messages (what it returns under
+    ``messages`` is what the conversation keeps); ``"history"``, a
+    ``RunnableWithMessageHistory`` run (its output is what the history keeps); else ``None``.
+    A text reply made inside one is recorded when it ends: as a turn if its output holds it,
+    else as the call's output only (a grader's verdict kept in another key, the standalone
+    question a conversational RAG chain retrieves with)."""
+    node = (metadata or {}).get("langgraph_node")
+    if state is not None and state[1] and isinstance(node, str) and name == node:
+        return "node"
+    return "history" if name == _HISTORY_RUN else None
+
+
 def _turn_key(message: Any) -> Hashable | None:
     """A LangChain message as a conversation holds it (``None`` for a system message, which
     two unrelated calls may share)."""
@@ -203,6 +223,7 @@ class _Node:
     call_id: str  # what a nested run's scope is named after: unique in the session
     hook: bool  # in a create_agent middleware hook node
     state: tuple[str, frozenset[str]] | None = None  # its LangGraph node, see node_state
+    keeper: str | None = None  # its output says which replies join the conversation: keeps_replies
 
 
 class ScopeTracker:
@@ -295,10 +316,12 @@ class ScopeTracker:
         pending_key: Hashable | None = None,
         state: tuple[str, frozenset[str]] | None = None,
         messages: Sequence[Any] = (),
+        keeper: str | None = None,
     ) -> Scope:
         """Follow run ``run_id`` (``kind``: chain, tool, retriever, model; a tool run's
         ``call_id``: its ``tool_call_id``; a LangGraph node's ``state``, see
-        :func:`node_state`) until :meth:`end`; its scope: the one :meth:`for_call`
+        :func:`node_state`; ``keeper``: see :func:`keeps_replies`) until :meth:`end`; its
+        scope: the one :meth:`for_call`
         registered for it (by run id, else by ``pending_key``), else :meth:`resolve`'s (a
         chat model's ``messages`` tell a node's own call, see :meth:`side_call`)."""
         by_id, by_key = self._take(run_id), self._take(pending_key)
@@ -315,7 +338,13 @@ class ScopeTracker:
             if state is None and outer is not None:
                 state = outer.state
             self._nodes[run_id] = _Node(
-                parent=parent, kind=kind, scope=scope, call_id=named, hook=hook, state=state
+                parent=parent,
+                kind=kind,
+                scope=scope,
+                call_id=named,
+                hook=hook,
+                state=state,
+                keeper=keeper,
             )
             if len(self._nodes) > _NODES_MAX:
                 del self._nodes[next(iter(self._nodes))]
@@ -325,6 +354,25 @@ class ScopeTracker:
         """Stop following run ``run_id`` (a no-op for a run never started)."""
         with self._lock:
             self._nodes.pop(run_id, None)
+
+    def keeper_of(self, run_id: UUID | None, session_id: str) -> tuple[UUID, str] | None:
+        """The run whose output says whether the reply of the chat-model run ``run_id`` (in
+        session ``session_id``) joins the conversation, and its kind: the nearest enclosing
+        keeper run (see :func:`keeps_replies`) of the same session, not across a tool or
+        retriever run."""
+        with self._lock:
+            node = self._nodes.get(run_id) if run_id is not None else None
+            for _ in range(_KEEPER_DEPTH):
+                if node is None or node.parent is None:
+                    return None
+                parent = node.parent
+                node = self._nodes.get(parent)
+                if node is None or node.kind in _NESTING_KINDS:
+                    return None
+                if node.keeper is not None:
+                    same = node.scope.session_id == session_id
+                    return (parent, node.keeper) if same else None
+        return None
 
     def scope_of(self, run_id: UUID | None) -> Scope | None:
         """The scope of a run in flight, or ``None``."""
