@@ -54,6 +54,24 @@ def test_a_scope_that_is_anothers_gives_even_the_first_conversation_a_child() ->
     assert other.session_id == "alice/call_x/c3"
 
 
+def test_a_call_repeating_a_conversation_or_skipping_its_reply_is_one_of_its_own() -> None:
+    """A classifier's call, then the answer's on the same question: the second adds nothing
+    to the first (or, its reply noted, does not pass it), so it is a conversation of its own;
+    a tool loop's next call passes the reply and continues."""
+    runs = RunConversations()
+    question = [("system", "Classify."), ("user", "Q?")]
+    assert runs.place(RUN, question, key, "c1") is RUN
+    runs.replied("run:r1", ("assistant", "safe"))
+    # passes the question and more, but not the reply: the answer after the classifier
+    answer = runs.place(RUN, [("system", "Answer."), ("user", "Q?"), ("user", "Docs")], key, "c2")
+    assert answer.session_id == "run:r1/c2"
+    # the same question again, nothing after it: a second model asked the same
+    assert runs.place(RUN, question, key, "c3").session_id == "run:r1/c3"
+    loop = [*question, ("assistant", "safe"), ("tool", "result")]
+    assert runs.place(RUN, loop, key, "c4") is RUN
+    runs.replied("alice", ("assistant", "x"))  # a session no conversation is placed in
+
+
 def test_a_call_of_system_messages_only_names_no_conversation() -> None:
     runs = RunConversations()
     assert runs.place(RUN, [("system", "x")], key, "c1") is RUN
@@ -74,21 +92,23 @@ def test_the_newest_sessions_are_kept() -> None:
 def test_every_call_continues_the_conversation_it_is_placed_in(calls: list[list[str]]) -> None:
     """Against a model of the rule: a conversation knows the messages of its first call and,
     of each call placed in it, those newer than the newest one it knew (read newest first, so
-    a continuing call costs what it adds); a call goes to the first conversation that knows
-    one of its messages, else to a new scope (the run itself for the run's first)."""
+    a continuing call costs what it adds); a call goes to the first conversation whose
+    newest message it passes is followed by something new, else to a new scope (the run
+    itself for the run's first)."""
     runs = RunConversations()
     known: list[tuple[str, set[str]]] = []  # (session, the texts it knows), in order
     for n, texts in enumerate(calls):
         placed = runs.place(RUN, [("user", t) for t in texts], key, f"c{n}")
         for session, held in known:
             newer: list[str] = []
+            newest = next((t for t in reversed(texts) if t in held), None)
             for text in reversed(texts):
-                if text in held:
-                    held.update(newer)
+                if text == newest:
                     break
                 newer.append(text)
-            else:
+            if newest is None or not newer:
                 continue
+            held.update(newer)
             assert placed.session_id == session
             break
         else:

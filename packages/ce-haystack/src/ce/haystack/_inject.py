@@ -522,6 +522,8 @@ class Seam:
         message = (
             reply_to_message(reply, frame.agent, provider, model) if reply is not None else None
         )
+        if reply is not None:  # the run's next call continues this one if it passes the reply
+            self.conversations.replied(frame.scope.session_id, turn_key(reply))
 
         async def work(recorder: Recorder) -> None:
             await recorder.record_model_call(call, message)

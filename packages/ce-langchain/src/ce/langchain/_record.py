@@ -317,6 +317,8 @@ class RecordingHandler(BaseCallbackHandler):
             return
         generation = response.generations[0][0] if response.generations else None
         message = generation.message if isinstance(generation, ChatGeneration) else None
+        if message is not None:
+            self.tracker.replied(run.session_id, message)
         usage: Mapping[str, Any] = (
             message.usage_metadata if isinstance(message, AIMessage) else None
         ) or {}

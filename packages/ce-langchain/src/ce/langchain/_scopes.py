@@ -355,6 +355,12 @@ class ScopeTracker:
         with self._lock:
             self._nodes.pop(run_id, None)
 
+    def replied(self, session_id: str, reply: Any) -> None:
+        """Note ``reply``, the answer of a chat-model call in ``session_id``, for the
+        conversations of the scopes nothing names (see
+        :meth:`~ce.core.integration.RunConversations.replied`)."""
+        self._conversations.replied(session_id, _turn_key(reply))
+
     def keeper_of(self, run_id: UUID | None, session_id: str) -> tuple[UUID, str] | None:
         """The run whose output says whether the reply of the chat-model run ``run_id`` (in
         session ``session_id``) joins the conversation, and its kind: the nearest enclosing

@@ -30,7 +30,7 @@ from ce.core.integration import (
     record_sync,
 )
 from ce.core.schema import Message, ModelInvocation, Role
-from ce.llamaindex._convert import message_text, reply_to_message
+from ce.llamaindex._convert import message_text, reply_to_message, turn_key
 
 if TYPE_CHECKING:
     from llama_index.core.base.llms.types import ChatResponse
@@ -224,6 +224,7 @@ class Tracker:
         ended = time.perf_counter()
         prompt, completion = tokens_of(response)
         message = response.message
+        self.conversations.replied(call.session_id, turn_key(message))
         model_call = ModelCall(
             call_id=call.root,
             provider=call.provider,
