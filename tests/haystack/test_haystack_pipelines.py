@@ -416,3 +416,54 @@ async def test_two_generators_of_a_run_with_no_session_each_get_their_own_prompt
     assert bodies(True) == native
     runs = [s for s in await engine.list_sessions() if s.startswith("run:")]
     assert len(runs) == 4 and sum("/" in s for s in runs) == 2
+
+
+def router_script(body: dict[str, Any]) -> ScriptedResponse:
+    first = body["messages"][0]
+    if first["role"] == "system" and str(first["content"]).startswith("Classify"):
+        return ScriptedResponse(text="safe")
+    return ScriptedResponse(text=f"The answer, from {len(body['messages'])} messages.")
+
+
+def _classify_then_answer(server: ScriptedOpenAIServer) -> Pipeline:
+    """A guard generator classifies the question; the answering generator and a second model
+    each get the question itself (the same messages, another system prompt or none)."""
+    pipeline = Pipeline()
+    classify = [
+        ChatMessage.from_system("Classify as safe or unsafe."),
+        ChatMessage.from_user("{{q}}"),
+    ]
+    pipeline.add_component("classify_prompt", ChatPromptBuilder(classify, required_variables=["q"]))
+    pipeline.add_component("guard", generator(server))
+    pipeline.add_component("answer_prompt", ChatPromptBuilder([ChatMessage.from_user("{{q}}")]))
+    pipeline.add_component("answerer", generator(server))
+    pipeline.add_component("second", generator(server))
+    pipeline.connect("classify_prompt.prompt", "guard.messages")
+    pipeline.connect("answer_prompt.prompt", "answerer.messages")
+    pipeline.connect("answer_prompt.prompt", "second.messages")
+    return pipeline
+
+
+async def test_calls_on_the_same_question_in_a_run_with_no_session_get_their_own_messages(
+    engine: ContextEngine,
+) -> None:
+    """A guard's classification, then the answer to the same question, and a second model
+    given the very same prompt: each request is what Haystack sends, never the classifier's
+    prompt and verdict nor the first model's answer; each call in a session of its own."""
+
+    def bodies(install: bool) -> list[Any]:
+        with ScriptedOpenAIServer(router_script) as server:
+            pipeline = _classify_then_answer(server)
+            if install:
+                ce.haystack.install(engine)
+            question = "What is the capital of France?"
+            pipeline.run({"classify_prompt": {"q": question}, "answer_prompt": {"q": question}})
+            if install:
+                ce.haystack.uninstall()
+            return sorted(json.dumps(r["messages"]) for r in server.requests)
+
+    native = bodies(False)
+    assert bodies(True) == native
+    assert all("safe" not in body for body in native if "Classify" not in body)
+    runs = [s for s in await engine.list_sessions() if s.startswith("run:")]
+    assert len(runs) == 3 and sum("/" in s for s in runs) == 2
