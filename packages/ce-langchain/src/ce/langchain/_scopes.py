@@ -335,8 +335,8 @@ class ScopeTracker:
         with self._lock:
             outer = self._nodes.get(parent) if parent is not None else None
             hook = hook or (outer is not None and outer.hook)
-            if state is None and outer is not None:
-                state = outer.state
+            if state is None and outer is not None and kind not in _NESTING_KINDS:
+                state = outer.state  # a tool's runs are the tool call's, not the node's
             self._nodes[run_id] = _Node(
                 parent=parent,
                 kind=kind,

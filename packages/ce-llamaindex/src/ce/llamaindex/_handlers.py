@@ -392,13 +392,20 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         )
         return prompt if redacted is None else redacted
 
-    def _close(self, id_: str, instance: Any, result: Any, err: BaseException | None) -> None:
+    def _close(
+        self,
+        id_: str,
+        instance: Any,
+        result: Any,
+        err: BaseException | None,
+        arguments: Mapping[str, Any],
+    ) -> None:
         tracker = self.tracker
         info = tracker.pop(id_)
         if info is None:
             return
         if err is None:
-            self._close_turn(id_, info, instance, result)
+            self._close_turn(id_, info, instance, result, arguments)
         if info.tool is not None:
             tracker.record_tool(info, getattr(result, "tool_output", result), err)
         call = info.call
@@ -414,9 +421,13 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         else:
             tracker.finish_call(call)
 
-    def _close_turn(self, id_: str, info: SpanInfo, instance: Any, result: Any) -> None:
+    def _close_turn(
+        self, id_: str, info: SpanInfo, instance: Any, result: Any, arguments: Mapping[str, Any]
+    ) -> None:
         """A chat engine's ``chat`` ended: its turn is recorded unless a model call of its
-        session carried it; a streamed answer when the response is written to the memory."""
+        session carried it; a streamed answer when the response is written to the memory
+        (its text: the response's, else the message then put into the memory, where
+        llama-index-core fills the response only as the app reads the stream)."""
         tracker = self.tracker
         turn = info.chat_turn
         method = method_of(id_)
@@ -430,7 +441,8 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             streamed = tracker.streamed_turn(instance)
             if streamed is not None:
                 blocking = method == "write_response_to_history"  # on a thread of its own
-                tracker.record_turn(streamed, instance.response, blocking=blocking)
+                answer = instance.response or _last_answer(arguments.get("memory"))
+                tracker.record_turn(streamed, answer, blocking=blocking)
 
     def prepare_to_exit_span(
         self,
@@ -440,7 +452,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         result: Any | None = None,
         **kwargs: Any,
     ) -> BaseSpan | None:
-        self._close(id_, instance, result, None)
+        self._close(id_, instance, result, None, bound_args.arguments)
         return None
 
     def prepare_to_drop_span(
@@ -451,7 +463,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         err: BaseException | None = None,
         **kwargs: Any,
     ) -> BaseSpan | None:
-        self._close(id_, instance, None, err)
+        self._close(id_, instance, None, err, bound_args.arguments)
         return None
 
 
@@ -526,6 +538,21 @@ class EventRecorder(BaseEventHandler):
             nodes = getattr(event.response, "source_nodes", None)
             if info is not None and nodes and not is_suppressed():
                 tracker.record_hits(info, nodes)
+
+
+def _last_answer(memory: Any) -> str | None:
+    """The text of the newest assistant message a chat engine's ``memory`` holds."""
+    getter = getattr(memory, "get_all", None)
+    if not callable(getter):
+        return None
+    try:
+        held = getter()
+    except Exception:  # a memory that cannot be read here: the turn is not recorded
+        return None
+    for message in reversed(held or ()):
+        if getattr(getattr(message, "role", None), "value", None) == "assistant":
+            return message_text(message)
+    return None
 
 
 def _llm_identity(llm: BaseLLM) -> tuple[str, str, dict[str, Any]]:

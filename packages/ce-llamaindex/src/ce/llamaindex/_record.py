@@ -280,7 +280,7 @@ class Tracker:
         session carried (each call was a component: a condense step, a query engine's
         synthesizer), as a turn of that session, so the conversation is recorded as the
         chat engine's memory holds it."""
-        if turn.answered or not isinstance(answer, str) or is_suppressed():
+        if turn.answered or not isinstance(answer, str) or not answer or is_suppressed():
             return
         provider, model = turn.model or ("unknown", "unknown")
         messages = [
