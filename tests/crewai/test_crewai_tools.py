@@ -322,3 +322,49 @@ async def test_a_tool_run_reported_late_is_recorded_before_the_next_model_call(
     assert run.tool_call_id == "call_W" and run.task_id is not None
     assert _result(doc, run) == "weather of Oslo"
     assert _fences(requests[-1]) == {"call_W": (run.result_evidence_ids[0], "success")}
+
+
+@pytest.mark.parametrize("path", ["call", "acall"])
+async def test_a_reply_reported_late_is_stored_once_before_the_next_call(
+    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A chat loop on ``LLM.call`` / ``acall`` that passes its history back each turn: the
+    handler that records a call's reply runs on CrewAI's thread pool, here only once the
+    next request arrives (at most a second). The next call waits for it, so the reply is
+    stored once, before that call's question, and the request carries it once."""
+    next_request = threading.Event()
+    on_llm_completed = Recorders.on_llm_completed
+
+    def late(self: Recorders, source: Any, event: Any) -> None:
+        next_request.wait(timeout=1.0)
+        on_llm_completed(self, source, event)
+
+    monkeypatch.setattr(Recorders, "on_llm_completed", late)
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        asked = [m["content"] for m in body["messages"] if m["role"] == "user"]
+        if len(asked) > 1:
+            next_request.set()
+        return ScriptedResponse(text=f"Answer to {asked[-1]}")
+
+    ce.crewai.install(engine)
+    with ScriptedOpenAIServer(script) as server:
+        model = llm(server)
+        history: list[dict[str, str]] = [{"role": "system", "content": "You help."}]
+        for question in ("Q0", "Q1"):
+            history.append({"role": "user", "content": question})
+            with engine.session("u-late"):
+                if path == "call":
+                    reply = await asyncio.to_thread(model.call, list(history))
+                else:
+                    reply = await model.acall(list(history))
+            history.append({"role": "assistant", "content": str(reply)})
+            next_request.clear()
+        crewai_event_bus.flush()
+        requests = server.requests
+    last = [(m["role"], m["content"]) for m in requests[-1]["messages"][1:]]
+    assert last == [("user", "Q0"), ("assistant", "Answer to Q0"), ("user", "Q1")]
+    await engine.flush()
+    doc = await engine.get_session("u-late")
+    held = [m.content for m in doc.session.messages if m.role.value != "system"]
+    assert held == ["Q0", "Answer to Q0", "Q1", "Answer to Q1"]

@@ -36,14 +36,22 @@ SETTLE_SECONDS = 5.0
 """How long a model call waits at most for the event handlers of what came before it."""
 
 
+def _events_pending() -> bool:
+    """Whether CrewAI's event bus has handlers of emitted events still to run."""
+    from crewai.events import crewai_event_bus
+
+    return bool(getattr(crewai_event_bus, "_has_pending_events", True))
+
+
 def _settle_events() -> None:
     """Wait (at most :data:`SETTLE_SECONDS`) for the handlers of the events CrewAI emitted
-    so far. CrewAI runs sync event handlers on a thread pool: on a busy machine the handler
-    of a tool's finished event can still be queued when the agent's next model call begins,
-    and the run it records would reach the session after the messages of that call, which
-    already answer the tool call (the run would then go unmatched). Asked only while a tool
-    call of the caller's run has not been reported run. Not from one of the bus's own
-    threads: a model call made inside a handler would wait for itself."""
+    so far, before a model call is prepared. CrewAI runs sync event handlers on a thread
+    pool: the handler of the previous call's completed event (which records its reply) or of
+    a tool's finished event can still be queued when the next model call begins, and what it
+    records would reach the session after the messages of that call, which already hold the
+    reply or answer the tool call (a chat loop's reply stored twice, a run unmatched). No
+    wait when no handler is pending. Not from one of the bus's own threads: a model call
+    made inside a handler would wait for itself."""
     from crewai.events import crewai_event_bus
 
     current = threading.current_thread()
@@ -127,7 +135,7 @@ class Injector:
             if injector._passes():
                 return original(llm, messages, *args, **kwargs)
             target = injector._target(kwargs)
-            if injector.runs.awaits_runs(target):
+            if _events_pending():
                 _settle_events()
             pending = pending_messages(messages)
             tools = kwargs.get("tools", args[0] if args else None)
@@ -156,7 +164,7 @@ class Injector:
             if injector._passes():
                 return await original(llm, messages, *args, **kwargs)
             target = injector._target(kwargs)
-            if injector.runs.awaits_runs(target):  # waited for on a worker thread
+            if _events_pending():  # waited for on a worker thread
                 await asyncio.to_thread(_settle_events)
             pending = pending_messages(messages)
             tools = kwargs.get("tools", args[0] if args else None)

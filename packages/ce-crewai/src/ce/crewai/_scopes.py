@@ -165,11 +165,6 @@ class Runs:
         ``call_id``, for the tool event of that run (:meth:`take_call_id`)."""
         self._asked.note((target.run.run_id, target.session_id), [(call_id, tool, args)])
 
-    def awaits_runs(self, target: Target) -> bool:
-        """Whether tool calls the model calls of ``target`` asked for have not been reported
-        run yet (their events' handlers may still be queued)."""
-        return self._asked.waiting((target.run.run_id, target.session_id))
-
     def take_call_id(self, target: Target, tool: str, args: Any) -> str | None:
         """The id of the noted call of ``tool`` in ``target`` that ran with ``args`` (CrewAI
         may run a reply's calls in parallel and finish them in any order): the earliest

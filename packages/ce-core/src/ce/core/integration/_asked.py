@@ -68,11 +68,6 @@ class AskedToolCalls:
                 del self._waiting[key]
         return call_id
 
-    def waiting(self, key: Hashable) -> bool:
-        """Whether calls asked for under ``key`` wait for their runs."""
-        with self._lock:
-            return bool(self._waiting.get(key))
-
     def drop(self, stale: Callable[[Hashable], bool]) -> None:
         """Forget the calls waiting under every key ``stale`` is true of (their runs ended)."""
         with self._lock:
