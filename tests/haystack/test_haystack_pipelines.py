@@ -467,3 +467,55 @@ async def test_calls_on_the_same_question_in_a_run_with_no_session_get_their_own
     assert all("safe" not in body for body in native if "Classify" not in body)
     runs = [s for s in await engine.list_sessions() if s.startswith("run:")]
     assert len(runs) == 3 and sum("/" in s for s in runs) == 2
+
+
+async def test_a_routers_own_call_is_no_turn_of_the_named_conversation(
+    engine: ContextEngine,
+) -> None:
+    """An ``LLMMessagesRouter`` classifies the user's message with its own generator before
+    the answering generator gets it, in a session the pipeline names: the router's call is
+    the router's work (a run of its own under the session), so the answer's request is the
+    user's message alone, as without the plugin (not the classifier's prompt and verdict),
+    and the session holds the question and the answer only."""
+    routers = pytest.importorskip("haystack.components.routers")
+    utils = pytest.importorskip("haystack.components.generators.utils")
+    if not hasattr(utils, "_trace_chat_generator_run"):
+        pytest.skip("this Haystack does not mark a component's own generator calls")
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        first = body["messages"][0]
+        if first["role"] == "system" and "Classify" in str(first["content"]):
+            return ScriptedResponse(text="safe")
+        return ScriptedResponse(text="Paris.")
+
+    question = "What is the capital of France?"
+
+    def bodies(install: bool) -> list[Any]:
+        with ScriptedOpenAIServer(script) as server:
+            pipeline = Pipeline(metadata={SESSION_KEY: "s-router"})
+            router = routers.LLMMessagesRouter(
+                chat_generator=generator(server),
+                output_names=["unsafe", "safe"],
+                output_patterns=["unsafe", "safe"],
+                system_prompt="Classify the user message as safe or unsafe.",
+            )
+            pipeline.add_component("router", router)
+            pipeline.add_component("llm", generator(server))
+            pipeline.connect("router.safe", "llm.messages")
+            if install:
+                ce.haystack.install(engine)
+            result = pipeline.run({"router": {"messages": [ChatMessage.from_user(question)]}})
+            if install:
+                ce.haystack.uninstall()
+            assert result["llm"]["replies"][0].text == "Paris."
+            return [r["messages"] for r in server.requests]
+
+    native = bodies(False)
+    assert bodies(True) == native
+    assert native[1] == [{"role": "user", "content": question}]
+    doc = await engine.get_session("s-router")
+    held = [(m.role, m.content) for m in doc.session.messages]
+    assert held == [(Role.USER, question), (Role.ASSISTANT, "Paris.")]
+    (child,) = [s for s in await engine.list_sessions() if s.startswith("s-router/router-")]
+    routed = await engine.get_session(child)
+    assert [m.content for m in routed.session.messages][-1] == "safe"

@@ -76,6 +76,7 @@ from ce.haystack._scopes import (
     bound,
     hook_run,
     in_call,
+    in_component_work,
     in_hook,
     open_run,
     run_frame,
@@ -268,11 +269,14 @@ class Seam:
         if "messages" not in arguments.arguments:
             return None
         frame, tool, hook = run_frame.get(), tool_frame.get(), in_hook.get()
+        work = in_component_work.get()
         if frame is None or (tool is not None and tool.scope == frame.scope):
             # on its own, or inside a tool of the run (an LLM-backed tool): a run of its own
             frame = open_run(self.plugin)
         elif hook is not None:  # an Agent's hook summarising its messages, say
             frame = hook_run(self.plugin, frame, hook)
+        elif work is not None:  # a router's, a ranker's own call: not the conversation's
+            frame = hook_run(self.plugin, frame, work)
         # in a run that names no session, a call continuing none of its earlier calls (a
         # query rewriter's, then the answer's) is a conversation of its own
         messages = as_messages(arguments.arguments["messages"])

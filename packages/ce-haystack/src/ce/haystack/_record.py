@@ -47,6 +47,7 @@ from ce.haystack._scopes import (
     ToolFrame,
     bound,
     component_name,
+    in_component_work,
     in_hook,
     open_run,
     run_frame,
@@ -124,6 +125,8 @@ class SpanObserver:
             stack.enter_context(bound(blocking, sync))
         elif name == "haystack.component.run":
             stack.enter_context(bound(component_name, tags.get("haystack.component.name")))
+        elif name == "haystack.chat_generator.run":  # a component calls its own generator
+            stack.enter_context(bound(in_component_work, component_name.get() or "component"))
         elif name == "haystack.agent.step":
             stack.enter_context(bound(step_frame, StepFrame()))
         elif name == "haystack.agent.hook":

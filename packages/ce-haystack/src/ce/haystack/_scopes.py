@@ -44,6 +44,7 @@ __all__ = [
     "component_name",
     "hook_run",
     "in_call",
+    "in_component_work",
     "in_hook",
     "open_run",
     "run_frame",
@@ -148,6 +149,11 @@ in_hook: ContextVar[str | None] = ContextVar("ce_haystack_in_hook", default=None
 """The name of the Agent hook running (its ``haystack.agent.hook`` span): a model call made
 there (a ``CompactionHook``'s ``SummarizationCompactor``) is the hook's work (see
 :func:`hook_run`)."""
+in_component_work: ContextVar[str | None] = ContextVar("ce_haystack_component_work", default=None)
+"""The name of the pipeline component whose own work a chat generator runs for (Haystack's
+``haystack.chat_generator.run`` span: a router, a ranker, an extractor, a query expander calls
+its generator and keeps the reply to itself): a model call made there is a run of its own (see
+:func:`hook_run`), never a turn of the pipeline's conversation."""
 in_call: ContextVar[bool] = ContextVar("ce_haystack_in_call", default=False)
 """Set while a wrapped chat generator runs: a generator it calls (a fallback's, a
 subclass's ``super().run``) passes through."""
@@ -194,8 +200,10 @@ def open_run(
 
 def hook_run(plugin: Plugin, outer: RunFrame, hook: str) -> RunFrame:
     """The frame of a model call an Agent's hook makes (a ``CompactionHook`` summarising the
-    Agent's older messages with its own generator): the hook's work, a run of its own in the
-    child scope ``<Agent's session>/<hook>-<id>``, never a turn of the Agent's conversation."""
+    Agent's older messages with its own generator), or a component makes for its own work (an
+    ``LLMMessagesRouter`` classifying the messages, an ``LLMRanker``): that work's, a run of
+    its own in the child scope ``<session>/<hook or component>-<id>``, never a turn of the
+    conversation."""
     scope = resolve_scope(
         plugin,
         run_id=uuid.uuid4().hex,
