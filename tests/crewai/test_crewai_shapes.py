@@ -383,3 +383,56 @@ async def test_an_agent_kicked_off_from_a_tool_runs_in_a_child_scope(
     child = await engine.get_session(child_id)
     assert child is not None
     assert _answers(child) == [("Expert", "SUB-ANSWER-7")]
+
+
+async def test_an_agent_planning_its_task_plans_in_a_run_of_its_own(
+    engine: ContextEngine,
+) -> None:
+    """Agents with a ``PlanningConfig`` ask the model for a plan before each task, naming the
+    task and the agent: the planner's calls run in child scopes of the crew's session with
+    their own messages, so no task request carries a plan prompt or a plan, and the crew's
+    session holds the tasks' turns only."""
+    from crewai.agent.planning_config import PlanningConfig
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        names = [t["function"]["name"] for t in body.get("tools") or ()]
+        if "create_reasoning_plan" in names:
+            plan = {"plan": "PLAN: think, then answer", "steps": [], "ready": True}
+            return ScriptedResponse(
+                tool_calls=[("call_plan", "create_reasoning_plan", json.dumps(plan))]
+            )
+        text = json.dumps(body["messages"])
+        if "Create an execution plan" in text:
+            return ScriptedResponse(text=json.dumps({"plan": "PLAN", "steps": [], "ready": True}))
+        return ScriptedResponse(text="WRITTEN." if "Write one line" in text else "FACT: sunny.")
+
+    ce.crewai.install(engine, session_id="s-plan")
+    with ScriptedOpenAIServer(script) as server:
+        model = llm(server)
+        planning = PlanningConfig(max_attempts=1)
+        researcher = Agent(
+            role="Researcher", goal="find", backstory="b", llm=model, planning_config=planning
+        )
+        writer = Agent(
+            role="Writer", goal="write", backstory="b", llm=model, planning_config=planning
+        )
+        research = Task(description="Weather in Paris?", expected_output="a fact", agent=researcher)
+        write = Task(
+            description="Write one line about it.",
+            expected_output="a line",
+            agent=writer,
+            context=[research],
+        )
+        await asyncio.to_thread(Crew(agents=[researcher, writer], tasks=[research, write]).kickoff)
+        crewai_event_bus.flush()
+        requests = server.requests
+    tasks = [r for r in requests if "Current Task" in json.dumps(r["messages"])]
+    assert len(tasks) == 2
+    for request in tasks:
+        assert "Create an execution plan" not in json.dumps(request["messages"])
+        assert "PLAN" not in json.dumps(request["messages"])
+    await engine.flush()
+    doc = await engine.get_session("s-plan")
+    assert not any("execution plan" in m.content for m in doc.session.messages)
+    children = [s for s in await engine.list_sessions() if s.startswith("s-plan/")]
+    assert len(children) == 2

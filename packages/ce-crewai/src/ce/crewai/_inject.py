@@ -25,7 +25,7 @@ from ce.core.integration import (
     tool_chains_as_text,
 )
 from ce.crewai._convert import authors_of, pending_messages, reply_tool_calls, tool_schemas
-from ce.crewai._scopes import Runs, Target, current_call, current_run
+from ce.crewai._scopes import Runs, Target, current_call, current_run, in_planning
 
 if TYPE_CHECKING:
     from ce.core.integration import PatchLedger, Plugin
@@ -105,6 +105,8 @@ class Injector:
         ``LLM.call`` is top-level)."""
         task, agent = kwargs.get("from_task"), kwargs.get("from_agent")
         run = self.runs.run_of(task)
+        if in_planning.get():  # an agent planning its task: the planner's, not the task's
+            return self.runs.target(self.runs.begin(), None, None)
         if run is None or (task is None and agent is None):
             # a direct call, or one of CrewAI's own machinery inside a run (memory,
             # planning, a guardrail): a run of its own, nested in the current one if any

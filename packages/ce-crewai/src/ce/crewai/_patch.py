@@ -33,11 +33,13 @@ def patched_targets() -> list[tuple[Any, str]]:
     from crewai.knowledge.knowledge import Knowledge
     from crewai.llms.base_llm import BaseLLM
     from crewai.memory.unified_memory import Memory
+    from crewai.utilities.reasoning_handler import AgentReasoning
 
     targets: list[tuple[Any, str]] = [(Crew, "kickoff"), (Crew, "akickoff")]
     targets += [(Agent, name) for name in ("kickoff", "kickoff_async", "akickoff")]
     targets += [(Knowledge, "query"), (Knowledge, "aquery")]
     targets += [(Memory, "recall"), (Memory, "arecall")]
+    targets += [(AgentReasoning, "handle_agent_reasoning")]
     for cls in _subclasses(BaseLLM):
         targets += [(cls, name) for name in ("call", "acall") if name in vars(cls)]
     return targets

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ce.core.integration import InjectMode, Plugin
+from ce.core.integration import InjectMode, Plugin, marking
 from ce.crewai.package import REQUIREMENTS
 
 if TYPE_CHECKING:
@@ -43,12 +43,13 @@ class CrewAIPlugin(Plugin):
         from ce.crewai._inject import Injector
         from ce.crewai._patch import Kickoffs
         from ce.crewai._record import Recorders
-        from ce.crewai._scopes import Runs
+        from ce.crewai._scopes import Runs, in_planning
         from crewai import Agent, Crew
         from crewai.events import crewai_event_bus
         from crewai.knowledge.knowledge import Knowledge
         from crewai.llms.base_llm import BaseLLM
         from crewai.memory.unified_memory import Memory
+        from crewai.utilities.reasoning_handler import AgentReasoning
 
         runs = Runs(self)
         kickoffs = Kickoffs(self, runs, inject)
@@ -66,6 +67,9 @@ class CrewAIPlugin(Plugin):
         ledger.wrap(Knowledge, "aquery", recorders.knowledge_aquery)
         ledger.wrap(Memory, "recall", recorders.memory_recall)
         ledger.wrap(Memory, "arecall", recorders.memory_arecall)
+        # an agent planning its task calls the model with the task and the agent: marked, so
+        # those calls are the planner's run, not turns of the task
+        ledger.wrap(AgentReasoning, "handle_agent_reasoning", marking(in_planning, True))
         ledger.for_subclasses(BaseLLM, lambda cls: injector.wrap_llm_class(ledger, cls))
         for name, handler in recorders.handlers():
             event = getattr(events, name)

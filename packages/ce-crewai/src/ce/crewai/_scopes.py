@@ -32,12 +32,19 @@ from ce.core.integration import AskedToolCalls, Scope, resolve_scope
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
 
-__all__ = ["Run", "Runs", "Target", "current_call", "current_run"]
+__all__ = ["Run", "Runs", "Target", "current_call", "current_run", "in_planning"]
 
 current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
     "ce_crewai_run", default=None
 )
 """The run the code on this context belongs to."""
+
+in_planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "ce_crewai_planning", default=False
+)
+"""True while an agent plans its task (``AgentReasoning.handle_agent_reasoning``:
+``Agent(reasoning=True)``, a ``PlanningConfig``): its model calls name the task and the agent,
+yet they are the planner's, not turns of the task's conversation."""
 
 current_call: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
     "ce_crewai_call", default=None
