@@ -76,14 +76,6 @@ async def _held(engine: ContextEngine) -> dict[str, list[tuple[str, str | None, 
     return held
 
 
-def _run_and_child(held: dict[str, Any]) -> tuple[str, str]:
-    """The one top-level run session and its one ``call:<id>`` child."""
-    (run,) = [s for s in held if s.startswith("run:") and "/" not in s]
-    (child,) = [s for s in held if s != run]
-    assert child.startswith(run + "/") and CHILD.search(child), child
-    return run, child
-
-
 @pytest.mark.parametrize("shape", ["native function", "nested prompt"])
 async def test_unrelated_calls_of_one_run_get_their_own_messages_and_session(
     engine: ContextEngine, shape: str
@@ -110,14 +102,18 @@ async def test_unrelated_calls_of_one_run_get_their_own_messages_and_session(
             second = "Tweet about: short summary"
         requests = server.requests
     assert _sent(requests) == [[("user", "SUMMARIZE: SECRET-DOC")], [("user", second)]]
-    held = await _held(engine)
-    run, child = _run_and_child(held)
-    assert held[run] == [
-        ("user", None, "SUMMARIZE: SECRET-DOC"),
-        ("assistant", None, "short summary"),
-    ]
-    assert [m[:2] for m in held[child]] == [("user", None), ("assistant", None)]
-    assert held[child][0][2] == second
+    # each call in a session of its own under the run: a function invoked inside the run
+    # (by the native function, by the template) is its own work, `<run>/<function>:<id>`
+    held = {k: v for k, v in (await _held(engine)).items() if v}
+    assert len(held) == 2
+    (run,) = {s.split("/")[0] for s in held}
+    assert all(s.startswith("run:") for s in held)
+    asked = sorted(messages[0][2] for messages in held.values())
+    assert asked == sorted(["SUMMARIZE: SECRET-DOC", second])
+    for messages in held.values():
+        assert [m[:2] for m in messages] == [("user", None), ("assistant", None)]
+    (summary,) = [s for s, m in held.items() if m[0][2].startswith("SUMMARIZE")]
+    assert summary.startswith(f"{run}/")  # the inner function's call is nested in the run
 
 
 async def test_a_call_continuing_an_earlier_one_stays_in_its_session(
@@ -216,3 +212,53 @@ async def test_unrelated_calls_inside_a_function_call_get_their_own_session(
         ("user", None, "TRANSLATE to French: short summary"),
         ("assistant", None, "resume court"),
     ]
+
+
+async def test_a_prompt_function_an_agents_instructions_call_is_no_turn_of_its_thread(
+    engine: ContextEngine,
+) -> None:
+    """A ``ChatCompletionAgent`` whose instructions template calls a prompt function, on a
+    named thread, two turns: the function's call is its own work (``<thread>/<function>:<id>``,
+    its own messages), so every request is what SK sends (the thread's turns, never the
+    function's prompt) and the thread holds the user's turns and the agent's answers only."""
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        last = str(body["messages"][-1]["content"])
+        if last.startswith("SUMMARIZE"):
+            return ScriptedResponse(text="SUMMARY-OF-DOC")
+        return ScriptedResponse(text=f"answer to {last}")
+
+    questions = ["What is in it?", "And the date?"]
+
+    async def bodies(install: bool) -> list[list[tuple[str, Any]]]:
+        with ScriptedOpenAIServer(script) as server:
+            kernel = kernel_with(server)
+            kernel.add_function(
+                plugin_name="Writer", function_name="summarize", prompt="SUMMARIZE: {{$doc}}"
+            )
+            agent = ChatCompletionAgent(
+                kernel=kernel,
+                name="helper",
+                instructions="You help with the document: {{Writer.summarize $doc}}",
+                arguments=KernelArguments(doc="DOC-X"),
+            )
+            thread = ChatHistoryAgentThread(thread_id="t-doc")
+            if install:
+                ce.semantic_kernel.install(engine)
+            for question in questions:
+                await agent.get_response(messages=question, thread=thread)
+            if install:
+                ce.semantic_kernel.uninstall()
+            return _sent(server.requests)
+
+    native = await bodies(False)
+    assert await bodies(True) == native
+    held = await _held(engine)
+    assert [(role, text) for role, _, text in held["t-doc"] if role != "system"] == [
+        ("user", questions[0]),
+        ("assistant", f"answer to {questions[0]}"),
+        ("user", questions[1]),
+        ("assistant", f"answer to {questions[1]}"),
+    ]
+    children = [s for s in held if s.startswith("t-doc/summarize:")]
+    assert len(children) == 2

@@ -47,6 +47,7 @@ from ce.semantic_kernel._scopes import (
     call_site,
     explicit_session,
     internal_kind,
+    outer_scope,
     run_scope,
     tool_frame,
 )
@@ -194,22 +195,31 @@ class Filters:
             own = tool is not None and not tool.entered  # the called function, not one it calls
             if tool is not None:
                 tool.entered = True
-            token = None
+            token = agent_token = None
             scope = None
-            if (
-                tool is None
-                and call_site.get() is None
-                and agent_frame.get() is None
-                and run_scope.get() is None
-                and internal_kind.get() is None
-            ):
+            arguments = getattr(context, "arguments", None)
+            free = tool is None and call_site.get() is None and internal_kind.get() is None
+            if free and agent_frame.get() is None and run_scope.get() is None:
                 # a top-level kernel.invoke / invoke_prompt: its model calls share one run
                 scope = resolve_scope(
-                    plugin,
-                    run_id=uuid.uuid4().hex,
-                    explicit=explicit_session(getattr(context, "arguments", None)),
+                    plugin, run_id=uuid.uuid4().hex, explicit=explicit_session(arguments)
                 )
                 token = run_scope.set(scope)
+            elif free:
+                # a function invoked inside a run or an agent's turn, not by the model (a
+                # prompt template calling another prompt function, a native function
+                # prompting): its model calls are its own work, a run of its own nested there
+                name = str(getattr(getattr(context, "function", None), "name", "") or "function")
+                outer = outer_scope(plugin, arguments)
+                named = explicit_session(arguments)  # the outer's, passed on by a template
+                nested = resolve_scope(
+                    plugin,
+                    run_id=uuid.uuid4().hex,
+                    explicit=None if named in (*outer.lineage, outer.session_id) else named,
+                    parent=outer,
+                    parent_call_id=f"{name}:{uuid.uuid4().hex[:12]}",
+                )
+                token, agent_token = run_scope.set(nested), agent_frame.set(None)
             try:
                 await next(context)
             except Exception as exc:
@@ -217,6 +227,8 @@ class Filters:
                     tool.error = error_text(exc)
                 raise
             finally:
+                if agent_token is not None:
+                    agent_frame.reset(agent_token)
                 if token is not None:
                     run_scope.reset(token)
             if (own and tool is not None) or scope is not None:

@@ -254,7 +254,9 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
         return scope, agent.agent or None
     run = run_scope.get()
     if run is not None:
-        if explicit and explicit != run.session_id:
+        # a session the run or an enclosing one has (arguments a template passes on) does not
+        # pull a nested function's call back there
+        if explicit and explicit not in (*run.lineage, run.session_id):
             return Scope(str(explicit), "explicit"), None
         return run, None
     return resolve_scope(plugin, run_id=_new_run(), explicit=explicit), None
