@@ -21,6 +21,19 @@ def client(server: ScriptedOpenAIServer, **kwargs: Any) -> OpenAIChatCompletionC
     )
 
 
+def outer_agent(server: ScriptedOpenAIServer, tool: Any) -> Any:
+    """The agent whose tool runs nested work: ``tool``, reflecting on its result."""
+    from autogen_agentchat.agents import AssistantAgent
+
+    return AssistantAgent(
+        "outer",
+        model_client=client(server),
+        tools=[tool],
+        system_message="You are the outer agent.",
+        reflect_on_tool_use=True,
+    )
+
+
 def wire(request: dict[str, Any]) -> str:
     """A request body as the text that went over the wire."""
     return json.dumps(request)

@@ -17,7 +17,7 @@ from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import BaseChatMessage
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
 from autogen_agentchat.tools import AgentTool
-from autogen_apps import client, wire
+from autogen_apps import client, outer_agent, wire
 
 import ce.autogen
 from ce.core.config import RuntimeConfig
@@ -279,13 +279,7 @@ async def test_a_sync_tool_body_keeps_the_session_and_nests_its_runs(
             result = asyncio.run(helper.run(task=f"helper {question}"))
             return str(result.messages[-1].content)
 
-        outer = AssistantAgent(
-            "outer",
-            model_client=client(server),
-            tools=[ask_helper],
-            system_message="You are the outer agent.",
-            reflect_on_tool_use=True,
-        )
+        outer = outer_agent(server, ask_helper)
         ce.autogen.install(engine)
         with engine.session("s-sync-tool"):
             result = await outer.run(task="outer words")
@@ -353,13 +347,7 @@ async def test_an_llm_backed_tool_calls_the_model_in_a_child_scope(
             )
             return str(result.content)
 
-        outer = AssistantAgent(
-            "outer",
-            model_client=client(server),
-            tools=[summarize],
-            system_message="You are the outer agent.",
-            reflect_on_tool_use=True,
-        )
+        outer = outer_agent(server, summarize)
         ce.autogen.install(engine)
         await engine.update_notebook("s-llm-tool", MARK)
         with engine.session("s-llm-tool"):
@@ -422,13 +410,7 @@ async def test_a_tool_bodys_unrelated_model_calls_each_get_their_own_messages(
             three = await summarizer.create([*first, reply, follow_up])
             return f"{one.content} | {two.content} | {three.content}"
 
-        outer = AssistantAgent(
-            "outer",
-            model_client=client(server),
-            tools=[compare],
-            system_message="You are the outer agent.",
-            reflect_on_tool_use=True,
-        )
+        outer = outer_agent(server, compare)
         ce.autogen.install(engine)
         with engine.session("s-two"):
             result = await outer.run(task="compare them")
