@@ -14,7 +14,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -148,10 +148,9 @@ def _holds(value: Any, reply: AIMessage, text: str, depth: int) -> bool:
         return bool(text) and value.strip() == text
     if depth >= _KEPT_DEPTH:
         return False
-    if isinstance(value, Mapping):
-        value = value.values()
-    if isinstance(value, (list, tuple, type({}.values()))):
-        return any(_holds(item, reply, text, depth + 1) for item in value)
+    items = value.values() if isinstance(value, Mapping) else value
+    if isinstance(items, (list, tuple, ValuesView)):
+        return any(_holds(item, reply, text, depth + 1) for item in items)
     return False
 
 
