@@ -21,8 +21,10 @@ tools, retrievers, chat models: parent link and scope, dropped when the run ends
   there are the middleware's own, left alone;
 - a chat-model call in a LangGraph node whose input state holds messages, that passes none
   of the newest of them (a grader, a query rewriter, an answer prompt the node builds from
-  scratch: LangGraph's agentic RAG), is the node's own work: ``<outer>/<node>:<id>``, never a
-  turn of the graph's conversation (:meth:`ScopeTracker.side_call`);
+  scratch: LangGraph's agentic RAG), or passes messages of its own after the newest of them
+  it passes (a summarizer's prompt appended to the conversation, the conversation sent with
+  its roles swapped by a reflection step), is the node's own work: ``<outer>/<node>:<id>``,
+  never a turn of the graph's conversation (:meth:`ScopeTracker.side_call`);
 - in a scope nothing names (``run:<id>``, a nested one), a chat-model call that continues none
   of the conversations of the scope's earlier calls (a map-reduce's map calls, a chain's
   draft-then-critique steps) is a conversation of its own in a child scope
@@ -388,15 +390,18 @@ class ScopeTracker:
     def side_call(self, parent: UUID | None, messages: Sequence[Any]) -> _Node | None:
         """The run under which a chat-model call with ``messages`` is a LangGraph node's
         own work: under ``parent`` is a node whose input state holds messages (with ids), and
-        the call passes none of the newest of them (looked for newest first: a call that
-        carries the conversation finds one at once), or a node whose input holds no messages
-        (its calls are prompts of their own, whatever thread the graph runs on). ``None``
-        for a call of the conversation, or outside such a node."""
+        the call does not end with one of the newest of them: it passes none of them (a
+        grader's prompt), or messages of its own after the newest of them it passes (a
+        summarizer's "Create a summary of the conversation above" appended to the
+        conversation, the drafts a reflection step sends as user messages); or a node whose
+        input holds no messages (its calls are prompts of their own, whatever thread the
+        graph runs on). ``None`` for a call of the conversation (it ends with a message of
+        the state: only the last message is looked at), or outside such a node."""
         node = self._node(parent)
         if node is None or node.state is None or node.hook or node.kind in _NESTING_KINDS:
             return None
         ids = node.state[1]
-        if any(getattr(m, "id", None) in ids for m in reversed(messages)):
+        if messages and getattr(messages[-1], "id", None) in ids:
             return None
         return node
 
