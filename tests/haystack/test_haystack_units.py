@@ -1,8 +1,8 @@
 """The plugin's readers on their own: usage normalised across generators (OpenAI's
 ``prompt_tokens`` / ``completion_tokens``, Anthropic's ``input_tokens`` / ``output_tokens``),
 Haystack documents read as hits (source, score, id, small metadata under snake_case keys),
-inline documents replaced by a pointer to their evidence, and what counts as a chat
-generator."""
+inline documents replaced by a pointer to their evidence, earlier turns rendered into a
+prompt replaced by a pointer to the conversation, and what counts as a chat generator."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from haystack.components.generators.chat import OpenAIChatGenerator
 from ce.haystack._convert import hits_from_documents, normalise_usage
 from ce.haystack._inject import inline_evidence
 from ce.haystack._patch import is_chat_generator
+from ce.haystack._rendered import TURNS_POINTER, held_turns, without_rendered_turns
 
 
 def test_usage_is_normalised_across_generators() -> None:
@@ -66,3 +67,31 @@ def test_what_counts_as_a_chat_generator() -> None:
     assert is_chat_generator(OpenAIChatGenerator)
     assert not is_chat_generator(Agent)  # returns messages, not replies
     assert not is_chat_generator(ChatPromptBuilder)
+
+
+def test_only_the_held_turns_of_a_rendered_conversation_are_left_out() -> None:
+    held = {"A2 is the second answer.", "A3 is the third answer."}
+    conversation = (
+        ("user", "Q1 is an older question?"),
+        ("assistant", "A1 is an older answer."),
+        ("user", "Q2 is the second question?"),
+        ("assistant", "A2 is the second answer."),
+        ("user", "Q3 is the third question?"),
+        ("assistant", "A3 is the third answer."),
+    )
+    assert held_turns(conversation, held.__contains__) == conversation[2:]
+    text = "History:\n" + "\n".join(f"{r}: {t}" for r, t in conversation) + "\nQuestion: Q4?"
+    (out,) = without_rendered_turns(
+        [{"role": "user", "content": text}], [conversation], held.__contains__
+    )
+    assert out["content"] == (
+        "History:\nuser: Q1 is an older question?\nassistant: A1 is an older answer.\n"
+        f"{TURNS_POINTER}\nQuestion: Q4?"
+    )
+    reformatted = text.upper()  # a template filter changed the texts: left as it is
+    (same,) = without_rendered_turns(
+        [{"role": "user", "content": reformatted}], [conversation], held.__contains__
+    )
+    assert same["content"] == reformatted
+    replies_only = tuple(t for t in conversation if t[0] == "assistant")
+    assert held_turns(replies_only, held.__contains__) == ()  # quoted answers, no conversation

@@ -31,7 +31,9 @@ from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 __all__ = [
     "Pending",
     "as_messages",
+    "documents_in",
     "from_sent",
+    "gives_documents",
     "hits_from_documents",
     "is_readable",
     "normalise_usage",
@@ -50,6 +52,7 @@ COMPACTION_META = "context_compaction"
 an omission note, a summary."""
 _URI_KEYS = ("source", "url", "uri", "link", "file_path", "path", "file_name")
 _SMALL = 512
+_DOCUMENT_TYPE = re.compile(r"\bDocument\b")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -367,3 +370,33 @@ def hits_from_documents(documents: Any) -> list[RetrievalHit]:
             )
         )
     return hits
+
+
+def documents_in(values: Iterable[Any]) -> list[Any]:
+    """The Haystack ``Document`` objects among a component's input or output values: a
+    document, a list of them, or a list of such lists (a variadic input, as a joiner takes)."""
+    from haystack import Document
+
+    found: list[Any] = []
+    for value in values:
+        if isinstance(value, Document):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, Document):
+                    found.append(item)
+                elif isinstance(item, (list, tuple)):
+                    found.extend(d for d in item if isinstance(d, Document))
+    return found
+
+
+def gives_documents(output_spec: Any, output: Mapping[str, Any]) -> bool:
+    """Whether a component gives documents out (an output socket typed with ``Document``:
+    a retriever, a ranker, a filter, a joiner), as its span's ``output_spec`` says, else as
+    its ``output`` holds some; a prompt builder, a writer, an answer builder do not."""
+    if isinstance(output_spec, Mapping):
+        return any(
+            isinstance(socket, Mapping) and _DOCUMENT_TYPE.search(str(socket.get("type", "")))
+            for socket in output_spec.values()
+        )
+    return bool(documents_in(output.values()))

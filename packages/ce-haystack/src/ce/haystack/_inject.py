@@ -15,10 +15,13 @@ reads it.
 Each call hands the engine the messages (awaited on the caller's loop in ``run_async``,
 through :func:`ce.core.integration.prepare_openai`; blocking in ``run``, through
 :func:`~ce.core.integration.prepare_openai_sync`) and the call's tool schemas, and sends the
-engine's input. Documents the run's retrievers returned are the session's ``rag_doc``
-evidence, rendered by the engine fenced with their evidence id; where the app's prompt
-inlines one of them (a ``ChatPromptBuilder`` template), the inline copy is replaced by a
-pointer to that evidence, so the model receives each document once. A history the app
+engine's input. Documents the run passes on (what its retrievers returned, less what a
+ranker or filter dropped) are recorded then as the session's ``rag_doc`` evidence, rendered
+by the engine fenced with their evidence id; where the app's prompt inlines one of them (a
+``ChatPromptBuilder`` template), the inline copy is replaced by a pointer to that evidence,
+so the model receives each document once. Earlier turns of the session a prompt builder
+rendered into the prompt as text are replaced by a pointer too (see ``_rendered``): they go
+once, as the session's messages. A history the app
 continues (an Agent's loop passes its growing message list again each step) is converted only
 for its new messages (``plugin.histories``). After the call the reply, its usage
 (``meta["usage"]``; streamed Chat Completions calls ask for it with
@@ -71,9 +74,11 @@ from ce.haystack._convert import (
     turn_key,
 )
 from ce.haystack._record import write
+from ce.haystack._rendered import HeldReplies, without_rendered_turns
 from ce.haystack._scopes import (
     RunFrame,
     bound,
+    hit_key,
     hook_run,
     in_call,
     in_component_work,
@@ -84,7 +89,7 @@ from ce.haystack._scopes import (
 )
 
 if TYPE_CHECKING:
-    from ce.core.integration import History, Plugin
+    from ce.core.integration import History, Plugin, RetrievalHit
     from ce.core.schema import Author, Evidence
 
 __all__ = ["Seam", "inline_evidence"]
@@ -120,16 +125,24 @@ def _pending(plugin: Plugin, session_id: str, messages: Sequence[Any]) -> Pendin
     return Pending(history.pending, history.opaque, kept, history)
 
 
-def _with_evidence(
-    pending: Pending, documents: Sequence[tuple[str, str]]
-) -> tuple[list[dict[str, Any]], History | None]:
-    """The dicts handed to the engine (inline documents replaced, see
-    :func:`inline_evidence`; the pending dicts themselves when there is none: they are
-    read, never changed) and the history whose neutral messages stand for them (None when
-    a document was replaced: the engine then converts the dicts it is given)."""
-    if not documents:
+def _quoted_once(
+    pending: Pending,
+    documents: Sequence[tuple[str, str]],
+    turns: Callable[[Sequence[Mapping[str, Any]]], list[Mapping[str, Any]]] | None = None,
+) -> tuple[Sequence[Mapping[str, Any]], History | None]:
+    """The dicts handed to the engine (earlier turns rendered into the prompt replaced by
+    ``turns``, see :func:`~ce.haystack._rendered.without_rendered_turns`; inline documents
+    replaced, see :func:`inline_evidence`; the pending dicts themselves when there is
+    neither: they are read, never changed) and the history whose neutral messages stand for
+    them (None when some text was replaced: the engine then converts the dicts it is
+    given)."""
+    if not documents and turns is None:
         return pending.dicts, pending.history
-    dicts = inline_evidence(pending.dicts, documents)
+    dicts: Sequence[Mapping[str, Any]] = pending.dicts
+    if turns is not None:
+        dicts = turns(dicts)
+    if documents:
+        dicts = inline_evidence(dicts, documents)
     same = all(
         new.get("content") is old.get("content")
         for new, old in zip(dicts, pending.dicts, strict=True)
@@ -213,6 +226,7 @@ class Seam:
         self.active = active
         self.prompts = AgentPrompts()
         self.conversations = RunConversations()
+        self.replies = HeldReplies()
 
     # -- the wrappers ----------------------------------------------------------------------
 
@@ -355,6 +369,19 @@ class Seam:
         author = agent_author(frame.agent)
         return [author if d.get("role") == "assistant" else None for d in pending.dicts]
 
+    def _turns(
+        self, frame: RunFrame
+    ) -> Callable[[Sequence[Mapping[str, Any]]], list[Mapping[str, Any]]] | None:
+        """How a call of ``frame`` leaves out the earlier turns its prompt builders rendered
+        as text that the session holds (see ``_rendered``); None when there are none, or the
+        engine does not send the session's turns (``mode="augment"`` sends the app's own
+        messages, whose prompt is then the only copy)."""
+        if not frame.rendered or self.plugin.mode != "replace":
+            return None
+        conversations = list(frame.rendered)
+        holds = self.replies.holder(frame.scope.session_id)
+        return lambda dicts: without_rendered_turns(dicts, conversations, holds)
+
     def _prepare_sync(self, frame: RunFrame, arguments: inspect.BoundArguments) -> None:
         plugin, session_id = self.plugin, frame.scope.session_id
         messages = self.prompts.own_instruction(frame, as_messages(arguments.arguments["messages"]))
@@ -378,8 +405,8 @@ class Seam:
                 session_id=session_id,
                 what="record retrieval",
             )
-            documents = _documents(hits, evidences)
-        dicts, history = _with_evidence(pending, documents)
+            documents = _documents(frame, hits, evidences)
+        dicts, history = _quoted_once(pending, documents, self._turns(frame))
         sent = prepare_openai_sync(
             plugin, session_id, dicts, schemas, self._authors(pending, frame), history=history
         )
@@ -416,8 +443,8 @@ class Seam:
                 session_id=session_id,
                 what="record retrieval",
             )
-            documents = _documents(hits, evidences)
-        dicts, history = _with_evidence(pending, documents)
+            documents = _documents(frame, hits, evidences)
+        dicts, history = _quoted_once(pending, documents, self._turns(frame))
         sent = await prepare_openai(
             plugin, session_id, dicts, schemas, self._authors(pending, frame), history=history
         )
@@ -528,6 +555,7 @@ class Seam:
         )
         if reply is not None:  # the run's next call continues this one if it passes the reply
             self.conversations.replied(frame.scope.session_id, turn_key(reply))
+            self.replies.add(frame.scope.session_id, reply.text or "")
 
         async def work(recorder: Recorder) -> None:
             await recorder.record_model_call(call, message)
@@ -544,9 +572,14 @@ def _chat_completions(generator: Any) -> bool:
     return isinstance(generator, OpenAIChatGenerator)
 
 
-def _documents(hits: Sequence[Any], evidences: Sequence[Evidence] | None) -> list[tuple[str, str]]:
+def _documents(
+    frame: RunFrame, hits: Sequence[RetrievalHit], evidences: Sequence[Evidence] | None
+) -> list[tuple[str, str]]:
+    """The ``(content, evidence id)`` of the run's documents just recorded (now counted as
+    recorded on ``frame``); none when recording failed."""
     if not evidences:
         return []
+    frame.recorded.update(map(hit_key, hits))
     return [
         (hit.content.strip(), evidence.evidence_id)
         for hit, evidence in zip(hits, evidences, strict=False)

@@ -19,8 +19,10 @@ class HaystackPlugin(Plugin):
     a ``Pipeline``, sync and ``run_async``, each step of an ``Agent``'s tool loop, a generator
     called on its own; streamed or not) and records the runs: each reply, its usage and
     latency; each tool call of an Agent with its call id, status and duration; the documents
-    a retriever returned as ``rag_doc`` evidence (sent to the model once, fenced with the
-    evidence id, also when a ``ChatPromptBuilder`` inlines them). Recording goes through a
+    a pipeline passes on (what its retrievers returned, less what a ranker or filter dropped)
+    as ``rag_doc`` evidence (sent to the model once, fenced with the evidence id, also when a
+    ``ChatPromptBuilder`` inlines them). Earlier turns a ``ChatPromptBuilder`` renders into
+    the prompt go once, as the session's messages. Recording goes through a
     tracer chained to the app's own (which keeps receiving its spans) and the Agent's
     ``after_tool`` hook.
 

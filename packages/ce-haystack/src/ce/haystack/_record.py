@@ -3,9 +3,14 @@ hook.
 
 - ``haystack.pipeline.run`` binds the run's frame (its scope: see ``_scopes``);
   ``haystack.component.run`` of a retriever (a component taking a ``query``, a
-  ``query_embedding`` or ``queries``) records its ``documents`` as ``rag_doc`` evidence (source,
-  score, id and metadata) and keeps them on the run's frame, so a prompt that
-  inlines them sends them once (see ``_inject``).
+  ``query_embedding`` or ``queries``) keeps its documents on the run's frame, and one of a
+  component that takes the run's documents in and gives documents out (a ranker, a filter, a
+  joiner) passes on only what it gives out (:meth:`RunFrame.pass_documents`): the documents it
+  dropped never reach the model, so they are not the session's evidence. The run's documents
+  are recorded as ``rag_doc`` evidence (source, score, id and metadata) before each model
+  call of the run (so a prompt that inlines them sends them once, see ``_inject``) and, those
+  no call recorded, when the run ends. A prompt builder's (a component taking a ``template``)
+  conversations rendered as text are noted on the frame too (see ``_rendered``).
 - ``haystack.agent.step`` / ``.step.llm`` / ``.step.tool`` note the tool calls the model asked
   for and time each tool run; a run started inside a tool (a sub-agent, a pipeline behind a
   ``ComponentTool``) is nested in it. A tool's ``documents`` are ``rag_doc`` evidence linked
@@ -41,8 +46,10 @@ from ce.core.integration import (
     record_awaited,
     record_sync,
 )
-from ce.haystack._convert import hits_from_documents
+from ce.haystack._convert import documents_in, gives_documents, hits_from_documents
+from ce.haystack._rendered import rendered_conversations
 from ce.haystack._scopes import (
+    RunFrame,
     StepFrame,
     ToolFrame,
     bound,
@@ -56,7 +63,7 @@ from ce.haystack._scopes import (
 )
 
 if TYPE_CHECKING:
-    from ce.core.integration import Plugin
+    from ce.core.integration import Plugin, RetrievalHit
 
 __all__ = ["HOOK_TYPE", "SpanObserver", "ToolRunHook", "blocking", "tool_runs", "write"]
 
@@ -120,9 +127,13 @@ class SpanObserver:
         if name == "haystack.pipeline.run":
             metadata = tags.get("haystack.pipeline.metadata")
             explicit = metadata.get(SESSION_KEY) if isinstance(metadata, Mapping) else None
-            stack.enter_context(bound(run_frame, open_run(self.plugin, explicit)))
+            outer = run_frame.get()
+            frame = open_run(self.plugin, explicit)
+            stack.enter_context(bound(run_frame, frame))
             sync = tags.get("haystack.pipeline.execution_mode") == "sync"
             stack.enter_context(bound(blocking, sync))
+            if frame is not outer:  # a run of its own (not a pipeline inside the run)
+                stack.callback(self._record_left, frame)
         elif name == "haystack.component.run":
             stack.enter_context(bound(component_name, tags.get("haystack.component.name")))
         elif name == "haystack.chat_generator.run":  # a component calls its own generator
@@ -172,24 +183,44 @@ class SpanObserver:
                         lambda r: r.record_retrieval(hits, call_id),
                     )
         elif name == "haystack.component.run":
-            spec = tags.get("haystack.component.input_spec")
-            if not isinstance(spec, Mapping) or not any(k in spec for k in _QUERY_INPUTS):
-                return
-            output = tags.get("haystack.component.output")
             run = run_frame.get()
-            if run is None or not isinstance(output, Mapping):
-                return
-            hits = hits_from_documents(output.get("documents"))
-            if not hits:
-                return
-            known = {(h.uri, h.content) for h in run.hits}
-            run.hits.extend(h for h in hits if (h.uri, h.content) not in known)
-            write(
-                self.plugin,
-                run.scope.session_id,
-                "record retrieval",
-                lambda r: r.record_retrieval(hits),
-            )
+            if run is not None:
+                _component_ended(run, tags)
+
+    def _record_left(self, run: RunFrame) -> None:
+        """At the end of a run, record the documents it passed on that no model call of the
+        run recorded (a pipeline that retrieves beside an Agent, or only retrieves)."""
+        try:
+            hits = run.unrecorded()
+            if hits:
+                write(
+                    self.plugin,
+                    run.scope.session_id,
+                    "record retrieval",
+                    lambda r: r.record_retrieval(hits),
+                )
+        except Exception:
+            logger.warning("ce-haystack: recording the run's documents failed", exc_info=True)
+
+
+def _component_ended(run: RunFrame, tags: Mapping[str, Any]) -> None:
+    """What a pipeline component's span tells the run: the documents it passes on (see
+    :meth:`RunFrame.pass_documents`) and, for a prompt builder (a component taking a
+    ``template``), the conversations it rendered (see ``_rendered``)."""
+    spec = tags.get("haystack.component.input_spec")
+    inputs = tags.get("haystack.component.input")
+    output = tags.get("haystack.component.output")
+    if not isinstance(spec, Mapping) or not isinstance(output, Mapping):
+        return
+    if "template" in spec and isinstance(inputs, Mapping):
+        run.rendered.extend(rendered_conversations(inputs))
+    taken: list[RetrievalHit] = []
+    if isinstance(inputs, Mapping) and gives_documents(
+        tags.get("haystack.component.output_spec"), output
+    ):
+        taken = hits_from_documents(documents_in(inputs.values()))
+    given = hits_from_documents(documents_in(output.values()))
+    run.pass_documents(taken, given, any(k in spec for k in _QUERY_INPUTS))
 
 
 def _result_text(result: Any) -> str:

@@ -35,13 +35,16 @@ from ce.core.integration import Scope, ToolScopeIds, resolve_scope
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin, RetrievalHit
+    from ce.haystack._rendered import Rendered
 
 __all__ = [
+    "HitKey",
     "RunFrame",
     "StepFrame",
     "ToolFrame",
     "bound",
     "component_name",
+    "hit_key",
     "hook_run",
     "in_call",
     "in_component_work",
@@ -53,20 +56,59 @@ __all__ = [
 ]
 
 
+HitKey = tuple[str, str]
+"""A retrieved document as the run tells it from another: its source and content."""
+
+
+def hit_key(hit: RetrievalHit) -> HitKey:
+    """``hit`` as the run tells it from another document (its source and content)."""
+    return (hit.uri, hit.content)
+
+
 @dataclass
 class RunFrame:
-    """One run in flight: its scope, the documents its retrievers returned (so a prompt that
-    inlines them sends them once), the Agent whose model calls these are (a component's
-    name in a pipeline, else ``None``), whether that Agent has a system prompt of its own
-    (the first message of each of its model calls), and the user messages the run's Agents
-    were asked, by text, with the Agent that was asked first (the run's input handed to each
-    of its Agents is asked once). The run's Agents share ``hits`` and ``asked``."""
+    """One run in flight: its scope, the retrieved documents the run passes on (``hits``: so
+    a prompt that inlines them sends them once; see :meth:`pass_documents`) and which of them
+    were recorded (``recorded``), the conversations its prompt builders rendered as text
+    (``rendered``), the Agent whose model calls these are (a component's name in a pipeline,
+    else ``None``), whether that Agent has a system prompt of its own (the first message of
+    each of its model calls), and the user messages the run's Agents were asked, by text,
+    with the Agent that was asked first (the run's input handed to each of its Agents is
+    asked once). The run's Agents share ``hits``, ``recorded``, ``rendered`` and ``asked``."""
 
     scope: Scope
     hits: list[RetrievalHit] = field(default_factory=list)
     agent: str | None = None
     prompted: bool = False
     asked: dict[str, str] = field(default_factory=dict)
+    recorded: set[HitKey] = field(default_factory=set)
+    rendered: list[Rendered] = field(default_factory=list)
+
+    def pass_documents(
+        self, taken: list[RetrievalHit], given: list[RetrievalHit], retrieves: bool
+    ) -> None:
+        """A component of the run ended, having taken the documents ``taken`` in (counted
+        only for a component with a document output: a ranker, a filter, a joiner, a
+        splitter) and given ``given`` out. The run's documents it took in and did not give
+        out are dropped (a ranker's ``top_k``, a filter): the model never receives them, so
+        they are not the session's evidence. What it gives out is the run's when it
+        retrieves (``retrieves``: it takes a query) or took some of the run's documents in,
+        in place of the documents it took (a reranker's scores)."""
+        current = {hit_key(h): h for h in self.hits}
+        took = {hit_key(h) for h in taken} & current.keys()
+        if not retrieves and not took:
+            return
+        gave = {hit_key(h): h for h in given}
+        for key in took - gave.keys():
+            del current[key]
+        current.update(gave)
+        self.hits[:] = current.values()
+
+    def unrecorded(self) -> list[RetrievalHit]:
+        """The run's documents not recorded yet, now counted as recorded."""
+        hits = [h for h in self.hits if hit_key(h) not in self.recorded]
+        self.recorded.update(map(hit_key, hits))
+        return hits
 
 
 @dataclass
@@ -214,9 +256,11 @@ def hook_run(plugin: Plugin, outer: RunFrame, hook: str) -> RunFrame:
 
 
 def _with_agent(outer: RunFrame, agent: str, prompted: bool) -> RunFrame:
-    """The enclosing run's frame as seen by one of its Agents (the retrieved documents and
-    the questions asked are shared)."""
+    """The enclosing run's frame as seen by one of its Agents (the retrieved documents, the
+    conversations rendered and the questions asked are shared)."""
     frame = RunFrame(outer.scope, agent=agent, prompted=prompted)
     frame.hits = outer.hits
     frame.asked = outer.asked
+    frame.recorded = outer.recorded
+    frame.rendered = outer.rendered
     return frame
