@@ -116,10 +116,9 @@ class Patches:
 
     def install(self, ledger: PatchLedger) -> None:
         from ce.haystack._tracer import slot
-        from haystack import tracing
-        from haystack.tracing.tracer import ProxyTracer
+        from haystack.tracing.tracer import ProxyTracer, tracer
 
-        ledger.replace(ProxyTracer, "actual_tracer", slot(tracing.tracer, self.observer))
+        ledger.replace(ProxyTracer, "actual_tracer", slot(tracer, self.observer))
         agent = _agent_class()
         ledger.wrap(agent, "to_dict", self._to_dict)
         ledger.register(self._unhook_agents, "the after_tool hooks on Agents")
@@ -139,7 +138,7 @@ class Patches:
         def register(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def _component(decorator: Any, cls: type) -> type:
-                new_cls = original(decorator, cls)
+                new_cls: type = original(decorator, cls)
                 if self.active():
                     try:
                         self._wrap_class(ledger, new_cls)
@@ -308,7 +307,7 @@ class Patches:
             data: dict[str, Any] = original(self)
             params = data.get("init_parameters")
             hooks = params.get("hooks") if isinstance(params, dict) else None
-            if isinstance(hooks, dict):
+            if isinstance(params, dict) and isinstance(hooks, dict):
                 kept = {
                     point: [
                         h

@@ -22,8 +22,7 @@ from contextlib import AbstractContextManager
 from contextvars import ContextVar
 from typing import Any
 
-from haystack.tracing import Span, Tracer
-from haystack.tracing.tracer import NullTracer
+from haystack.tracing.tracer import NullTracer, Span, Tracer
 
 __all__ = ["ChainedSpan", "ChainedTracer", "slot"]
 
