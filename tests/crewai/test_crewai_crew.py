@@ -39,13 +39,16 @@ def _check_requests(requests: list[dict[str, Any]]) -> None:
     assert "sunny in Paris" in requests[1]["messages"][-1]["content"]
     assert "Write one line" in json.dumps(requests[2]["messages"])
     # the writer's request carries the researcher's turn before its own task, as the
-    # researcher's (a user message naming it: its tool chain as text, then its answer), never
-    # as the writer's own assistant turn
+    # researcher's (a user message naming it: its tool chain as text), never as the writer's
+    # own assistant turn; the researcher's answer, which CrewAI quotes as the writer's
+    # context, goes once: in that prompt
     texts = [str(m.get("content")) for m in requests[2]["messages"]]
-    (answer,) = [i for i, t in enumerate(texts) if t.endswith("\nParis is sunny.")]
-    assert requests[2]["messages"][answer]["role"] == "user"
-    assert texts[answer].startswith("[Researcher wrote:]\n[called weather(")
-    assert answer < max(i for i, t in enumerate(texts) if "Write one line" in t)
+    (turn,) = [i for i, t in enumerate(texts) if t.startswith("[Researcher wrote:]\n")]
+    assert requests[2]["messages"][turn]["role"] == "user"
+    assert texts[turn].startswith("[Researcher wrote:]\n[called weather(")
+    prompt = max(i for i, t in enumerate(texts) if "Write one line" in t)
+    assert turn < prompt and "Paris is sunny." in texts[prompt]
+    assert json.dumps(requests[2]["messages"]).count("Paris is sunny.") == 1
     assert all(m["role"] != "assistant" for m in requests[2]["messages"])
 
 

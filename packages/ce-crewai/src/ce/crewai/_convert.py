@@ -1,8 +1,10 @@
 """CrewAI's values as neutral ones: an LLM call's messages and tools, the tool calls a native
-reply asks for, a task as a task record, an agent's role as an author."""
+reply asks for, a task as a task record, an agent's role as an author; and the texts CrewAI
+writes into its prompts (the context it hands a task, the demand for a final answer)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +14,10 @@ from ce.crewai._scopes import Run
 __all__ = [
     "agent_author",
     "authors_of",
+    "context_divider",
+    "context_marker",
+    "final_answer",
+    "forced_final_answer",
     "pending_messages",
     "reply_tool_calls",
     "task_record",
@@ -85,3 +91,57 @@ def task_record(
         depends_on=depends,
         **extra,
     )
+
+
+@functools.cache
+def context_marker() -> str:
+    """What CrewAI writes between a task's prompt and the context it hands the task (the
+    outputs of earlier tasks, a guardrail's rejected attempt): the line ``This is the context
+    you're working with:`` after a blank line, in its own prompts."""
+    from crewai.utilities.i18n import I18N_DEFAULT
+
+    template = str(I18N_DEFAULT.slice("task_with_context"))
+    return template.split("{task}", 1)[-1].split("{context}", 1)[0]
+
+
+@functools.cache
+def context_divider() -> str:
+    """What CrewAI writes between two task outputs of one context."""
+    from crewai.utilities.formatter import DIVIDERS
+
+    return str(DIVIDERS)
+
+
+@functools.cache
+def _force_final_answer() -> str:
+    from crewai.utilities.i18n import I18N_DEFAULT
+
+    return str(I18N_DEFAULT.errors("force_final_answer")).strip()
+
+
+def forced_final_answer(messages: Any) -> bool:
+    """Whether an LLM call's ``messages`` end with CrewAI's demand for a final answer, which
+    an agent's executor makes once it reached ``max_iter`` (a user message, or the agent's
+    last text followed by it in an assistant message, depending on CrewAI's version)."""
+    if isinstance(messages, str) or not isinstance(messages, list) or not messages:
+        return False
+    last = messages[-1]
+    content = last.get("content") if isinstance(last, Mapping) else None
+    return isinstance(content, str) and content.rstrip().endswith(_force_final_answer())
+
+
+def final_answer(text: str) -> str:
+    """An agent's reply as CrewAI hands it on as the task's output: the answer after
+    ``Final Answer:`` of a reply in its Thought/Action text format (read by CrewAI's own
+    parser), else the text; stripped."""
+    from crewai.agents.constants import FINAL_ANSWER_ACTION
+    from crewai.agents.parser import AgentFinish, parse
+
+    if FINAL_ANSWER_ACTION in text:
+        try:
+            parsed = parse(text)
+        except Exception:  # not a reply CrewAI could read: its text as it stands
+            return text.strip()
+        if isinstance(parsed, AgentFinish):
+            return str(parsed.output).strip()
+    return text.strip()

@@ -18,19 +18,29 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ce.core.integration import (
+    SentMessages,
     is_suppressed,
     peer_turns_as_user,
     prepare_openai,
     prepare_openai_sync,
     tool_chains_as_text,
 )
-from ce.crewai._convert import authors_of, pending_messages, reply_tool_calls, tool_schemas
-from ce.crewai._scopes import Runs, Target, current_call, current_run, in_planning
+from ce.crewai._convert import (
+    authors_of,
+    context_divider,
+    context_marker,
+    final_answer,
+    forced_final_answer,
+    pending_messages,
+    reply_tool_calls,
+    tool_schemas,
+)
+from ce.crewai._scopes import Runs, Target, current_call, current_run, current_work, in_planning
 
 if TYPE_CHECKING:
     from ce.core.integration import PatchLedger, Plugin
 
-__all__ = ["Injector"]
+__all__ = ["Injector", "said_once"]
 
 SETTLE_SECONDS = 5.0
 """How long a model call waits at most for the event handlers of what came before it."""
@@ -70,14 +80,108 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+def _quoted_at(context: str, answer: str) -> tuple[int, int] | None:
+    """Where ``context`` holds ``answer`` as whole lines (the first such place), as CrewAI
+    quotes a task output or a rejected attempt; None when it does not."""
+    start = context.find(answer)
+    while start >= 0:
+        end = start + len(answer)
+        before, after = context[:start].rstrip(" \t"), context[end:].lstrip(" \t")
+        if (not before or before.endswith("\n")) and (not after or after.startswith("\n")):
+            return start, end
+        start = context.find(answer, start + 1)
+    return None
+
+
+def _context_of(message: dict[str, Any]) -> tuple[str, str] | None:
+    """A task prompt's text before CrewAI's context marker and all after it (the context
+    first); None for a message that is not a prompt with a context."""
+    content = message.get("content")
+    if message.get("role") != "user" or not isinstance(content, str):
+        return None
+    prompt, marker, context = content.partition(context_marker())
+    return (prompt, context) if marker else None
+
+
+def _answer_of(message: dict[str, Any]) -> str | None:
+    """The answer an assistant message of text only gives, as a task's output has it (see
+    :func:`~ce.crewai._convert.final_answer`)."""
+    content = message.get("content")
+    if message.get("role") != "assistant" or message.get("tool_calls"):
+        return None
+    if not isinstance(content, str):
+        return None
+    return final_answer(content) or None
+
+
+def _without_quotes(prompt: str, context: str, answers: list[str]) -> str:
+    """A task prompt with each of ``answers`` (and the divider next to it) taken out of its
+    context; without the marker when nothing is left of the context."""
+    divider = context_divider()
+    for answer in answers:
+        at = _quoted_at(context, answer)
+        if at is None:
+            continue
+        start, end = at
+        if context[:start].endswith(divider):
+            start -= len(divider)
+        elif context[end:].startswith(divider):
+            end += len(divider)
+        context = context[:start] + context[end:]
+    if not context or context.startswith("\n"):
+        return prompt + context  # the prompt as CrewAI writes it without a context
+    return prompt + context_marker() + context
+
+
+def said_once(sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``sent`` with each answer that a later task prompt of it quotes in its CrewAI context
+    (a task output handed to the next task, an attempt a guardrail rejected, however short)
+    said once, in the last prompt that quotes it: the answer's own message is left out (its
+    turn's tool calls and results stay) and so is its copy in an earlier prompt (the divider
+    next to it too; the context marker when nothing is left of the context). Only text comes
+    out, so the request stays within the budget the engine assembled it for. ``sent`` itself
+    comes back when nothing is quoted; else fresh dicts, with the authors of the ones kept."""
+    contexts = {i: c for i, m in enumerate(sent) if (c := _context_of(m)) is not None}
+    if not contexts:
+        return sent
+    left_out: set[int] = set()
+    cuts: dict[int, list[str]] = {}  # an earlier prompt -> the answers its context loses
+    for index, message in enumerate(sent):
+        answer = _answer_of(message)
+        if answer is None:
+            continue
+        quoting = [i for i, (_, c) in contexts.items() if i > index and _quoted_at(c, answer)]
+        if quoting:
+            left_out.add(index)
+            for i in quoting[:-1]:
+                cuts.setdefault(i, []).append(answer)
+    if not left_out:
+        return sent
+    kept = [i for i in range(len(sent)) if i not in left_out]
+    out = [
+        {**sent[i], "content": _without_quotes(*contexts[i], cuts[i])} if i in cuts else sent[i]
+        for i in kept
+    ]
+    if not isinstance(sent, SentMessages):
+        return out
+    keys, authors = sent.reconcile_keys, sent.authors
+    return SentMessages(
+        out,
+        [keys[i] for i in kept] if len(keys) == len(sent) else [],
+        [authors[i] for i in kept] if len(authors) == len(sent) else [],
+    )
+
+
 def _for_call(sent: list[dict[str, Any]], tools: Any, role: str | None) -> list[dict[str, Any]]:
-    """The engine's messages for a call of the agent with ``role`` with ``tools``. In a
-    session the crew's agents share, the turns another agent wrote (its answer, its tool
-    calls and their results) go as that agent's: a user message ``[<role> wrote:]`` with
-    them as text, never as the caller's own assistant turn (see
+    """The engine's messages for a call of the agent with ``role`` with ``tools``. What a
+    task prompt quotes of the earlier answers is said once, in the prompt (see
+    :func:`said_once`). In a session the crew's agents share, the turns another agent wrote
+    (its answer, its tool calls and their results) go as that agent's: a user message
+    ``[<role> wrote:]`` with them as text, never as the caller's own assistant turn (see
     :func:`~ce.core.integration.peer_turns_as_user`). A call without tools gets its own
     agent's tool calls and results as plain assistant text too: Anthropic and Bedrock reject
     tool blocks in a request that defines no tools (CrewAI itself never sends them one)."""
+    sent = said_once(sent)
     if role:
         sent = peer_turns_as_user(sent, role)
     return sent if tools else tool_chains_as_text(sent)
@@ -99,11 +203,14 @@ class Injector:
     def _passes(self) -> bool:
         return not self.plugin.installed or current_call.get() is not None or is_suppressed()
 
-    def _target(self, kwargs: dict[str, Any]) -> Target:
+    def _target(self, kwargs: dict[str, Any], messages: Any) -> Target:
         """The call's target: an agent's call in its task's (or the context's) run; a call
         of no agent in a run of its own, nested in the current run if any (a direct
-        ``LLM.call`` is top-level)."""
+        ``LLM.call`` is top-level). The forced final answer an executor asks for once the
+        agent reached ``max_iter`` names neither, yet is a turn of the task at work."""
         task, agent = kwargs.get("from_task"), kwargs.get("from_agent")
+        if task is None and agent is None and forced_final_answer(messages):
+            task, agent = current_work.get() or (None, None)
         run = self.runs.run_of(task)
         if in_planning.get():  # an agent planning its task: the planner's, not the task's
             return self.runs.target(self.runs.begin(), None, None)
@@ -136,7 +243,7 @@ class Injector:
         def call(llm: Any, messages: Any, *args: Any, **kwargs: Any) -> Any:
             if injector._passes():
                 return original(llm, messages, *args, **kwargs)
-            target = injector._target(kwargs)
+            target = injector._target(kwargs, messages)
             if _events_pending():
                 _settle_events()
             pending = pending_messages(messages)
@@ -165,7 +272,7 @@ class Injector:
         async def acall(llm: Any, messages: Any, *args: Any, **kwargs: Any) -> Any:
             if injector._passes():
                 return await original(llm, messages, *args, **kwargs)
-            target = injector._target(kwargs)
+            target = injector._target(kwargs, messages)
             if _events_pending():  # waited for on a worker thread
                 await asyncio.to_thread(_settle_events)
             pending = pending_messages(messages)

@@ -1,11 +1,14 @@
 """The kickoff wrappers: each ``Crew.kickoff`` / ``akickoff`` and each ``Agent.kickoff`` /
 ``kickoff_async`` / ``akickoff`` outside a crew starts a run (its scope, a crew's tasks
-recorded pending with their dependencies) for the calls made inside it.
+recorded pending with their dependencies) for the calls made inside it; and the task
+wrappers: ``Agent.execute_task`` / ``aexecute_task`` mark the task and agent at work.
 
 Why a patch: CrewAI's kickoff events are emitted after the kickoff has begun and carry no
 handle the calls inside it could be tied to from a context, so the run is opened around the
 kickoff itself. ``Crew.kickoff_async`` runs ``kickoff`` on a thread (covered by it); a
-streaming kickoff runs the same kickoff again inside (the run is opened there).
+streaming kickoff runs the same kickoff again inside (the run is opened there). An agent's
+executor asks for its forced final answer (``max_iter`` reached) naming neither its task nor
+its agent, so the task an agent executes is marked around ``execute_task`` for that call.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ce.core.integration import guarded, guarded_sync, is_suppressed
 from ce.core.schema import TaskStatus
 from ce.crewai._convert import task_record
-from ce.crewai._scopes import Run, Runs, current_run
+from ce.crewai._scopes import Run, Runs, current_run, current_work
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -37,6 +40,7 @@ def patched_targets() -> list[tuple[Any, str]]:
 
     targets: list[tuple[Any, str]] = [(Crew, "kickoff"), (Crew, "akickoff")]
     targets += [(Agent, name) for name in ("kickoff", "kickoff_async", "akickoff")]
+    targets += [(Agent, "execute_task"), (Agent, "aexecute_task")]
     targets += [(Knowledge, "query"), (Knowledge, "aquery")]
     targets += [(Memory, "recall"), (Memory, "arecall")]
     targets += [(AgentReasoning, "handle_agent_reasoning")]
@@ -47,7 +51,8 @@ def patched_targets() -> list[tuple[Any, str]]:
 
 def _subclasses(cls: type) -> list[type]:
     found: list[type] = []
-    for sub in cls.__subclasses__():
+    subs: list[type] = cls.__subclasses__()
+    for sub in subs:
         found += [sub, *_subclasses(sub)]
     return list(dict.fromkeys(found))
 
@@ -155,9 +160,11 @@ class Kickoffs:
             written = kickoffs._queue_pending(run, owner, args, kwargs)
             saved = kickoffs._window_off(owner)
             token = current_run.set(run)
+            work = current_work.set(_work_of(owner))
             try:
                 return original(owner, *args, **kwargs)
             finally:
+                current_work.reset(work)
                 current_run.reset(token)
                 kickoffs.runs.end(run)
                 kickoffs._window_back(owner, saved)
@@ -183,9 +190,11 @@ class Kickoffs:
             written = kickoffs._queue_pending(run, owner, args, kwargs)
             saved = kickoffs._window_off(owner)
             token = current_run.set(run)
+            work = current_work.set(_work_of(owner))
             try:
                 return await original(owner, *args, **kwargs)
             finally:
+                current_work.reset(work)
                 current_run.reset(token)
                 kickoffs.runs.end(run)
                 kickoffs._window_back(owner, saved)
@@ -200,6 +209,44 @@ class Kickoffs:
                     )
 
         return akickoff
+
+    @staticmethod
+    def task_sync(original: Callable[..., Any]) -> Callable[..., Any]:
+        """``Agent.execute_task``, with the task and the agent marked at work on its context
+        (:data:`~ce.crewai._scopes.current_work`)."""
+
+        def execute_task(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            token = current_work.set((_task_arg(args, kwargs), agent))
+            try:
+                return original(agent, *args, **kwargs)
+            finally:
+                current_work.reset(token)
+
+        return execute_task
+
+    @staticmethod
+    def task_async(original: Callable[..., Any]) -> Callable[..., Any]:
+        """The coroutine twin of :meth:`task_sync` (``Agent.aexecute_task``)."""
+
+        async def aexecute_task(agent: Any, *args: Any, **kwargs: Any) -> Any:
+            token = current_work.set((_task_arg(args, kwargs), agent))
+            try:
+                return await original(agent, *args, **kwargs)
+            finally:
+                current_work.reset(token)
+
+        return aexecute_task
+
+
+def _task_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The task of an ``execute_task(task, context=None, tools=None)`` call."""
+    return kwargs["task"] if "task" in kwargs else args[0] if args else None
+
+
+def _work_of(owner: Any) -> tuple[Any, Any] | None:
+    """What a kickoff of ``owner`` is at work on: an agent on its own (no task), or nothing
+    yet for a crew (its agents mark their tasks)."""
+    return None if _is_crew(owner) else (None, owner)
 
 
 def _described(task: Any, inputs: Any) -> str:

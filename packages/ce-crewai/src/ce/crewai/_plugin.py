@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ce.core.integration import InjectMode, Plugin, marking
@@ -61,6 +62,10 @@ class CrewAIPlugin(Plugin):
         ledger.wrap(Agent, "kickoff", kickoffs.sync)
         ledger.wrap(Agent, "kickoff_async", kickoffs.asynchronous)
         ledger.wrap(Agent, "akickoff", kickoffs.asynchronous)
+        # the task an agent executes, for the model call its executor makes naming neither
+        # (the forced final answer once max_iter is reached)
+        ledger.wrap(Agent, "execute_task", kickoffs.task_sync)
+        ledger.wrap(Agent, "aexecute_task", kickoffs.task_async)
         # knowledge and memory hits: CrewAI's retrieval events carry only the joined text,
         # so the query / recall is wrapped for each hit's content, score and source
         ledger.wrap(Knowledge, "query", recorders.knowledge_query)
@@ -75,9 +80,18 @@ class CrewAIPlugin(Plugin):
             event = getattr(events, name)
             crewai_event_bus.on(event)(handler)
             ledger.register(
-                lambda e=event, h=handler: crewai_event_bus.off(e, h),
+                _unsubscriber(crewai_event_bus, event, handler),
                 f"crewai_event_bus handler of {name}",
             )
+
+
+def _unsubscriber(bus: Any, event: type, handler: Callable[[Any, Any], None]) -> Callable[[], None]:
+    """What removes ``handler`` of ``event`` from ``bus`` again."""
+
+    def off() -> None:
+        bus.off(event, handler)
+
+    return off
 
 
 def install(

@@ -9,7 +9,9 @@ A run is one ``Crew.kickoff`` / ``akickoff`` (its tasks, their dependencies), on
 scope of the outer run. A model call for a task the crew did not declare (the work a
 hierarchical crew's manager delegates to a coworker through its delegation tool) is a
 sub-agent called as a tool: it runs in a child scope of the crew's session and never sees or
-changes the crew's conversation.
+changes the crew's conversation. So does each task a crew runs alongside another (consecutive
+``async_execution`` tasks, which CrewAI starts together): concurrent tasks never see each
+other's conversation while it is in flight.
 
 The current run travels in a context variable: CrewAI's event bus runs its sync handlers in
 a copy of the emitting context, so a handler sees the run (and the model call) it reports on.
@@ -32,7 +34,16 @@ from ce.core.integration import AskedToolCalls, Scope, resolve_scope
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
 
-__all__ = ["Run", "Runs", "Target", "current_call", "current_run", "in_planning"]
+__all__ = [
+    "Run",
+    "Runs",
+    "Target",
+    "concurrent_tasks",
+    "current_call",
+    "current_run",
+    "current_work",
+    "in_planning",
+]
 
 current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
     "ce_crewai_run", default=None
@@ -46,6 +57,14 @@ in_planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
 ``Agent(reasoning=True)``, a ``PlanningConfig``): its model calls name the task and the agent,
 yet they are the planner's, not turns of the task's conversation."""
 
+current_work: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar(
+    "ce_crewai_work", default=None
+)
+"""``(task, agent)``: the task an agent executes on this context (``Agent.execute_task``),
+or ``(None, agent)`` for an agent kicked off on its own. A model call CrewAI makes for that
+agent without naming it (the forced final answer once ``max_iter`` is reached) belongs to
+its conversation."""
+
 current_call: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
     "ce_crewai_call", default=None
 )
@@ -57,8 +76,8 @@ a nested call inside it is CrewAI's, not the agent's, and passes through)."""
 class Run:
     """One kickoff (or direct model call): its id (task ids are scoped by it), its scope, the
     object that started it, the crew's own tasks with their dependencies (a task without a
-    ``context`` of its own gets every earlier task's output, so it depends on them) and an
-    async kickoff's loop."""
+    ``context`` of its own gets every earlier task's output, so it depends on them), those of
+    them that run alongside another (:func:`concurrent_tasks`) and an async kickoff's loop."""
 
     run_id: str
     scope: Scope
@@ -66,6 +85,7 @@ class Run:
     tasks: frozenset[str] = frozenset()
     depends: Mapping[str, list[str]] = field(default_factory=dict)
     loop: asyncio.AbstractEventLoop | None = None
+    concurrent: frozenset[str] = frozenset()
 
     @property
     def session_id(self) -> str:
@@ -85,6 +105,22 @@ class Target:
     session_id: str
     task_id: str | None = None
     role: str | None = None
+
+
+def concurrent_tasks(tasks: list[Any]) -> frozenset[str]:
+    """The ids of the ``tasks`` a crew runs alongside another: each run of two or more
+    consecutive ``async_execution`` tasks, which CrewAI starts together and awaits before
+    the next task that is not async. A lone async task overlaps no other work."""
+    found: set[str] = set()
+    batch: list[str] = []
+    for task in [*tasks, None]:
+        if task is not None and getattr(task, "async_execution", False) is True:
+            batch.append(str(task.id))
+            continue
+        if len(batch) > 1:
+            found.update(batch)
+        batch = []
+    return frozenset(found)
 
 
 def _key(task: Any) -> str | None:
@@ -130,6 +166,7 @@ class Runs:
             tasks=frozenset(str(t.id) for t in tasks),
             depends=depends,
             loop=loop,
+            concurrent=concurrent_tasks(tasks),
         )
         with self._lock:
             for key in run.tasks:
@@ -158,11 +195,11 @@ class Runs:
 
     def target(self, run: Run, task: Any, role: str | None) -> Target:
         """Where a call of ``task`` (a task object or its id, or None) by the agent ``role``
-        in ``run`` goes: the run's session, or a child scope for a task the crew did not
-        declare (delegated work)."""
+        in ``run`` goes: the run's session, or a child scope of it for a task the crew did
+        not declare (delegated work) and for a task that runs alongside another."""
         key = _key(task)
         task_id = run.task_id(key) if key is not None else None
-        if key is not None and run.tasks and key not in run.tasks:
+        if key is not None and run.tasks and (key not in run.tasks or key in run.concurrent):
             scope = resolve_scope(self.plugin, run_id=key, parent=run.scope)
             return Target(run, scope.session_id, task_id, role)
         return Target(run, run.session_id, task_id, role)
