@@ -19,8 +19,14 @@
   ``ChatHistoryAgentThread.reduce`` notes the thread (its reducer's model call is the
   thread's internal call).
 - ``AgentGroupChat.invoke`` / ``invoke_stream`` make the chat one scope for its agents.
-- ``ChatHistorySummarizationReducer.reduce`` and the kernel-function selection and
-  termination strategies of ``AgentGroupChat`` mark their model calls as SK internal calls.
+- ``InProcessRuntime.start`` (the agent runtime the orchestrations run on) creates its message
+  loop task detached from the plugin's frames and from the ``engine.session()`` of the code
+  that started it (see ``_scopes``): asyncio would hand that context to every orchestration
+  run on the runtime later, another user's included.
+- ``ChatHistorySummarizationReducer.reduce``, the kernel-function selection and termination
+  strategies of ``AgentGroupChat`` and the orchestrations' managers (a
+  ``GroupChatOrchestration``'s decision step, the ``StandardMagenticManager``'s prompts) mark
+  their model calls as SK internal calls.
 
 Every replacement goes through the plugin's ledger: ``uninstall()`` puts back the very
 objects the classes held and removes the instance entries it added.
@@ -49,6 +55,7 @@ from ce.semantic_kernel._scopes import (
     internal_scope,
     outer_team_scope,
     scope_for_call,
+    started_detached,
     stepped,
     team_scope,
 )
@@ -90,6 +97,14 @@ def _team_targets() -> list[tuple[Any, str]]:
     return [(AgentGroupChat, "invoke"), (AgentGroupChat, "invoke_stream")]
 
 
+def _runtime_targets() -> list[tuple[Any, str]]:
+    try:  # the agent runtime of the orchestrations (experimental, absent in older releases)
+        from semantic_kernel.agents.runtime import InProcessRuntime
+    except ImportError:
+        return []
+    return [(InProcessRuntime, "start")]
+
+
 def _internal_targets() -> list[tuple[Any, str, str]]:
     from semantic_kernel.agents.strategies import (
         KernelFunctionSelectionStrategy,
@@ -99,10 +114,29 @@ def _internal_targets() -> list[tuple[Any, str, str]]:
         ChatHistorySummarizationReducer,
     )
 
-    return [
+    targets: list[tuple[Any, str, str]] = [
         (ChatHistorySummarizationReducer, "reduce", "summarize"),
         (KernelFunctionSelectionStrategy, "select_agent", "select"),
         (KernelFunctionTerminationStrategy, "should_agent_terminate", "terminate"),
+    ]
+    return targets + _manager_targets()
+
+
+def _manager_targets() -> list[tuple[Any, str, str]]:
+    """The orchestrations' managers: a ``GroupChatOrchestration``'s (the app's subclass of
+    ``GroupChatManager``, called from the manager actor's one decision step) and the
+    ``StandardMagenticManager``'s four prompts."""
+    try:  # the orchestrations (experimental, absent in older releases)
+        from semantic_kernel.agents.orchestration.group_chat import GroupChatManagerActor
+        from semantic_kernel.agents.orchestration.magentic import StandardMagenticManager
+    except ImportError:
+        return []
+    return [
+        (GroupChatManagerActor, "_determine_state_and_take_action", "manage"),
+        *(
+            (StandardMagenticManager, name, "manage")
+            for name in ("plan", "replan", "create_progress_ledger", "prepare_final_answer")
+        ),
     ]
 
 
@@ -110,7 +144,7 @@ def patched_targets(global_install: bool = True) -> list[tuple[Any, str]]:
     """The ``(class, attribute)`` pairs the plugin replaces while installed."""
     from semantic_kernel.filters.kernel_filters_extension import KernelFilterExtension
 
-    targets = [*_service_targets(), *_agent_targets(), *_team_targets()]
+    targets = [*_service_targets(), *_agent_targets(), *_team_targets(), *_runtime_targets()]
     targets += [(owner, attr) for owner, attr, _ in _internal_targets()]
     if global_install:
         targets.append((KernelFilterExtension, "construct_call_stack"))
@@ -164,6 +198,8 @@ class Patches:
             ledger.wrap(owner, attr, maker)
         for owner, attr in _team_targets():
             ledger.wrap(owner, attr, self._make_team)
+        for owner, attr in _runtime_targets():
+            ledger.wrap(owner, attr, self._make_runtime_start)
         for owner, attr, internal in _internal_targets():
             ledger.wrap(owner, attr, marking(internal_kind, internal))
 
@@ -353,6 +389,20 @@ class Patches:
             return stepped(team_scope, scope, original(chat, *args, **kwargs))
 
         return invoke
+
+    # -- agent runtimes ---------------------------------------------------------------------
+
+    def _make_runtime_start(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        plugin = self.plugin
+
+        @functools.wraps(original)
+        def start(runtime: Any, *args: Any, **kwargs: Any) -> Any:
+            if not plugin.installed:
+                return original(runtime, *args, **kwargs)
+            # the message loop task copies this context: it is nobody's call
+            return started_detached(functools.partial(original, runtime, *args, **kwargs))
+
+        return start
 
 
 def _thread_id(kwargs: dict[str, Any]) -> str | None:

@@ -6,12 +6,15 @@ would drag the plugin and its engine into the copy):
 - the AUTO_FUNCTION_INVOCATION filter runs around each function call the model asked for: it
   knows SK's call id (``function_call_content.id``), so it records the run (id, name,
   arguments, result, status, duration) and the retrieval hits of a search function, and
-  marks the call in flight so a model call inside the function gets a child scope;
+  marks the call in flight so a model call inside the function gets a child scope; it does
+  the same for a call the app runs itself (``kernel.invoke_function_call`` in its own
+  function-calling loop) in a named session;
 - the FUNCTION_INVOCATION filter runs around every function: a function's exception passes
   through it (the auto-invocation code turns it into a string result before the AUTO filter
   sees it), so it notes the error status and parses search results; at the top level (no run
   in flight) it starts a run, so the model calls of one ``kernel.invoke_prompt`` share one
-  scope.
+  scope (in a named session, a native function's model calls get a child scope of their own:
+  they are the function's work, not turns of the conversation).
 
 Every write is awaited on the caller's loop (SK is async), fail-open like the kit's
 :func:`ce.core.integration.guarded`: a failed write is logged and reported as a ``Degraded``
@@ -35,7 +38,6 @@ from ce.core.integration import (
     error_text,
     is_suppressed,
     provider_of,
-    resolve_scope,
 )
 from ce.core.integration import (
     record_awaited as write,
@@ -48,6 +50,7 @@ from ce.semantic_kernel._scopes import (
     explicit_session,
     internal_kind,
     outer_scope,
+    resolve,
     run_scope,
     tool_frame,
 )
@@ -199,20 +202,27 @@ class Filters:
             scope = None
             arguments = getattr(context, "arguments", None)
             free = tool is None and call_site.get() is None and internal_kind.get() is None
+            function = getattr(context, "function", None)
+            name = str(getattr(function, "name", "") or "function")
             if free and agent_frame.get() is None and run_scope.get() is None:
                 # a top-level kernel.invoke / invoke_prompt: its model calls share one run
-                scope = resolve_scope(
+                scope = resolve(
                     plugin, run_id=uuid.uuid4().hex, explicit=explicit_session(arguments)
                 )
-                token = run_scope.set(scope)
+                run = scope
+                if scope.named and not getattr(function, "is_prompt", True):
+                    # a native function the app runs itself in a named session (a tool of
+                    # the app's own function-calling loop, a helper): a model call it makes
+                    # is its own work, not a turn of the session's conversation
+                    run = scope.child(f"{name}:{uuid.uuid4().hex[:12]}")
+                token = run_scope.set(run)
             elif free:
                 # a function invoked inside a run or an agent's turn, not by the model (a
                 # prompt template calling another prompt function, a native function
                 # prompting): its model calls are its own work, a run of its own nested there
-                name = str(getattr(getattr(context, "function", None), "name", "") or "function")
                 outer = outer_scope(plugin, arguments)
                 named = explicit_session(arguments)  # the outer's, passed on by a template
-                nested = resolve_scope(
+                nested = resolve(
                     plugin,
                     run_id=uuid.uuid4().hex,
                     explicit=None if named in (*outer.lineage, outer.session_id) else named,
@@ -259,12 +269,22 @@ class Filters:
         ) -> None:
             site = call_site.get()
             call = getattr(context, "function_call_content", None)
-            if not active() or site is None or call is None or site.internal:
+            if not active() or call is None or (site is not None and site.internal):
                 await next(context)
                 return
+            if site is not None:
+                scope = site.scope
+            else:
+                # the app runs a function call of its own function-calling loop
+                # (``kernel.invoke_function_call`` after a request with ``auto_invoke=False``):
+                # in a named session it is that session's function call, as when SK runs it
+                scope = outer_scope(plugin, getattr(context, "arguments", None))
+                if not scope.named:  # no session holds the request that asked for it
+                    await next(context)
+                    return
             call_id = str(call.id or uuid.uuid4().hex)
-            child_id = scope_ids.take(site.scope.session_id, call_id)
-            frame = ToolFrame(site.scope, call_id, child_id, agent_frame.get())
+            child_id = scope_ids.take(scope.session_id, call_id)
+            frame = ToolFrame(scope, call_id, child_id, agent_frame.get())
             frame_token = tool_frame.set(frame)
             started = time.time()
             try:
@@ -292,7 +312,7 @@ class Filters:
                 if hits:
                     await recorder.record_retrieval(hits, run.tool_call_id)
 
-            await write(plugin, site.session_id, "record function call", work)
+            await write(plugin, scope.session_id, "record function call", work)
 
         return ce_auto_function_invocation_filter
 

@@ -17,8 +17,11 @@ request starts with its own instructions; its replies are stored with the agent 
 A model call made while a function the model asked for runs (an LLM-backed function, an
 agent called inside a function) is nested: it gets the child scope
 ``<outer session>/<function call id>`` and never receives or changes the outer
-conversation. SK's own internal model calls (the summarization reducer, an ``AgentGroupChat``'s
-kernel-function selection and termination strategies) are recorded in a child scope
+conversation. So is one made by a function's own work outside such a call (a function a
+template calls, a native function the app runs in a named session): the function's run is a
+child scope, and an agent it invokes runs there too. SK's own internal model calls (the
+summarization reducer, an ``AgentGroupChat``'s kernel-function selection and termination
+strategies, the orchestrations' managers) are recorded in a child scope
 ``<outer session>/<kind>:<id>`` and never rewritten.
 
 SK passes no run object along, so the frames live in context variables: set by the plugin's
@@ -30,18 +33,28 @@ the generator only (:func:`stepped`): the consumer's own code between the items,
 call it makes there, never sees it. An app's callback SK calls from inside the agent's own code
 (``on_intermediate_message``) runs in the frames of the code that called the agent
 (:func:`in_callers_frames`).
+
+An agent runtime's message loop (``InProcessRuntime.start()``, which runs the orchestrations'
+agents) is a background task: asyncio copies the context of the code that started it into
+every handler it runs, for every orchestration invoked on it later. The loop is nobody's
+call, so it starts with no frame of the plugin's, and the ``engine.session()`` it inherited
+is not in force inside it (:func:`detached`, :func:`resolve`): otherwise every later
+orchestration on the runtime, another user's included, would be recorded in and assembled
+from the session of the code that happened to start it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ce.core.integration import SESSION_KEY, Scope, resolve_scope
+from ce.core.engine import current_session_id
+from ce.core.integration import SESSION_KEY, Scope, resolve_scope, run_session_id
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -49,15 +62,19 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentFrame",
     "CallSite",
+    "Detached",
     "ToolFrame",
     "Var",
     "agent_frame",
     "call_site",
+    "detached",
     "in_callers_frames",
     "internal_kind",
     "outer_team_scope",
+    "resolve",
     "run_scope",
     "scope_for_call",
+    "started_detached",
     "stepped",
     "team_scope",
     "tool_frame",
@@ -164,12 +181,22 @@ class CallSite:
         return self.scope.session_id
 
 
+@dataclass(frozen=True)
+class Detached:
+    """Code running in an agent runtime's message loop: ``inherited`` is the
+    ``engine.session()`` in force where the loop was started (``None``: none), which is not
+    the session of any call the loop makes."""
+
+    inherited: str | None
+
+
 agent_frame: Var[AgentFrame] = Var("ce_sk_agent")
 tool_frame: Var[ToolFrame] = Var("ce_sk_tool")
 call_site: Var[CallSite] = Var("ce_sk_call")
 run_scope: Var[Scope] = Var("ce_sk_run")
 team_scope: Var[Scope] = Var("ce_sk_team")
 internal_kind: Var[str] = Var("ce_sk_internal")
+detached: Var[Detached] = Var("ce_sk_detached")
 
 
 _FRAMES: tuple[Var[Any], ...] = (
@@ -179,6 +206,7 @@ _FRAMES: tuple[Var[Any], ...] = (
     run_scope,
     team_scope,
     internal_kind,
+    detached,
 )
 
 
@@ -197,6 +225,68 @@ def in_callers_frames(callback: Callable[..., Awaitable[Any]]) -> Callable[..., 
                 var.reset(token)
 
     return in_frames
+
+
+def started_detached(start: Callable[[], _T]) -> _T:
+    """``start()`` (an agent runtime's ``start``, which creates its message loop task) run in
+    a copy of the current context with none of the plugin's frames and the current
+    ``engine.session()`` marked as inherited (see :func:`resolve`); the caller's context is
+    left as it is."""
+
+    def in_copy() -> _T:
+        for var in _FRAMES:
+            var.set(None)
+        detached.set(Detached(current_session_id()))
+        return start()
+
+    return contextvars.copy_context().run(in_copy)
+
+
+def resolve(
+    plugin: Plugin,
+    *,
+    run_id: str,
+    explicit: object = None,
+    framework: object = None,
+    parent: Scope | None = None,
+    parent_call_id: str | None = None,
+) -> Scope:
+    """:func:`ce.core.integration.resolve_scope`, except in an agent runtime's message loop,
+    where the ``engine.session()`` the loop inherited from the code that started it is not in
+    force (one the loop's own code sets to another session is): the rule's other steps apply,
+    in its order."""
+    frame = detached.get()
+    in_engine = current_session_id()
+    if frame is None or in_engine is None or in_engine != frame.inherited:
+        return resolve_scope(
+            plugin,
+            run_id=run_id,
+            explicit=explicit,
+            framework=framework,
+            parent=parent,
+            parent_call_id=parent_call_id,
+        )
+    named = _name(explicit)
+    if parent is not None:
+        if named and named not in (*parent.lineage, parent.session_id):
+            return Scope(named, "explicit")
+        return parent.child(parent_call_id or run_id)
+    if named:
+        return Scope(named, "explicit")
+    own = _name(framework)
+    if own:
+        return Scope(own, "framework")
+    if plugin.session_id:
+        return Scope(plugin.session_id, "install")
+    return Scope(run_session_id(run_id), "run")
+
+
+def _name(value: object) -> str | None:
+    """A session name as :func:`~ce.core.integration.resolve_scope` reads one (a non-empty
+    string or an int)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    return str(value) or None
 
 
 def explicit_session(arguments: Any) -> Any:
@@ -231,7 +321,7 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
         # function does not make the function's own calls
         inner = agent_frame.get()
         return (
-            resolve_scope(
+            resolve(
                 plugin,
                 run_id=_new_run(),
                 explicit=explicit,
@@ -247,19 +337,24 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
         if explicit and explicit != team.session_id:
             return Scope(str(explicit), "explicit"), agent.agent if agent else None
         return team, (agent.agent or None) if agent is not None else None
-    if agent is not None:
-        scope = resolve_scope(
-            plugin, run_id=_new_run(), explicit=explicit, framework=agent.thread_id
-        )
-        return scope, agent.agent or None
     run = run_scope.get()
+    if agent is not None:
+        if run is not None and run.nested:
+            # an agent a function's own work invokes (a native function the app runs in a
+            # named session, a function a template calls): nested there, as the function's
+            # other model calls are
+            if explicit and explicit not in (*run.lineage, run.session_id):
+                return Scope(str(explicit), "explicit"), agent.agent or None
+            return run, agent.agent or None
+        scope = resolve(plugin, run_id=_new_run(), explicit=explicit, framework=agent.thread_id)
+        return scope, agent.agent or None
     if run is not None:
         # a session the run or an enclosing one has (arguments a template passes on) does not
         # pull a nested function's call back there
         if explicit and explicit not in (*run.lineage, run.session_id):
             return Scope(str(explicit), "explicit"), None
         return run, None
-    return resolve_scope(plugin, run_id=_new_run(), explicit=explicit), None
+    return resolve(plugin, run_id=_new_run(), explicit=explicit), None
 
 
 def internal_scope(plugin: Plugin, kind: str, arguments: Any = None) -> Scope:
@@ -272,5 +367,5 @@ def outer_team_scope(plugin: Plugin, run_id: str) -> Scope:
     inside a function call)."""
     tool = tool_frame.get()
     if tool is not None:
-        return resolve_scope(plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.child_id)
-    return resolve_scope(plugin, run_id=run_id)
+        return resolve(plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.child_id)
+    return resolve(plugin, run_id=run_id)
