@@ -54,6 +54,22 @@ _ROLES = {
 }
 
 
+_ASSISTANT_ROLES = frozenset(
+    {MessageRole.ASSISTANT.value, MessageRole.CHATBOT.value, MessageRole.MODEL.value}
+)
+
+
+def _answer(text: str) -> str:
+    """An assistant message's text as the engine reads it (:func:`to_openai`,
+    :func:`turn_key`, and so the replies the plugin records): without the whitespace around
+    it, since the same answer comes back in either form. llama-index-core's
+    ``StreamingAgentChatResponse`` writes a chat engine's streamed answer to its memory
+    stripped (``final_text.strip()``), while the model's reply, an agent's memory and an
+    app's own history (the streamed tokens joined) keep the model's whitespace: read as
+    written, the next turn's history would hold a second copy of each such answer."""
+    return text.strip()
+
+
 def message_text(message: ChatMessage) -> str:
     """The text of ``message``: its text blocks, joined."""
     return "".join(b.text for b in message.blocks if isinstance(b, TextBlock))
@@ -72,6 +88,8 @@ def turn_key(message: Any) -> Hashable | None:
         else ()
     )
     text = message_text(message)
+    if getattr(role, "value", role) in _ASSISTANT_ROLES:
+        text = _answer(text)
     return (str(getattr(role, "value", role)), text, calls, kwargs.get("tool_call_id"))
 
 
@@ -232,6 +250,8 @@ def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     for message in messages:
         role = _ROLES.get(str(getattr(message.role, "value", message.role)), "user")
         content = _content(message) if role != "system" else message_text(message)
+        if role == "assistant" and isinstance(content, str):
+            content = _answer(content)
         entry: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant":
             calls = _tool_calls(message)
