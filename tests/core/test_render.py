@@ -413,6 +413,24 @@ def test_summary_keeps_a_partly_covered_tool_group_whole() -> None:
     ]
 
 
+def test_an_apps_cut_leaves_its_messages_out_with_nothing_in_their_place() -> None:
+    state = summarized_state()
+    assert state.cut_history(4) is not None  # up to q2: c2's call (5) and result (7) stay
+    assert shape(render_live_context(state, NO_WIDGETS)) == [
+        ("system", "rules"),
+        ("assistant", ""),
+        ("tool", "result c2"),
+        ("user", "q3"),
+        ("assistant", "a3"),
+    ]
+    assert state.cut_history(3) is None  # never backwards
+    assert state.cut_history(5) is not None  # splits c2's group: the group renders whole
+    assert shape(render_live_context(state, NO_WIDGETS))[1:3] == [
+        ("assistant", ""),
+        ("tool", "result c2"),
+    ]
+
+
 def test_hidden_messages_do_not_count_for_level_of_detail() -> None:
     state = new_state()
     for i in range(4):

@@ -173,6 +173,9 @@ async def test_the_summary_message_is_no_user_turn(
     doc = await engine.get_session("trip")
     users = [m.content for m in doc.session.messages if m.role is Role.USER]
     assert users == list(QUESTIONS)
+    # the turns the middleware's hook removed from the state are no cut of the app's: the
+    # engine fits the stored turns to the budget itself
+    assert doc.session.summary is None
     assert SUMMARY not in doc.session.model_dump_json()
 
 

@@ -149,8 +149,30 @@ async def test_a_summarizer_nodes_prompt_is_no_turn_of_the_thread(
     for i, body in enumerate(sent[True]):  # the conversation never gets the node's prompt
         if i not in summarizer:
             assert not any(CREATE in text or EXTEND in text for _, text in body)
+    # the turns the summarize node removed from the state are no longer sent: the app's
+    # summary, the two messages it kept and the new question
+    first = "SUMMARY of hi! I'm bob | what's my name? | i like the celtics!"
+    assert sent[True][4] == [
+        ("system", f"Summary of conversation earlier: {first}"),
+        ("user", QUESTIONS[2]),
+        ("assistant", f"ANSWER to {QUESTIONS[2]}"),
+        ("user", QUESTIONS[3]),
+    ]
+    second = "SUMMARY of i like the celtics! | who do I like? | and what's my name again?"
+    assert sent[True][7] == [
+        ("system", f"Summary of conversation earlier: {second}"),
+        ("user", QUESTIONS[4]),
+        ("assistant", f"ANSWER to {QUESTIONS[4]}"),
+        ("user", QUESTIONS[5]),
+    ]
+    for i, removed in ((4, QUESTIONS[:2]), (5, QUESTIONS[:2]), (7, QUESTIONS[:4])):
+        texts = [text for _, text in sent[True][i]]
+        assert not any(text.endswith(q) for text in texts[1:] for q in removed)
+    assert sent[True] == sent[False]  # every call as the app sends it without the engine
     await engine.flush()
-    assert await _user_texts(engine, "bob") == QUESTIONS
+    assert await _user_texts(engine, "bob") == QUESTIONS  # the removed turns stay stored
+    cut = (await engine.get_session("bob")).session.summary
+    assert cut is not None and cut.source == "app"
     children = [s for s in await engine.list_sessions() if s.startswith("bob/")]
     assert sorted(c.split("/")[1].split(":")[0] for c in children) == ["summarize_conversation"] * 2
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, BaseMessage, RemoveMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, LLMResult
 
 from ce.core.integration import (
@@ -29,14 +29,16 @@ from ce.core.integration import (
     RetrievalHit,
     ToolRun,
     error_text,
+    openai_to_messages,
     record_sync,
 )
 from ce.core.schema import Message
-from ce.langchain._convert import ai_to_message, message_text
+from ce.langchain._convert import ai_to_message, in_conversation, message_text, to_openai
 from ce.langchain._inject import should_skip
 from ce.langchain._scopes import (
     ScopeTracker,
     in_blocking_call,
+    in_hook_node,
     keeps_replies,
     messages_key,
     node_state,
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
 
     from ce.langchain._plugin import LangChainPlugin
 
-__all__ = ["RecordingHandler"]
+__all__ = ["RecordingHandler", "removed_prefix"]
 
 _PARAMS = ("temperature", "max_tokens", "max_completion_tokens", "top_p", "seed", "stop")
 
@@ -154,6 +156,75 @@ def _holds(value: Any, reply: AIMessage, text: str, depth: int) -> bool:
     return False
 
 
+_REMOVE_ALL = "__remove_all__"  # langgraph.graph.message.REMOVE_ALL_MESSAGES
+_CUT_SENT = 16  # the newest messages of a removed prefix the engine looks for
+
+
+def _written_messages(outputs: Any) -> list[Any]:
+    """What a LangGraph node's ``outputs`` (its update, or the updates of its ``Command``s,
+    a mapping or ``(key, value)`` pairs) write under ``messages``, in order."""
+    updates = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    written: list[Any] = []
+    for update in updates:
+        if not isinstance(update, Mapping):
+            update = getattr(update, "update", None)  # a Command carries its update
+        if isinstance(update, Mapping):
+            pairs: Sequence[Any] = [("messages", update.get("messages"))]
+        elif isinstance(update, (list, tuple)):
+            pairs = update
+        else:
+            continue
+        for pair in pairs:
+            if isinstance(pair, tuple) and len(pair) == 2 and pair[0] == "messages":
+                value = pair[1]
+                if value is not None:
+                    written.extend(value if isinstance(value, (list, tuple)) else [value])
+    return written
+
+
+def removed_prefix(state: Sequence[Any], outputs: Any) -> list[BaseMessage]:
+    """The oldest messages of a LangGraph node's input ``state`` (its ``messages``) that
+    the node's ``outputs`` remove (``RemoveMessage``s of their ids: the "add summary of the
+    conversation history" how-to removes all but the newest two), when they are the oldest
+    ones: none removed after one kept. ``REMOVE_ALL_MESSAGES`` followed by messages of the
+    state (re-added) removes those before the first of them, when every one after it is
+    re-added; followed by none of them, all of them. Any other removal (a message in the
+    middle): none (the engine is told of a prefix only). A summary
+    ``SummarizationMiddleware`` put in place of older turns is no turn of the
+    conversation, and is left out."""
+    written = _written_messages(outputs)
+    removals = [m for m in written if isinstance(m, RemoveMessage)]
+    if not removals:
+        return []
+    position = {i: n for n, m in enumerate(state) if isinstance(i := getattr(m, "id", None), str)}
+    last_all = max(
+        (n for n, m in enumerate(written) if isinstance(m, RemoveMessage) and m.id == _REMOVE_ALL),
+        default=None,
+    )
+    if last_all is not None:
+        readded = {
+            position[i]
+            for m in written[last_all + 1 :]
+            if not isinstance(m, RemoveMessage) and (i := getattr(m, "id", None)) in position
+        }
+        count = min(readded, default=len(state))
+        if any(n not in readded for n in range(count, len(state))):
+            return []
+    else:
+        gone = {position[m.id] for m in removals if m.id in position}
+        count = len(gone)
+        if gone != set(range(count)):
+            return []
+    return [m for m in state[:count] if isinstance(m, BaseMessage) and in_conversation(m)]
+
+
+def _cutting(removed: Sequence[BaseMessage]) -> Callable[[Recorder], Coroutine[Any, Any, Any]]:
+    """The write of a node's cut: its newest removed messages, converted as the messages of
+    a model call are (see :func:`removed_prefix`)."""
+    newest = list(removed[-_CUT_SENT:])
+    return lambda recorder: recorder.cut_history(openai_to_messages(to_openai(newest)))
+
+
 def _recording(
     call: ModelCall, reply: Message, keep: bool
 ) -> Callable[[Recorder], Coroutine[Any, Any, Any]]:
@@ -223,6 +294,15 @@ class RecordingHandler(BaseCallbackHandler):
     ) -> None:
         name = kwargs.get("name")
         state = node_state(inputs, metadata, name)
+        keeper = keeps_replies(name, state, metadata)
+        # a node's own run: its input messages, in case its output removes the oldest ones
+        held = (
+            inputs.get("messages")
+            if keeper == "node"
+            and not in_hook_node(metadata)  # a middleware's hook: its documented behaviour
+            and not should_skip(tags, metadata, model_call=False)
+            else None
+        )
         self.tracker.start(
             run_id,
             parent_run_id,
@@ -230,12 +310,17 @@ class RecordingHandler(BaseCallbackHandler):
             metadata,
             tags,
             state=state,
-            keeper=keeps_replies(name, state, metadata),
+            keeper=keeper,
+            inputs=held if isinstance(held, list) else None,
         )
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self.tracker.end(run_id)
+        node = self.tracker.pop(run_id)
         self._decide(run_id, outputs)
+        if node is not None and node.inputs and not node.hook and self.plugin.installed:
+            removed = removed_prefix(node.inputs, outputs)
+            if removed:  # the thread's session stops sending them too
+                self._write(node.scope.session_id, "cut history", _cutting(removed))
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self.tracker.end(run_id)

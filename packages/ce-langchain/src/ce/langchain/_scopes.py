@@ -226,6 +226,7 @@ class _Node:
     hook: bool  # in a create_agent middleware hook node
     state: tuple[str, frozenset[str]] | None = None  # its LangGraph node, see node_state
     keeper: str | None = None  # its output says which replies join the conversation: keeps_replies
+    inputs: Sequence[Any] | None = None  # a node's input messages (see ScopeTracker.start)
 
 
 class ScopeTracker:
@@ -319,10 +320,12 @@ class ScopeTracker:
         state: tuple[str, frozenset[str]] | None = None,
         messages: Sequence[Any] = (),
         keeper: str | None = None,
+        inputs: Sequence[Any] | None = None,
     ) -> Scope:
         """Follow run ``run_id`` (``kind``: chain, tool, retriever, model; a tool run's
         ``call_id``: its ``tool_call_id``; a LangGraph node's ``state``, see
-        :func:`node_state`; ``keeper``: see :func:`keeps_replies`) until :meth:`end`; its
+        :func:`node_state`; ``keeper``: see :func:`keeps_replies`; ``inputs``: a node's input
+        messages, held until it ends, see :meth:`pop`) until :meth:`end`; its
         scope: the one :meth:`for_call`
         registered for it (by run id, else by ``pending_key``), else :meth:`resolve`'s (a
         chat model's ``messages`` tell a node's own call, see :meth:`side_call`)."""
@@ -347,6 +350,7 @@ class ScopeTracker:
                 hook=hook,
                 state=state,
                 keeper=keeper,
+                inputs=inputs,
             )
             if len(self._nodes) > _NODES_MAX:
                 del self._nodes[next(iter(self._nodes))]
@@ -356,6 +360,11 @@ class ScopeTracker:
         """Stop following run ``run_id`` (a no-op for a run never started)."""
         with self._lock:
             self._nodes.pop(run_id, None)
+
+    def pop(self, run_id: UUID) -> _Node | None:
+        """Stop following run ``run_id``; what was followed of it (None: never started)."""
+        with self._lock:
+            return self._nodes.pop(run_id, None)
 
     def replied(self, session_id: str, reply: Any) -> None:
         """Note ``reply``, the answer of a chat-model call in ``session_id``, for the

@@ -207,10 +207,15 @@ async def show(store: Store, console: Console, session_id: str) -> None:
     console.print(Text(f"evidences: {len(doc.evidences)}" + (f" ({kinds})" if kinds else "")))
     if session.summary is not None:
         covered = session.summary.message_index_range
-        console.print(
-            Text(f"summary: messages {covered.from_index}..{covered.to_index}, "),
-            Text(first_line(session.summary.content, 60)),
-        )
+        if session.summary.removed_by_app:
+            console.print(
+                Text(f"removed by the app: messages 0..{session.summary.removed_by_app - 1}")
+            )
+        if session.summary.source == "engine":
+            console.print(
+                Text(f"summary: messages {covered.from_index}..{covered.to_index}, "),
+                Text(first_line(session.summary.content, 60)),
+            )
     turns = await store.list_turns(session_id)
     newest = f" (newest {turns[-1].turn_id})" if turns else ""
     console.print(Text(f"turn records: {len(turns)}{newest}"))

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from ce.core._drive import checkpoint, engine_turn, idle_turn
 from ce.core.config import RedactionConfig, RuntimeConfig
 from ce.core.engine._carry import Carry
+from ce.core.engine._cut import Removed, cut_point
 from ce.core.engine._deferred import DeferredWrites, flush_at_exit, note_pending
 from ce.core.engine._prepare import Preparer
 from ce.core.engine._session import SessionEntry, SessionLocks, TailTooShort
@@ -426,6 +427,47 @@ class ContextEngine(Preparer):
 
         # messages without ids of their own cannot repeat older ones: the newest records do
         return await self._write(session_id, op, tail=all(m.message_id is None for m in messages))
+
+    async def cut_history(
+        self,
+        session_id: str,
+        removed: Sequence[Message],
+        *,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        """The app removed the oldest part of its conversation history (``removed``: those
+        messages, a prefix of the history it passes; it typically keeps what matters of them
+        in a summary of its own prompt): from now on the session's history up to and
+        including the newest stored message that is one of ``removed`` is no longer sent, and
+        nothing is sent in its place. A message is one of them by its ``message_id`` when the
+        session stores it under that id, else by role, text (redacted as it is stored) and
+        tool-call ids, as :meth:`prepare_call` recognises a message it was passed before.
+
+        The cut never reaches the session's newest user message nor anything after it (the
+        current run, its tool calls in flight), and never splits a tool call from its
+        results: it ends before them instead (a ``Degraded`` event with reason
+        ``history_cut_shortened`` says so). A cut that matches no stored message does
+        nothing, and a cut never moves backwards (one that ends before the session's current
+        cut does nothing). The messages stay stored (reports, replay and exports keep them);
+        each turn's report accounts for them in one decision, ``"removed by the app"``. A
+        rolling summary the engine makes later (``SummaryConfig``) summarizes only messages
+        after the cut. One atomic write; returns the session's version (unchanged when
+        nothing was cut)."""
+        cfg = self._cfg(runtime_config)
+
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
+            index = entry.index(cfg.model_hint, cfg.render.fence_tool_results)
+            target = Removed.of(entry, removed, lambda text: self._stored_text(text, cfg))
+            cut, notes = cut_point(entry, index, target)
+            call.degradations.extend(notes)
+            if cut is None or entry.state.cut_history(cut, held_from=entry.unread.messages) is None:
+                await self._emit_degradations(session_id, call)
+                return PutResult(success=True, version=entry.version)
+            return await self._persist(entry, call)
+
+        # the removed messages are among the newest ones (an app keeps a few of its latest
+        # turns): the session's newest records first, more when none of them matches
+        return await self._write(session_id, op, tail=True)
 
     async def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         """Buffer one streamed chunk (in memory, per session) until the reply is finalized."""

@@ -221,6 +221,7 @@ class Preparer(BlockSummaries):
         doc = entry.doc
         messages = doc.session.messages
         summary = doc.session.summary
+        # after what an earlier summary covers, or what the app removed from its history
         start = summary.message_index_range.to_index + 1 if summary else 0
         tail = (
             index.groups[index.last_user_group].position
@@ -244,7 +245,11 @@ class Preparer(BlockSummaries):
             with suppressed():
                 draft = await settle(
                     self._summarizer.summarize(
-                        messages, summary, cfg.summary, start=start, to_index=end
+                        messages,
+                        summary if summary is not None and summary.source == "engine" else None,
+                        cfg.summary,
+                        start=start,
+                        to_index=end,
                     )
                 )
         except SummarizerError as exc:
@@ -284,7 +289,7 @@ class Preparer(BlockSummaries):
         )
         entry.state.set_summary(
             text,
-            from_index=0,
+            from_index=summary.removed_by_app if summary is not None else 0,
             to_index=end,
             evidence_ids=[*absorbed, evidence.evidence_id],
         )

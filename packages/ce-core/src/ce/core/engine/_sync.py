@@ -154,6 +154,15 @@ class SyncEngine:
     ) -> PutResult:
         return drive(self._engine.record_messages(session_id, messages, runtime_config))
 
+    def cut_history(
+        self,
+        session_id: str,
+        removed: Sequence[Message],
+        *,
+        runtime_config: RuntimeConfig | None = None,
+    ) -> PutResult:
+        return drive(self._engine.cut_history(session_id, removed, runtime_config=runtime_config))
+
     def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         drive(self._engine.commit_assistant_chunk(session_id, chunk, chunk_index))
 

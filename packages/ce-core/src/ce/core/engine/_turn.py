@@ -11,6 +11,7 @@ from ce.core.config import RuntimeConfig
 from ce.core.errors import BudgetExceededError
 from ce.core.pipeline import (
     EVIDENCE_PREAMBLE,
+    REMOVED_BY_APP,
     Assembler,
     Candidate,
     ConflictTracker,
@@ -130,7 +131,7 @@ async def _context_candidates(
                 )
             )
     summary = doc.session.summary
-    if summary is not None:
+    if summary is not None and summary.source == "engine":  # an app's cut renders nothing
         text = f"## Summary of earlier conversation\n{summary.content}"
         out.append(
             _text_candidate(
@@ -203,9 +204,11 @@ async def select_and_assemble(
     groups = index.groups
     tail_start = index.last_user_group if index.last_user_group is not None else len(groups)
     summary = doc.session.summary
-    hidden = 0
+    hidden = removed = 0
     if summary is not None:
         hidden = min(index.first_group_after(summary.message_index_range.to_index), tail_start)
+        if summary.removed_by_app:
+            removed = min(index.first_group_after(summary.removed_by_app - 1), hidden)
     pinned = frozenset(g for g in own_run if hidden <= g < tail_start)
     tail = groups[tail_start:]
     must.extend(groups[g] for g in sorted(pinned))
@@ -217,6 +220,7 @@ async def select_and_assemble(
         pinned=pinned,
         context=context,
         hidden=hidden,
+        removed=removed,
         tail_start=tail_start,
         fixed_tokens=estimator.reply_priming(hint)
         + estimator.estimate_message(Role.SYSTEM, "", hint),
@@ -238,7 +242,8 @@ async def select_and_assemble(
     short = (result.history_open and unread.messages > 0 and not covered) or (
         result.evidence_open and unread.evidences > 0
     )
-    decisions = [*_unread_decisions(unread, covered), *decisions]
+    cut = summary.removed_by_app if summary is not None else 0
+    decisions = [*_unread_decisions(unread, covered, cut), *decisions]
     assembler = Assembler(estimator)
     while True:
         kept = without_dangling(kept, index)
@@ -291,21 +296,27 @@ async def select_and_assemble(
     )
 
 
-def _unread_decisions(unread: Unread, covered: bool) -> list[PruneDecision]:
+def _unread_decisions(unread: Unread, covered: bool, removed: int = 0) -> list[PruneDecision]:
     """The decisions about what a selection from the newest part of a session did not read:
-    older than what it kept (or covered by the rolling summary), so not read from the store."""
+    older than what it kept (or covered by the rolling summary; the first ``removed`` of them
+    removed by the app), so not read from the store."""
     out = []
+    spans = []
     if unread.messages:
+        removed = min(removed, unread.messages)
+        if removed:
+            spans.append((0, removed, REMOVED_BY_APP))
+        if unread.messages > removed:
+            reason = "covered by the rolling summary" if covered else "older than the kept history"
+            spans.append((removed, unread.messages, reason))
+    for start, stop, reason in spans:
         out.append(
             PruneDecision(
-                block_id=f"history:0..{unread.messages - 1}",
+                block_id=f"history:{start}..{stop - 1}",
                 action="dropped",
-                reason=(
-                    "covered by the rolling summary" if covered else "older than the kept history"
-                )
-                + f": {unread.messages} older messages not read (nor counted)",
+                reason=f"{reason}: {stop - start} older messages not read (nor counted)",
                 token_estimate=0,
-                block_count=unread.messages,
+                block_count=stop - start,
             )
         )
     if unread.evidences:

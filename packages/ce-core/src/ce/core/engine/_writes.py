@@ -354,14 +354,24 @@ class HistoryWriter:
         A framework passes its whole history on every call: when ``pending`` has as many
         messages (system messages aside) as the session stores before the entry's, then the
         entry's own in order, the older ones are the session's older ones, and only the rest
-        is matched against the entry. Anything else (a history trimmed, summarised or
-        rewritten by the framework; new messages that declare tool calls, whose ids the
-        whole session must be searched for; a tool result for a call the entry does not hold
-        waiting) raises :class:`TailTooShort` for the whole session."""
+        is matched against the entry (after a cut of the app's, see
+        ``ContextEngine.cut_history``, the app passes the messages after the cut). Anything
+        else (a history trimmed, summarised or rewritten by the framework; new messages that
+        declare tool calls, whose ids the whole session must be searched for; a tool result
+        for a call the entry does not hold waiting) raises :class:`TailTooShort` for the
+        whole session."""
         if not entry.partial or unchanged_prefix(entry, pending, cfg)[0]:
             return None
-        held = [m for m in entry.doc.session.messages if m.role is not Role.SYSTEM]
+        messages = entry.doc.session.messages
         older = entry.unread.messages - entry.unread.system_messages
+        summary = entry.doc.session.summary
+        removed = summary.removed_by_app if summary is not None else 0
+        if removed >= entry.unread.messages:
+            # the app removed the session's oldest messages from its history (see
+            # ContextEngine.cut_history): it passes the ones after them
+            messages = messages[removed - entry.unread.messages :]
+            older = 0
+        held = [m for m in messages if m.role is not Role.SYSTEM]
         positions: list[int] = []  # of the non-system messages
         systems: list[int] = []
         for i, m in enumerate(pending):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ from ce.core.schema import (
     ModelUsageStage,
     ModelUsageStatus,
     ProviderKind,
+    PutResult,
     SourceKind,
     ToolCall,
     ToolCallStatus,
@@ -296,6 +297,12 @@ class Recorder:
             output=(draft.content, draft.source) if draft is not None else None,
         )
         return usage
+
+    async def cut_history(self, removed: Sequence[Message]) -> PutResult:
+        """The app removed ``removed``, the oldest messages of its history, from it (a
+        summarizing step that keeps only its latest turns): the session stops sending them
+        (:meth:`ContextEngine.cut_history`)."""
+        return await self.engine.cut_history(self.session_id, removed)
 
 
 _flushes: set[asyncio.Task[None]] = set()  # flush tasks in flight (the loop keeps weak refs)

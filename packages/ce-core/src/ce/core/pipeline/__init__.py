@@ -30,6 +30,7 @@ from ce.core.pipeline._levels import (
 )
 from ce.core.pipeline._pointed import LEFT_OUT_POINTER, without_dangling
 from ce.core.pipeline._prune import (
+    REMOVED_BY_APP,
     GreedyPriorityPruner,
     PruneBudget,
     PruneRequest,
@@ -66,6 +67,7 @@ __all__ = [
     "LEFT_OUT_POINTER",
     "LEVELS",
     "QUOTED_MIN_CHARS",
+    "REMOVED_BY_APP",
     "SECTION_JOIN_TOKENS",
     "SUMMARY_OF",
     "Assembler",

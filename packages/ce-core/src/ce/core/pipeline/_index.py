@@ -482,6 +482,12 @@ class SessionIndex:
         index = self._call_group.get(self._evidence_call.get(evidence_id, ""))
         return self.groups[index] if index is not None else None
 
+    def group_of(self, message_id: str) -> int | None:
+        """The index of the group message ``message_id`` renders in (its head, a tool result
+        of the head's calls, the Observation of a ReAct step); None for a message in none (a
+        system message) or one the index does not hold."""
+        return self._message_group.get(message_id)
+
     def call_group(self, tool_call_id: str) -> int | None:
         """The index of the group whose assistant message made the tool call."""
         return self._call_group.get(tool_call_id)

@@ -17,14 +17,14 @@ Rules, in order:
    A block past its priority's TTL is dropped.
 4. Conversation stays a contiguous recent window that starts at a turn (a user message: the
    answers before the oldest kept question are given back): once a conversation block is
-   dropped, every
-   older one is dropped with it, in ONE decision whose ``block_count`` says how many blocks it
-   covers (likewise messages covered by the rolling summary, and the older evidence of a tier
-   once the budget, or the evidence share of it, is exhausted or 8 blocks in a row did not
-   fit). The kept window is reported the same way: neighbouring messages kept (or degraded)
-   for the same reason at the same level share one range decision, and the conversation's
-   decisions come oldest first. So a turn costs work proportional to what is kept, not to the
-   history, its report is a few decisions, and it still accounts for every candidate.
+   dropped, every older one is dropped with it, in ONE decision whose ``block_count`` says
+   how many blocks it covers (likewise messages covered by the rolling summary or removed by
+   the app, and the older evidence of a tier once the budget, or the evidence share of it, is
+   exhausted or 8 blocks in a row did not fit). The kept window is reported the same way:
+   neighbouring messages kept (or degraded) for the same reason at the same level share one
+   range decision, and the conversation's decisions come oldest first. So a turn costs work
+   proportional to what is kept, not to the history, its report is a few decisions, and it
+   still accounts for every candidate.
 
 Everything is deterministic: same candidates, budget and rules give the same result.
 """
@@ -44,6 +44,7 @@ from ce.core.pipeline._same_text import SameTexts
 from ce.core.schema import LevelOfDetail, Priority, PruneDecision
 
 __all__ = [
+    "REMOVED_BY_APP",
     "GreedyPriorityPruner",
     "PruneBudget",
     "PruneRequest",
@@ -52,6 +53,10 @@ __all__ = [
 ]
 
 _TIERS = (Priority.HIGH, Priority.MEDIUM, Priority.LOW)
+
+REMOVED_BY_APP = "removed by the app"
+"""The reason of the decision about the oldest messages the app removed from its history
+(``ContextEngine.cut_history``): not sent, nothing stands for them."""
 _UNANSWERED = "unanswered tool call: no result message or result evidence"
 _MIN_EVIDENCE_TOKENS = 16
 # Newest-first evidence walks stop after this many blocks in a row did not fit: what is
@@ -87,7 +92,8 @@ class PruneRequest:
 
     ``must``: blocks that must be kept (``degradable`` ones may be degraded when they alone do
     not fit). ``context``: memory / state / summary / custom blocks. Conversation comes from
-    ``index.groups[hidden:tail_start]`` (``hidden`` groups are covered by the rolling summary);
+    ``index.groups[hidden:tail_start]`` (``hidden`` groups are covered by the rolling summary,
+    or the first ``removed`` of them removed by the app);
     evidence from ``index.evidence_tiers``. ``fixed_tokens`` are spent before any block (message
     overheads, reply priming); ``evidence_preamble_tokens`` are charged with the first evidence.
     """
@@ -106,6 +112,9 @@ class PruneRequest:
     """Conversation groups before ``tail_start`` that are in ``must`` (a run's own blocks,
     when other runs wrote to the session since its question): the history walk passes them
     by, and the history's range decisions leave them out."""
+    removed: int = 0
+    """How many of the ``hidden`` groups (the first ones) the app removed from its history
+    rather than the rolling summary covering them (reported as :data:`REMOVED_BY_APP`)."""
 
 
 @dataclass
@@ -382,20 +391,25 @@ class GreedyPriorityPruner:
                     ),
                 )
             )
-        if request.hidden:
-            first, last = index.groups[0], index.groups[request.hidden - 1]
-            history.append(
-                (
-                    0,
-                    _decision(
-                        f"{first.block_id}..{last.block_id}",
-                        "dropped",
-                        "covered by the rolling summary",
-                        index.group_tokens(0, request.hidden),
-                        count=request.hidden,
-                    ),
+        removed = min(request.removed, request.hidden)
+        for start, stop, reason in (
+            (0, removed, REMOVED_BY_APP),
+            (removed, request.hidden, "covered by the rolling summary"),
+        ):
+            if stop > start:
+                first, last = index.groups[start], index.groups[stop - 1]
+                history.append(
+                    (
+                        start,
+                        _decision(
+                            f"{first.block_id}..{last.block_id}",
+                            "dropped",
+                            reason,
+                            index.group_tokens(start, stop),
+                            count=stop - start,
+                        ),
+                    )
                 )
-            )
         history.extend(_walk_ranges(run.walk, index))
         history.sort(key=lambda item: item[0])
         run.result.decisions.extend(decision for _, decision in history)

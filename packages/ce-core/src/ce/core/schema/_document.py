@@ -5,7 +5,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    model_serializer,
+    model_validator,
+)
 
 from ce.core.schema._enums import (
     AuthorKind,
@@ -298,12 +307,41 @@ class MessageIndexRange(_Model):
 
 
 class Summary(_Model):
-    """Rolling summary replacing ``session.messages[from_index:to_index+1]``."""
+    """What stands for the oldest messages of the session: ``session.messages[:to_index+1]``
+    are no longer sent to the model (they stay stored).
+
+    ``source="engine"``: the engine's rolling summary, which renders as a summary block in
+    place of ``messages[from_index:to_index+1]``; the engine's input leaves out the messages
+    before ``from_index`` too (none, unless the app cut its history before the engine
+    summarized: those the app removed).
+    ``source="app"``: the app removed ``messages[:to_index+1]`` from its own history (see
+    ``ContextEngine.cut_history``); it carries what it keeps of them in its own prompt, so
+    nothing renders in their place and ``content`` is empty. A document without ``source``
+    reads as ``"engine"``, and an engine summary is stored without it."""
 
     content: str
     updated_at: str
     message_index_range: MessageIndexRange
     evidence_ids: list[str] = Field(default_factory=list)
+    source: Literal["engine", "app"] = "engine"
+
+    @property
+    def removed_by_app(self) -> int:
+        """How many of the session's first messages the app removed from its history: every
+        message the summary stands for when the app made it, those before its range when
+        the engine did."""
+        if self.source == "app":
+            return self.message_index_range.to_index + 1
+        return self.message_index_range.from_index
+
+    @model_serializer(mode="wrap")
+    def _without_default_source(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # an engine summary is stored as before the field existed: a process of an older
+        # ce-core (whose models forbid unknown fields) still reads the session
+        data = handler(self)
+        if isinstance(data, dict) and data.get("source") == "engine":
+            del data["source"]
+        return data
 
 
 class Task(_Model):

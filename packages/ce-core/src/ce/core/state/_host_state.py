@@ -133,8 +133,9 @@ class HostStateWriters:
         evidence_ids: Sequence[str] | None = None,
     ) -> Summary:
         """Replace the rolling summary, which stands for ``messages[from_index:to_index+1]``
-        when rendering (the messages themselves stay). The range must lie within the history
-        and the content must not be blank."""
+        when rendering (the messages themselves stay; those before ``from_index`` are the
+        ones the app removed from its history, see :meth:`cut_history`). The range must lie
+        within the history and the content must not be blank."""
         if not content.strip():
             raise InvariantViolationError("a summary must not be blank")
         count = len(self._doc.session.messages)
@@ -148,6 +149,52 @@ class HostStateWriters:
             message_index_range=MessageIndexRange(from_index=from_index, to_index=to_index),
             evidence_ids=list(evidence_ids or []),
         )
+        self._doc.session.summary = summary
+        self._changes.summary = True
+        return summary.model_copy(deep=True)
+
+    def cut_history(self, to_index: int, *, held_from: int = 0) -> Summary | None:
+        """Record that the app removed ``messages[:to_index+1]`` from its own history: they
+        are no longer sent (they stay stored), and nothing renders in their place (a
+        :class:`Summary` with ``source="app"``). A cut never moves backwards: one that does
+        not reach past the messages removed before changes nothing (``None``). A rolling
+        summary of the engine that reaches further keeps standing for its messages after
+        the cut; one that does not is replaced (the app carries what it keeps of them).
+
+        ``held_from``: how many of the session's messages come before those the state holds
+        (a state of the session's newest messages only); ``to_index`` counts from the
+        session's first message and must lie within those held."""
+        count = len(self._doc.session.messages)
+        if not held_from <= to_index < held_from + count:
+            raise InvariantViolationError(
+                f"cut at message {to_index} is not within messages {held_from}.."
+                f"{held_from + count - 1}"
+            )
+        current = self._doc.session.summary
+        if current is not None and to_index < current.removed_by_app:
+            return None
+        now = self._clock.now_iso()
+        if (
+            current is not None
+            and current.source == "engine"
+            and to_index < current.message_index_range.to_index
+        ):
+            covered = current.message_index_range.to_index
+            summary = current.model_copy(
+                update={
+                    "updated_at": now,
+                    "message_index_range": MessageIndexRange(
+                        from_index=to_index + 1, to_index=covered
+                    ),
+                }
+            )
+        else:
+            summary = Summary(
+                content="",
+                updated_at=now,
+                message_index_range=MessageIndexRange(from_index=0, to_index=to_index),
+                source="app",
+            )
         self._doc.session.summary = summary
         self._changes.summary = True
         return summary.model_copy(deep=True)

@@ -127,8 +127,9 @@ def render_live_context(
        text says they were left out (``[image omitted]``);
     4. ``session.summary``, when present, replaces the messages in its ``message_index_range``
        with one user message ``"[Summary of earlier conversation]\\n<content>"`` placed where
-       the range starts; a tool group (assistant message + its results) is replaced only when
-       the range covers all of it, else it renders whole;
+       the range starts; an app's cut (``source="app"``) leaves out every message up to its
+       end and renders nothing in their place; a tool group (assistant message + its
+       results) is left out only when all of it is, else it renders whole;
     5. the LiveScreen (:func:`render_live_screen` over ``options.widgets``), when not empty,
        appended after a blank line to the last user or tool part (not rendered
        when there is none). Tool parts carry ``is_error`` when their recorded ``ToolCall``
@@ -145,9 +146,12 @@ def render_live_context(
     if summary is not None:
         first = max(summary.message_index_range.from_index, 0)
         last = min(summary.message_index_range.to_index, len(messages) - 1)
-        for index in range(first, last + 1):
+        low = first
+        if summary.source == "app":  # the app removed them: nothing renders in their place
+            low, first = 0, last + 1
+        for index in range(low, last + 1):
             group = pairing.group_of(index, messages[index])
-            if all(first <= member <= last for member in group):
+            if all(low <= member <= last for member in group):
                 hidden.add(index)
 
     levels: dict[int, LevelOfDetail] = {}

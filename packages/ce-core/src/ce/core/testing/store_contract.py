@@ -45,6 +45,7 @@ from ce.core.schema import (
 )
 from ce.core.stores.base import (
     SessionChanges,
+    SliceStore,
     Store,
 )
 from ce.core.testing import records
@@ -260,6 +261,31 @@ class StoreContract(RecordContract, TailContract):
         assert (await store.commit("s1", replace)).version == 2
         assert await store.list_sessions(user_id="user-1") == []
         assert await store.list_sessions(user_id="user-2") == ["s1"]
+
+    async def test_who_made_the_summary_round_trips(self, store: Store) -> None:
+        """An app's cut (``Summary.source="app"``) is read back as such whole, by a reader
+        catching up and by a reader of the newest records; an engine summary reads back
+        as the engine's."""
+        await store.commit("s1", records.rich_changes())
+        seen = await store.read_since("s1")
+        assert seen is not None
+        cut = Summary(
+            content="",
+            updated_at="2026-01-02T00:00:00+00:00",
+            message_index_range=MessageIndexRange(from_index=0, to_index=1),
+            source="app",
+        )
+        await store.commit("s1", SessionChanges(summary=cut))
+        assert (await document_of(store, "s1")).session.summary == cut
+        update = await store.read_since("s1", seen.version, seen.epoch)
+        assert update is not None and update.changes.summary == cut
+        if isinstance(store, SliceStore):
+            part = await store.read_tail("s1", messages=1, evidences=1)
+            assert part is not None and part.changes.summary == cut
+        engine = cut.model_copy(update={"content": "later", "source": "engine"})
+        await store.commit("s1", SessionChanges(summary=engine))
+        held = (await document_of(store, "s1")).session.summary
+        assert held == engine and held is not None and held.source == "engine"
 
     # -- optimistic concurrency -----------------------------------------------------------------
 

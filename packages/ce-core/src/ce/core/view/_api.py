@@ -309,6 +309,8 @@ async def session_json(store: Store, session_id: str) -> Json:
             "content": summary.content,
             "from_index": summary.message_index_range.from_index,
             "to_index": summary.message_index_range.to_index,
+            "source": summary.source,
+            "removed_by_app": summary.removed_by_app,
         },
     }
 
