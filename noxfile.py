@@ -56,7 +56,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on ce.core."""
+    """mypy --strict on ce.core (each plugin is checked in its framework's latest
+    ``tests-<framework>`` session, beside the framework it imports)."""
     session.install(
         "mypy>=1.10", "types-regex", "-e", f"{CORE}[testing,tiktoken,cli,postgres,otel]"
     )
@@ -85,6 +86,15 @@ LANGCHAIN_VERSIONS = {
 }
 
 
+def _typecheck_plugin(session: nox.Session, package: str) -> None:
+    """mypy --strict on a plugin's package, against the framework release installed in the
+    session's virtualenv (run in the latest one's)."""
+    session.install("mypy>=1.10", "types-regex")
+    source = Path(package) / "src"
+    modules = sorted(p for p in (source / "ce").iterdir() if (p / "__init__.py").is_file())
+    session.run("mypy", *map(str, modules), env={"MYPYPATH": str(source)})
+
+
 @nox.session(name="tests-langchain")
 @nox.parametrize("langchain", list(LANGCHAIN_VERSIONS))
 def tests_langchain(session: nox.Session, langchain: str) -> None:
@@ -101,6 +111,8 @@ def tests_langchain(session: nox.Session, langchain: str) -> None:
         "langchain-tests>=1.0,<2",
     )
     session.run("pytest", "tests/langchain", *session.posargs, env=_env())
+    if langchain == "latest":
+        _typecheck_plugin(session, LANGCHAIN)
 
 
 LLAMAINDEX = "packages/ce-llamaindex"
@@ -129,6 +141,8 @@ def tests_llamaindex(session: nox.Session, llamaindex: str) -> None:
         *LLAMAINDEX_VERSIONS[llamaindex],
     )
     session.run("pytest", "tests/llamaindex", *session.posargs, env=_env())
+    if llamaindex == "latest":
+        _typecheck_plugin(session, LLAMAINDEX)
 
 
 AUTOGEN = "packages/ce-autogen"
@@ -147,6 +161,8 @@ def tests_autogen(session: nox.Session, autogen: str) -> None:
         *TEST_DEPS, "-e", f"{CORE}[tiktoken]", "-e", AUTOGEN, *AUTOGEN_VERSIONS[autogen]
     )
     session.run("pytest", "tests/autogen", *session.posargs, env=_env())
+    if autogen == "latest":
+        _typecheck_plugin(session, AUTOGEN)
 
 
 SEMANTIC_KERNEL = "packages/ce-semantic-kernel"
@@ -174,6 +190,8 @@ def tests_semantic_kernel(session: nox.Session, semantic_kernel: str) -> None:
         "protobuf",
     )
     session.run("pytest", "tests/semantic_kernel", *session.posargs, env=_env())
+    if semantic_kernel == "latest":
+        _typecheck_plugin(session, SEMANTIC_KERNEL)
 
 
 HAYSTACK = "packages/ce-haystack"
@@ -198,6 +216,8 @@ def tests_haystack(session: nox.Session, haystack: str) -> None:
         *session.posargs,
         env={**_env(), "HAYSTACK_TELEMETRY_ENABLED": "False"},
     )
+    if haystack == "latest":
+        _typecheck_plugin(session, HAYSTACK)
 
 
 CREWAI = "packages/ce-crewai"
@@ -219,6 +239,8 @@ def tests_crewai(session: nox.Session, crewai: str) -> None:
         "OTEL_SDK_DISABLED": "true",
     }
     session.run("pytest", "tests/crewai", *session.posargs, env=env)
+    if crewai == "latest":
+        _typecheck_plugin(session, CREWAI)
 
 
 @nox.session(name="tests-mixed")
