@@ -275,3 +275,38 @@ async def test_a_run_reported_before_its_reply_reusing_an_answered_id_keeps_its_
     assert [t["tool_call_id"] for t in tools] == ["call_0", "call_0~2"]
     for tool, evidence_id, city in zip(tools, evidence_ids, ("Paris", "Rome"), strict=True):
         assert f'id="{evidence_id}"' in tool["content"] and f"sunny in {city}" in tool["content"]
+
+
+async def test_a_run_recorded_without_a_tool_message_sends_its_answer_and_its_documents() -> None:
+    """A tool run recorded from the tool's side only (no tool message: a tool that returns
+    its answer to the user directly, an agent that does not reflect on tool use): an answer
+    made from the documents the call retrieved goes as the answer, then the documents, each
+    once; a retriever's output (the documents themselves) goes as the documents alone."""
+    doc = "Shared notes: the meeting moved to Thursday at ten."
+    for kind, output in {"retriever": doc, "query_engine": "ANSWER: Thursday 10:00."}.items():
+        engine = deterministic_engine()
+        await engine.prepare_turn("s", "When is the meeting?")
+        call = ToolCallRequest(tool_call_id="c1", name="notes", raw_arguments='{"q": "meeting"}')
+        await engine.commit_assistant_message(
+            "s", Message(role=Role.ASSISTANT, content="", tool_calls=[call], invocation=INV)
+        )
+        retrieved = await engine.ingest_evidence(
+            "s",
+            doc,
+            EvidenceSource(kind=SourceKind.RAG, uri="notes://1"),
+            EvidenceType.RAG_DOC,
+            links=EvidenceLinks(tool_call_id="c1"),
+        )
+        await _record_run(engine, "c1", output)
+        result = await engine.prepare_turn("s", "And where?")
+        sent = to_openai_messages(result.assembled_input.parts)
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
+        content = sent[2]["content"]
+        assert content.count(doc) == 1
+        fence = f'<evidence id="{retrieved.evidence_id}" type="rag_doc"'
+        if kind == "retriever":
+            assert content.startswith(fence)
+        else:  # its answer, then what it was made from
+            answer, documents = content.split("\n\n", 1)
+            assert "ANSWER: Thursday 10:00." in answer and 'type="tool_result"' in answer
+            assert documents.startswith(fence)

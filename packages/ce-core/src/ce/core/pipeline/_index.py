@@ -611,8 +611,14 @@ class SessionIndex:
                 evidences = None  # the tool's own text, shortened
             elif held:  # the tool's own text, the documents it quotes fenced in place
                 return fenced_in_place(self._text(result, level), evidences)
-        if not evidences and result is None:
-            evidences = self._result_by_call.get(call_id)
+        if result is None:
+            answers = self._result_by_call.get(call_id)
+            if not evidences:
+                evidences = answers
+            elif answers and all(quoting(a.content, evidences) is None for a in answers):
+                # no result message, but the run's recorded output is an answer made from the
+                # documents (a query engine returning directly): the answer, then them
+                evidences = [*answers, *evidences]
         if evidences:
             return "\n\n".join(_fenced_documents(evidences, level))
         if result is None:
