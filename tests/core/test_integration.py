@@ -839,6 +839,10 @@ def test_session_resolution_order(engine: ContextEngine) -> None:
         assert sid() == "scoped"
         assert sid(framework="thread-1") == "scoped"
         assert sid(explicit="named", framework="thread-1") == "named"
+        # a session the call's flow inherited from the code that started it does not count
+        assert sid(framework="thread-1", inherited="scoped") == "thread-1"
+        assert sid(inherited="scoped") == "installed"
+        assert sid(inherited="other") == "scoped"
 
 
 def test_nested_calls_get_a_child_scope(engine: ContextEngine) -> None:

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ce.core.engine import current_session_id
-from ce.core.integration import SESSION_KEY, Scope, resolve_scope, run_session_id
+from ce.core.integration import SESSION_KEY, Scope, resolve_scope
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -253,40 +253,17 @@ def resolve(
 ) -> Scope:
     """:func:`ce.core.integration.resolve_scope`, except in an agent runtime's message loop,
     where the ``engine.session()`` the loop inherited from the code that started it is not in
-    force (one the loop's own code sets to another session is): the rule's other steps apply,
-    in its order."""
+    force (one the loop's own code sets to another session is)."""
     frame = detached.get()
-    in_engine = current_session_id()
-    if frame is None or in_engine is None or in_engine != frame.inherited:
-        return resolve_scope(
-            plugin,
-            run_id=run_id,
-            explicit=explicit,
-            framework=framework,
-            parent=parent,
-            parent_call_id=parent_call_id,
-        )
-    named = _name(explicit)
-    if parent is not None:
-        if named and named not in (*parent.lineage, parent.session_id):
-            return Scope(named, "explicit")
-        return parent.child(parent_call_id or run_id)
-    if named:
-        return Scope(named, "explicit")
-    own = _name(framework)
-    if own:
-        return Scope(own, "framework")
-    if plugin.session_id:
-        return Scope(plugin.session_id, "install")
-    return Scope(run_session_id(run_id), "run")
-
-
-def _name(value: object) -> str | None:
-    """A session name as :func:`~ce.core.integration.resolve_scope` reads one (a non-empty
-    string or an int)."""
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        return None
-    return str(value) or None
+    return resolve_scope(
+        plugin,
+        run_id=run_id,
+        explicit=explicit,
+        framework=framework,
+        parent=parent,
+        parent_call_id=parent_call_id,
+        inherited=frame.inherited if frame is not None else None,
+    )
 
 
 def explicit_session(arguments: Any) -> Any:

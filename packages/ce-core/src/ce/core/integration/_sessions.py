@@ -112,6 +112,7 @@ def resolve_scope(
     framework: object = None,
     parent: Scope | None = None,
     parent_call_id: str | None = None,
+    inherited: str | None = None,
 ) -> Scope:
     """The scope of one framework call (a model call, a tool run, a retrieval).
 
@@ -127,9 +128,16 @@ def resolve_scope(
     inherited from the outer run does not take a nested call back into the outer
     conversation. A top-level call follows the module's order; with nothing named it is
     scoped to its run (:func:`run_session_id`).
+
+    ``inherited``: the ``engine.session()`` the call's flow of work inherited from the code
+    that started it rather than set itself (a framework's message loop, started once inside
+    one user's session, serving every user's later work): it does not name the call's
+    session (one the flow sets to another name does).
     """
     named = _name(explicit)
     in_engine = current_session_id()
+    if in_engine is not None and in_engine == inherited:
+        in_engine = None
     if parent is not None:
         enclosing = {*parent.lineage, parent.session_id}
         if named and named not in enclosing:
