@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ce.core import (
     BudgetConfig,
     ContextEngine,
+    Evidence,
     EvidenceLinks,
     EvidenceSource,
     EvidenceType,
@@ -63,6 +64,23 @@ async def _record_run(
         result_evidence_ids=[evidence.evidence_id],
     )
     return evidence.evidence_id
+
+
+async def _retrieving_call(engine: ContextEngine, doc: str) -> Evidence:
+    """A question, the model's call ``c1`` of a notes tool, and the document that call
+    retrieved (linked to it); the document's evidence."""
+    await engine.prepare_turn("s", "When is the meeting?")
+    call = ToolCallRequest(tool_call_id="c1", name="notes", raw_arguments='{"q": "meeting"}')
+    await engine.commit_assistant_message(
+        "s", Message(role=Role.ASSISTANT, content="", tool_calls=[call], invocation=INV)
+    )
+    return await engine.ingest_evidence(
+        "s",
+        doc,
+        EvidenceSource(kind=SourceKind.RAG, uri="notes://1"),
+        EvidenceType.RAG_DOC,
+        links=EvidenceLinks(tool_call_id="c1"),
+    )
 
 
 async def test_a_recorded_tool_run_renders_as_the_call_and_its_fenced_result() -> None:
@@ -216,18 +234,7 @@ async def test_a_tool_that_answers_from_what_it_retrieved_sends_its_own_answer()
     }
     for kind, output in outputs.items():
         engine = deterministic_engine()
-        await engine.prepare_turn("s", "When is the meeting?")
-        call = ToolCallRequest(tool_call_id="c1", name="notes", raw_arguments='{"q": "meeting"}')
-        await engine.commit_assistant_message(
-            "s", Message(role=Role.ASSISTANT, content="", tool_calls=[call], invocation=INV)
-        )
-        retrieved = await engine.ingest_evidence(
-            "s",
-            doc,
-            EvidenceSource(kind=SourceKind.RAG, uri="notes://1"),
-            EvidenceType.RAG_DOC,
-            links=EvidenceLinks(tool_call_id="c1"),
-        )
+        retrieved = await _retrieving_call(engine, doc)
         tool = Message(role=Role.TOOL, content=output, tool_call_id="c1", name="notes")
         result = await engine.prepare_call("s", [tool])
         sent = to_openai_messages(result.assembled_input.parts)[-1]["content"]
@@ -285,18 +292,7 @@ async def test_a_run_recorded_without_a_tool_message_sends_its_answer_and_its_do
     doc = "Shared notes: the meeting moved to Thursday at ten."
     for kind, output in {"retriever": doc, "query_engine": "ANSWER: Thursday 10:00."}.items():
         engine = deterministic_engine()
-        await engine.prepare_turn("s", "When is the meeting?")
-        call = ToolCallRequest(tool_call_id="c1", name="notes", raw_arguments='{"q": "meeting"}')
-        await engine.commit_assistant_message(
-            "s", Message(role=Role.ASSISTANT, content="", tool_calls=[call], invocation=INV)
-        )
-        retrieved = await engine.ingest_evidence(
-            "s",
-            doc,
-            EvidenceSource(kind=SourceKind.RAG, uri="notes://1"),
-            EvidenceType.RAG_DOC,
-            links=EvidenceLinks(tool_call_id="c1"),
-        )
+        retrieved = await _retrieving_call(engine, doc)
         await _record_run(engine, "c1", output)
         result = await engine.prepare_turn("s", "And where?")
         sent = to_openai_messages(result.assembled_input.parts)
