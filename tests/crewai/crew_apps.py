@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from crewai import LLM, Agent, Crew, Task
@@ -11,6 +12,7 @@ from crewai.tools import tool
 
 import ce.crewai
 from ce.core.engine import ContextEngine
+from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer
 
 
@@ -71,3 +73,17 @@ async def kicked_off_by(crew: Crew, path: str) -> Any:
         output = await asyncio.to_thread(crew.kickoff)
     crewai_event_bus.flush()
     return output
+
+
+def request_text(request: dict[str, Any]) -> str:
+    """A request body's messages as one JSON text, to search."""
+    return json.dumps(request["messages"])
+
+
+def answers(doc: Any) -> list[tuple[str | None, str]]:
+    """The stored assistant messages with text, as ``(author id, text)``."""
+    return [
+        (m.author.id if m.author else None, m.content)
+        for m in doc.session.messages
+        if m.role is Role.ASSISTANT and m.content
+    ]

@@ -5,11 +5,10 @@ output, also where an earlier prompt quoted it too. The store keeps every messag
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-from crew_apps import kicked_off, kicked_off_by, llm, weather
+from crew_apps import answers, kicked_off, kicked_off_by, llm, request_text, weather
 from crewai import Agent, Crew, Task
 from crewai.llms.providers.openai.completion import OpenAICompletion
 
@@ -24,18 +23,6 @@ FACT = "FACT-SUNNY-17"
 LINE = "LINE-WRITTEN-9"
 
 
-def _text(request: dict[str, Any]) -> str:
-    return json.dumps(request["messages"])
-
-
-def _answers(doc: Any) -> list[tuple[str | None, str]]:
-    return [
-        (m.author.id if m.author else None, m.content)
-        for m in doc.session.messages
-        if m.role is Role.ASSISTANT and m.content
-    ]
-
-
 @pytest.mark.parametrize("path", ["kickoff", "akickoff"])
 async def test_a_guardrail_retry_gets_the_rejected_attempt_once(
     engine: ContextEngine, path: str
@@ -44,7 +31,7 @@ async def test_a_guardrail_retry_gets_the_rejected_attempt_once(
     retry's request holds it there only, not also as the agent's earlier turn."""
 
     def script(body: dict[str, Any]) -> ScriptedResponse:
-        retry = "Previous attempt failed validation" in _text(body)
+        retry = "Previous attempt failed validation" in request_text(body)
         return ScriptedResponse(text=ACCEPTED if retry else REJECTED)
 
     # no return annotation: CrewAI checks one at runtime and cannot read a postponed one
@@ -66,11 +53,11 @@ async def test_a_guardrail_retry_gets_the_rejected_attempt_once(
     assert output.raw == ACCEPTED
     assert len(requests) == 2
     retry = requests[1]["messages"]
-    assert _text(requests[1]).count(REJECTED) == 1
+    assert request_text(requests[1]).count(REJECTED) == 1
     assert REJECTED in retry[-1]["content"] and "failed validation" in retry[-1]["content"]
     assert all(m["role"] != "assistant" for m in retry)
     doc = await engine.get_session("s-guard")
-    assert _answers(doc) == [("Writer", REJECTED), ("Writer", ACCEPTED)]  # stored as they came
+    assert answers(doc) == [("Writer", REJECTED), ("Writer", ACCEPTED)]  # stored as they came
 
 
 def _by_task(body: dict[str, Any]) -> ScriptedResponse:
@@ -103,11 +90,11 @@ async def test_a_short_task_output_reaches_the_next_agent_once(engine: ContextEn
         requests = server.requests
     assert output.raw == LINE
     writing = requests[-1]["messages"]
-    assert _text(requests[-1]).count(FACT) == 1
+    assert request_text(requests[-1]).count(FACT) == 1
     assert FACT in writing[-1]["content"] and "Write one line" in writing[-1]["content"]
     assert not any(str(m["content"]).startswith("[Researcher wrote:]") for m in writing)
     doc = await engine.get_session("s-short")
-    assert _answers(doc) == [("Researcher", FACT), ("Writer", LINE)]
+    assert answers(doc) == [("Researcher", FACT), ("Writer", LINE)]
 
 
 async def test_a_three_task_crew_sends_each_short_output_once(engine: ContextEngine) -> None:
@@ -132,7 +119,9 @@ async def test_a_three_task_crew_sends_each_short_output_once(engine: ContextEng
         requests = server.requests
     assert output.raw == "EDITED."
     editing = requests[-1]["messages"]
-    assert _text(requests[-1]).count(FACT) == 1 and _text(requests[-1]).count(LINE) == 1
+    assert (
+        request_text(requests[-1]).count(FACT) == 1 and request_text(requests[-1]).count(LINE) == 1
+    )
     assert FACT in editing[-1]["content"] and LINE in editing[-1]["content"]
     users = [m["content"] for m in editing[:-1] if m["role"] == "user"]
     (writing,) = [u for u in users if "Write one line" in u]
@@ -158,7 +147,7 @@ async def test_the_text_formats_final_answer_reaches_the_next_agent_once(
     def script(body: dict[str, Any]) -> ScriptedResponse:
         if "You are Writer" in body["messages"][0]["content"]:
             return ScriptedResponse(text=LINE)
-        if "sunny in Paris" in _text(body):
+        if "sunny in Paris" in request_text(body):
             return ScriptedResponse(text=f"Thought: done\nFinal Answer: {FACT}")
         return ScriptedResponse(
             text='Thought: look it up\nAction: weather\nAction Input: {"city": "Paris"}'
@@ -182,7 +171,7 @@ async def test_the_text_formats_final_answer_reaches_the_next_agent_once(
         requests = server.requests
     assert output.raw == LINE
     writing = requests[-1]["messages"]
-    assert _text(requests[-1]).count(FACT) == 1 and FACT in writing[-1]["content"]
-    assert "Observation: sunny in Paris" in _text(requests[-1])
+    assert request_text(requests[-1]).count(FACT) == 1 and FACT in writing[-1]["content"]
+    assert "Observation: sunny in Paris" in request_text(requests[-1])
     doc = await engine.get_session("s-text")
-    assert ("Researcher", f"Thought: done\nFinal Answer: {FACT}") in _answers(doc)
+    assert ("Researcher", f"Thought: done\nFinal Answer: {FACT}") in answers(doc)

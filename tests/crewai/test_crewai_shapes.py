@@ -9,7 +9,7 @@ import asyncio
 import json
 from typing import Any
 
-from crew_apps import llm, weather
+from crew_apps import answers, llm, request_text, weather
 from crewai import Agent, Crew, Process, Task
 from crewai.events import crewai_event_bus
 from crewai.flow.flow import Flow, listen, start
@@ -20,18 +20,6 @@ from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 
 MARK = "NOTEBOOK-MARK-8812"
-
-
-def _text(request: dict[str, Any]) -> str:
-    return json.dumps(request["messages"])
-
-
-def _answers(doc: Any) -> list[tuple[str | None, str]]:
-    return [
-        (m.author.id if m.author else None, m.content)
-        for m in doc.session.messages
-        if m.role is Role.ASSISTANT and m.content
-    ]
 
 
 def _one_task_crew(server: ScriptedOpenAIServer, role: str, question: str) -> Crew:
@@ -62,12 +50,12 @@ async def test_an_agent_kicked_off_outside_a_crew(engine: ContextEngine) -> None
         crewai_event_bus.flush()
         requests = server.requests
     assert output.raw == "Lyon is sunny."
-    assert len(requests) == 2 and all(MARK in _text(r) for r in requests)
+    assert len(requests) == 2 and all(MARK in request_text(r) for r in requests)
     doc = await engine.get_session("s-agent")
     assert doc is not None
     users = [m.content for m in doc.session.messages if m.role is Role.USER]
     assert users == ["\nCurrent Task: Weather in Lyon?"]  # CrewAI's request, once
-    assert _answers(doc)[-1] == ("Forecaster", "Lyon is sunny.")
+    assert answers(doc)[-1] == ("Forecaster", "Lyon is sunny.")
     (run,) = doc.session.tool_state.tool_calls
     assert (run.tool_call_id, run.tool, run.status.value) == ("call_lyon", "weather", "success")
     assert [(u.prompt_tokens, u.completion_tokens) for u in doc.session.model_usage] == [
@@ -91,9 +79,11 @@ async def test_a_direct_llm_call_is_a_run_of_its_own(engine: ContextEngine) -> N
         await asyncio.to_thread(model.call, [{"role": "user", "content": "second question"}])
         crewai_event_bus.flush()
         requests = server.requests
-    assert all(MARK in _text(r) for r in requests)
-    assert "first question" not in _text(requests[0]).replace("first question", "", 1)
-    assert "first question" in _text(requests[1]) and "second question" in _text(requests[1])
+    assert all(MARK in request_text(r) for r in requests)
+    assert "first question" not in request_text(requests[0]).replace("first question", "", 1)
+    assert "first question" in request_text(requests[1]) and "second question" in request_text(
+        requests[1]
+    )
     doc = await engine.get_session("s-direct")
     assert doc is not None
     assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
@@ -110,7 +100,7 @@ async def test_a_direct_llm_call_is_a_run_of_its_own(engine: ContextEngine) -> N
         await model.acall("bravo question")
         crewai_event_bus.flush()
         requests = server.requests
-    assert "alpha" not in _text(requests[1])
+    assert "alpha" not in request_text(requests[1])
     runs = [s for s in await engine.list_sessions() if s.startswith("run:")]
     assert len(runs) == 2
 
@@ -151,15 +141,15 @@ async def test_a_hierarchical_crews_delegated_work_runs_in_a_child_scope(
     manager = [r for r in requests if "delegate_work_to_coworker" in json.dumps(r.get("tools"))]
     workers = [r for r in requests if r not in manager]
     assert len(manager) == 2 and len(workers) == 1
-    assert all(MARK in _text(r) for r in manager)
+    assert all(MARK in request_text(r) for r in manager)
     (worker,) = workers
-    assert "find the weather" in _text(worker)
+    assert "find the weather" in request_text(worker)
     for leak in ("Crew Manager", "Report the weather.", "call_delegate", MARK):
-        assert leak not in _text(worker), leak
-    assert "WORKER-ANSWER-42" in _text(manager[1])
+        assert leak not in request_text(worker), leak
+    assert "WORKER-ANSWER-42" in request_text(manager[1])
     doc = await engine.get_session("s-hier")
     assert doc is not None
-    assert _answers(doc) == [("Crew Manager", "MANAGER-FINAL: it is sunny.")]
+    assert answers(doc) == [("Crew Manager", "MANAGER-FINAL: it is sunny.")]
     (delegation,) = doc.session.tool_state.tool_calls
     assert delegation.tool_call_id == "call_delegate"
     (record,) = doc.session.task_state.todo_list.tasks
@@ -168,7 +158,7 @@ async def test_a_hierarchical_crews_delegated_work_runs_in_a_child_scope(
     assert len(children) == 1
     child = await engine.get_session(children[0])
     assert child is not None
-    assert _answers(child) == [("Researcher", "WORKER-ANSWER-42")]
+    assert answers(child) == [("Researcher", "WORKER-ANSWER-42")]
 
 
 def _echo(body: dict[str, Any]) -> ScriptedResponse:
@@ -201,7 +191,7 @@ async def test_a_flow_with_two_crews(engine: ContextEngine) -> None:
         requests = server.requests
         assert result == "Answer bravo."
         assert len(requests) == 2
-        assert "alpha" not in _text(requests[1]).lower()
+        assert "alpha" not in request_text(requests[1]).lower()
         runs = [s for s in await engine.list_sessions() if s.startswith("run:")]
         assert len(runs) == 2
         names = set()
@@ -242,14 +232,14 @@ async def test_a_streaming_crew(engine: ContextEngine) -> None:
         requests = server.requests
     assert result.raw == "Answer alpha."
     assert "Answer alpha." in chunks
-    assert len(requests) == 1 and MARK in _text(requests[0])
+    assert len(requests) == 1 and MARK in request_text(requests[0])
     assert requests[0].get("stream") is True
     assert requests[0].get("stream_options") == {"include_usage": True}
     doc = await engine.get_session("s-stream")
     assert doc is not None
     (record,) = doc.session.task_state.todo_list.tasks
     assert record.status.value == "completed"
-    assert _answers(doc) == [("Alpha", "Answer alpha.")]
+    assert answers(doc) == [("Alpha", "Answer alpha.")]
     (usage,) = doc.session.model_usage  # once, with the numbers of the stream's last chunk
     assert usage.task_id == record.task_id
     assert (usage.prompt_tokens, usage.completion_tokens) == (10, 5)
@@ -279,12 +269,12 @@ async def test_concurrent_kickoffs_for_two_users_never_mix(engine: ContextEngine
     assert len(requests) == 4
     one, two = {"alpha", "bravo"}, {"charlie", "delta"}
     for request in requests:
-        text = _text(request).lower()
+        text = request_text(request).lower()
         mine = one if any(w in text for w in one) else two
         theirs = two if mine is one else one
         assert not any(f"question {w}" in text or f"answer {w}" in text for w in theirs)
-    second_of_one = next(r for r in requests if "Question bravo" in _text(r))
-    assert "Answer alpha." in _text(second_of_one)  # its own history is there
+    second_of_one = next(r for r in requests if "Question bravo" in request_text(r))
+    assert "Answer alpha." in request_text(second_of_one)  # its own history is there
     for session_id, words in (("u-one", one), ("u-two", two)):
         doc = await engine.get_session(session_id)
         assert doc is not None
@@ -314,7 +304,7 @@ async def test_a_chat_with_history_per_user(engine: ContextEngine) -> None:
             assert await asyncio.to_thread(turn, session_id, word) == f"Answer {word}."
         crewai_event_bus.flush()
         requests = server.requests
-    ann_second, bob_second = _text(requests[2]), _text(requests[3])
+    ann_second, bob_second = request_text(requests[2]), request_text(requests[3])
     assert "Question alpha?" in ann_second and "Answer alpha." in ann_second
     assert "charlie" not in ann_second and "delta" not in ann_second
     assert "Question charlie?" in bob_second and "Answer charlie." in bob_second
@@ -349,7 +339,7 @@ async def test_an_agent_kicked_off_from_a_tool_runs_in_a_child_scope(
     from crewai.tools import tool
 
     def script(body: dict[str, Any]) -> ScriptedResponse:
-        text = _text(body)
+        text = request_text(body)
         if "Sub question" in text:
             return ScriptedResponse(text="SUB-ANSWER-7")
         if body["messages"][-1]["role"] == "tool":
@@ -373,16 +363,16 @@ async def test_an_agent_kicked_off_from_a_tool_runs_in_a_child_scope(
         crewai_event_bus.flush()
         requests = server.requests
     assert output.raw == "Crew done."
-    (sub,) = [r for r in requests if "Sub question" in _text(r)]
-    assert "Top question?" not in _text(sub) and MARK not in _text(sub)
-    assert "SUB-ANSWER-7" in _text(requests[-1])
+    (sub,) = [r for r in requests if "Sub question" in request_text(r)]
+    assert "Top question?" not in request_text(sub) and MARK not in request_text(sub)
+    assert "SUB-ANSWER-7" in request_text(requests[-1])
     doc = await engine.get_session("s-nest")
     assert doc is not None
-    assert ("Expert", "SUB-ANSWER-7") not in _answers(doc)
+    assert ("Expert", "SUB-ANSWER-7") not in answers(doc)
     (child_id,) = [s for s in await engine.list_sessions() if s.startswith("s-nest/")]
     child = await engine.get_session(child_id)
     assert child is not None
-    assert _answers(child) == [("Expert", "SUB-ANSWER-7")]
+    assert answers(child) == [("Expert", "SUB-ANSWER-7")]
 
 
 async def test_an_agent_planning_its_task_plans_in_a_run_of_its_own(

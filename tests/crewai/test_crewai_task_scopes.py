@@ -11,30 +11,17 @@ import threading
 from typing import Any
 
 import pytest
-from crew_apps import kicked_off, kicked_off_by, llm, weather
+from crew_apps import answers, kicked_off, kicked_off_by, llm, request_text, weather
 from crewai import Agent, Crew, Task
 from crewai.events import crewai_event_bus
 from crewai.tools import tool
 
 import ce.crewai
 from ce.core.engine import ContextEngine
-from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 
 MARK = "NOTEBOOK-MARK-3307"
 FORCED = "Now it's time you MUST give your absolute best final answer"
-
-
-def _text(request: dict[str, Any]) -> str:
-    return json.dumps(request["messages"])
-
-
-def _answers(doc: Any) -> list[tuple[str | None, str]]:
-    return [
-        (m.author.id if m.author else None, m.content)
-        for m in doc.session.messages
-        if m.role is Role.ASSISTANT and m.content
-    ]
 
 
 @pytest.mark.parametrize("path", ["kickoff", "akickoff"])
@@ -91,24 +78,26 @@ async def test_concurrent_async_tasks_never_see_each_others_conversation(
         by_agent.setdefault(role, []).append(request)
     alphas, bravos, (summarising,) = by_agent["Alpha"], by_agent["Bravo"], by_agent["Writer"]
     assert len(alphas) == 2 and len(bravos) == 1
-    assert "waited" in _text(alphas[1])
+    assert "waited" in request_text(alphas[1])
     for request in alphas:
-        assert "Question bravo" not in _text(request) and "ANSWER-BRAVO" not in _text(request)
-    assert "Question alpha" not in _text(bravos[0])
-    assert MARK in _text(summarising)
-    assert _text(summarising).count("ANSWER-ALPHA") == 1
-    assert _text(summarising).count("ANSWER-BRAVO") == 1
+        assert "Question bravo" not in request_text(request) and "ANSWER-BRAVO" not in request_text(
+            request
+        )
+    assert "Question alpha" not in request_text(bravos[0])
+    assert MARK in request_text(summarising)
+    assert request_text(summarising).count("ANSWER-ALPHA") == 1
+    assert request_text(summarising).count("ANSWER-BRAVO") == 1
     doc = await engine.get_session("s-async")
     records = {t.name: t for t in doc.session.task_state.todo_list.tasks}
     assert {n: t.status.value for n, t in records.items()} == dict.fromkeys(
         ("alpha", "bravo", "sum"), "completed"
     )
-    assert _answers(doc) == [("Writer", "SUMMARY.")]
+    assert answers(doc) == [("Writer", "SUMMARY.")]
     children = sorted(s for s in await engine.list_sessions() if s.startswith("s-async/"))
     assert len(children) == 2
     kids = [await engine.get_session(c) for c in children]
-    answers = sorted(a for kid in kids for a in _answers(kid))
-    assert answers == [("Alpha", "ANSWER-ALPHA"), ("Bravo", "ANSWER-BRAVO")]
+    told = sorted(a for kid in kids for a in answers(kid))
+    assert told == [("Alpha", "ANSWER-ALPHA"), ("Bravo", "ANSWER-BRAVO")]
     (run,) = [r for kid in kids for r in kid.session.tool_state.tool_calls]
     assert (run.tool_call_id, run.tool, run.task_id) == (
         "call_wait",
@@ -119,7 +108,7 @@ async def test_concurrent_async_tasks_never_see_each_others_conversation(
 
 def _stubborn(body: dict[str, Any]) -> ScriptedResponse:
     """Asks for the weather again and again; answers once told to stop."""
-    if FORCED in _text(body):
+    if FORCED in request_text(body):
         return ScriptedResponse(text="FORCED-ANSWER-5")
     n = len(body["messages"])
     return ScriptedResponse(tool_calls=[(f"call_{n}", "weather", json.dumps({"city": f"C{n}"}))])
@@ -148,11 +137,11 @@ async def test_the_forced_final_answer_after_max_iter_is_a_turn_of_the_task(
         requests = server.requests
     assert output.raw == "FORCED-ANSWER-5"
     forced = requests[-1]
-    assert FORCED in _text(forced) and MARK in _text(forced)
-    assert "[called weather(" in _text(forced)  # the task's own tool chain, as text
+    assert FORCED in request_text(forced) and MARK in request_text(forced)
+    assert "[called weather(" in request_text(forced)  # the task's own tool chain, as text
     assert not [s for s in await engine.list_sessions() if s.startswith("s-max/")]
     doc = await engine.get_session("s-max")
-    assert _answers(doc)[-1] == ("Researcher", "FORCED-ANSWER-5")
+    assert answers(doc)[-1] == ("Researcher", "FORCED-ANSWER-5")
     assert any(FORCED in m.content for m in doc.session.messages)
     usage = doc.session.model_usage
     assert len(usage) == len(requests)
