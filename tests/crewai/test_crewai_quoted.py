@@ -70,23 +70,29 @@ def _by_task(body: dict[str, Any]) -> ScriptedResponse:
     raise AssertionError(task)
 
 
+def _research_then_write(model: Any, tools: list[Any] | None = None) -> Crew:
+    """A researcher (with ``tools``) finds the weather; a writer writes one line about it,
+    with the research as its task's context."""
+    researcher = Agent(
+        role="Researcher", goal="find", backstory="careful", llm=model, tools=tools or []
+    )
+    writer = Agent(role="Writer", goal="write", backstory="terse", llm=model)
+    research = Task(description="Weather in Paris?", expected_output="a fact", agent=researcher)
+    write = Task(
+        description="Write one line about it.",
+        expected_output="a line",
+        agent=writer,
+        context=[research],
+    )
+    return Crew(agents=[researcher, writer], tasks=[research, write])
+
+
 async def test_a_short_task_output_reaches_the_next_agent_once(engine: ContextEngine) -> None:
     """The researcher's answer is short; CrewAI quotes it as the writer's context: the
     writer's request holds it once, in its prompt (no turn of the researcher's is left to
     show: its answer was all of it)."""
     with ScriptedOpenAIServer(_by_task) as server:
-        model = llm(server)
-        researcher = Agent(role="Researcher", goal="find", backstory="careful", llm=model)
-        writer = Agent(role="Writer", goal="write", backstory="terse", llm=model)
-        research = Task(description="Weather in Paris?", expected_output="a fact", agent=researcher)
-        write = Task(
-            description="Write one line about it.",
-            expected_output="a line",
-            agent=writer,
-            context=[research],
-        )
-        crew = Crew(agents=[researcher, writer], tasks=[research, write])
-        output = await kicked_off(engine, crew, "s-short")
+        output = await kicked_off(engine, _research_then_write(llm(server)), "s-short")
         requests = server.requests
     assert output.raw == LINE
     writing = requests[-1]["messages"]
@@ -155,18 +161,7 @@ async def test_the_text_formats_final_answer_reaches_the_next_agent_once(
 
     with ScriptedOpenAIServer(script) as server:
         model = TextOnly(model="gpt-4o-mini", base_url=server.base_url, api_key="sk-scripted")
-        researcher = Agent(
-            role="Researcher", goal="find", backstory="careful", llm=model, tools=[weather]
-        )
-        writer = Agent(role="Writer", goal="write", backstory="terse", llm=model)
-        research = Task(description="Weather in Paris?", expected_output="a fact", agent=researcher)
-        write = Task(
-            description="Write one line about it.",
-            expected_output="a line",
-            agent=writer,
-            context=[research],
-        )
-        crew = Crew(agents=[researcher, writer], tasks=[research, write])
+        crew = _research_then_write(model, tools=[weather])
         output = await kicked_off(engine, crew, "s-text")
         requests = server.requests
     assert output.raw == LINE
