@@ -9,7 +9,7 @@ from typing import Any
 
 from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables.history import RunnableWithMessageHistory
@@ -89,3 +89,14 @@ class StreamingScripted(Scripted):
     def _stream(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> Iterator[Any]:
         message = self._generate(messages).generations[0].message
         yield ChatGenerationChunk(message=AIMessageChunk(content=message.content))
+
+
+async def ask_graph(graph: Any, questions: Sequence[str], config: Any, path: str) -> None:
+    """Each of ``questions`` as a new user message to a LangGraph ``graph`` on one thread,
+    through ``invoke`` (``path == "invoke"``) or ``ainvoke``."""
+    for question in questions:
+        inputs = {"messages": [HumanMessage(question)]}
+        if path == "invoke":
+            graph.invoke(inputs, config)
+        else:
+            await graph.ainvoke(inputs, config)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.chat_history import InMemoryChatMessageHistory
-from langchain_core.messages import AnyMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AnyMessage, BaseMessage, SystemMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import RunnablePassthrough
@@ -19,7 +19,7 @@ from langchain_core.runnables.history import RunnableWithMessageHistory
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
-from scripted import Scripted
+from scripted import Scripted, ask_graph
 
 import ce.langchain
 from ce.core.config import RuntimeConfig
@@ -147,12 +147,7 @@ async def test_a_checkers_verdict_kept_outside_the_messages_is_no_turn(
         graph = checked_graph(model)
         if installed:
             ce.langchain.install(engine)
-        for question in ("What is 2+2?", "And 3+3?"):
-            inputs = {"messages": [HumanMessage(question)]}
-            if path == "invoke":
-                graph.invoke(inputs, config)
-            else:
-                await graph.ainvoke(inputs, config)
+        await ask_graph(graph, ("What is 2+2?", "And 3+3?"), config, path)
         if installed:
             ce.langchain.uninstall()
         seen[installed] = _turns(model.seen)

@@ -31,6 +31,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import add_messages
+from scripted import ask_graph
 
 import ce.langchain
 from ce.core.engine import ContextEngine
@@ -132,12 +133,7 @@ async def test_a_summarizer_nodes_prompt_is_no_turn_of_the_thread(
             graph = summary_graph(llm, async_nodes=path == "ainvoke")
             if installed:
                 ce.langchain.install(engine)
-            for question in QUESTIONS:
-                inputs = {"messages": [HumanMessage(question)]}
-                if path == "invoke":
-                    graph.invoke(inputs, config)
-                else:
-                    await graph.ainvoke(inputs, config)
+            await ask_graph(graph, QUESTIONS, config, path)
             if installed:
                 ce.langchain.uninstall()
             sent[installed] = _bodies(server.requests)

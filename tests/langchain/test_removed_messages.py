@@ -16,6 +16,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.types import Command
+from scripted import ask_graph
 
 import ce.langchain
 from ce.core.engine import ContextEngine
@@ -104,12 +105,7 @@ async def _run(engine: ContextEngine, trim: Any, path: str) -> list[list[str]]:
         graph = _graph(llm, trim, async_nodes=path == "ainvoke")
         ce.langchain.install(engine)
         config = {"configurable": {"thread_id": "t"}}
-        for question in ("q1", "q2", "q3"):
-            inputs = {"messages": [HumanMessage(question)]}
-            if path == "invoke":
-                graph.invoke(inputs, config)
-            else:
-                await graph.ainvoke(inputs, config)
+        await ask_graph(graph, ("q1", "q2", "q3"), config, path)
         ce.langchain.uninstall()
         return [[str(m["content"]) for m in r["messages"]] for r in server.requests]
 
