@@ -581,15 +581,23 @@ class EngineCore(HistoryWriter):
         for reason, detail in prepared.degradations:
             await self._emit("Degraded", entry.session_id, None, reason=reason, detail=detail)
         if prepared.dedup_key is not None:
+            # an evidence the app cleared with its history (see clear_history) is not sent
+            # again: the same content ingested after the clear is stored anew
+            summary = entry.doc.session.summary
+            removed = summary.evidences_removed if summary is not None else 0
+            cleared = removed - entry.unread.evidences  # of the evidences the entry holds
             existing = entry.dedup.get(prepared.dedup_key)
             if existing is not None and existing in entry.doc.evidences:
-                return entry.doc.evidences[existing], None
-            if existing is None and entry.partial:
+                if cleared <= 0 or list(entry.doc.evidences).index(existing) >= cleared:
+                    return entry.doc.evidences[existing], None
+            elif existing is None and entry.partial:
                 # stored before the newest records this entry holds: looked up by its key
                 store = cast(SliceStore, self.store)
                 found = await store.read_evidences(entry.session_id, [prepared.dedup_key])
-                if found:
+                if found and not removed:
                     return found[0], None
+                if found and cleared < 0:
+                    raise TailTooShort()  # stored before or after the clear: read further
         stored = entry.state.add_evidence(prepared.evidence)
         if prepared.original is not None:
             entry.state.add_evidence(prepared.original)

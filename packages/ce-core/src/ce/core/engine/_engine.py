@@ -469,6 +469,33 @@ class ContextEngine(Preparer):
         # turns): the session's newest records first, more when none of them matches
         return await self._write(session_id, op, tail=True)
 
+    async def clear_history(self, session_id: str) -> PutResult:
+        """The app cleared its conversation history to start the conversation over (a chat
+        engine's or an agent's reset, a "new chat"): from now on no message the session
+        holds so far is sent, nor any evidence stored so far (the same content ingested
+        again is stored anew and sent), and nothing is sent in their place; the next call
+        starts from what the app passes then. As :meth:`cut_history` of every stored message, the current
+        run's included: the messages stay stored (reports, replay and exports keep them),
+        each later turn's report accounts for them in one decision, ``"removed by the
+        app"``, and a rolling summary the engine makes later summarizes only messages after
+        it. A session without messages (or none since the last clear) is left as it is. One
+        atomic write on the session's newest records; returns the session's version."""
+
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
+            held, unread = len(entry.doc.session.messages), entry.unread
+            evidences = unread.evidences + len(entry.doc.evidences)
+            if (
+                not held
+                or entry.state.cut_history(
+                    unread.messages + held - 1, held_from=unread.messages, evidences=evidences
+                )
+                is None
+            ):
+                return PutResult(success=True, version=entry.version)
+            return await self._persist(entry, call)
+
+        return await self._write(session_id, op, tail=True)
+
     async def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         """Buffer one streamed chunk (in memory, per session) until the reply is finalized."""
         if chunk_index < 0:

@@ -126,8 +126,8 @@ class SessionEntry:
     def _note_evidences(self, evidences: Iterable[Evidence]) -> None:
         for evidence in evidences:
             key = evidence.metadata.get("dedup_key")
-            if isinstance(key, str):
-                self.dedup.setdefault(key, evidence.evidence_id)
+            if isinstance(key, str):  # the newest evidence of a key (see clear_history)
+                self.dedup[key] = evidence.evidence_id
 
     def catch_up(self, update: SessionUpdate) -> None:
         """Absorb an incremental :class:`~ce.core.stores.base.SessionUpdate` of this entry's

@@ -163,6 +163,9 @@ class SyncEngine:
     ) -> PutResult:
         return drive(self._engine.cut_history(session_id, removed, runtime_config=runtime_config))
 
+    def clear_history(self, session_id: str) -> PutResult:
+        return drive(self._engine.clear_history(session_id))
+
     def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         drive(self._engine.commit_assistant_chunk(session_id, chunk, chunk_index))
 

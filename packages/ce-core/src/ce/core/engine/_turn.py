@@ -221,6 +221,7 @@ async def select_and_assemble(
         context=context,
         hidden=hidden,
         removed=removed,
+        removed_evidences=max(0, summary.evidences_removed - unread.evidences) if summary else 0,
         tail_start=tail_start,
         fixed_tokens=estimator.reply_priming(hint)
         + estimator.estimate_message(Role.SYSTEM, "", hint),
@@ -243,7 +244,8 @@ async def select_and_assemble(
         result.evidence_open and unread.evidences > 0
     )
     cut = summary.removed_by_app if summary is not None else 0
-    decisions = [*_unread_decisions(unread, covered, cut), *decisions]
+    cleared = summary.evidences_removed if summary is not None else 0
+    decisions = [*_unread_decisions(unread, covered, cut, cleared), *decisions]
     assembler = Assembler(estimator)
     while True:
         kept = without_dangling(kept, index)
@@ -296,10 +298,13 @@ async def select_and_assemble(
     )
 
 
-def _unread_decisions(unread: Unread, covered: bool, removed: int = 0) -> list[PruneDecision]:
+def _unread_decisions(
+    unread: Unread, covered: bool, removed: int = 0, removed_evidences: int = 0
+) -> list[PruneDecision]:
     """The decisions about what a selection from the newest part of a session did not read:
-    older than what it kept (or covered by the rolling summary; the first ``removed`` of them
-    removed by the app), so not read from the store."""
+    older than what it kept (or covered by the rolling summary; the first ``removed``
+    messages and ``removed_evidences`` evidences of them removed by the app), so not read
+    from the store."""
     out = []
     spans = []
     if unread.messages:
@@ -319,17 +324,20 @@ def _unread_decisions(unread: Unread, covered: bool, removed: int = 0) -> list[P
                 block_count=stop - start,
             )
         )
-    if unread.evidences:
+    removed_evidences = min(removed_evidences, unread.evidences)
+    spans = []
+    if removed_evidences:
+        spans.append((0, removed_evidences, REMOVED_BY_APP))
+    if unread.evidences > removed_evidences:
+        spans.append((removed_evidences, unread.evidences, "older than the evidence kept"))
+    for start, stop, reason in spans:
         out.append(
             PruneDecision(
-                block_id=f"evidences:0..{unread.evidences - 1}",
+                block_id=f"evidences:{start}..{stop - 1}",
                 action="dropped",
-                reason=(
-                    f"older than the evidence kept: {unread.evidences} evidences not read"
-                    " (nor counted)"
-                ),
+                reason=f"{reason}: {stop - start} evidences not read (nor counted)",
                 token_estimate=0,
-                block_count=unread.evidences,
+                block_count=stop - start,
             )
         )
     return out

@@ -304,6 +304,11 @@ class Recorder:
         (:meth:`ContextEngine.cut_history`)."""
         return await self.engine.cut_history(self.session_id, removed)
 
+    async def clear_history(self) -> PutResult:
+        """The app cleared its conversation history to start over (a reset): the session
+        sends none of the messages it holds so far (:meth:`ContextEngine.clear_history`)."""
+        return await self.engine.clear_history(self.session_id)
+
 
 _flushes: set[asyncio.Task[None]] = set()  # flush tasks in flight (the loop keeps weak refs)
 

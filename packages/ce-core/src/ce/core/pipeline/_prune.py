@@ -31,6 +31,7 @@ Everything is deterministic: same candidates, budget and rules give the same res
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -115,6 +116,9 @@ class PruneRequest:
     removed: int = 0
     """How many of the ``hidden`` groups (the first ones) the app removed from its history
     rather than the rolling summary covering them (reported as :data:`REMOVED_BY_APP`)."""
+    removed_evidences: int = 0
+    """How many of the index's first evidences the app removed with its history when it
+    cleared it: never sent (reported as :data:`REMOVED_BY_APP`)."""
 
 
 @dataclass
@@ -538,8 +542,21 @@ class GreedyPriorityPruner:
         index = run.request.index
         blocks = index.evidence_tiers[tier]
         texts, same = index.evidence_texts, run.same_texts
+        # the tier's blocks are in the session's order: those the app cleared come first
+        cleared = run.request.removed_evidences
+        first = bisect_left(blocks, cleared, key=lambda block: block.position) if cleared else 0
+        if first:
+            run.result.decisions.append(
+                _decision(
+                    _evidence_span(blocks, 0, first),
+                    "dropped",
+                    REMOVED_BY_APP,
+                    index.evidence_tokens(tier, 0, first),
+                    count=first,
+                )
+            )
         misses = 0
-        for position in range(len(blocks) - 1, -1, -1):
+        for position in range(len(blocks) - 1, first - 1, -1):
             if position in pointed:
                 continue
             room = min(run.remaining, run.evidence_room)
@@ -550,7 +567,7 @@ class GreedyPriorityPruner:
                     if share
                     else "budget exhausted"
                 ) + f" before older {tier.value}-priority evidence"
-                for start, stop in _unpinned(0, position + 1, frozenset(pointed)):
+                for start, stop in _unpinned(first, position + 1, frozenset(pointed)):
                     run.result.decisions.append(
                         _decision(
                             _evidence_span(blocks, start, stop),
@@ -582,7 +599,9 @@ class GreedyPriorityPruner:
             else:
                 misses += 1
         else:  # every block of the tier was visited and the walk could have gone on
-            if min(run.remaining, run.evidence_room) >= _MIN_EVIDENCE_TOKENS and (
-                misses < _MAX_EVIDENCE_MISSES
+            if (
+                not cleared
+                and min(run.remaining, run.evidence_room) >= _MIN_EVIDENCE_TOKENS
+                and (misses < _MAX_EVIDENCE_MISSES)
             ):
                 run.result.evidence_open = True

@@ -317,13 +317,17 @@ class Summary(_Model):
     ``source="app"``: the app removed ``messages[:to_index+1]`` from its own history (see
     ``ContextEngine.cut_history``); it carries what it keeps of them in its own prompt, so
     nothing renders in their place and ``content`` is empty. A document without ``source``
-    reads as ``"engine"``, and an engine summary is stored without it."""
+    reads as ``"engine"``, and an engine summary is stored without it.
+    ``evidences_removed``: how many of the session's first evidences the app removed with its
+    history when it cleared it (``ContextEngine.clear_history``): they are no longer sent
+    either. Stored only when not 0."""
 
     content: str
     updated_at: str
     message_index_range: MessageIndexRange
     evidence_ids: list[str] = Field(default_factory=list)
     source: Literal["engine", "app"] = "engine"
+    evidences_removed: int = Field(default=0, ge=0)
 
     @property
     def removed_by_app(self) -> int:
@@ -339,8 +343,11 @@ class Summary(_Model):
         # an engine summary is stored as before the field existed: a process of an older
         # ce-core (whose models forbid unknown fields) still reads the session
         data = handler(self)
-        if isinstance(data, dict) and data.get("source") == "engine":
-            del data["source"]
+        if isinstance(data, dict):
+            if data.get("source") == "engine":
+                del data["source"]
+            if data.get("evidences_removed") == 0:
+                del data["evidences_removed"]
         return data
 
 
