@@ -7,6 +7,7 @@ newest records); a session with nothing to clear is left as it is."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ from ce.core.schema import (
     SourceKind,
     ToolCallRequest,
 )
-from ce.core.stores import MemoryStore, SQLiteStore
+from ce.core.stores import MemoryStore, SQLiteStore, Store
 from ce.core.testing.assertions import assert_tool_pairs_intact
 
 RAG = EvidenceType.RAG_DOC
@@ -116,10 +117,9 @@ async def test_what_was_retrieved_before_the_clear_is_not_sent() -> None:
 
 
 async def test_a_cold_engine_tells_cleared_documents_from_new_ones(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    opener: Callable[[], Store],
 ) -> None:
-    path = tmp_path / "s.db"
-    first = make_engine(SQLiteStore(path))
+    first = make_engine(opener())
     await first.prepare_turn("s", "what about paris?")
     await first.ingest_evidence("s", "PARIS-DOC: mild in autumn", _doc("paris"), RAG)
     await chat(first, range(40))
@@ -128,22 +128,34 @@ async def test_a_cold_engine_tells_cleared_documents_from_new_ones(
         await first.ingest_evidence("s", f"DOC {n}", _doc(f"d{n}"), RAG)
     await first.close()
 
-    second = make_engine(SQLiteStore(path))  # another process, on the newest records
+    second = make_engine(opener())  # another process, on the newest records
     await second.prepare_turn("s", "paris again?")
     stored = await second.ingest_evidence("s", "PARIS-DOC: mild in autumn", _doc("paris"), RAG)
     repeated = await second.ingest_evidence("s", "DOC 0", _doc("d0"), RAG)
     prepared = await second.prepare_call("s", [user("paris again?")])
+    docs = await second.store.list_evidences("s")
     await second.close()
 
-    docs = await SQLiteStore(path).list_evidences("s")
     assert sum(e.content.startswith("PARIS-DOC") for e in docs) == 2  # stored anew after the clear
     assert sum(e.content == "DOC 0" for e in docs) == 1  # one of the new conversation's: kept once
     assert stored.evidence_id == docs[-1].evidence_id
     assert repeated.evidence_id == docs[1].evidence_id
     assert "PARIS-DOC" in str(prepared.assembled_input.parts)
+
+
+async def test_ce_show_says_what_the_app_cleared(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.db"
+    engine = make_engine(SQLiteStore(path))
+    await engine.prepare_turn("s", "what about paris?")
+    await engine.ingest_evidence("s", "PARIS-DOC: mild in autumn", _doc("paris"), RAG)
+    await chat(engine, range(2))
+    await engine.clear_history("s")
+    await engine.close()
     show = ["--store", f"sqlite:///{path}", "show", "s"]
     assert await asyncio.to_thread(main, show) == 0  # the CLI runs its own event loop
-    assert "removed by the app: messages 0..80, evidences 0..0" in capsys.readouterr().out
+    assert "removed by the app: messages 0..4, evidences 0..0" in capsys.readouterr().out
 
 
 async def test_a_fresh_engine_honours_the_clear_made_on_the_newest_records(
