@@ -81,6 +81,17 @@ class LangChainPlugin(Plugin):
         self.ledger.wrap(RunnableWithMessageHistory, "_merge_configs", make_history_merge)
         self.ledger.wrap(BaseTool, "run", make_tool_run)
         self.ledger.wrap(BaseTool, "arun", make_tool_arun)
+        try:  # LangGraph is optional
+            from langgraph.pregel import Pregel
+        except ImportError:
+            pass
+        else:
+            # An app's state update that removes a thread's messages (its way to start the
+            # thread over): LangGraph runs no callback for it.
+            from ce.langchain._record import make_abulk_update_state, make_bulk_update_state
+
+            self.ledger.wrap(Pregel, "bulk_update_state", make_bulk_update_state(self))
+            self.ledger.wrap(Pregel, "abulk_update_state", make_abulk_update_state(self))
         handler = RecordingHandler(self, self.tracker)
         # A ContextVar with a default: every thread and task sees the handler, no set() needed.
         var: ContextVar[Any] = ContextVar("ce_langchain_handler", default=handler)

@@ -14,6 +14,7 @@ import json
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,14 +30,18 @@ from ce.core.integration import (
     RetrievalHit,
     ToolRun,
     error_text,
+    guarded,
     openai_to_messages,
     record_sync,
+    resolve_scope,
 )
 from ce.core.schema import Message
 from ce.langchain._convert import ai_to_message, in_conversation, message_text, to_openai
 from ce.langchain._inject import should_skip
 from ce.langchain._scopes import (
     ScopeTracker,
+    explicit_session,
+    framework_identity,
     in_blocking_call,
     in_hook_node,
     keeps_replies,
@@ -50,7 +55,13 @@ if TYPE_CHECKING:
 
     from ce.langchain._plugin import LangChainPlugin
 
-__all__ = ["RecordingHandler", "removed_prefix"]
+__all__ = [
+    "RecordingHandler",
+    "history_removal",
+    "make_abulk_update_state",
+    "make_bulk_update_state",
+    "removed_prefix",
+]
 
 _PARAMS = ("temperature", "max_tokens", "max_completion_tokens", "top_p", "seed", "stop")
 
@@ -218,11 +229,131 @@ def removed_prefix(state: Sequence[Any], outputs: Any) -> list[BaseMessage]:
     return [m for m in state[:count] if isinstance(m, BaseMessage) and in_conversation(m)]
 
 
-def _cutting(removed: Sequence[BaseMessage]) -> Callable[[Recorder], Coroutine[Any, Any, Any]]:
-    """The write of a node's cut: its newest removed messages, converted as the messages of
-    a model call are (see :func:`removed_prefix`)."""
+def history_removal(
+    state: Sequence[Any], outputs: Any
+) -> tuple[str, Callable[[Recorder], Coroutine[Any, Any, Any]]] | None:
+    """What the engine is told when ``outputs`` (a LangGraph node's, or a state update's)
+    remove messages of ``state`` (the thread's ``messages`` before): the conversation
+    started over when every message of it is removed (``REMOVE_ALL_MESSAGES`` with none of
+    them re-added: the session sends none of what it holds, see
+    :meth:`~ce.core.engine.ContextEngine.clear_history`); a cut of its newest removed
+    messages, converted as the messages of a model call are, when the oldest ones are (see
+    :func:`removed_prefix`); ``None`` otherwise. As ``(what, write)``."""
+    removed = removed_prefix(state, outputs)
+    if not removed:
+        return None
+    conversation = [m for m in state if isinstance(m, BaseMessage) and in_conversation(m)]
+    if len(removed) == len(conversation):
+        return "clear history", lambda recorder: recorder.clear_history()
     newest = list(removed[-_CUT_SENT:])
-    return lambda recorder: recorder.cut_history(openai_to_messages(to_openai(newest)))
+    return "cut history", lambda recorder: recorder.cut_history(
+        openai_to_messages(to_openai(newest))
+    )
+
+
+def _update_session(plugin: LangChainPlugin, config: Any) -> str | None:
+    """The session a LangGraph state update of the thread ``config`` names belongs to: the
+    one a run with that config is scoped to (``ce_session_id``, ``engine.session()``, the
+    ``thread_id``, the ``install()`` session); ``None`` for an update of a subgraph's state
+    (a ``checkpoint_ns``) or of a config that names no conversation."""
+    if not isinstance(config, Mapping):
+        return None
+    configurable = config.get("configurable") or {}
+    metadata = config.get("metadata") or {}
+    if not isinstance(configurable, Mapping) or not isinstance(metadata, Mapping):
+        return None
+    if configurable.get("checkpoint_ns"):
+        return None
+    scope = resolve_scope(
+        plugin,
+        run_id=uuid.uuid4().hex,
+        explicit=explicit_session(metadata, config.get("tags")),
+        framework=framework_identity({**configurable, **metadata}),
+    )
+    return None if scope.source == "run" else scope.session_id
+
+
+def _update_values(supersteps: Any) -> list[Any]:
+    """The values of a ``bulk_update_state``'s updates (``StateUpdate``s), in order."""
+    return [
+        getattr(update, "values", None)
+        for step in supersteps or ()
+        for update in (step if isinstance(step, (list, tuple)) else ())
+    ]
+
+
+def _removes(values: list[Any]) -> bool:
+    return any(isinstance(m, RemoveMessage) for m in _written_messages(values))
+
+
+def make_bulk_update_state(plugin: LangChainPlugin) -> Callable[[Any], Any]:
+    """The ledger's replacement factory for LangGraph's ``Pregel.bulk_update_state`` (which
+    ``update_state`` calls): an app's update of a thread's state that removes its messages
+    (``RemoveMessage(id=REMOVE_ALL_MESSAGES)``: the thread starts over; the oldest ones: a
+    cut) tells the engine, as a node's removal does (see :func:`history_removal`); written
+    inline, as the update is a blocking call. The update itself is LangGraph's, untouched."""
+
+    def factory(original: Any) -> Any:
+        def bulk_update_state(
+            self: Any, config: Any, supersteps: Any, *args: Any, **kw: Any
+        ) -> Any:
+            values = _update_values(supersteps)
+            session = _update_session(plugin, config) if _removes(values) else None
+            state = _thread_messages(self.get_state, config) if session else None
+            result = original(self, config, supersteps, *args, **kw)
+            removal = history_removal(state, values) if session and state else None
+            if session and removal is not None and plugin.installed:
+                record_sync(plugin, session, *removal, blocking=True)
+            return result
+
+        bulk_update_state.__wrapped__ = original  # type: ignore[attr-defined]
+        return bulk_update_state
+
+    return factory
+
+
+def make_abulk_update_state(plugin: LangChainPlugin) -> Callable[[Any], Any]:
+    """The coroutine twin of :func:`make_bulk_update_state` for ``abulk_update_state`` (which
+    ``aupdate_state`` calls): the engine is awaited on the caller's event loop."""
+
+    def factory(original: Any) -> Any:
+        async def abulk_update_state(
+            self: Any, config: Any, supersteps: Any, *args: Any, **kw: Any
+        ) -> Any:
+            values = _update_values(supersteps)
+            session = _update_session(plugin, config) if _removes(values) else None
+            state = None
+            if session:
+                try:
+                    snapshot = await self.aget_state(config)
+                    state = _snapshot_messages(snapshot)
+                except Exception:  # no checkpointer, a bad config: LangGraph's update says so
+                    state = None
+            result = await original(self, config, supersteps, *args, **kw)
+            removal = history_removal(state, values) if session and state else None
+            if session and removal is not None and plugin.installed:
+                what, write = removal
+                recorder = Recorder(plugin.engine, session)
+                await guarded(plugin, lambda: write(recorder), session_id=session, what=what)
+            return result
+
+        abulk_update_state.__wrapped__ = original  # type: ignore[attr-defined]
+        return abulk_update_state
+
+    return factory
+
+
+def _thread_messages(get_state: Callable[[Any], Any], config: Any) -> list[Any] | None:
+    try:
+        return _snapshot_messages(get_state(config))
+    except Exception:  # no checkpointer, a bad config: LangGraph's update says so
+        return None
+
+
+def _snapshot_messages(snapshot: Any) -> list[Any] | None:
+    values = getattr(snapshot, "values", None)
+    messages = values.get("messages") if isinstance(values, Mapping) else None
+    return messages if isinstance(messages, list) else None
 
 
 def _recording(
@@ -318,9 +449,9 @@ class RecordingHandler(BaseCallbackHandler):
         node = self.tracker.pop(run_id)
         self._decide(run_id, outputs)
         if node is not None and node.inputs and not node.hook and self.plugin.installed:
-            removed = removed_prefix(node.inputs, outputs)
-            if removed:  # the thread's session stops sending them too
-                self._write(node.scope.session_id, "cut history", _cutting(removed))
+            removal = history_removal(node.inputs, outputs)
+            if removal is not None:  # the thread's session stops sending them too
+                self._write(node.scope.session_id, *removal)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self.tracker.end(run_id)
