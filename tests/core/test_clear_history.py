@@ -214,3 +214,68 @@ def test_after_any_history_a_clear_sends_only_what_follows(history: list[Step], 
         assert not any(e.content.strip() and e.content.strip() in sent for e in stored)
 
     asyncio.run(run())
+
+
+async def test_the_old_conversation_passed_again_after_the_clear_is_sent_again() -> None:
+    engine = make_engine()  # an app that loads a saved conversation after its reset
+    await engine.prepare_call("s", [user("q0")])
+    await engine.commit_assistant_message("s", reply("a0"))
+    await engine.clear_history("s")
+
+    first = await engine.prepare_call("s", [user("q0"), reply("a0"), user("q1")])
+    await engine.commit_assistant_message("s", reply("a1"))
+    second = await engine.prepare_call(
+        "s", [user("q0"), reply("a0"), user("q1"), reply("a1"), user("q2")]
+    )
+
+    assert texts(first.assembled_input.parts) == ["q0", "a0", "q1"]
+    assert texts(second.assembled_input.parts) == ["q0", "a0", "q1", "a1", "q2"]
+    stored = [m.content for m in (await engine.get_session("s")).session.messages]
+    assert stored == ["q0", "a0", "q0", "a0", "q1", "a1", "q2"]  # each passed again once
+    await engine.close()
+
+
+async def test_messages_with_framework_ids_passed_again_are_stored_anew_once(
+    tmp_path: Path,
+) -> None:
+    def said(text: str, message_id: str, answer: bool = False) -> Message:
+        message = reply(text) if answer else user(text)
+        return message.model_copy(update={"message_id": message_id})
+
+    events = Events()
+    path = tmp_path / "s.db"
+    writer = make_engine(SQLiteStore(path), events=events)
+    history: list[Message] = []
+    for n in range(40):  # 80 messages: more than a cold call reads first
+        history += [said(f"q{n}", f"u{n}"), said(f"a{n}", f"r{n}", answer=True)]
+        await writer.prepare_call("s", history[:-1])
+        await writer.commit_assistant_message("s", history[-1])
+    await writer.clear_history("s")
+    restored = [*history[:4], said("new", "new")]
+    first = await writer.prepare_call("s", restored)
+    await writer.commit_assistant_message("s", said("answer", "answer", answer=True))
+    await writer.close()
+
+    cold = make_engine(SQLiteStore(path))  # another process, on the newest records
+    later = await cold.prepare_call(
+        "s", [*restored, said("answer", "answer", answer=True), said("next", "next")]
+    )
+    doc = await cold.get_session("s")
+    await cold.close()
+
+    assert texts(first.assembled_input.parts) == ["q0", "a0", "q1", "a1", "new"]
+    assert texts(later.assembled_input.parts) == ["q0", "a0", "q1", "a1", "new", "answer", "next"]
+    assert len(doc.session.messages) == 80 + 7
+    assert "duplicate_message_id" not in events.degraded()  # put back, not an id reused
+
+
+async def test_right_after_a_clear_nothing_is_sent() -> None:
+    engine = make_engine()
+    await chat(engine, range(2))
+    await engine.prepare_turn("s", "question 2")  # a run in flight
+    await engine.clear_history("s")
+
+    prepared = await engine.prepare_call("s", [])  # a memory read before anything new
+
+    assert texts(prepared.assembled_input.parts) == []
+    await engine.close()

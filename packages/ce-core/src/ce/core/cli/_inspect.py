@@ -208,10 +208,14 @@ async def show(store: Store, console: Console, session_id: str) -> None:
     if session.summary is not None:
         covered = session.summary.message_index_range
         if session.summary.removed_by_app:
-            cleared = session.summary.evidences_removed
+            cleared = session.summary.cleared
             console.print(
                 Text(f"removed by the app: messages 0..{session.summary.removed_by_app - 1}")
-                + Text(f", evidences 0..{cleared - 1}" if cleared else "")
+                + Text(
+                    f", evidences 0..{cleared.evidences - 1}"
+                    if cleared and cleared.evidences
+                    else ""
+                )
             )
         if session.summary.source == "engine":
             console.print(

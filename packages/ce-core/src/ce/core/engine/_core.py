@@ -584,7 +584,7 @@ class EngineCore(HistoryWriter):
             # an evidence the app cleared with its history (see clear_history) is not sent
             # again: the same content ingested after the clear is stored anew
             summary = entry.doc.session.summary
-            removed = summary.evidences_removed if summary is not None else 0
+            removed = summary.cleared.evidences if summary and summary.cleared else 0
             cleared = removed - entry.unread.evidences  # of the evidences the entry holds
             existing = entry.dedup.get(prepared.dedup_key)
             if existing is not None and existing in entry.doc.evidences:

@@ -38,6 +38,7 @@ from ce.core.primitives import (
 )
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
+    ClearedHistory,
     ContextBlock,
     Evidence,
     EvidenceLinks,
@@ -474,24 +475,28 @@ class ContextEngine(Preparer):
         engine's or an agent's reset, a "new chat"): from now on no message the session
         holds so far is sent, nor any evidence stored so far (the same content ingested
         again is stored anew and sent), and nothing is sent in their place; the next call
-        starts from what the app passes then. As :meth:`cut_history` of every stored message, the current
-        run's included: the messages stay stored (reports, replay and exports keep them),
-        each later turn's report accounts for them in one decision, ``"removed by the
-        app"``, and a rolling summary the engine makes later summarizes only messages after
-        it. A session without messages (or none since the last clear) is left as it is. One
-        atomic write on the session's newest records; returns the session's version."""
+        starts from what the app passes then (messages it held before, passed again, are
+        new again). As :meth:`cut_history` of every stored message, the current run's
+        included: the messages stay stored (reports, replay and exports keep them), each
+        later turn's report accounts for them in one decision, ``"removed by the app"``,
+        and a rolling summary the engine makes later summarizes only messages after it. A
+        session without messages (or none since the last clear) is left as it is. One atomic
+        write on the session's newest records; returns the session's version."""
 
         async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
             held, unread = len(entry.doc.session.messages), entry.unread
-            evidences = unread.evidences + len(entry.doc.evidences)
+            cleared = ClearedHistory(
+                messages=unread.messages + held, evidences=entry.evidence_total
+            )
             if (
                 not held
                 or entry.state.cut_history(
-                    unread.messages + held - 1, held_from=unread.messages, evidences=evidences
+                    unread.messages + held - 1, held_from=unread.messages, cleared=cleared
                 )
                 is None
             ):
                 return PutResult(success=True, version=entry.version)
+            entry.match_after_clear()
             return await self._persist(entry, call)
 
         return await self._write(session_id, op, tail=True)

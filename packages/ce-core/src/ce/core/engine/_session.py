@@ -118,10 +118,37 @@ class SessionEntry:
         # an instruction, the session's evidence (count, newest id) then, and the instruction
         # with the retrieved documents it quotes replaced (see _held.quoting_evidence)
         self.quoted_memo: tuple[str, tuple[int, str | None], str] | None = None
-        doc = state.live_view()
-        for message in doc.session.messages:
+        self.removed_ids: set[str] = set()  # framework ids of messages the app removed
+        self.match_after_clear()
+        self._note_evidences(state.live_view().evidences.values())
+
+    def _cleared(self) -> int:
+        """How many of the session's first messages the app's latest clear covers."""
+        summary = self.state.live_view().session.summary
+        return summary.cleared.messages if summary is not None and summary.cleared else 0
+
+    def match_after_clear(self) -> None:
+        """Match what a framework passes only against the messages after the app's latest
+        clear of its history (see ``ContextEngine.clear_history``): a message it held before
+        and passes again (a conversation restored after a reset) is new, stored and sent
+        again. Their ids stay taken (a framework id among them is stored under a fresh id)."""
+        messages = self.state.live_view().session.messages
+        cut = max(0, self._cleared() - self.unread.messages)
+        self.key_counts = {}
+        self.last_key = None
+        self.user_ids = {}
+        self.id_texts = {}
+        self.id_variants = set()
+        self.pending_memo = None
+        for message in messages[:cut]:
+            for taken in (message.message_id, message.meta.get(FRAMEWORK_MESSAGE_ID)):
+                if isinstance(taken, str) and taken:
+                    self.message_ids.add(taken)
+                    self.removed_ids.add(taken)
+            for stored, framework_id in (message.meta.get(FRAMEWORK_CALL_IDS) or {}).items():
+                self.call_aliases[framework_id] = stored
+        for message in messages[cut:]:
             self._count_key(message)
-        self._note_evidences(doc.evidences.values())
 
     def _note_evidences(self, evidences: Iterable[Evidence]) -> None:
         for evidence in evidences:
@@ -141,9 +168,13 @@ class SessionEntry:
         to the session's next commit by an earlier call of this engine) after the ones the
         entry holds; the version stays."""
         remember_stored_counts(changes)
+        cleared = self._cleared()
         self.state.absorb(changes)
-        for message in changes.messages:
-            self._count_key(message)
+        if self._cleared() != cleared:  # another writer recorded the app's clear
+            self.match_after_clear()
+        else:
+            for message in changes.messages:
+                self._count_key(message)
         self._note_evidences(changes.evidences)
 
     @property
@@ -170,7 +201,8 @@ class SessionEntry:
             self.message_ids.add(message.message_id)
             self.id_texts[message.message_id] = (message.role, message.content)
         original = message.meta.get(FRAMEWORK_MESSAGE_ID)
-        if isinstance(original, str):
+        if isinstance(original, str):  # stored under a fresh id: the framework's is taken too
+            self.message_ids.add(original)
             self.id_variants.add((original, (message.role, message.content)))
         for stored, framework_id in (message.meta.get(FRAMEWORK_CALL_IDS) or {}).items():
             self.call_aliases[framework_id] = stored
@@ -237,10 +269,14 @@ class SessionEntry:
         """Remember the ids of messages the session stores before what this entry holds
         (read by id): a framework id among them is taken, though the messages are not
         matched against what a framework passes."""
+        removed = self.unread.messages <= self._cleared()
         for message in messages:
             if message.message_id:
                 self.message_ids.add(message.message_id)
-                self.id_texts[message.message_id] = (message.role, message.content)
+                if removed:  # before the app's clear (see match_after_clear)
+                    self.removed_ids.add(message.message_id)
+                else:
+                    self.id_texts[message.message_id] = (message.role, message.content)
 
     def note_written(self, stored: Message) -> None:
         """Remember a message just written (in its stored, redacted form), so a framework

@@ -204,7 +204,11 @@ async def select_and_assemble(
     groups = index.groups
     tail_start = index.last_user_group if index.last_user_group is not None else len(groups)
     summary = doc.session.summary
+    clear = summary.cleared if summary is not None else None
+    if clear and tail_start < len(groups) and groups[tail_start].position < clear.messages:
+        tail_start = len(groups)  # the newest question was cleared: no run goes on
     hidden = removed = 0
+    cleared = clear.evidences if clear is not None else 0
     if summary is not None:
         hidden = min(index.first_group_after(summary.message_index_range.to_index), tail_start)
         if summary.removed_by_app:
@@ -221,7 +225,7 @@ async def select_and_assemble(
         context=context,
         hidden=hidden,
         removed=removed,
-        removed_evidences=max(0, summary.evidences_removed - unread.evidences) if summary else 0,
+        removed_evidences=max(0, cleared - unread.evidences),
         tail_start=tail_start,
         fixed_tokens=estimator.reply_priming(hint)
         + estimator.estimate_message(Role.SYSTEM, "", hint),
@@ -244,7 +248,6 @@ async def select_and_assemble(
         result.evidence_open and unread.evidences > 0
     )
     cut = summary.removed_by_app if summary is not None else 0
-    cleared = summary.evidences_removed if summary is not None else 0
     decisions = [*_unread_decisions(unread, covered, cut, cleared), *decisions]
     assembler = Assembler(estimator)
     while True:

@@ -601,12 +601,13 @@ class HistoryWriter:
         message_id = message.message_id or ""
         if entry.holds(message_id, message.role, self._stored_text(message.content, cfg)):
             return None
-        call.degradations.append(
-            (
-                "duplicate_message_id",
-                f"message id {message_id!r} is already used in this session for other "
-                "content; stored under a new id",
+        if message_id not in entry.removed_ids:  # not a message the app put back after a cut
+            call.degradations.append(
+                (
+                    "duplicate_message_id",
+                    f"message id {message_id!r} is already used in this session for other "
+                    "content; stored under a new id",
+                )
             )
-        )
         meta = {**message.meta, FRAMEWORK_MESSAGE_ID: message_id}
         return message.model_copy(update={"message_id": None, "meta": meta})

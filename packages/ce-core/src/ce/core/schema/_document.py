@@ -306,6 +306,16 @@ class MessageIndexRange(_Model):
     to_index: int
 
 
+class ClearedHistory(_Model):
+    """What the session held when the app cleared its history to start over (see
+    ``ContextEngine.clear_history``): its first ``messages`` messages and first ``evidences``
+    evidences are no longer sent, and what the app passes after the clear is matched only
+    against the messages after them (a message it held before, passed again, is new)."""
+
+    messages: int = Field(ge=0)
+    evidences: int = Field(ge=0)
+
+
 class Summary(_Model):
     """What stands for the oldest messages of the session: ``session.messages[:to_index+1]``
     are no longer sent to the model (they stay stored).
@@ -318,16 +328,14 @@ class Summary(_Model):
     ``ContextEngine.cut_history``); it carries what it keeps of them in its own prompt, so
     nothing renders in their place and ``content`` is empty. A document without ``source``
     reads as ``"engine"``, and an engine summary is stored without it.
-    ``evidences_removed``: how many of the session's first evidences the app removed with its
-    history when it cleared it (``ContextEngine.clear_history``): they are no longer sent
-    either. Stored only when not 0."""
+    ``cleared``: the app's latest clear of its whole history, if any (stored only then)."""
 
     content: str
     updated_at: str
     message_index_range: MessageIndexRange
     evidence_ids: list[str] = Field(default_factory=list)
     source: Literal["engine", "app"] = "engine"
-    evidences_removed: int = Field(default=0, ge=0)
+    cleared: ClearedHistory | None = None
 
     @property
     def removed_by_app(self) -> int:
@@ -346,8 +354,8 @@ class Summary(_Model):
         if isinstance(data, dict):
             if data.get("source") == "engine":
                 del data["source"]
-            if data.get("evidences_removed") == 0:
-                del data["evidences_removed"]
+            if "cleared" in data and data["cleared"] is None:
+                del data["cleared"]
         return data
 
 

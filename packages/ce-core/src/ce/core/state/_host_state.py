@@ -10,6 +10,7 @@ from ce.core.errors import InvariantViolationError
 from ce.core.primitives import Clock
 from ce.core.schema import (
     BlockType,
+    ClearedHistory,
     ContextBlock,
     MessageIndexRange,
     Priority,
@@ -149,14 +150,14 @@ class HostStateWriters:
             updated_at=self._clock.now_iso(),
             message_index_range=MessageIndexRange(from_index=from_index, to_index=to_index),
             evidence_ids=list(evidence_ids or []),
-            evidences_removed=current.evidences_removed if current is not None else 0,
+            cleared=current.cleared if current is not None else None,
         )
         self._doc.session.summary = summary
         self._changes.summary = True
         return summary.model_copy(deep=True)
 
     def cut_history(
-        self, to_index: int, *, held_from: int = 0, evidences: int = 0
+        self, to_index: int, *, held_from: int = 0, cleared: ClearedHistory | None = None
     ) -> Summary | None:
         """Record that the app removed ``messages[:to_index+1]`` from its own history: they
         are no longer sent (they stay stored), and nothing renders in their place (a
@@ -164,8 +165,8 @@ class HostStateWriters:
         not reach past the messages removed before changes nothing (``None``). A rolling
         summary of the engine that reaches further keeps standing for its messages after
         the cut; one that does not is replaced (the app carries what it keeps of them).
-        ``evidences``: how many of the session's first evidences go with them (an app that
-        cleared its whole history, see :attr:`Summary.evidences_removed`).
+        ``cleared``: the cut is the app's clear of its whole history (see
+        :class:`ClearedHistory`); a cut without it keeps the session's latest clear.
 
         ``held_from``: how many of the session's messages come before those the state holds
         (a state of the session's newest messages only); ``to_index`` counts from the
@@ -179,8 +180,8 @@ class HostStateWriters:
         current = self._doc.session.summary
         if current is not None and to_index < current.removed_by_app:
             return None
-        if current is not None:
-            evidences = max(evidences, current.evidences_removed)
+        if cleared is None and current is not None:
+            cleared = current.cleared
         now = self._clock.now_iso()
         if (
             current is not None
@@ -194,7 +195,7 @@ class HostStateWriters:
                     "message_index_range": MessageIndexRange(
                         from_index=to_index + 1, to_index=covered
                     ),
-                    "evidences_removed": evidences,
+                    "cleared": cleared,
                 }
             )
         else:
@@ -203,7 +204,7 @@ class HostStateWriters:
                 updated_at=now,
                 message_index_range=MessageIndexRange(from_index=0, to_index=to_index),
                 source="app",
-                evidences_removed=evidences,
+                cleared=cleared,
             )
         self._doc.session.summary = summary
         self._changes.summary = True

@@ -311,7 +311,7 @@ async def session_json(store: Store, session_id: str) -> Json:
             "to_index": summary.message_index_range.to_index,
             "source": summary.source,
             "removed_by_app": summary.removed_by_app,
-            "evidences_removed": summary.evidences_removed,
+            "cleared": summary.cleared.model_dump() if summary.cleared else None,
         },
     }
 
