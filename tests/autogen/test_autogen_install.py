@@ -1,7 +1,7 @@
 """Install / uninstall on AutoGen's classes (the exact originals come back, requests are
-byte-identical again), AG2 refused by name, one agent or team as the target, recording only,
-``dump_component`` / ``save_state`` / ``load_state`` with the plugin installed, the supported
-range, and importing the plugin without AutoGen."""
+byte-identical again, a reset clears nothing again), AG2 refused by name, one agent or team as
+the target, recording only, ``dump_component`` / ``save_state`` / ``load_state`` with the
+plugin installed, the supported range, and importing the plugin without AutoGen."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
-from autogen_agentchat.teams import RoundRobinGroupChat
+from autogen_agentchat.teams import BaseGroupChat, RoundRobinGroupChat
 from autogen_apps import client
+from autogen_core import CancellationToken
 
 import ce.autogen
 from ce.autogen import AutoGenPlugin
@@ -69,6 +70,8 @@ async def test_uninstall_restores_the_exact_originals_and_byte_identical_request
     engine: ContextEngine,
 ) -> None:
     targets = patched_targets()
+    # a reset of an agent or a team clears its session: AutoGen's own reset methods
+    assert {(AssistantAgent, "on_reset"), (BaseGroupChat, "reset")} <= set(targets)
     before = [vars(owner)[attr] for owner, attr in targets]
     with ScriptedOpenAIServer(_script) as server:
         await _agent(server).run(task="Weather in Oslo?")
@@ -90,6 +93,29 @@ async def test_uninstall_restores_the_exact_originals_and_byte_identical_request
         after = _bodies(server)
     assert len(untouched) == 2  # the tool call, then the reflection
     assert after == untouched
+
+
+async def test_after_uninstall_a_reset_leaves_the_session_as_it_is(
+    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cleared: list[str] = []
+
+    async def clear_history(session_id: str) -> Any:
+        cleared.append(session_id)
+
+    monkeypatch.setattr(engine, "clear_history", clear_history)
+    with ScriptedOpenAIServer(_script) as server:
+        agent = _agent(server)
+        team = RoundRobinGroupChat([_agent(server, "mate")], max_turns=1)
+        plugin = ce.autogen.install(engine)
+        with engine.session("s-gone"):
+            await agent.run(task="Weather in Oslo?")
+            await team.run(task="Weather in Oslo?")
+        plugin.uninstall()
+        await agent.on_reset(CancellationToken())
+        await team.reset()
+    assert cleared == []
+    assert await agent.model_context.get_messages() == []
 
 
 def test_install_refuses_ag2_by_name(

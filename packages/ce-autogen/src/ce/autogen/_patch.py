@@ -9,13 +9,15 @@ class attributes, and ``on_messages_stream`` (a turn of a standalone agent start
 team agent's turn that ends with a tool-call summary or a handoff message stores it) and
 ``BaseGroupChat.run_stream`` (a team's run), ``SocietyOfMindAgent.on_messages_stream`` (the
 inner team's run is nested in the turn), and ``SelectorGroupChatManager._select_speaker``
-(the speaker-selection prompt, recorded only), each by a function that does its part around
-the original; and ``FunctionTool.run``, whose sync tool bodies AutoGen runs in an executor
-thread that does not get the caller's context variables: inside an instrumented tool call the
-body runs in a copy of the caller's context, so the session (``engine.session``) and the tool
-call a run started in the body is nested in are kept. They are class-level, so agents and
-teams built before ``install()`` are
-covered, and the agents themselves are never changed (their client, state and config stay
+(the speaker-selection prompt, recorded only), ``AssistantAgent.on_reset`` and
+``BaseGroupChat.reset`` (the reset of an agent or a team clears the session of its last run:
+AutoGen has no reset hook, and every team's ``reset`` is ``BaseGroupChat``'s), each by a
+function that does its part around the original; and ``FunctionTool.run``, whose sync tool
+bodies AutoGen runs in an executor thread that does not get the caller's context variables:
+inside an instrumented tool call the body runs in a copy of the caller's context, so the
+session (``engine.session``) and the tool call a run started in the body is nested in are
+kept. They are class-level, so agents and teams built before ``install()`` are covered, and
+the agents themselves are never changed (their client, state and config stay
 theirs). Every replacement is recorded in the plugin's ledger: ``uninstall()`` puts back the
 very objects the classes held.
 """
@@ -79,8 +81,10 @@ def _hooks() -> list[tuple[Any, str, str]]:
             "_make_update_model_context_with_memory",
         ),
         (AssistantAgent, "on_messages_stream", "_make_on_messages_stream"),
+        (AssistantAgent, "on_reset", "_make_on_reset"),
         (SocietyOfMindAgent, "on_messages_stream", "_make_society_turn"),
         (BaseGroupChat, "run_stream", "_make_run_stream"),
+        (BaseGroupChat, "reset", "_make_reset"),
         (SelectorGroupChatManager, "_select_speaker", "_make_select_speaker"),
         (FunctionTool, "run", "_make_run"),
     ]
@@ -148,6 +152,8 @@ class Patches:
                 if not in_team:
                     frame = Frame(runs.new_scope())
                     runs.bind_agent(agent, frame)
+                    if runs.targeted(agent):
+                        runs.ran(agent, frame.session_id)
             try:
                 async for item in original(agent, *args, **kwargs):
                     if in_team and isinstance(item, Response):
@@ -210,7 +216,10 @@ class Patches:
                 frame = Frame(scope, peers=names, filtered=filtered & names, team=True)
                 for agent in agents:
                     runs.bind_agent(agent, frame)
+                    runs.ran(agent, None)  # the team's run: the team's reset clears it
                 runs.bind_team(team, str(getattr(team, "_team_id", id(team))), frame)
+                if any(runs.targeted(obj) for obj in (team, *agents)):
+                    runs.ran(team, scope.session_id)
             try:
                 async for item in original(team, *args, **kwargs):
                     yield item
@@ -243,6 +252,42 @@ class Patches:
                     runs.unnest(team, nested)
 
         return on_messages_stream
+
+    # -- resets -----------------------------------------------------------------------------
+
+    def _make_on_reset(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        runs, clear = self.runs, self._clear
+
+        async def on_reset(agent: Any, *args: Any, **kwargs: Any) -> None:
+            await original(agent, *args, **kwargs)
+            if not runs.in_reset(agent):
+                await clear(agent)
+
+        return on_reset
+
+    def _make_reset(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        runs, clear = self.runs, self._clear
+
+        async def reset(team: Any, *args: Any, **kwargs: Any) -> None:
+            if runs.in_reset(team):  # a nested team, reset with the team it belongs to
+                await original(team, *args, **kwargs)
+                return
+            with runs.resetting(team):
+                await original(team, *args, **kwargs)
+            await clear(team)
+
+        return reset
+
+    async def _clear(self, obj: Any) -> None:
+        """``obj`` (an agent or a team) was reset: the session its last run recorded into
+        (see :meth:`~ce.autogen._scopes.Runs.ran`) sends none of the messages it holds so far
+        (``engine.clear_history``), awaited, fail-open. Nothing when it has not run since its
+        last reset, when its last run was a team's (the team's reset clears that), or inside
+        :func:`~ce.core.integration.suppressed`."""
+        session_id = self.runs.take_last(obj)
+        if session_id is None or is_suppressed():
+            return
+        await write(self.plugin, session_id, "clear history on reset", lambda r: r.clear_history())
 
     # -- model calls ------------------------------------------------------------------------
 

@@ -51,7 +51,9 @@ class AutoGenPlugin(Plugin):
     ``SelectorGroupChat``, ``Swarm``), and records the runs: each reply with its agent as
     author, its usage and latency; each tool run with AutoGen's call id, status and duration;
     each memory query's hits as ``rag_doc`` evidence; a ``SelectorGroupChat``'s speaker
-    selections (usage and output only: their prompt is never rewritten).
+    selections (usage and output only: their prompt is never rewritten). A reset
+    (``agent.on_reset``, ``team.reset()``) clears the session of the object's last run, so the
+    next run starts the conversation over.
 
     Options of :meth:`install`: ``target`` (an agent or a team, or a list of them) limits the
     plugin to those (a team's agents included); ``inject=False`` records only (every call's

@@ -8,6 +8,12 @@ a top-level run's session is ``with engine.session(...)`` around it, else
 team). A team's run is one scope: every agent of the team, nested teams included, records into
 it and is assembled from it (each with its own system message first, see ``_inject``).
 
+A reset (``on_reset`` of an agent, ``reset()`` of a team: AutoGen's way to start a new task
+with the same objects) clears the session of the object's last run: the plugin remembers, per
+agent and team object (weakly), the session its last run recorded into. An agent's turn in a
+team is the team's run: its session is the team's, which the team's reset clears (an agent
+reset alone, or inside its team's reset, leaves it to the team).
+
 A run started inside a tool call of another run (an ``AgentTool`` / ``TeamTool``, a tool body
 that runs an agent) is nested: it gets the child scope ``<outer session>/<tool call id>`` and
 never receives or changes the outer conversation. So is the inner team's run of a
@@ -27,6 +33,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -151,6 +158,8 @@ class Runs:
         self._frames: dict[tuple[str, int], tuple[Any, Frame, bool]] = {}
         self._teams: dict[str, tuple[Frame, bool]] = {}
         self._nested: dict[int, tuple[Any, ToolFrame]] = {}
+        self._last: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+        self._resetting: dict[int, int] = {}
         self._lock = threading.Lock()
         self._targets: weakref.WeakSet[Any] | None = None
         targets = list(targets)
@@ -269,8 +278,55 @@ class Runs:
         frame = self._get("context", model_context, acting=False)
         return frame if frame is not None and frame.team else None
 
+    # -- resets -----------------------------------------------------------------------------
+
+    def ran(self, obj: Any, session_id: str | None) -> None:
+        """Note the session of the run of ``obj`` (an agent or a team the plugin records)
+        starting now: what its reset clears. ``None``: the run is a team's (``obj`` an agent
+        of it), so the agent's own reset clears nothing."""
+        try:
+            with self._lock:
+                self._last[obj] = session_id
+        except TypeError:  # an object that cannot be weakly referenced: not remembered
+            pass
+
+    def take_last(self, obj: Any) -> str | None:
+        """The session of ``obj``'s last run, to clear on its reset (forgotten: a reset with
+        no run since has nothing to clear). ``None``: it never ran, or its last run was a
+        team's."""
+        try:
+            with self._lock:
+                return self._last.pop(obj, None)
+        except TypeError:
+            return None
+
+    @contextmanager
+    def resetting(self, team: Any) -> Iterator[None]:
+        """Within this block ``team`` is being reset: the resets of what it runs (its agents,
+        nested teams, a ``SocietyOfMindAgent``'s inner team) are part of it (see
+        :meth:`in_reset`)."""
+        ids = {id(obj) for obj in reachable(team)}
+        with self._lock:
+            for key in ids:
+                self._resetting[key] = self._resetting.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                for key in ids:
+                    left = self._resetting.pop(key, 1) - 1
+                    if left > 0:
+                        self._resetting[key] = left
+
+    def in_reset(self, obj: Any) -> bool:
+        """Whether ``obj`` is reset as part of a team's reset in flight (its reset then clears
+        nothing: the team's clears the team's session)."""
+        return id(obj) in self._resetting
+
     def clear(self) -> None:
         with self._lock:
             self._frames.clear()
             self._teams.clear()
             self._nested.clear()
+            self._last.clear()
+            self._resetting.clear()
