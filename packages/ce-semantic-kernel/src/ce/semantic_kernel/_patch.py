@@ -18,6 +18,19 @@
   ``_ensure_thread_exists_with_messages`` note the agent and its thread (the session);
   ``ChatHistoryAgentThread.reduce`` notes the thread (its reducer's model call is the
   thread's internal call).
+- ``ChatHistoryAgentThread._delete`` (what ``thread.delete()`` runs to end a thread that
+  holds a conversation) and ``ChatHistory.clear`` (SK's own method, which ``replace`` calls
+  too) clear, once they are done, the sessions the thread's or the history's model calls
+  were recorded in (``engine.clear_history``): the app ended the conversation, and the next
+  one starts from what it passes then. SK has no hook for either. The plugin remembers, per
+  thread and per ``ChatHistory`` object (weakly), the named sessions of their calls since
+  they were last cleared (:class:`~ce.semantic_kernel._scopes.UsedSessions`); a history it
+  never saw in a model call clears nothing. A thread it never saw run (the app's next
+  process deleting a thread it names) clears the session its runs would be recorded in
+  now, derived from its id as for its agent's calls (global install only: an install on one
+  kernel cannot tell the thread's kernel). ``clear`` is sync: on an event loop's thread
+  the write is queued on the loop (:func:`ce.core.integration.record_sync`, the session's
+  next call writes it first), never blocking it; the thread's ``_delete`` awaits it.
 - ``AgentGroupChat.invoke`` / ``invoke_stream`` make the chat one scope for its agents.
 - ``InProcessRuntime.start`` (the agent runtime the orchestrations run on) creates its message
   loop task detached from the plugin's frames and from the ``engine.session()`` of the code
@@ -41,13 +54,14 @@ import weakref
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import RunConversations, is_suppressed, marking
+from ce.core.integration import RunConversations, is_suppressed, marking, record_sync
 from ce.semantic_kernel._convert import turn_key
 from ce.semantic_kernel._inject import INNER, INNER_STREAM, Seam
-from ce.semantic_kernel._record import Filters
+from ce.semantic_kernel._record import Filters, write
 from ce.semantic_kernel._scopes import (
     AgentFrame,
     CallSite,
+    UsedSessions,
     agent_frame,
     call_site,
     in_callers_frames,
@@ -58,10 +72,11 @@ from ce.semantic_kernel._scopes import (
     started_detached,
     stepped,
     team_scope,
+    tool_frame,
 )
 
 if TYPE_CHECKING:
-    from ce.core.integration import PatchLedger, Plugin, Scope
+    from ce.core.integration import PatchLedger, Plugin, Recorder, Scope
 
 __all__ = ["Patches", "patched_targets"]
 
@@ -88,7 +103,14 @@ def _agent_targets() -> list[tuple[Any, str]]:
         (ChatCompletionAgent, "invoke_stream"),
         (ChatCompletionAgent, "_ensure_thread_exists_with_messages"),
         (ChatHistoryAgentThread, "reduce"),
+        (ChatHistoryAgentThread, "_delete"),
     ]
+
+
+def _history_targets() -> list[tuple[Any, str]]:
+    from semantic_kernel.contents import ChatHistory
+
+    return [(ChatHistory, "clear")]
 
 
 def _team_targets() -> list[tuple[Any, str]]:
@@ -144,7 +166,13 @@ def patched_targets(global_install: bool = True) -> list[tuple[Any, str]]:
     """The ``(class, attribute)`` pairs the plugin replaces while installed."""
     from semantic_kernel.filters.kernel_filters_extension import KernelFilterExtension
 
-    targets = [*_service_targets(), *_agent_targets(), *_team_targets(), *_runtime_targets()]
+    targets = [
+        *_service_targets(),
+        *_agent_targets(),
+        *_history_targets(),
+        *_team_targets(),
+        *_runtime_targets(),
+    ]
     targets += [(owner, attr) for owner, attr, _ in _internal_targets()]
     if global_install:
         targets.append((KernelFilterExtension, "construct_call_stack"))
@@ -164,6 +192,9 @@ class Patches:
         self.services: dict[int, weakref.ref[Any]] = {}
         self.chats: dict[int, tuple[weakref.ref[Any], str]] = {}
         self.conversations = RunConversations()  # the conversations of unnamed scopes
+        # the named sessions of the calls of each ChatHistory and agent thread (held weakly)
+        self.histories = UsedSessions()
+        self.threads = UsedSessions()
 
     # -- install ----------------------------------------------------------------------------
 
@@ -191,11 +222,15 @@ class Patches:
         for owner, attr in _agent_targets():
             if attr == "reduce":
                 maker = self._make_thread_reduce
+            elif attr == "_delete":
+                maker = self._make_thread_delete
             elif attr.startswith("_ensure"):
                 maker = self._make_thread
             else:
                 maker = self._make_agent_call
             ledger.wrap(owner, attr, maker)
+        for owner, attr in _history_targets():
+            ledger.wrap(owner, attr, self._make_history_clear)
         for owner, attr in _team_targets():
             ledger.wrap(owner, attr, self._make_team)
         for owner, attr in _runtime_targets():
@@ -264,12 +299,29 @@ class Patches:
         kind = internal_kind.get()
         if kind is not None:
             return CallSite(service, internal_scope(plugin, kind, arguments), None, kind)
-        scope, agent = scope_for_call(plugin, arguments)
+        scope, agent, thread = scope_for_call(plugin, arguments)
         if scope is not team_scope.get():  # a group chat's agents share its scope
             messages = list(getattr(chat_history, "messages", None) or ())
             call_id = f"call:{uuid.uuid4().hex[:12]}"
             scope = self.conversations.place(scope, messages, turn_key, call_id)
+        # what clearing the history, deleting the thread, clears: the call's session when a
+        # session names it; a thread whose agent runs elsewhere (nested in a function, in a
+        # group chat) is seen all the same (its deletion clears nothing of its own)
+        named = scope.session_id if scope.named else None
+        if named is not None:
+            self._used(self.histories, chat_history, named)
+        frame = agent_frame.get()
+        seen = thread if thread is not None else frame.thread if frame is not None else None
+        if seen is not None:
+            self._used(self.threads, seen, named if seen is thread else None)
         return CallSite(service, scope, agent)
+
+    @staticmethod
+    def _used(used: UsedSessions, obj: Any, session_id: str | None) -> None:
+        try:
+            used.note(obj, session_id)
+        except Exception:  # an object that cannot be held weakly: its clearing clears nothing
+            logger.debug("cannot note the session of %r", type(obj), exc_info=True)
 
     def _make_get(self, original: Callable[..., Any]) -> Callable[..., Any]:
         patches = self
@@ -318,7 +370,9 @@ class Patches:
             @functools.wraps(original)
             def invoke(agent: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
                 def frame() -> AgentFrame:
-                    return AgentFrame(_thread_id(kwargs), str(agent.name or ""))
+                    return AgentFrame(
+                        _thread_id(kwargs), str(agent.name or ""), kwargs.get("thread")
+                    )
 
                 # the agent's frame is set for each step only: a model call the app makes
                 # while it consumes the replies, or in its callback, is its own
@@ -331,7 +385,8 @@ class Patches:
 
         @functools.wraps(original)
         async def get_response(agent: Any, *args: Any, **kwargs: Any) -> Any:
-            token = agent_frame.set(AgentFrame(_thread_id(kwargs), str(agent.name or "")))
+            frame = AgentFrame(_thread_id(kwargs), str(agent.name or ""), kwargs.get("thread"))
+            token = agent_frame.set(frame)
             try:
                 return await original(agent, *args, **kwargs)
             finally:
@@ -344,9 +399,12 @@ class Patches:
         async def _ensure_thread_exists_with_messages(agent: Any, *args: Any, **kwargs: Any) -> Any:
             thread = await original(agent, *args, **kwargs)
             frame = agent_frame.get()
-            if frame is not None and frame.thread_id is None:
-                # the thread SK made for this invocation (a new uuid: its own session)
-                frame.thread_id = getattr(thread, "id", None)
+            if frame is not None:
+                if frame.thread_id is None:
+                    # the thread SK made for this invocation (a new uuid: its own session)
+                    frame.thread_id = getattr(thread, "id", None)
+                if frame.thread is None:
+                    frame.thread = thread
             return thread
 
         return _ensure_thread_exists_with_messages
@@ -364,6 +422,76 @@ class Patches:
                 agent_frame.reset(token)
 
         return reduce
+
+    # -- clearing ---------------------------------------------------------------------------
+
+    def _make_thread_delete(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        patches = self
+
+        @functools.wraps(original)
+        async def _delete(thread: Any, *args: Any, **kwargs: Any) -> Any:
+            result = await original(thread, *args, **kwargs)
+            # the thread still has its id here: ``delete()`` drops it once this returns
+            for session_id in patches._thread_sessions(thread):
+                await write(
+                    patches.plugin,
+                    session_id,
+                    "clear history (agent thread deleted)",
+                    lambda r: r.clear_history(),
+                )
+            return result
+
+        return _delete
+
+    def _thread_sessions(self, thread: Any) -> list[str]:
+        """The sessions a thread being deleted clears: those its agent's calls were recorded
+        in; for a thread never seen run, the one they would be recorded in now (global
+        install; none inside a model call or a function call, where they would be nested).
+        Empty when the plugin does not act (suppressed, uninstalled)."""
+        try:
+            sessions = self.threads.take(thread)
+            if is_suppressed() or not self.plugin.installed:
+                return []
+            if sessions is not None or self.kernel is not None:
+                return sessions or []
+            thread_id = getattr(thread, "id", None)
+            if not thread_id or tool_frame.get() is not None or call_site.get() is not None:
+                return []
+            frame = AgentFrame(str(thread_id), "", thread)
+            token = agent_frame.set(frame)
+            try:
+                scope, _, owner = scope_for_call(self.plugin, None)
+            finally:
+                agent_frame.reset(token)
+            return [scope.session_id] if owner is thread and scope.named else []
+        except Exception:  # fail open: the thread is deleted as SK deletes it
+            logger.warning("could not tell the session of a deleted agent thread", exc_info=True)
+            return []
+
+    def _make_history_clear(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        patches = self
+
+        @functools.wraps(original)
+        def clear(history: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(history, *args, **kwargs)
+            patches._history_cleared(history)
+            return result
+
+        return clear
+
+    def _history_cleared(self, history: Any) -> None:
+        """The app cleared ``history``: the sessions its model calls were recorded in send
+        none of what they hold so far (queued on a running loop, written now otherwise)."""
+        plugin = self.plugin
+        try:
+            sessions = self.histories.take(history)
+        except Exception:  # fail open: the history is cleared as SK clears it
+            logger.warning("could not tell the session of a cleared ChatHistory", exc_info=True)
+            return
+        if not sessions or is_suppressed() or not plugin.installed:  # never sent: nothing
+            return
+        for session_id in sessions:
+            record_sync(plugin, session_id, "clear history (ChatHistory cleared)", _clear_history)
 
     # -- group chats ------------------------------------------------------------------------
 
@@ -403,6 +531,10 @@ class Patches:
             return started_detached(functools.partial(original, runtime, *args, **kwargs))
 
         return start
+
+
+async def _clear_history(recorder: Recorder) -> Any:
+    return await recorder.clear_history()
 
 
 def _thread_id(kwargs: dict[str, Any]) -> str | None:

@@ -24,7 +24,9 @@ class SemanticKernelPlugin(Plugin):
     called with SK's call id, status and duration; a search function's hits as ``rag_doc``
     evidence with source and score. SK's internal model calls (the summarization reducer, an
     ``AgentGroupChat``'s kernel-function strategies) are recorded in a child scope, never
-    rewritten.
+    rewritten. Deleting a ``ChatHistoryAgentThread`` or clearing a ``ChatHistory`` the app
+    sent clears the sessions their requests were recorded in (``engine.clear_history``): the
+    next request starts from what the app passes then.
 
     Options of :meth:`install`: ``kernel`` limits the plugin to that kernel and its clones
     (calls made with it: its prompt functions, its agents, service calls given

@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 import uuid
+import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -64,6 +66,7 @@ __all__ = [
     "CallSite",
     "Detached",
     "ToolFrame",
+    "UsedSessions",
     "Var",
     "agent_frame",
     "call_site",
@@ -142,10 +145,12 @@ async def stepped(
 
 @dataclass
 class AgentFrame:
-    """A ``ChatCompletionAgent`` invocation in flight: its thread id and the agent's name."""
+    """A ``ChatCompletionAgent`` invocation in flight: its thread id, the agent's name and the
+    thread object (``None`` until SK makes one for an invocation given none)."""
 
     thread_id: str | None
     agent: str
+    thread: Any = field(default=None, repr=False)
 
 
 @dataclass
@@ -289,8 +294,10 @@ def outer_scope(plugin: Plugin, arguments: Any = None) -> Scope:
     return scope_for_call(plugin, arguments)[0]
 
 
-def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
-    """The scope of a chat-service call starting now and the agent making it."""
+def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None, Any]:
+    """The scope of a chat-service call starting now, the agent making it and the agent
+    thread whose conversation the call is (``None``: none, as for a call nested in a function
+    or an agent of a group chat, whose scope is not its thread's)."""
     explicit = explicit_session(arguments)
     tool = tool_frame.get()
     if tool is not None:
@@ -306,14 +313,15 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
                 parent_call_id=tool.child_id,
             ),
             (inner.agent or None) if inner is not None and inner is not tool.caller else None,
+            None,
         )
     agent = agent_frame.get()
     team = team_scope.get()
     if team is not None:
         # an agent of an AgentGroupChat: every agent of the chat shares the chat's session
         if explicit and explicit != team.session_id:
-            return Scope(str(explicit), "explicit"), agent.agent if agent else None
-        return team, (agent.agent or None) if agent is not None else None
+            return Scope(str(explicit), "explicit"), agent.agent if agent else None, None
+        return team, (agent.agent or None) if agent is not None else None, None
     run = run_scope.get()
     if agent is not None:
         if run is not None and run.nested:
@@ -321,17 +329,17 @@ def scope_for_call(plugin: Plugin, arguments: Any) -> tuple[Scope, str | None]:
             # named session, a function a template calls): nested there, as the function's
             # other model calls are
             if explicit and explicit not in (*run.lineage, run.session_id):
-                return Scope(str(explicit), "explicit"), agent.agent or None
-            return run, agent.agent or None
+                return Scope(str(explicit), "explicit"), agent.agent or None, None
+            return run, agent.agent or None, None
         scope = resolve(plugin, run_id=_new_run(), explicit=explicit, framework=agent.thread_id)
-        return scope, agent.agent or None
+        return scope, agent.agent or None, agent.thread
     if run is not None:
         # a session the run or an enclosing one has (arguments a template passes on) does not
         # pull a nested function's call back there
         if explicit and explicit not in (*run.lineage, run.session_id):
-            return Scope(str(explicit), "explicit"), None
-        return run, None
-    return resolve(plugin, run_id=_new_run(), explicit=explicit), None
+            return Scope(str(explicit), "explicit"), None, None
+        return run, None, None
+    return resolve(plugin, run_id=_new_run(), explicit=explicit), None, None
 
 
 def internal_scope(plugin: Plugin, kind: str, arguments: Any = None) -> Scope:
@@ -346,3 +354,44 @@ def outer_team_scope(plugin: Plugin, run_id: str) -> Scope:
     if tool is not None:
         return resolve(plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.child_id)
     return resolve(plugin, run_id=run_id)
+
+
+class UsedSessions:
+    """Per object (an app's ``ChatHistory``, an agent thread), the named sessions its model
+    calls were recorded in since it was last cleared, in the order first used: what its
+    clearing clears. Objects are held weakly and by id (SK's ``ChatHistory`` is a pydantic
+    model: unhashable); one that is freed is forgotten. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[weakref.ref[Any], list[str]]] = {}
+        self._lock = threading.Lock()
+
+    def note(self, obj: Any, session_id: str | None) -> None:
+        """``obj``'s model call is recorded in ``session_id`` (``None``: in no session of
+        its own, as a call nested in a function; ``obj`` is seen all the same)."""
+        key = id(obj)
+
+        def gone(ref: weakref.ref[Any], key: int = key) -> None:
+            # no lock (the collector may run this inside a locked block): it runs while the
+            # object is freed, before another object can get its id
+            held = self._held.get(key)
+            if held is not None and held[0] is ref:
+                self._held.pop(key, None)
+
+        with self._lock:
+            held = self._held.get(key)
+            if held is None or held[0]() is not obj:
+                held = (weakref.ref(obj, gone), [])
+                self._held[key] = held
+            if session_id is not None and session_id not in held[1]:
+                held[1].append(session_id)
+
+    def take(self, obj: Any) -> list[str] | None:
+        """The sessions ``obj``'s calls were recorded in since its last clearing, forgotten
+        (``None``: no call of ``obj`` was seen since)."""
+        with self._lock:
+            held = self._held.get(id(obj))
+            if held is None or held[0]() is not obj:
+                return None
+            del self._held[id(obj)]
+        return held[1]
