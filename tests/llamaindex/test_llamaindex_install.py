@@ -14,13 +14,21 @@ import pytest
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.dispatcher import Dispatcher
 from llama_index.core.llms import ChatMessage
+from llama_index.core.memory import (
+    ChatMemoryBuffer,
+    ChatSummaryMemoryBuffer,
+    Memory,
+    SimpleComposableMemory,
+    VectorMemory,
+)
+from llama_index.core.memory.types import BaseChatStoreMemory, BaseMemory
 from llamaindex_fakes import ScriptedLLM
 
 import ce.llamaindex
 from ce.core.engine import ContextEngine
 from ce.core.integration import requirement_conflicts
 from ce.core.schema import Role
-from ce.llamaindex import LlamaIndexPlugin
+from ce.llamaindex import ContextEngineMemory, LlamaIndexPlugin
 from ce.llamaindex.package import LOWEST, REQUIREMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +64,59 @@ async def test_uninstall_restores_the_root_dispatchers_handler_lists(engine: Con
     assert len(root.span_handlers) == len(spans) + 1
     llm.chat([ChatMessage(role="user", content="installed again")])
     assert len(await engine.list_turns("s-inst")) == 1
+
+
+MEMORY_METHODS = ("reset", "areset", "get", "set")
+
+
+def _own_methods(cls: type) -> dict[str, object]:
+    return {name: vars(cls)[name] for name in MEMORY_METHODS if name in vars(cls)}
+
+
+async def test_uninstall_restores_every_memory_classes_reset(engine: ContextEngine) -> None:
+    """The memory classes' ``reset`` / ``areset`` (wrapped so that a reset clears the
+    memory's session; classes created after install too) and the memory-work marks."""
+    classes = [
+        BaseMemory,
+        BaseChatStoreMemory,
+        ChatMemoryBuffer,
+        ChatSummaryMemoryBuffer,
+        Memory,
+        SimpleComposableMemory,
+        VectorMemory,
+        ContextEngineMemory,
+    ]
+    originals = {cls: _own_methods(cls) for cls in classes}
+    plugin = ce.llamaindex.install(engine)
+    wrapped = {
+        BaseMemory: {"areset"},
+        BaseChatStoreMemory: {"reset", "areset"},
+        ChatMemoryBuffer: set(),
+        ChatSummaryMemoryBuffer: {"reset", "get"},
+        Memory: {"reset", "areset"},
+        SimpleComposableMemory: {"reset"},
+        VectorMemory: {"reset", "set"},
+        ContextEngineMemory: set(),  # it clears in its own reset
+    }
+    for cls, names in wrapped.items():
+        now = _own_methods(cls)
+        assert now.keys() == originals[cls].keys()
+        assert {n for n, method in now.items() if method is not originals[cls][n]} == names
+    assert "__init_subclass__" in vars(BaseMemory)
+
+    class Later(ChatMemoryBuffer):
+        def reset(self) -> None:
+            super().reset()
+
+    later = vars(Later)["reset"].__wrapped__
+    assert vars(Later)["reset"] is not later
+    plugin.uninstall()
+    for cls in classes:
+        now = _own_methods(cls)
+        assert now.keys() == originals[cls].keys()
+        assert all(now[n] is originals[cls][n] for n in now)
+    assert "__init_subclass__" not in vars(BaseMemory)
+    assert vars(Later)["reset"] is later
 
 
 @pytest.mark.parametrize("method", ["chat", "achat", "stream_chat", "astream_chat"])

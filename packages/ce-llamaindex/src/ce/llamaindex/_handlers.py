@@ -3,16 +3,18 @@
 The span handler sees every span open (before the method body runs, with the very arguments
 the method receives) and close: it resolves each span's session (cheap, no engine call), has
 the messages of outermost LLM chat spans rewritten (``_inject``), and records tool runs from
-the agent's ``call_tool`` step (or from tools the app calls itself). A sync chat call
-(``chat`` / ``stream_chat``) is rewritten right there, by the blocking engine inline; an async
-one (``achat`` / ``astream_chat``) is left to the async seam (``_seam``), which awaits the
-engine inside the span, on the caller's event loop, before the provider reads the list (the
-dispatcher calls span handlers synchronously: a handler can only block). A completion's prompt
-(a string no handler can rewrite) is passed through the configured redactor by the completion
-seam (:meth:`SpanTracker.redact_prompt_sync` / :meth:`SpanTracker.redact_prompt`). The event handler
-records LLM calls (usage, the reply, streaming included) and retrieval hits. The dispatcher
-swallows handler errors, so both handlers fail open by construction; engine failures are also
-logged and reported as ``Degraded`` events by the integration kit's guards.
+the agent's ``call_tool`` step (or from tools the app calls itself); for a top-level run it
+notes the session of the memories the run uses (a reset of one clears that session, see
+``_memory``). A sync chat call (``chat`` / ``stream_chat``) is rewritten right there, by the
+blocking engine inline; an async one (``achat`` / ``astream_chat``) is left to the async seam
+(``_seam``), which awaits the engine inside the span, on the caller's event loop, before the
+provider reads the list (the dispatcher calls span handlers synchronously: a handler can only
+block). A completion's prompt (a string no handler can rewrite) is passed through the
+configured redactor by the completion seam (:meth:`SpanTracker.redact_prompt_sync` /
+:meth:`SpanTracker.redact_prompt`). The event handler records LLM calls (usage, the reply,
+streaming included) and retrieval hits. The dispatcher swallows handler errors, so both
+handlers fail open by construction; engine failures are also logged and reported as
+``Degraded`` events by the integration kit's guards.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from ce.llamaindex._scopes import (
     SpanInfo,
     is_tool,
     method_of,
+    run_memories,
     span_scope,
 )
 from ce.llamaindex._seam import ASYNC_CHAT_METHODS, COMPLETION_METHODS, seamed
@@ -211,6 +214,8 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             info = span_scope(plugin, id_, parent_span_id, parent, tags, arguments, instance)
             if is_tool(instance, method):
                 info.tool_pending = False  # the tool object of the call_tool step above
+        if info.root == id_:  # a top-level run: the session a reset of its memories clears
+            tracker.used_memories(run_memories(id_, instance, arguments), info.session_id)
         if info.chat_turn is not None and isinstance(instance, BaseLLM):
             info.chat_turn.model = _llm_identity(instance)[:2]  # the last call makes the answer
         if isinstance(instance, BaseLLM) and getattr(instance, "ce_injects", False):

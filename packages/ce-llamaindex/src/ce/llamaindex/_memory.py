@@ -1,9 +1,24 @@
-"""``ContextEngineMemory``: a LlamaIndex ``BaseMemory`` whose history is the engine's session."""
+"""``ContextEngineMemory``: a LlamaIndex ``BaseMemory`` whose history is the engine's session;
+and the resets of LlamaIndex's own memories, which clear the session they were recorded in.
+
+LlamaIndex emits no event when a memory is reset (``chat_engine.reset()`` calls
+``memory.reset()``, the documented way to start a new conversation), so at install the plugin
+wraps, through its ledger, the ``reset`` / ``areset`` every memory class defines itself (those
+created later too): after the memory emptied itself, the engine session its conversation was
+recorded in is cleared (:meth:`ce.core.engine.ContextEngine.clear_history`): the next call
+starts from what the app passes then. That session is the one the last top-level run using
+the memory was in (the span handler notes it per memory object, held weakly), else the
+conversation the memory names itself; never another (two users' memories never clear each
+other's sessions).
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import uuid
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
@@ -13,14 +28,26 @@ from ce.core.engine import ContextEngine
 from ce.core.formats import to_openai_messages
 from ce.core.integration import (
     assembled_to_openai,
+    guarded,
+    guarded_sync,
+    marking,
     openai_to_messages,
+    record_awaited,
+    record_sync,
     resolve_scope,
 )
 from ce.core.schema import MessagePart, Role, SessionDocument
 from ce.llamaindex._convert import from_openai, to_openai
 from ce.llamaindex._plugin import LlamaIndexPlugin
+from ce.llamaindex._scopes import explicit_session, in_memory_work, memory_session
 
-__all__ = ["ContextEngineMemory"]
+if TYPE_CHECKING:
+    from ce.core.integration import PatchLedger, Recorder
+    from ce.core.schema import PutResult
+
+__all__ = ["ContextEngineMemory", "clear_on_reset"]
+
+_CLEAR = "clear history"
 
 
 class ContextEngineMemory(BaseMemory):
@@ -36,10 +63,11 @@ class ContextEngineMemory(BaseMemory):
     precedence over the generated id; inside a run the plugin tracks, the memory uses the
     session the plugin resolved for the span it is called in (a memory used by a sub-agent
     inside a tool is in that tool call's child scope). ``engine`` defaults to the installed
-    plugin's. Messages put into the memory are recorded at the next ``get``; the history is
-    append-only, so ``reset`` and ``set`` only drop what was not recorded yet. The engine's
-    context blocks (evidence, notebook, summary) reach the model through the plugin's
-    injection or :func:`ce.llamaindex.wrap`; the memory returns the conversation.
+    plugin's. Messages put into the memory are recorded at the next ``get``; ``set`` only
+    replaces what was not recorded yet, ``reset`` (``chat_engine.reset()``) starts the
+    conversation over: the session sends none of the messages it holds (they stay stored).
+    The engine's context blocks (evidence, notebook, summary) reach the model through the
+    plugin's injection or :func:`ce.llamaindex.wrap`; the memory returns the conversation.
     """
 
     session_id: str | None = None
@@ -49,6 +77,7 @@ class ContextEngineMemory(BaseMemory):
 
     _pending: list[ChatMessage] = PrivateAttr(default_factory=list)
     _generated: str = PrivateAttr(default_factory=lambda: f"memory:{uuid.uuid4().hex}")
+    _session: str | None = PrivateAttr(default=None)  # the session it read or recorded last
 
     @classmethod
     def class_name(cls) -> str:
@@ -78,19 +107,27 @@ class ContextEngineMemory(BaseMemory):
         )
         from llama_index.core.instrumentation.span import active_span_id
 
-        from ce.llamaindex._scopes import explicit_session
-
         plugin = LlamaIndexPlugin()
         engine = self.engine if self.engine is not None else plugin.engine
         tracker = plugin.tracker if plugin.installed else None
         info = tracker.span(active_span_id.get()) if tracker is not None else None
         if info is not None:  # the session the plugin resolved for this span
+            self._session = info.session_id
             return engine, info.session_id
         explicit = explicit_session(active_instrument_tags.get()) or self.session_id
         scope = resolve_scope(
             plugin, run_id=self.conversation_id, explicit=explicit, framework=self._generated
         )
+        self._session = scope.session_id
         return engine, scope.session_id
+
+    def _to_clear(self) -> tuple[ContextEngine, str]:
+        """The engine and the session a reset clears: the one the memory read or recorded
+        last, else the one it would use now."""
+        last = self._session
+        engine, session_id = self._engine_and_session()
+        self._session = last or session_id
+        return engine, self._session
 
     def _take_pending(self) -> list[Any]:
         pending, self._pending = self._pending, []
@@ -114,7 +151,8 @@ class ContextEngineMemory(BaseMemory):
         return self._history(assembled_to_openai(result.assembled_input))
 
     def get_all(self) -> list[ChatMessage]:
-        """Every message the session holds (system instructions excepted); what was put
+        """Every message of the conversation the session holds (system instructions
+        excepted; none from before a :meth:`reset`, nor others the app removed); what was put
         since the last ``get`` is not recorded yet."""
         engine, session_id = self._engine_and_session()
         return self._all(engine.sync.get_session(session_id))
@@ -124,6 +162,8 @@ class ContextEngineMemory(BaseMemory):
         return self._all(await engine.get_session(session_id))
 
     def _all(self, doc: SessionDocument) -> list[ChatMessage]:
+        summary = doc.session.summary
+        removed = 0 if summary is None else summary.removed_by_app
         parts = [
             MessagePart(
                 role=m.role,
@@ -132,7 +172,7 @@ class ContextEngineMemory(BaseMemory):
                 tool_call_id=m.tool_call_id,
                 name=m.name,
             )
-            for m in doc.session.messages
+            for m in doc.session.messages[removed:]
             if m.role is not Role.SYSTEM
         ]
         return self._history(to_openai_messages(parts))
@@ -152,6 +192,113 @@ class ContextEngineMemory(BaseMemory):
         self._pending = list(messages)
 
     def reset(self) -> None:
-        """Drop what was put and not recorded yet (the session's history stays: it is
-        append-only; see the engine's compliance delete)."""
+        """Start the conversation over: drop what was put and not recorded yet, and clear the
+        session's history (:meth:`~ce.core.engine.ContextEngine.clear_history`, through
+        ``engine.sync``): none of the messages it holds is sent again (they stay stored). The
+        session is the one the memory read or recorded last (a run's, as the plugin resolved
+        it), else the one it would use now. Fail-open: an engine error is logged and reported
+        (a ``Degraded`` event), raised only with the plugin's ``fail_closed``. A reset inside
+        another memory's reset (a composite memory resetting its parts) clears nothing more."""
         self._pending = []
+        if in_memory_work.get():
+            return
+        guarded_sync(
+            LlamaIndexPlugin(),
+            self._clear_sync,
+            session_id=self._session or self.conversation_id,
+            what=_CLEAR,
+        )
+
+    async def areset(self) -> None:
+        """The coroutine twin of :meth:`reset` (the engine awaited)."""
+        self._pending = []
+        if in_memory_work.get():
+            return
+        await guarded(
+            LlamaIndexPlugin(),
+            self._clear,
+            session_id=self._session or self.conversation_id,
+            what=_CLEAR,
+        )
+
+    def _clear_sync(self) -> None:
+        engine, session_id = self._to_clear()
+        engine.sync.clear_history(session_id)
+
+    async def _clear(self) -> None:
+        engine, session_id = self._to_clear()
+        await engine.clear_history(session_id)
+
+
+# -- LlamaIndex's own memories ----------------------------------------------------------------
+
+
+def clear_on_reset(ledger: PatchLedger) -> None:
+    """Wrap, in ``ledger``, ``BaseMemory.areset`` and the ``reset`` / ``areset`` of every
+    memory class that defines its own (``ChatMemoryBuffer``'s, ``Memory``'s,
+    ``ChatSummaryMemoryBuffer``'s, ``SimpleComposableMemory``'s, ``VectorMemory``'s, an app's;
+    classes created later too) with :func:`_clearing`. :class:`ContextEngineMemory` clears in
+    its own reset."""
+    _wrap_resets(ledger, BaseMemory)
+    ledger.for_subclasses(BaseMemory, lambda cls: _wrap_resets(ledger, cls))
+
+
+def _wrap_resets(ledger: PatchLedger, cls: type) -> None:
+    if getattr(cls, "ce_memory", False):
+        return
+    for name in ("reset", "areset"):
+        method = vars(cls).get(name)
+        if inspect.isfunction(method) and not getattr(method, "__isabstractmethod__", False):
+            ledger.wrap(cls, name, _clearing)
+
+
+def _clearing(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A memory's reset (sync or coroutine, as ``original``): ``original`` runs, then the
+    session of the memory's conversation (:func:`_session_of`) is cleared: from a sync reset
+    through the engine's per-session write queue (:func:`ce.core.integration.record_sync`:
+    written now by ``engine.sync`` on a plain thread, queued on an event loop's thread and
+    written before the session's next engine call), from an async one awaited on the caller's
+    loop. Fail-open (an engine error is logged and reported, the reset stands), raised with the
+    plugin's ``fail_closed``; a reset that raised clears nothing. A reset made inside a
+    memory's own work (another memory's reset resetting its parts, ``Memory.reset`` running
+    ``areset``, ``ChatSummaryMemoryBuffer.get`` rewriting its buffer) clears nothing more."""
+    marked = marking(in_memory_work, True)(original)
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def areset(memory: BaseMemory, *args: Any, **kwargs: Any) -> Any:
+            if in_memory_work.get():
+                return await original(memory, *args, **kwargs)
+            result = await marked(memory, *args, **kwargs)
+            session_id = _session_of(memory)
+            if session_id is not None:
+                await record_awaited(LlamaIndexPlugin(), session_id, _CLEAR, _clear_history)
+            return result
+
+        return areset
+
+    @functools.wraps(original)
+    def reset(memory: BaseMemory, *args: Any, **kwargs: Any) -> Any:
+        if in_memory_work.get():
+            return original(memory, *args, **kwargs)
+        result = marked(memory, *args, **kwargs)
+        session_id = _session_of(memory)
+        if session_id is not None:
+            record_sync(LlamaIndexPlugin(), session_id, _CLEAR, _clear_history)
+        return result
+
+    return reset
+
+
+def _session_of(memory: BaseMemory) -> str | None:
+    """The session a reset of ``memory`` clears: the one the last top-level run using it was
+    recorded in, else the conversation the memory names (:func:`memory_session`: a
+    ``Memory``'s ``session_id``, a ``ChatMemoryBuffer``'s own ``chat_store_key``), else none
+    (a memory no run used and that names nothing has no session)."""
+    tracker = LlamaIndexPlugin().tracker
+    used = tracker.memory_session(memory) if tracker is not None else None
+    return used or memory_session(memory)
+
+
+async def _clear_history(recorder: Recorder) -> PutResult:
+    return await recorder.clear_history()

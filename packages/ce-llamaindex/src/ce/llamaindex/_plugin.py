@@ -34,7 +34,9 @@ class LlamaIndexPlugin(Plugin):
     await the engine on async calls, wraps every LLM class's ``achat`` / ``astream_chat``, and
     to redact the prompt of completions (``complete``, ``acomplete``, ``stream_complete``,
     ``astream_complete``: a chat engine's condense step), their completion methods (those of
-    LLM classes created later too); :meth:`uninstall` removes exactly those. With
+    LLM classes created later too); so that a memory's reset (``chat_engine.reset()``) clears
+    the session its conversation was recorded in, every memory class's ``reset`` / ``areset``
+    (see :mod:`ce.llamaindex._memory`); :meth:`uninstall` removes exactly those. With
     ``mode="augment"`` the model receives the app's own messages plus the engine's context (see
     :func:`ce.core.integration.augment_openai`). Option of :meth:`install`: ``inject=False``
     records only (inject with :func:`wrap` instead). Calls inside
@@ -65,6 +67,9 @@ class LlamaIndexPlugin(Plugin):
         self.tracker = tracker
         self.ledger.register(self._forget_tracker, "tracker")
         self._mark_memory_work()
+        from ce.llamaindex._memory import clear_on_reset
+
+        clear_on_reset(self.ledger)  # a memory's reset clears its session
         if inject:
             from ce.llamaindex._seam import Seams
 
@@ -77,18 +82,20 @@ class LlamaIndexPlugin(Plugin):
             self._raise_from_span_enter()
 
     def _mark_memory_work(self) -> None:
-        """A memory's own model calls (``FactExtractionMemoryBlock`` extracting the facts of
-        the messages a ``Memory`` flushes to it; ``ChatSummaryMemoryBuffer`` summarising the
-        oldest messages when the chat engine reads it) run with
+        """A memory's own work (``FactExtractionMemoryBlock`` extracting the facts of the
+        messages a ``Memory`` flushes to it; ``ChatSummaryMemoryBuffer`` summarising the
+        oldest messages when the chat engine reads it, then resetting its buffer;
+        ``VectorMemory.set`` resetting its store before it puts the messages) runs with
         :data:`~ce.llamaindex._scopes.in_memory_work` set: LlamaIndex opens no span there
-        to tell them from the conversation's calls."""
-        from llama_index.core.memory import ChatSummaryMemoryBuffer
+        to tell its model calls from the conversation's, and its resets are no app's."""
+        from llama_index.core.memory import ChatSummaryMemoryBuffer, VectorMemory
         from llama_index.core.memory.memory import BaseMemoryBlock
 
         from ce.llamaindex._scopes import in_memory_work
 
         self.ledger.wrap(BaseMemoryBlock, "aput", marking(in_memory_work, True))
         self.ledger.wrap(ChatSummaryMemoryBuffer, "get", marking(in_memory_work, True))
+        self.ledger.wrap(VectorMemory, "set", marking(in_memory_work, True))
 
     def _forget_tracker(self) -> None:
         if self.tracker is not None:

@@ -143,6 +143,8 @@ class Tracker:
         self.conversations = RunConversations()  # of the scopes nothing names
         # streamed chat-engine answers not written to the memory yet: the turn of each
         self._streamed: dict[int, tuple[weakref.ref[Any], ChatTurn]] = {}
+        # LlamaIndex memories (by id, held weakly): the session of the last top-level run of each
+        self._memories: dict[int, tuple[weakref.ref[Any], str]] = {}
         self.lock = threading.Lock()
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -191,6 +193,33 @@ class Tracker:
         outside an agent's ``call_tool`` step)."""
         return self._asked.take(session_id, name, args, fallback=False)
 
+    # -- memories ---------------------------------------------------------------------------
+
+    def used_memories(self, memories: Sequence[Any], session_id: str) -> None:
+        """Note ``session_id`` as the session of the top-level run that uses ``memories`` (a
+        memory is held weakly: one the app drops is forgotten)."""
+        for memory in memories:
+            key = id(memory)
+
+            def gone(ref: weakref.ref[Any], key: int = key) -> None:
+                # no lock (the collector may run this inside a locked block): it runs while
+                # the memory is freed, before another object can get its id
+                held = self._memories.get(key)
+                if held is not None and held[0] is ref:
+                    self._memories.pop(key, None)
+
+            with self.lock:
+                held = self._memories.get(key)
+                ref = held[0] if held is not None and held[0]() is memory else None
+                self._memories[key] = (ref or weakref.ref(memory, gone), session_id)
+
+    def memory_session(self, memory: Any) -> str | None:
+        """The session of the last top-level run that used ``memory`` (``None``: no run the
+        plugin tracked used it)."""
+        with self.lock:
+            held = self._memories.get(id(memory))
+        return held[1] if held is not None and held[0]() is memory else None
+
     # -- LLM calls --------------------------------------------------------------------------
 
     @staticmethod
@@ -208,6 +237,7 @@ class Tracker:
             self.calls.clear()
             self.spans.clear()
             self.closed.clear()
+            self._memories.clear()
         self._asked.clear()
         self.tool_scope_ids.clear()
         self.conversations.clear()

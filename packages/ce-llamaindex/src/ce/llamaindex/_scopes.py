@@ -70,6 +70,7 @@ __all__ = [
     "is_tool",
     "memory_session",
     "method_of",
+    "run_memories",
     "span_scope",
 ]
 
@@ -222,6 +223,15 @@ def _memories(arguments: Mapping[str, Any], instance: Any) -> list[Any]:
             except Exception:  # an event whose get() is not a mapping's
                 continue
     return candidates
+
+
+def run_memories(id_: str, instance: Any, arguments: Mapping[str, Any]) -> list[BaseMemory]:
+    """The memories the span ``id_`` converses with (its ``memory`` argument, its chat engine's,
+    its workflow start event's); none for a chat engine's span other than a chat (its
+    ``reset`` empties the memory, it holds no conversation)."""
+    if isinstance(instance, BaseChatEngine) and method_of(id_) not in CHAT_METHODS:
+        return []
+    return [m for m in _memories(arguments, instance) if isinstance(m, BaseMemory)]
 
 
 def _given_memory_session(memories: list[Any]) -> str | None:
