@@ -4,6 +4,7 @@ plugin contract suite against the scripted OpenAI server."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ from ce.core.integration import (
     INTEGRATION_FAILED,
     AskedToolCalls,
     ModelCall,
+    ObjectSessions,
     PatchLedger,
     Plugin,
     PluginVersionError,
@@ -1359,3 +1361,27 @@ async def test_scores_of_a_retrieval_are_confidences_only_when_all_lie_in_0_1() 
     assert [(e.confidence, e.metadata["score"]) for e in raw] == [(None, 2.28), (None, 0.885)]
     assert [e.confidence for e in similar] == [0.91, None]
     await engine.close()
+
+
+def test_object_sessions_hold_objects_weakly_by_identity() -> None:
+    class Unhashable:  # as pydantic models are
+        __hash__ = None  # type: ignore[assignment]
+
+    sessions = ObjectSessions()
+    alice, bob = Unhashable(), Unhashable()
+    assert sessions.sessions(alice) is None  # never seen
+    sessions.note(alice, "s1")
+    sessions.note(alice, None)  # seen in no session of its own: nothing added
+    sessions.note(alice, "s2")
+    sessions.note(alice, "s1")  # the most recent last
+    sessions.note(bob, None)
+    assert sessions.sessions(alice) == ["s2", "s1"]
+    assert sessions.take(bob) == [] and sessions.take(bob) is None
+    assert sessions.take(alice) == ["s2", "s1"] and sessions.sessions(alice) is None
+
+    sessions.note(alice, "s3")
+    del alice
+    gc.collect()
+    assert sessions._held == {}  # a dropped object is forgotten
+    with pytest.raises(TypeError):
+        sessions.note(1, "s")  # an int cannot be referenced weakly

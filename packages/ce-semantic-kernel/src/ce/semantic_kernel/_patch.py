@@ -24,7 +24,7 @@
   were recorded in (``engine.clear_history``): the app ended the conversation, and the next
   one starts from what it passes then. SK has no hook for either. The plugin remembers, per
   thread and per ``ChatHistory`` object (weakly), the named sessions of their calls since
-  they were last cleared (:class:`~ce.semantic_kernel._scopes.UsedSessions`); a history it
+  they were last cleared (:class:`~ce.core.integration.ObjectSessions`); a history it
   never saw in a model call clears nothing. A thread it never saw run (the app's next
   process deleting a thread it names) clears the session its runs would be recorded in
   now, derived from its id as for its agent's calls (global install only: an install on one
@@ -54,14 +54,19 @@ import weakref
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import RunConversations, is_suppressed, marking, record_sync
+from ce.core.integration import (
+    ObjectSessions,
+    RunConversations,
+    is_suppressed,
+    marking,
+    record_sync,
+)
 from ce.semantic_kernel._convert import turn_key
 from ce.semantic_kernel._inject import INNER, INNER_STREAM, Seam
 from ce.semantic_kernel._record import Filters, write
 from ce.semantic_kernel._scopes import (
     AgentFrame,
     CallSite,
-    UsedSessions,
     agent_frame,
     call_site,
     in_callers_frames,
@@ -193,8 +198,8 @@ class Patches:
         self.chats: dict[int, tuple[weakref.ref[Any], str]] = {}
         self.conversations = RunConversations()  # the conversations of unnamed scopes
         # the named sessions of the calls of each ChatHistory and agent thread (held weakly)
-        self.histories = UsedSessions()
-        self.threads = UsedSessions()
+        self.histories = ObjectSessions()
+        self.threads = ObjectSessions()
 
     # -- install ----------------------------------------------------------------------------
 
@@ -317,7 +322,7 @@ class Patches:
         return CallSite(service, scope, agent)
 
     @staticmethod
-    def _used(used: UsedSessions, obj: Any, session_id: str | None) -> None:
+    def _used(used: ObjectSessions, obj: Any, session_id: str | None) -> None:
         try:
             used.note(obj, session_id)
         except Exception:  # an object that cannot be held weakly: its clearing clears nothing

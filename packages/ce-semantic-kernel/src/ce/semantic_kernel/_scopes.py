@@ -47,9 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 import uuid
-import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
@@ -66,7 +64,6 @@ __all__ = [
     "CallSite",
     "Detached",
     "ToolFrame",
-    "UsedSessions",
     "Var",
     "agent_frame",
     "call_site",
@@ -354,44 +351,3 @@ def outer_team_scope(plugin: Plugin, run_id: str) -> Scope:
     if tool is not None:
         return resolve(plugin, run_id=run_id, parent=tool.scope, parent_call_id=tool.child_id)
     return resolve(plugin, run_id=run_id)
-
-
-class UsedSessions:
-    """Per object (an app's ``ChatHistory``, an agent thread), the named sessions its model
-    calls were recorded in since it was last cleared, in the order first used: what its
-    clearing clears. Objects are held weakly and by id (SK's ``ChatHistory`` is a pydantic
-    model: unhashable); one that is freed is forgotten. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._held: dict[int, tuple[weakref.ref[Any], list[str]]] = {}
-        self._lock = threading.Lock()
-
-    def note(self, obj: Any, session_id: str | None) -> None:
-        """``obj``'s model call is recorded in ``session_id`` (``None``: in no session of
-        its own, as a call nested in a function; ``obj`` is seen all the same)."""
-        key = id(obj)
-
-        def gone(ref: weakref.ref[Any], key: int = key) -> None:
-            # no lock (the collector may run this inside a locked block): it runs while the
-            # object is freed, before another object can get its id
-            held = self._held.get(key)
-            if held is not None and held[0] is ref:
-                self._held.pop(key, None)
-
-        with self._lock:
-            held = self._held.get(key)
-            if held is None or held[0]() is not obj:
-                held = (weakref.ref(obj, gone), [])
-                self._held[key] = held
-            if session_id is not None and session_id not in held[1]:
-                held[1].append(session_id)
-
-    def take(self, obj: Any) -> list[str] | None:
-        """The sessions ``obj``'s calls were recorded in since its last clearing, forgotten
-        (``None``: no call of ``obj`` was seen since)."""
-        with self._lock:
-            held = self._held.get(id(obj))
-            if held is None or held[0]() is not obj:
-                return None
-            del self._held[id(obj)]
-        return held[1]

@@ -74,6 +74,7 @@ from ce.core.integration._runs import RunConversations
 from ce.core.integration._sessions import (
     RUN_SESSION_PREFIX,
     SESSION_KEY,
+    ObjectSessions,
     Scope,
     ScopeSource,
     ToolScopeIds,
@@ -95,6 +96,7 @@ __all__ = [
     "InjectMode",
     "LedgerEntry",
     "ModelCall",
+    "ObjectSessions",
     "PatchLedger",
     "Plugin",
     "PluginVersionError",

@@ -19,9 +19,10 @@ elsewhere.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ce.core.engine import current_session_id
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RUN_SESSION_PREFIX",
     "SESSION_KEY",
+    "ObjectSessions",
     "Scope",
     "ScopeSource",
     "ToolScopeIds",
@@ -197,3 +199,58 @@ class ToolScopeIds:
         """Forget every id."""
         with self._lock:
             self._used.clear()
+
+
+class ObjectSessions:
+    """Per framework object (a memory, a chat history, an agent thread), the sessions its
+    calls were recorded in since it was last taken, the most recent last: what a reset of
+    that object clears (:meth:`ContextEngine.clear_history`). Objects are held weakly and by
+    identity (pydantic models, which are unhashable, included); one the app drops is
+    forgotten. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[weakref.ref[Any], list[str]]] = {}
+        self._lock = threading.Lock()
+
+    def note(self, obj: Any, session_id: str | None) -> None:
+        """A call of ``obj`` is recorded in ``session_id`` (``None``: in no session of its
+        own, e.g. nested in a tool: ``obj`` is seen all the same). Raises ``TypeError`` for an
+        object that cannot be referenced weakly."""
+        key = id(obj)
+
+        def gone(ref: weakref.ref[Any], key: int = key) -> None:
+            # no lock (the collector may run this inside a locked block): it runs while the
+            # object is freed, before another object can get its id
+            held = self._held.get(key)
+            if held is not None and held[0] is ref:
+                self._held.pop(key, None)
+
+        with self._lock:
+            held = self._held.get(key)
+            if held is None or held[0]() is not obj:
+                held = (weakref.ref(obj, gone), [])
+                self._held[key] = held
+            if session_id is not None:
+                if session_id in held[1]:
+                    held[1].remove(session_id)
+                held[1].append(session_id)
+
+    def sessions(self, obj: Any) -> list[str] | None:
+        """The sessions of ``obj``'s calls since it was last taken, the most recent last
+        (``None``: none of its calls was seen since)."""
+        with self._lock:
+            held = self._held.get(id(obj))
+            return list(held[1]) if held is not None and held[0]() is obj else None
+
+    def take(self, obj: Any) -> list[str] | None:
+        """:meth:`sessions`, then forget ``obj``."""
+        with self._lock:
+            held = self._held.get(id(obj))
+            if held is None or held[0]() is not obj:
+                return None
+            del self._held[id(obj)]
+        return held[1]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
