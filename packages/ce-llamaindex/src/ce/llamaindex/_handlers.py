@@ -34,6 +34,7 @@ from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.chat_engine.types import StreamingAgentChatResponse
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.chat_engine import StreamChatEndEvent
 from llama_index.core.instrumentation.events.exception import ExceptionEvent
 from llama_index.core.instrumentation.events.llm import (
     LLMChatEndEvent,
@@ -234,6 +235,8 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         elif isinstance(instance, BaseLLM) and method in COMPLETION_METHODS:
             provider, model, params = _llm_identity(instance)
             info.completion = (provider, model, params)
+        if isinstance(instance, StreamingAgentChatResponse) and method in WRITE_METHODS:
+            info.stream_write = (instance, arguments)  # its end event records the turn
         with tracker.lock:
             tracker.spans[id_] = info
         return None
@@ -443,11 +446,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
                 answer = getattr(result, "response", None)
                 tracker.record_turn(turn, answer, blocking=method not in ASYNC_CHAT_METHODS)
         elif isinstance(instance, StreamingAgentChatResponse) and method in WRITE_METHODS:
-            streamed = tracker.streamed_turn(instance)
-            if streamed is not None:
-                blocking = method == "write_response_to_history"  # on a thread of its own
-                answer = instance.response or _last_answer(arguments.get("memory"))
-                tracker.record_turn(streamed, answer, blocking=blocking)
+            self.tracker.stream_written(id_, instance, arguments)  # if its end event did not
 
     def prepare_to_exit_span(
         self,
@@ -525,6 +524,13 @@ class EventRecorder(BaseEventHandler):
             if call is not None and call.streaming and call.events_span == event.span_id:
                 tracker.record_failure(call, event.exception)
                 tracker.finish_call(call)
+        elif isinstance(event, StreamChatEndEvent):
+            # a streamed answer is in the chat engine's memory: its turn is recorded now,
+            # before the app's reader sees the stream end (the writer's span closes later)
+            info = tracker.span(event.span_id)
+            if info is not None and info.stream_write is not None:
+                response, arguments = info.stream_write
+                tracker.stream_written(event.span_id or "", response, arguments)
         elif isinstance(event, LLMCompletionEndEvent):
             info = tracker.span(event.span_id)
             if (
@@ -543,21 +549,6 @@ class EventRecorder(BaseEventHandler):
             nodes = getattr(event.response, "source_nodes", None)
             if info is not None and nodes and not is_suppressed():
                 tracker.record_hits(info, nodes)
-
-
-def _last_answer(memory: Any) -> str | None:
-    """The text of the newest assistant message a chat engine's ``memory`` holds."""
-    getter = getattr(memory, "get_all", None)
-    if not callable(getter):
-        return None
-    try:
-        held = getter()
-    except Exception:  # a memory that cannot be read here: the turn is not recorded
-        return None
-    for message in reversed(held or ()):
-        if getattr(getattr(message, "role", None), "value", None) == "assistant":
-            return message_text(message)
-    return None
 
 
 def _llm_identity(llm: BaseLLM) -> tuple[str, str, dict[str, Any]]:

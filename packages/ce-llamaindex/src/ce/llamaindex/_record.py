@@ -9,6 +9,7 @@ recorded, so a call's usage is counted once.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ce.core.integration import (
     AskedToolCalls,
     ModelCall,
+    ObjectSessions,
     Recorder,
     RetrievalHit,
     RunConversations,
@@ -31,6 +33,7 @@ from ce.core.integration import (
 )
 from ce.core.schema import Message, ModelInvocation, Role
 from ce.llamaindex._convert import message_text, reply_to_message, turn_key
+from ce.llamaindex._scopes import method_of
 
 if TYPE_CHECKING:
     from llama_index.core.base.llms.types import ChatResponse
@@ -144,7 +147,7 @@ class Tracker:
         # streamed chat-engine answers not written to the memory yet: the turn of each
         self._streamed: dict[int, tuple[weakref.ref[Any], ChatTurn]] = {}
         # LlamaIndex memories (by id, held weakly): the session of the last top-level run of each
-        self._memories: dict[int, tuple[weakref.ref[Any], str]] = {}
+        self.memories = ObjectSessions()  # the sessions of the runs that used each memory
         self.lock = threading.Lock()
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -199,26 +202,14 @@ class Tracker:
         """Note ``session_id`` as the session of the top-level run that uses ``memories`` (a
         memory is held weakly: one the app drops is forgotten)."""
         for memory in memories:
-            key = id(memory)
-
-            def gone(ref: weakref.ref[Any], key: int = key) -> None:
-                # no lock (the collector may run this inside a locked block): it runs while
-                # the memory is freed, before another object can get its id
-                held = self._memories.get(key)
-                if held is not None and held[0] is ref:
-                    self._memories.pop(key, None)
-
-            with self.lock:
-                held = self._memories.get(key)
-                ref = held[0] if held is not None and held[0]() is memory else None
-                self._memories[key] = (ref or weakref.ref(memory, gone), session_id)
+            with contextlib.suppress(TypeError):  # a memory that cannot be held weakly
+                self.memories.note(memory, session_id)
 
     def memory_session(self, memory: Any) -> str | None:
         """The session of the last top-level run that used ``memory`` (``None``: no run the
         plugin tracked used it)."""
-        with self.lock:
-            held = self._memories.get(id(memory))
-        return held[1] if held is not None and held[0]() is memory else None
+        sessions = self.memories.sessions(memory)
+        return sessions[-1] if sessions else None
 
     # -- LLM calls --------------------------------------------------------------------------
 
@@ -237,7 +228,7 @@ class Tracker:
             self.calls.clear()
             self.spans.clear()
             self.closed.clear()
-            self._memories.clear()
+        self.memories.clear()
         self._asked.clear()
         self.tool_scope_ids.clear()
         self.conversations.clear()
@@ -345,6 +336,21 @@ class Tracker:
         with self.lock:
             self._streamed[key] = (weakref.ref(response, gone), turn)
 
+    def stream_written(self, span_id: str, response: Any, arguments: Mapping[str, Any]) -> None:
+        """The streamed chat-engine ``response`` was written to the memory (the writer's end
+        event, else its span ``span_id`` closing; ``arguments``: the span's): its turn (see
+        :meth:`stream_turn`) is recorded, once. Its answer is the response's text, else the
+        message then put into the memory (llama-index-core fills the response only as the app
+        reads the stream)."""
+        streamed = self.streamed_turn(response)
+        if streamed is None:
+            return
+        answer = getattr(response, "response", None) or _last_answer(arguments.get("memory"))
+        # the sync writer runs on a thread of its own
+        self.record_turn(
+            streamed, answer, blocking=method_of(span_id) == "write_response_to_history"
+        )
+
     def streamed_turn(self, response: Any) -> ChatTurn | None:
         """The turn of a streamed chat-engine ``response`` (taken out), if any."""
         with self.lock:
@@ -417,3 +423,18 @@ def call_args(kwargs: Mapping[str, Any] | None, args: Sequence[Any] | None) -> d
         first = args[0]
         return dict(first) if isinstance(first, Mapping) else str(first)
     return {}
+
+
+def _last_answer(memory: Any) -> str | None:
+    """The text of the newest assistant message a chat engine's ``memory`` holds."""
+    getter = getattr(memory, "get_all", None)
+    if not callable(getter):
+        return None
+    try:
+        held = getter()
+    except Exception:  # a memory that cannot be read here: the turn is not recorded
+        return None
+    for message in reversed(held or ()):
+        if getattr(getattr(message, "role", None), "value", None) == "assistant":
+            return message_text(message)
+    return None

@@ -161,6 +161,9 @@ class SpanInfo:
     that call is recorded, the completion is not recorded again)."""
     chat_turn: ChatTurn | None = None
     """The chat engine's ``chat`` this span runs in."""
+    stream_write: tuple[Any, Mapping[str, Any]] | None = None
+    """A streamed chat response's write to the memory (this span): the response and the
+    span's arguments."""
     nodes: tuple[Any, ...] = ()
     """The nodes a query's synthesizer answers from (its final source nodes), for the model
     calls made inside it: a text a call's messages quote from two of them is that call's
