@@ -1,5 +1,5 @@
 """What the ce-autogen tests share: AutoGen's OpenAI client on the scripted server, tools,
-request readers, and an engine whose blocking face fails on any use."""
+request readers, a society-of-mind app, and an engine whose blocking face fails on any use."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
-from ce.core.testing import ScriptedOpenAIServer
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 
 MODEL = "gpt-4o-2024-08-06"  # what AutoGen resolves "gpt-4o" to: no model-mismatch warning
 
@@ -41,3 +41,44 @@ def wire(request: dict[str, Any]) -> str:
 
 def roles(request: dict[str, Any]) -> list[str]:
     return [m["role"] for m in request["messages"]]
+
+
+SOM_SYSTEMS = {
+    "writer": "You are a writer, write well.",
+    "editor": "You are an editor. Respond with 'APPROVE' when the text is good.",
+    "translator": "Translate the text to Spanish.",
+}
+"""The system messages of the society-of-mind app's agents (see :func:`som_app`)."""
+STORY = "Write a short story with a surprising ending."
+
+
+def som_script(body: dict[str, Any]) -> ScriptedResponse:
+    """The scripted model of :func:`som_app`: the editor approves at once, the others answer
+    with their name and the number of messages they received."""
+    first = body["messages"][0]["content"] or ""
+    speaker = next((k for k, v in SOM_SYSTEMS.items() if v in first), "som")
+    n = len(body["messages"])
+    if speaker == "editor":
+        return ScriptedResponse(text=f"APPROVE (editor saw {n})")
+    return ScriptedResponse(text=f"{speaker}-says-{n}")
+
+
+async def som_app(server: ScriptedOpenAIServer) -> None:
+    """AutoGen's society-of-mind example: a writer and an editor as the inner team of a
+    ``SocietyOfMindAgent``, which takes turns with a translator on :data:`STORY`."""
+    from autogen_agentchat.agents import AssistantAgent, SocietyOfMindAgent
+    from autogen_agentchat.conditions import TextMentionTermination
+    from autogen_agentchat.teams import RoundRobinGroupChat
+
+    writer, editor = (
+        AssistantAgent(name, model_client=client(server), system_message=SOM_SYSTEMS[name])
+        for name in ("writer", "editor")
+    )
+    inner = RoundRobinGroupChat(
+        [writer, editor], termination_condition=TextMentionTermination("APPROVE")
+    )
+    som = SocietyOfMindAgent("society_of_mind", team=inner, model_client=client(server))
+    translator = AssistantAgent(
+        "translator", model_client=client(server), system_message=SOM_SYSTEMS["translator"]
+    )
+    await RoundRobinGroupChat([som, translator], max_turns=4).run(task=STORY)

@@ -16,12 +16,11 @@ from autogen_agentchat.agents import (
     MessageFilterAgent,
     MessageFilterConfig,
     PerSourceFilter,
-    SocietyOfMindAgent,
 )
-from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
+from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import StructuredMessage
 from autogen_agentchat.teams import DiGraphBuilder, GraphFlow, RoundRobinGroupChat
-from autogen_apps import client
+from autogen_apps import STORY, client, som_app, som_script
 from pydantic import BaseModel
 
 import ce.autogen
@@ -74,42 +73,11 @@ def _texts(messages: list[Message]) -> list[tuple[str, str | None, str]]:
 
 # -- SocietyOfMindAgent -------------------------------------------------------------------
 
-SOM_SYSTEMS = {
-    "writer": "You are a writer, write well.",
-    "editor": "You are an editor. Respond with 'APPROVE' when the text is good.",
-    "translator": "Translate the text to Spanish.",
-}
-STORY = "Write a short story with a surprising ending."
-
-
-def _som_script(body: dict[str, Any]) -> ScriptedResponse:
-    first = body["messages"][0]["content"] or ""
-    speaker = next((k for k, v in SOM_SYSTEMS.items() if v in first), "som")
-    n = len(body["messages"])
-    if speaker == "editor":
-        return ScriptedResponse(text=f"APPROVE (editor saw {n})")
-    return ScriptedResponse(text=f"{speaker}-says-{n}")
-
-
-async def _som_app(server: ScriptedOpenAIServer) -> None:
-    writer, editor = (
-        AssistantAgent(name, model_client=client(server), system_message=SOM_SYSTEMS[name])
-        for name in ("writer", "editor")
-    )
-    inner = RoundRobinGroupChat(
-        [writer, editor], termination_condition=TextMentionTermination("APPROVE")
-    )
-    som = SocietyOfMindAgent("society_of_mind", team=inner, model_client=client(server))
-    translator = AssistantAgent(
-        "translator", model_client=client(server), system_message=SOM_SYSTEMS["translator"]
-    )
-    await RoundRobinGroupChat([som, translator], max_turns=4).run(task=STORY)
-
 
 async def test_society_of_mind_inner_team_runs_nested_in_each_turn(
     engine: ContextEngine,
 ) -> None:
-    plain, requests = await _both(_som_script, _som_app, engine, "story")
+    plain, requests = await _both(som_script, som_app, engine, "story")
     assert len(requests) == len(plain) == 8  # two turns: writer, editor, summary, translator
     assert [_view(r) for r in requests] == [_view(r) for r in plain]
     translator = _view(requests[3])

@@ -16,11 +16,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from autogen_agentchat.agents import AssistantAgent, SocietyOfMindAgent
-from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
 from autogen_agentchat.tools import AgentTool
-from autogen_apps import client, wire
+from autogen_apps import SOM_SYSTEMS, STORY, client, som_app, som_script, wire
 from autogen_core import CancellationToken
 
 import ce.autogen
@@ -276,38 +276,6 @@ async def test_a_reset_inside_suppressed_clears_nothing(
     assert await agent.model_context.get_messages() == []
 
 
-SOM_SYSTEMS = {
-    "writer": "You are a writer, write well.",
-    "editor": "You are an editor. Respond with 'APPROVE' when the text is good.",
-    "translator": "Translate the text to Spanish.",
-}
-STORY = "Write a short story with a surprising ending."
-
-
-def _som_script(body: dict[str, Any]) -> ScriptedResponse:
-    first = body["messages"][0]["content"] or ""
-    speaker = next((k for k, v in SOM_SYSTEMS.items() if v in first), "som")
-    n = len(body["messages"])
-    if speaker == "editor":
-        return ScriptedResponse(text=f"APPROVE (editor saw {n})")
-    return ScriptedResponse(text=f"{speaker}-says-{n}")
-
-
-async def _som_team(server: ScriptedOpenAIServer) -> None:
-    writer, editor = (
-        AssistantAgent(name, model_client=client(server), system_message=SOM_SYSTEMS[name])
-        for name in ("writer", "editor")
-    )
-    inner = RoundRobinGroupChat(
-        [writer, editor], termination_condition=TextMentionTermination("APPROVE")
-    )
-    som = SocietyOfMindAgent("society_of_mind", team=inner, model_client=client(server))
-    translator = AssistantAgent(
-        "translator", model_client=client(server), system_message=SOM_SYSTEMS["translator"]
-    )
-    await RoundRobinGroupChat([som, translator], max_turns=4).run(task=STORY)
-
-
 def _view(request: dict[str, Any]) -> list[tuple[str, str | None, str]]:
     return [
         (m["role"], m.get("name"), m.get("content") or "")
@@ -324,14 +292,14 @@ async def test_society_of_mind_inner_resets_clear_only_their_own_turn(
     AutoGen's); a new process continuing the named session (whose turns count from
     ``<name>`` again) gives the inner team none of the earlier process's inner
     conversation."""
-    with ScriptedOpenAIServer(_som_script) as server:
-        await _som_team(server)
+    with ScriptedOpenAIServer(som_script) as server:
+        await som_app(server)
         plain = server.requests
     clears = _clears(engine, monkeypatch)
-    with ScriptedOpenAIServer(_som_script) as server:
+    with ScriptedOpenAIServer(som_script) as server:
         ce.autogen.install(engine)
         with engine.session("story"):
-            await _som_team(server)
+            await som_app(server)
         ce.autogen.uninstall()
         requests = server.requests
         assert [_view(r) for r in requests] == [_view(r) for r in plain]
@@ -341,13 +309,21 @@ async def test_society_of_mind_inner_resets_clear_only_their_own_turn(
         later = ContextEngine(engine.store, config=RuntimeConfig(model_hint="gpt-4o"))
         ce.autogen.install(later)
         with later.session("story"):
-            await _som_team(server)
+            await som_app(server)
         fresh = server.requests[len(requests) :]
     inner = [r for r in fresh if SOM_SYSTEMS["writer"] in (r["messages"][0]["content"] or "")]
     # the first turn's writer gets the task once, nothing of the earlier process's turn
     assert _view(inner[0]) == [("user", "user", STORY)]
     assert clears == ["story/society_of_mind", "story/society_of_mind~2"]  # never "story"
     await later.close()
+
+
+def _alice(kind: str, server: ScriptedOpenAIServer) -> Any:
+    """Alice alone (``kind == "agent"``) or as a team of one (``"team"``)."""
+    agent = AssistantAgent("alice", model_client=client(server), system_message=SYSTEMS["alice"])
+    if kind == "agent":
+        return agent
+    return RoundRobinGroupChat([agent], termination_condition=MaxMessageTermination(2))
 
 
 @pytest.mark.parametrize("kind", ["agent", "team"])
@@ -359,16 +335,8 @@ async def test_a_state_saved_after_a_reset_resumes_in_the_same_session(
     request is the one plain AutoGen sends (the resumed one holds the second task and its
     reply, nothing of the first)."""
 
-    def runner(server: ScriptedOpenAIServer) -> Any:
-        agent = AssistantAgent(
-            "alice", model_client=client(server), system_message=SYSTEMS["alice"]
-        )
-        if kind == "agent":
-            return agent
-        return RoundRobinGroupChat([agent], termination_condition=MaxMessageTermination(2))
-
     async def app(server: ScriptedOpenAIServer) -> None:
-        first = runner(server)
+        first = _alice(kind, server)
         await first.run(task=FIRST)
         if kind == "team":
             await first.reset()
@@ -376,7 +344,7 @@ async def test_a_state_saved_after_a_reset_resumes_in_the_same_session(
             await first.on_reset(CancellationToken())
         await first.run(task=SECOND)
         state = await first.save_state()
-        resumed = runner(server)
+        resumed = _alice(kind, server)
         await resumed.load_state(state)
         await resumed.run(task="Plan a trip to Bergen.")
 
@@ -428,16 +396,8 @@ async def test_a_state_saved_before_a_reset_and_loaded_after_it_is_sent_again(
     and a second task, all in one session: the second task's request holds the restored
     conversation, as plain AutoGen sends it (what the app passes after a clear is new)."""
 
-    def runner(server: ScriptedOpenAIServer) -> Any:
-        agent = AssistantAgent(
-            "alice", model_client=client(server), system_message=SYSTEMS["alice"]
-        )
-        if kind == "agent":
-            return agent
-        return RoundRobinGroupChat([agent], termination_condition=MaxMessageTermination(2))
-
     async def app(server: ScriptedOpenAIServer) -> None:
-        runs = runner(server)
+        runs = _alice(kind, server)
         await runs.run(task=FIRST)
         state = await runs.save_state()
         if kind == "team":

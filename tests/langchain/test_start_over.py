@@ -9,6 +9,8 @@ Driven over langchain-openai's ``ChatOpenAI`` on the scripted OpenAI-compatible 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -53,6 +55,18 @@ def _graph(llm: ChatOpenAI, path: str, reset_at: int | None = None) -> Any:
     return graph.compile(checkpointer=InMemorySaver())
 
 
+@contextmanager
+def _installed(
+    engine: ContextEngine, path: str, reset_at: int | None = None
+) -> Iterator[tuple[Any, ScriptedOpenAIServer]]:
+    """The graph of :func:`_graph` on the scripted server, the plugin installed."""
+    with ScriptedOpenAIServer(_script) as server:
+        llm = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="k", max_retries=0)
+        graph = _graph(llm, path, reset_at)
+        ce.langchain.install(engine)
+        yield graph, server
+
+
 def _sent(server: ScriptedOpenAIServer) -> list[list[str]]:
     return [[str(m["content"]) for m in r["messages"]] for r in server.requests]
 
@@ -68,10 +82,7 @@ async def _update(graph: Any, config: Any, values: Any, path: str) -> None:
 async def test_a_thread_cleared_with_update_state_starts_over(
     engine: ContextEngine, path: str
 ) -> None:
-    with ScriptedOpenAIServer(_script) as server:
-        llm = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="k", max_retries=0)
-        graph = _graph(llm, path)
-        ce.langchain.install(engine)
+    with _installed(engine, path) as (graph, server):
         mine, other = {"configurable": {"thread_id": "t"}}, {"configurable": {"thread_id": "u"}}
         await ask_graph(graph, ("secret q1", "q2"), mine, path)
         await ask_graph(graph, ("other q1",), other, path)
@@ -92,10 +103,7 @@ async def test_a_thread_cleared_with_update_state_starts_over(
 async def test_an_update_keeping_the_newest_messages_cuts_the_older_ones(
     engine: ContextEngine, path: str
 ) -> None:
-    with ScriptedOpenAIServer(_script) as server:
-        llm = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="k", max_retries=0)
-        graph = _graph(llm, path)
-        ce.langchain.install(engine)
+    with _installed(engine, path) as (graph, server):
         config = {"configurable": {"thread_id": "t"}}
         await ask_graph(graph, ("q1", "q2"), config, path)
         state: list[BaseMessage] = graph.get_state(config).values["messages"]
@@ -110,10 +118,8 @@ async def test_an_update_keeping_the_newest_messages_cuts_the_older_ones(
 async def test_a_node_that_removes_every_message_starts_the_thread_over(
     engine: ContextEngine, path: str
 ) -> None:
-    with ScriptedOpenAIServer(_script) as server:
-        llm = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="k", max_retries=0)
-        graph = _graph(llm, path, reset_at=4)  # the second turn's run ends with a reset
-        ce.langchain.install(engine)
+    # the second turn's run ends with a reset
+    with _installed(engine, path, reset_at=4) as (graph, server):
         await ask_graph(graph, ("q1", "q2", "q3"), {"configurable": {"thread_id": "t"}}, path)
         sent = _sent(server)
     assert sent[-1] == ["q3"]  # nothing of the turns before the reset, its own run's included
@@ -122,10 +128,7 @@ async def test_a_node_that_removes_every_message_starts_the_thread_over(
 async def test_a_named_session_is_cleared_by_an_update_of_its_config(
     engine: ContextEngine,
 ) -> None:
-    with ScriptedOpenAIServer(_script) as server:
-        llm = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="k", max_retries=0)
-        graph = _graph(llm, "invoke")
-        ce.langchain.install(engine)
+    with _installed(engine, "invoke") as (graph, server):
         config = {"configurable": {"thread_id": "t"}, "metadata": {"ce_session_id": "user-7"}}
         await ask_graph(graph, ("secret q1",), config, "invoke")
         graph.update_state(config, REMOVE_ALL)
