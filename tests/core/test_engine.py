@@ -1447,3 +1447,19 @@ async def test_record_messages_skips_stored_ids_and_refuses_other_messages() -> 
             await engine.record_messages("s", [wrong])
     assert engine.sync.record_messages("s2", [question]).success
     assert [m.content for m in engine.sync.get_session("s2").session.messages] == ["q"]
+
+
+async def test_evidence_of_the_wrong_types_is_refused_with_the_argument_named() -> None:
+    engine = ContextEngine(MemoryStore(), config=RuntimeConfig(model_hint="gpt-4o"))
+    await engine.prepare_turn("s", "what is in the handbook?")
+    source = EvidenceSource(kind=SourceKind.RAG, uri="kb://handbook")
+
+    with pytest.raises(InvariantViolationError, match=r"source must be EvidenceSource, got str"):
+        await engine.ingest_evidence("s", "text", "kb://handbook", EvidenceType.RAG_DOC)  # type: ignore[arg-type]
+    with pytest.raises(InvariantViolationError, match="evidence_type must be EvidenceType"):
+        engine.sync.ingest_evidence("s", "text", source, "rag_doc")  # type: ignore[arg-type]
+    with pytest.raises(InvariantViolationError, match="content must be str, got bytes"):
+        await engine.ingest_evidence("s", b"text", source, EvidenceType.RAG_DOC)  # type: ignore[arg-type]
+
+    assert (await engine.get_session("s")).evidences == {}  # nothing stored
+    await engine.close()

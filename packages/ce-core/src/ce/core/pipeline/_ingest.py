@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ce.core.errors import RedactionError
+from ce.core.errors import InvariantViolationError, RedactionError
 from ce.core.primitives import Clock, Hasher, IdGenerator
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
@@ -79,6 +79,7 @@ class EvidenceIngestor:
         metadata: dict[str, Any] | None = None,
         options: IngestOptions | None = None,
     ) -> PreparedEvidence:
+        _check_input(content, source, evidence_type)
         opts = options or IngestOptions()
         meta = dict(metadata or {})
         degradations: list[tuple[str, str]] = []
@@ -155,3 +156,20 @@ class EvidenceIngestor:
             created_at=self._clock.now_iso(),
         )
         return PreparedEvidence(evidence, key, original, redaction, degradations)
+
+
+def _check_input(content: object, source: object, evidence_type: object) -> None:
+    """Raise :class:`InvariantViolationError` naming the argument of an evidence that is not
+    of its type (a URL string passed as the source, say), before anything is stored."""
+    wrong = [
+        f"{name} must be {kind.__name__}, got {type(value).__name__} {value!r:.60}"
+        for name, value, kind in (
+            ("content", content, str),
+            ("source", source, EvidenceSource),
+            ("evidence_type", evidence_type, EvidenceType),
+        )
+        if not isinstance(value, kind)
+    ]
+    if wrong:
+        hint = "" if isinstance(source, EvidenceSource) else " (EvidenceSource(kind=..., uri=...))"
+        raise InvariantViolationError("; ".join(wrong) + hint)
