@@ -9,18 +9,20 @@ Driven over langchain-openai's ``ChatOpenAI`` on the scripted OpenAI-compatible 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from langchain_core.chat_history import InMemoryChatMessageHistory
 from langchain_core.messages import BaseMessage, RemoveMessage
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.pregel import Pregel
-from scripted import ask_graph
+from scripted import ask_graph, history_chain, replies, texts, user_texts
 
 import ce.langchain
 from ce.core.engine import ContextEngine
@@ -147,3 +149,50 @@ def test_uninstall_puts_langgraphs_state_updates_back(engine: ContextEngine) -> 
     assert (Pregel.__dict__["bulk_update_state"], Pregel.__dict__["abulk_update_state"]) == (
         originals
     )
+
+
+# -- RunnableWithMessageHistory: the app clears a user's history --------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # still shipped, deprecated
+@pytest.mark.parametrize("path", ["invoke", "ainvoke"])
+async def test_a_cleared_message_history_starts_its_session_over(
+    engine: ContextEngine, path: str
+) -> None:
+    model = replies("Hello Alice.", "Hello Bob.", "Hi again.", "Bob, ZEBRA.")
+    histories: dict[str, InMemoryChatMessageHistory] = {}
+    chain = history_chain(model, histories)
+    ce.langchain.install(engine)
+
+    async def ask(question: str, user: str) -> None:
+        config = {"configurable": {"session_id": user}}
+        if path == "invoke":
+            await asyncio.to_thread(chain.invoke, {"question": question}, config)
+        else:
+            await chain.ainvoke({"question": question}, config)
+
+    await ask("I am Alice, my word is ALPACA.", "alice")
+    await ask("I am Bob, my word is ZEBRA.", "bob")
+    if path == "invoke":
+        histories["alice"].clear()
+    else:
+        await histories["alice"].aclear()
+    await ask("Who am I?", "alice")
+    await ask("What is my word?", "bob")
+
+    after_clear, bobs = (texts(seen) for seen in model.seen[2:])
+    assert "ALPACA" not in after_clear and "Hello Alice." not in after_clear
+    assert "Who am I?" in after_clear
+    assert "ZEBRA" in bobs and "Hello Bob." in bobs  # the other user's history goes on
+    assert "I am Alice, my word is ALPACA." in await user_texts(engine, "alice")  # stored
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+async def test_uninstall_puts_a_used_history_classs_clear_back(engine: ContextEngine) -> None:
+    originals = (InMemoryChatMessageHistory.clear, InMemoryChatMessageHistory.aclear)
+    chain = history_chain(replies("ok"), {})
+    ce.langchain.install(engine)
+    await chain.ainvoke({"question": "hi"}, {"configurable": {"session_id": "u"}})
+    assert InMemoryChatMessageHistory.clear is not originals[0]  # wrapped once a run used it
+    ce.langchain.uninstall()
+    assert (InMemoryChatMessageHistory.clear, InMemoryChatMessageHistory.aclear) == originals

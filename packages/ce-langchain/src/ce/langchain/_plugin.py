@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ce.core.config import RuntimeConfig
     from ce.core.engine import ContextEngine
     from ce.langchain._inject import ToolOutcomes
+    from ce.langchain._record import HistoryClears
     from ce.langchain._scopes import ScopeTracker
 
 __all__ = ["LangChainPlugin", "install", "middleware", "uninstall", "wrap"]
@@ -52,6 +53,8 @@ class LangChainPlugin(Plugin):
     """The runs in flight and their scopes (while installed)."""
     outcomes: ToolOutcomes
     """The tool calls whose outcome is recorded, by session (while installed)."""
+    history_clears: HistoryClears
+    """The message histories runs used, whose clear clears their session (while installed)."""
 
     def _install(self, *, patch: bool = True, **options: Any) -> None:
         if options:
@@ -63,7 +66,7 @@ class LangChainPlugin(Plugin):
 
         from ce.langchain._inject import ToolOutcomes
         from ce.langchain._patch import make_ainvoke, make_astream, make_convert_input
-        from ce.langchain._record import RecordingHandler
+        from ce.langchain._record import HistoryClears, RecordingHandler
         from ce.langchain._scopes import (
             ScopeTracker,
             make_history_merge,
@@ -78,7 +81,13 @@ class LangChainPlugin(Plugin):
         # The conversation a RunnableWithMessageHistory's history_factory_config keys name,
         # and the tool_call_id of a starting tool run (older langchain-core does not pass it
         # to on_tool_start): both needed to scope the calls under them.
-        self.ledger.wrap(RunnableWithMessageHistory, "_merge_configs", make_history_merge)
+        self.history_clears = HistoryClears(self)  # a cleared history clears its session
+        self.ledger.register(self.history_clears.clear, "message histories and their sessions")
+        self.ledger.wrap(
+            RunnableWithMessageHistory,
+            "_merge_configs",
+            make_history_merge(self.history_clears.seen),
+        )
         self.ledger.wrap(BaseTool, "run", make_tool_run)
         self.ledger.wrap(BaseTool, "arun", make_tool_arun)
         try:  # LangGraph is optional

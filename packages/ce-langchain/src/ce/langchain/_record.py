@@ -10,6 +10,8 @@ which decides the session of each call (see :mod:`ce.langchain._scopes`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import sys
 import threading
@@ -26,6 +28,7 @@ from langchain_core.outputs import ChatGeneration, LLMResult
 
 from ce.core.integration import (
     ModelCall,
+    ObjectSessions,
     Recorder,
     RetrievalHit,
     ToolRun,
@@ -56,7 +59,9 @@ if TYPE_CHECKING:
     from ce.langchain._plugin import LangChainPlugin
 
 __all__ = [
+    "HistoryClears",
     "RecordingHandler",
+    "config_session",
     "history_removal",
     "make_abulk_update_state",
     "make_bulk_update_state",
@@ -251,11 +256,11 @@ def history_removal(
     )
 
 
-def _update_session(plugin: LangChainPlugin, config: Any) -> str | None:
-    """The session a LangGraph state update of the thread ``config`` names belongs to: the
-    one a run with that config is scoped to (``ce_session_id``, ``engine.session()``, the
-    ``thread_id``, the ``install()`` session); ``None`` for an update of a subgraph's state
-    (a ``checkpoint_ns``) or of a config that names no conversation."""
+def config_session(plugin: LangChainPlugin, config: Any) -> str | None:
+    """The session a run with ``config`` is scoped to (``ce_session_id``,
+    ``engine.session()``, the LangGraph ``thread_id`` or the ``RunnableWithMessageHistory``
+    conversation, the ``install()`` session); ``None`` for a config of a subgraph's state (a
+    ``checkpoint_ns``) or one that names no conversation (a run of its own)."""
     if not isinstance(config, Mapping):
         return None
     configurable = config.get("configurable") or {}
@@ -298,7 +303,7 @@ def make_bulk_update_state(plugin: LangChainPlugin) -> Callable[[Any], Any]:
             self: Any, config: Any, supersteps: Any, *args: Any, **kw: Any
         ) -> Any:
             values = _update_values(supersteps)
-            session = _update_session(plugin, config) if _removes(values) else None
+            session = config_session(plugin, config) if _removes(values) else None
             state = _thread_messages(self.get_state, config) if session else None
             result = original(self, config, supersteps, *args, **kw)
             removal = history_removal(state, values) if session and state else None
@@ -321,7 +326,7 @@ def make_abulk_update_state(plugin: LangChainPlugin) -> Callable[[Any], Any]:
             self: Any, config: Any, supersteps: Any, *args: Any, **kw: Any
         ) -> Any:
             values = _update_values(supersteps)
-            session = _update_session(plugin, config) if _removes(values) else None
+            session = config_session(plugin, config) if _removes(values) else None
             state = None
             if session:
                 try:
@@ -341,6 +346,91 @@ def make_abulk_update_state(plugin: LangChainPlugin) -> Callable[[Any], Any]:
         return abulk_update_state
 
     return factory
+
+
+class HistoryClears:
+    """A ``RunnableWithMessageHistory`` app clears a conversation's history to start it over
+    (``history.clear()`` / ``aclear()``): the session that conversation's runs were recorded
+    in is cleared too (:meth:`~ce.core.engine.ContextEngine.clear_history`), so its next call
+    starts from what the history then holds. LangChain has no hook for it: the ``clear`` /
+    ``aclear`` of each history class a run uses are wrapped through the ledger the first
+    time a run uses one (:meth:`seen`, called as the run merges its config), and each
+    history object's sessions are remembered weakly (:class:`ObjectSessions`): a history no
+    run used clears nothing, and one user's clear never touches another's session."""
+
+    def __init__(self, plugin: LangChainPlugin) -> None:
+        self.plugin = plugin
+        self.used = ObjectSessions()
+        self._wrapped: set[tuple[type, str]] = set()
+        self._lock = threading.Lock()
+
+    def seen(self, history: Any, config: Any) -> None:
+        """A run is about to use ``history`` with ``config`` (merged by
+        ``RunnableWithMessageHistory``)."""
+        session_id = config_session(self.plugin, config)
+        if session_id is None or not self.plugin.installed:
+            return
+        with contextlib.suppress(TypeError):  # a history that cannot be held weakly
+            self.used.note(history, session_id)
+        self._wrap(type(history))
+
+    def _wrap(self, cls: type) -> None:
+        from langchain_core.chat_history import BaseChatMessageHistory
+
+        for name, make in (("clear", self._make_clear), ("aclear", self._make_aclear)):
+            owner = next((c for c in cls.__mro__ if name in vars(c)), None)
+            # the base class's aclear runs clear in an executor: that clear is wrapped
+            if owner is None or owner is BaseChatMessageHistory:
+                continue
+            with self._lock:
+                if (owner, name) in self._wrapped:
+                    continue
+                self._wrapped.add((owner, name))
+                self.plugin.ledger.wrap(owner, name, make)
+
+    def _make_clear(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        clears = self
+
+        def clear(history: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(history, *args, **kwargs)
+            for session_id in clears.used.take(history) or ():
+                if clears.plugin.installed:
+                    record_sync(clears.plugin, session_id, _CLEAR, _clear_history)
+            return result
+
+        clear.__wrapped__ = original  # type: ignore[attr-defined]
+        return clear
+
+    def _make_aclear(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        clears = self
+
+        async def aclear(history: Any, *args: Any, **kwargs: Any) -> Any:
+            result = await original(history, *args, **kwargs)
+            for session_id in clears.used.take(history) or ():
+                if clears.plugin.installed:
+                    recorder = Recorder(clears.plugin.engine, session_id)
+                    await guarded(
+                        clears.plugin,
+                        functools.partial(_clear_history, recorder),
+                        session_id=session_id,
+                        what=_CLEAR,
+                    )
+            return result
+
+        aclear.__wrapped__ = original  # type: ignore[attr-defined]
+        return aclear
+
+    def clear(self) -> None:
+        with self._lock:
+            self._wrapped.clear()
+        self.used.clear()
+
+
+_CLEAR = "clear history"
+
+
+def _clear_history(recorder: Recorder) -> Coroutine[Any, Any, Any]:
+    return recorder.clear_history()
 
 
 def _thread_messages(get_state: Callable[[Any], Any], config: Any) -> list[Any] | None:

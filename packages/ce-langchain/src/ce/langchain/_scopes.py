@@ -36,6 +36,7 @@ tracker, so one call is assembled from and recorded into one session.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections import OrderedDict
@@ -74,6 +75,8 @@ __all__ = [
     "set_blocking",
     "tool_call_in_flight",
 ]
+
+logger = logging.getLogger(__name__)
 
 HISTORY_KEY = "ce_history_session"
 """Metadata the plugin adds to a ``RunnableWithMessageHistory`` run: the conversation its
@@ -502,13 +505,23 @@ def messages_key(messages: Sequence[object]) -> tuple[str, tuple[int, ...]]:
 
 
 def make_history_merge(
-    original: Callable[..., Any],
-) -> Callable[..., Any]:
-    """The replacement of ``RunnableWithMessageHistory._merge_configs``: the merged config's
-    metadata also names the conversation its ``history_factory_config`` keys select
-    (:data:`HISTORY_KEY`), so custom keys (``user_id`` + ``conversation_id``) scope the run
-    like ``session_id`` does. Never raises more than the original does."""
+    on_history: Callable[[Any, Any], None],
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ledger's replacement factory for ``RunnableWithMessageHistory._merge_configs``: the
+    merged config's metadata also names the conversation its ``history_factory_config`` keys
+    select (:data:`HISTORY_KEY`), so custom keys (``user_id`` + ``conversation_id``) scope the
+    run like ``session_id`` does; then ``on_history(history, config)`` is told of the message
+    history the run uses. Never raises more than the original does."""
 
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        return _history_merge(original, on_history)
+
+    return factory
+
+
+def _history_merge(
+    original: Callable[..., Any], on_history: Callable[[Any, Any], None]
+) -> Callable[..., Any]:
     def _merge_configs(self: Any, *configs: Any) -> Any:
         config = original(self, *configs)
         try:
@@ -524,6 +537,12 @@ def make_history_merge(
                 config["metadata"] = {**(config.get("metadata") or {}), HISTORY_KEY: identity}
         except Exception:  # an unexpected history_factory_config: no identity, run scope
             pass
+        history = (config.get("configurable") or {}).get("message_history")
+        if history is not None:
+            try:
+                on_history(history, config)
+            except Exception:  # noting it is the plugin's own bookkeeping: never the app's error
+                logger.debug("could not note the message history of a run", exc_info=True)
         return config
 
     _merge_configs.__wrapped__ = original  # type: ignore[attr-defined]
