@@ -196,3 +196,37 @@ async def test_uninstall_puts_a_used_history_classs_clear_back(engine: ContextEn
     assert InMemoryChatMessageHistory.clear is not originals[0]  # wrapped once a run used it
     ce.langchain.uninstall()
     assert (InMemoryChatMessageHistory.clear, InMemoryChatMessageHistory.aclear) == originals
+
+
+@pytest.mark.parametrize("path", ["invoke", "ainvoke"])
+async def test_a_thread_deleted_and_used_again_starts_over(
+    engine: ContextEngine, path: str
+) -> None:
+    with _installed(engine, path) as (graph, server):
+        mine, other = {"configurable": {"thread_id": "t"}}, {"configurable": {"thread_id": "u"}}
+        await ask_graph(graph, ("secret q1",), mine, path)
+        await ask_graph(graph, ("other q1",), other, path)
+        if path == "invoke":
+            graph.checkpointer.delete_thread("t")
+        else:
+            await graph.checkpointer.adelete_thread("t")
+        await ask_graph(graph, ("fresh q",), mine, path)
+        await ask_graph(graph, ("other q2",), other, path)
+        sent = _sent(server)
+    assert sent[-2] == ["fresh q"]
+    assert sent[-1] == ["other q1", "ANSWER to other q1", "other q2"]
+
+
+def test_uninstall_puts_the_checkpointers_deletes_back(engine: ContextEngine) -> None:
+    originals = (InMemorySaver.delete_thread, InMemorySaver.adelete_thread)
+    ce.langchain.install(engine)
+    assert InMemorySaver.delete_thread is not originals[0]
+
+    class OwnSaver(InMemorySaver):  # a saver defined after install is covered too
+        def delete_thread(self, thread_id: str) -> None:
+            super().delete_thread(thread_id)
+
+    assert getattr(OwnSaver.delete_thread, "__wrapped__", None) is not None
+    ce.langchain.uninstall()
+    assert (InMemorySaver.delete_thread, InMemorySaver.adelete_thread) == originals
+    assert getattr(OwnSaver.delete_thread, "__wrapped__", None) is None

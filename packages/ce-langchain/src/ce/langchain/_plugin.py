@@ -91,16 +91,34 @@ class LangChainPlugin(Plugin):
         self.ledger.wrap(BaseTool, "run", make_tool_run)
         self.ledger.wrap(BaseTool, "arun", make_tool_arun)
         try:  # LangGraph is optional
+            from langgraph.checkpoint.base import BaseCheckpointSaver
             from langgraph.pregel import Pregel
         except ImportError:
             pass
         else:
-            # An app's state update that removes a thread's messages (its way to start the
-            # thread over): LangGraph runs no callback for it.
-            from ce.langchain._record import make_abulk_update_state, make_bulk_update_state
+            # An app's state update that removes a thread's messages, and a checkpointer's
+            # deletion of a thread (the app's ways to start a thread over): LangGraph runs no
+            # callback for either, and each saver class implements its own deletion.
+            from ce.langchain._record import (
+                make_abulk_update_state,
+                make_adelete_thread,
+                make_bulk_update_state,
+                make_delete_thread,
+            )
 
             self.ledger.wrap(Pregel, "bulk_update_state", make_bulk_update_state(self))
             self.ledger.wrap(Pregel, "abulk_update_state", make_abulk_update_state(self))
+            deletes = (
+                ("delete_thread", make_delete_thread(self)),
+                ("adelete_thread", make_adelete_thread(self)),
+            )
+
+            def wrap_deletes(saver: type) -> None:
+                for name, make in deletes:
+                    if name in vars(saver):
+                        self.ledger.wrap(saver, name, make)
+
+            self.ledger.for_subclasses(BaseCheckpointSaver, wrap_deletes)
         handler = RecordingHandler(self, self.tracker)
         # A ContextVar with a default: every thread and task sees the handler, no set() needed.
         var: ContextVar[Any] = ContextVar("ce_langchain_handler", default=handler)

@@ -34,6 +34,7 @@ from ce.core.integration import (
     ToolRun,
     error_text,
     guarded,
+    is_suppressed,
     openai_to_messages,
     record_sync,
     resolve_scope,
@@ -64,7 +65,9 @@ __all__ = [
     "config_session",
     "history_removal",
     "make_abulk_update_state",
+    "make_adelete_thread",
     "make_bulk_update_state",
+    "make_delete_thread",
     "removed_prefix",
 ]
 
@@ -346,6 +349,57 @@ def make_abulk_update_state(plugin: LangChainPlugin) -> Callable[[Any], Any]:
         return abulk_update_state
 
     return factory
+
+
+def make_delete_thread(plugin: LangChainPlugin) -> Callable[[Any], Any]:
+    """The ledger's replacement factory for a LangGraph checkpointer's ``delete_thread``
+    (each saver class implements its own; see the plugin's install): once the thread's
+    checkpoints are deleted, the session a run of that thread is scoped to is cleared
+    (:meth:`~ce.core.engine.ContextEngine.clear_history`), so the thread id used again starts
+    a new conversation, as it does in LangGraph. Written through the session's write queue."""
+
+    def factory(original: Any) -> Any:
+        def delete_thread(self: Any, thread_id: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, thread_id, *args, **kwargs)
+            session_id = _thread_session(plugin, thread_id)
+            if session_id is not None:
+                record_sync(plugin, session_id, _CLEAR, _clear_history)
+            return result
+
+        delete_thread.__wrapped__ = original  # type: ignore[attr-defined]
+        return delete_thread
+
+    return factory
+
+
+def make_adelete_thread(plugin: LangChainPlugin) -> Callable[[Any], Any]:
+    """The coroutine twin of :func:`make_delete_thread` for ``adelete_thread`` (the engine
+    awaited on the caller's loop)."""
+
+    def factory(original: Any) -> Any:
+        async def adelete_thread(self: Any, thread_id: Any, *args: Any, **kwargs: Any) -> Any:
+            result = await original(self, thread_id, *args, **kwargs)
+            session_id = _thread_session(plugin, thread_id)
+            if session_id is not None:
+                recorder = Recorder(plugin.engine, session_id)
+                await guarded(
+                    plugin,
+                    functools.partial(_clear_history, recorder),
+                    session_id=session_id,
+                    what=_CLEAR,
+                )
+            return result
+
+        adelete_thread.__wrapped__ = original  # type: ignore[attr-defined]
+        return adelete_thread
+
+    return factory
+
+
+def _thread_session(plugin: LangChainPlugin, thread_id: Any) -> str | None:
+    if not plugin.installed or is_suppressed():
+        return None
+    return config_session(plugin, {"configurable": {"thread_id": thread_id}})
 
 
 class HistoryClears:
