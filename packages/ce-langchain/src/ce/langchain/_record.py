@@ -11,7 +11,6 @@ which decides the session of each call (see :mod:`ce.langchain._scopes`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import sys
 import threading
@@ -33,9 +32,9 @@ from ce.core.integration import (
     RetrievalHit,
     ToolRun,
     error_text,
-    guarded,
     is_suppressed,
     openai_to_messages,
+    record_awaited,
     record_sync,
     resolve_scope,
 )
@@ -339,10 +338,8 @@ def make_abulk_update_state(plugin: LangChainPlugin) -> Callable[[Any], Any]:
                     state = None
             result = await original(self, config, supersteps, *args, **kw)
             removal = history_removal(state, values) if session and state else None
-            if session and removal is not None and plugin.installed:
-                what, write = removal
-                recorder = Recorder(plugin.engine, session)
-                await guarded(plugin, lambda: write(recorder), session_id=session, what=what)
+            if session and removal is not None:
+                await record_awaited(plugin, session, *removal)
             return result
 
         abulk_update_state.__wrapped__ = original  # type: ignore[attr-defined]
@@ -381,13 +378,7 @@ def make_adelete_thread(plugin: LangChainPlugin) -> Callable[[Any], Any]:
             result = await original(self, thread_id, *args, **kwargs)
             session_id = _thread_session(plugin, thread_id)
             if session_id is not None:
-                recorder = Recorder(plugin.engine, session_id)
-                await guarded(
-                    plugin,
-                    functools.partial(_clear_history, recorder),
-                    session_id=session_id,
-                    what=_CLEAR,
-                )
+                await record_awaited(plugin, session_id, _CLEAR, _clear_history)
             return result
 
         adelete_thread.__wrapped__ = original  # type: ignore[attr-defined]
@@ -461,14 +452,7 @@ class HistoryClears:
         async def aclear(history: Any, *args: Any, **kwargs: Any) -> Any:
             result = await original(history, *args, **kwargs)
             for session_id in clears.used.take(history) or ():
-                if clears.plugin.installed:
-                    recorder = Recorder(clears.plugin.engine, session_id)
-                    await guarded(
-                        clears.plugin,
-                        functools.partial(_clear_history, recorder),
-                        session_id=session_id,
-                        what=_CLEAR,
-                    )
+                await record_awaited(clears.plugin, session_id, _CLEAR, _clear_history)
             return result
 
         aclear.__wrapped__ = original  # type: ignore[attr-defined]
