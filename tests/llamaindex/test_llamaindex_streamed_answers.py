@@ -11,6 +11,7 @@ OpenAI server, each user in a named session (the memory's ``chat_store_key``),
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ from ce.core.engine import ContextEngine
 from ce.core.schema import Role
 from ce.core.stores import MemoryStore
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.llamaindex._scopes import ChatTurn
 
 KINDS = ("simple", "context", "condense-plus-context")
 USERS = ("alice", "bob")
@@ -133,3 +135,33 @@ async def test_a_streamed_answer_reaches_the_next_turn_once(
         stored = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
         assert len(stored) == 3 and len(set(stored)) == 3  # each answer once
     await engine.close()
+
+
+def test_a_streamed_response_freed_while_the_tracker_is_locked_never_deadlocks() -> None:
+    """A streamed response the app drops is forgotten by a weakref callback, which the
+    collector may run inside any block of the plugin's: it must not wait for the tracker's
+    (non-reentrant) lock, held by that block."""
+
+    class Response:
+        pass
+
+    plugin = ce.llamaindex.install(ContextEngine(MemoryStore()))
+    tracker = plugin.tracker
+    done = threading.Event()
+
+    def drop_inside_the_lock() -> None:
+        held = [Response()]
+        tracker.stream_turn(held[0], ChatTurn("chat-1", "question", "s"))
+        with tracker.lock:
+            held.clear()  # the last reference: the callback runs here, inside the lock
+        done.set()
+
+    worker = threading.Thread(target=drop_inside_the_lock, daemon=True)
+    worker.start()
+    worker.join(10)  # a deadlock never returns: give up on it after a while
+    deadlocked = not done.is_set()
+    if deadlocked:  # the stuck worker holds the lock for good: let uninstall() take another
+        tracker.lock = threading.Lock()
+    ce.llamaindex.uninstall()
+    assert not deadlocked
+    assert tracker._streamed == {}

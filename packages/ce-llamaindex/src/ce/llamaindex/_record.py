@@ -327,11 +327,13 @@ class Tracker:
             return
         key = id(response)
 
-        def gone(_: weakref.ref[Any]) -> None:
-            with self.lock:
-                held = self._streamed.get(key)
-                if held is not None and held[0]() is None:
-                    del self._streamed[key]
+        def gone(ref: weakref.ref[Any]) -> None:
+            # no lock: the collector may run this inside a block that holds it (a
+            # non-reentrant lock would never be granted); it runs while the response is
+            # freed, before another object can get its id
+            held = self._streamed.get(key)
+            if held is not None and held[0] is ref:
+                self._streamed.pop(key, None)
 
         with self.lock:
             self._streamed[key] = (weakref.ref(response, gone), turn)
