@@ -34,6 +34,31 @@ def outer_agent(server: ScriptedOpenAIServer, tool: Any) -> Any:
     )
 
 
+def expert_and_planner(
+    server: ScriptedOpenAIServer, expert_system: str, planner_system: str | None = None
+) -> tuple[Any, Any]:
+    """An ``expert`` agent (``expert_system``) and a ``planner`` that calls it as an
+    ``AgentTool`` and reflects on its answer."""
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.tools import AgentTool
+
+    expert = AssistantAgent(
+        "expert",
+        model_client=client(server),
+        system_message=expert_system,
+        description="An expert.",
+    )
+    kwargs = {} if planner_system is None else {"system_message": planner_system}
+    planner = AssistantAgent(
+        "planner",
+        model_client=client(server),
+        tools=[AgentTool(expert)],
+        reflect_on_tool_use=True,
+        **kwargs,
+    )
+    return expert, planner
+
+
 def wire(request: dict[str, Any]) -> str:
     """A request body as the text that went over the wire."""
     return json.dumps(request)

@@ -19,8 +19,7 @@ import pytest
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
-from autogen_agentchat.tools import AgentTool
-from autogen_apps import SOM_SYSTEMS, STORY, client, som_app, som_script, wire
+from autogen_apps import SOM_SYSTEMS, STORY, client, expert_and_planner, som_app, som_script, wire
 from autogen_core import CancellationToken
 
 import ce.autogen
@@ -233,18 +232,7 @@ async def test_an_agent_tools_reset_clears_its_child_scope_only(
         return ScriptedResponse(text="plain-answer")
 
     with ScriptedOpenAIServer(script) as server:
-        expert = AssistantAgent(
-            "expert",
-            model_client=client(server),
-            system_message=inner_system,
-            description="An expert.",
-        )
-        outer = AssistantAgent(
-            "planner",
-            model_client=client(server),
-            tools=[AgentTool(expert)],
-            reflect_on_tool_use=True,
-        )
+        expert, outer = expert_and_planner(server, inner_system)
         idle = AssistantAgent("idle", model_client=client(server))
         ce.autogen.install(engine)
         with engine.session("s-outer"):

@@ -17,7 +17,7 @@ from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import BaseChatMessage
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
 from autogen_agentchat.tools import AgentTool
-from autogen_apps import client, outer_agent, wire
+from autogen_apps import client, expert_and_planner, outer_agent, wire
 
 import ce.autogen
 from ce.core.config import RuntimeConfig
@@ -214,19 +214,7 @@ async def test_a_sub_agent_in_a_tool_call_runs_in_a_child_scope(engine: ContextE
         return ScriptedResponse(tool_calls=[("call_sub", "expert", args)])
 
     with ScriptedOpenAIServer(script) as server:
-        expert = AssistantAgent(
-            "expert",
-            model_client=client(server),
-            system_message=inner_system,
-            description="An expert.",
-        )
-        outer = AssistantAgent(
-            "planner",
-            model_client=client(server),
-            tools=[AgentTool(expert)],
-            system_message=outer_system,
-            reflect_on_tool_use=True,
-        )
+        _, outer = expert_and_planner(server, inner_system, outer_system)
         ce.autogen.install(engine)
         await engine.update_notebook("s-outer", MARK)
         with engine.session("s-outer"):
