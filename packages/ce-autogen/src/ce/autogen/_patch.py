@@ -44,7 +44,7 @@ from ce.autogen._scopes import (
     filtered_of,
     in_tool,
 )
-from ce.core.integration import guarded, is_suppressed
+from ce.core.integration import clear_sessions, guarded, is_suppressed
 
 if TYPE_CHECKING:
     from ce.autogen._record import Book
@@ -279,15 +279,14 @@ class Patches:
         return reset
 
     async def _clear(self, obj: Any) -> None:
-        """``obj`` (an agent or a team) was reset: the session its last run recorded into
-        (see :meth:`~ce.autogen._scopes.Runs.ran`) sends none of the messages it holds so far
-        (``engine.clear_history``), awaited, fail-open. Nothing when it has not run since its
-        last reset, when its last run was a team's (the team's reset clears that), or inside
-        :func:`~ce.core.integration.suppressed`."""
-        session_id = self.runs.take_last(obj)
-        if session_id is None or is_suppressed():
-            return
-        await write(self.plugin, session_id, "clear history on reset", lambda r: r.clear_history())
+        """``obj`` (an agent or a team) was reset: the sessions its runs since its last reset
+        recorded into (see :meth:`~ce.autogen._scopes.Runs.ran`) send none of the messages
+        they hold so far (``engine.clear_history``), awaited, fail-open. Nothing when it has
+        not run since its last reset, when its last run was a team's (the team's reset clears
+        that), or inside :func:`~ce.core.integration.suppressed`."""
+        sessions = self.runs.take_ran(obj)
+        if not is_suppressed():
+            await clear_sessions(self.plugin, sessions)
 
     # -- model calls ------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ id. A frame is bound when the run starts and unbound when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 import weakref
@@ -38,7 +39,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import Scope, ToolScopeIds, resolve_scope
+from ce.core.integration import ObjectSessions, Scope, ToolScopeIds, resolve_scope
 
 if TYPE_CHECKING:
     from ce.core.integration import Plugin
@@ -158,7 +159,7 @@ class Runs:
         self._frames: dict[tuple[str, int], tuple[Any, Frame, bool]] = {}
         self._teams: dict[str, tuple[Frame, bool]] = {}
         self._nested: dict[int, tuple[Any, ToolFrame]] = {}
-        self._last: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+        self._ran = ObjectSessions()  # the sessions of each agent's and team's own runs
         self._resetting: dict[int, int] = {}
         self._lock = threading.Lock()
         self._targets: weakref.WeakSet[Any] | None = None
@@ -283,22 +284,19 @@ class Runs:
     def ran(self, obj: Any, session_id: str | None) -> None:
         """Note the session of the run of ``obj`` (an agent or a team the plugin records)
         starting now: what its reset clears. ``None``: the run is a team's (``obj`` an agent
-        of it), so the agent's own reset clears nothing."""
-        try:
-            with self._lock:
-                self._last[obj] = session_id
-        except TypeError:  # an object that cannot be weakly referenced: not remembered
-            pass
+        of it), so the agent's own reset clears nothing (what it ran in before is the
+        team's to clear)."""
+        if session_id is None:
+            self._ran.take(obj)
+            return
+        with contextlib.suppress(TypeError):  # an object that cannot be weakly referenced
+            self._ran.note(obj, session_id)
 
-    def take_last(self, obj: Any) -> str | None:
-        """The session of ``obj``'s last run, to clear on its reset (forgotten: a reset with
-        no run since has nothing to clear). ``None``: it never ran, or its last run was a
-        team's."""
-        try:
-            with self._lock:
-                return self._last.pop(obj, None)
-        except TypeError:
-            return None
+    def take_ran(self, obj: Any) -> list[str]:
+        """The sessions of ``obj``'s runs since its last reset, to clear on this one
+        (forgotten: a reset with no run since has nothing to clear). Empty: it never ran, or
+        its last run was a team's."""
+        return self._ran.take(obj) or []
 
     @contextmanager
     def resetting(self, team: Any) -> Iterator[None]:
@@ -328,5 +326,5 @@ class Runs:
             self._frames.clear()
             self._teams.clear()
             self._nested.clear()
-            self._last.clear()
             self._resetting.clear()
+        self._ran.clear()

@@ -26,11 +26,14 @@ from langchain_core.messages import AIMessage, BaseMessage, RemoveMessage, ToolM
 from langchain_core.outputs import ChatGeneration, LLMResult
 
 from ce.core.integration import (
+    CLEAR_HISTORY,
     ModelCall,
     ObjectSessions,
     Recorder,
     RetrievalHit,
     ToolRun,
+    clear_sessions,
+    clear_sessions_sync,
     error_text,
     is_suppressed,
     openai_to_messages,
@@ -251,7 +254,7 @@ def history_removal(
         return None
     conversation = [m for m in state if isinstance(m, BaseMessage) and in_conversation(m)]
     if len(removed) == len(conversation):
-        return "clear history", lambda recorder: recorder.clear_history()
+        return CLEAR_HISTORY, Recorder.clear_history
     newest = list(removed[-_CUT_SENT:])
     return "cut history", lambda recorder: recorder.cut_history(
         openai_to_messages(to_openai(newest))
@@ -358,9 +361,7 @@ def make_delete_thread(plugin: LangChainPlugin) -> Callable[[Any], Any]:
     def factory(original: Any) -> Any:
         def delete_thread(self: Any, thread_id: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(self, thread_id, *args, **kwargs)
-            session_id = _thread_session(plugin, thread_id)
-            if session_id is not None:
-                record_sync(plugin, session_id, _CLEAR, _clear_history)
+            clear_sessions_sync(plugin, _thread_sessions(plugin, thread_id))
             return result
 
         delete_thread.__wrapped__ = original  # type: ignore[attr-defined]
@@ -376,9 +377,7 @@ def make_adelete_thread(plugin: LangChainPlugin) -> Callable[[Any], Any]:
     def factory(original: Any) -> Any:
         async def adelete_thread(self: Any, thread_id: Any, *args: Any, **kwargs: Any) -> Any:
             result = await original(self, thread_id, *args, **kwargs)
-            session_id = _thread_session(plugin, thread_id)
-            if session_id is not None:
-                await record_awaited(plugin, session_id, _CLEAR, _clear_history)
+            await clear_sessions(plugin, _thread_sessions(plugin, thread_id))
             return result
 
         adelete_thread.__wrapped__ = original  # type: ignore[attr-defined]
@@ -387,10 +386,11 @@ def make_adelete_thread(plugin: LangChainPlugin) -> Callable[[Any], Any]:
     return factory
 
 
-def _thread_session(plugin: LangChainPlugin, thread_id: Any) -> str | None:
+def _thread_sessions(plugin: LangChainPlugin, thread_id: Any) -> list[str]:
     if not plugin.installed or is_suppressed():
-        return None
-    return config_session(plugin, {"configurable": {"thread_id": thread_id}})
+        return []
+    session_id = config_session(plugin, {"configurable": {"thread_id": thread_id}})
+    return [] if session_id is None else [session_id]
 
 
 class HistoryClears:
@@ -406,7 +406,8 @@ class HistoryClears:
     def __init__(self, plugin: LangChainPlugin) -> None:
         self.plugin = plugin
         self.used = ObjectSessions()
-        self._wrapped: set[tuple[type, str]] = set()
+        self._wrapped: set[tuple[type, str]] = set()  # (owner, method) wrapped
+        self._classes: set[type] = set()  # history classes whose methods are wrapped
         self._lock = threading.Lock()
 
     def seen(self, history: Any, config: Any) -> None:
@@ -420,8 +421,12 @@ class HistoryClears:
         self._wrap(type(history))
 
     def _wrap(self, cls: type) -> None:
+        if cls in self._classes:  # every run after the first of its class: nothing to do
+            return
         from langchain_core.chat_history import BaseChatMessageHistory
 
+        with self._lock:
+            self._classes.add(cls)
         for name, make in (("clear", self._make_clear), ("aclear", self._make_aclear)):
             owner = next((c for c in cls.__mro__ if name in vars(c)), None)
             # the base class's aclear runs clear in an executor: that clear is wrapped
@@ -438,9 +443,7 @@ class HistoryClears:
 
         def clear(history: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(history, *args, **kwargs)
-            for session_id in clears.used.take(history) or ():
-                if clears.plugin.installed:
-                    record_sync(clears.plugin, session_id, _CLEAR, _clear_history)
+            clear_sessions_sync(clears.plugin, clears.used.take(history) or ())
             return result
 
         clear.__wrapped__ = original  # type: ignore[attr-defined]
@@ -451,8 +454,7 @@ class HistoryClears:
 
         async def aclear(history: Any, *args: Any, **kwargs: Any) -> Any:
             result = await original(history, *args, **kwargs)
-            for session_id in clears.used.take(history) or ():
-                await record_awaited(clears.plugin, session_id, _CLEAR, _clear_history)
+            await clear_sessions(clears.plugin, clears.used.take(history) or ())
             return result
 
         aclear.__wrapped__ = original  # type: ignore[attr-defined]
@@ -461,14 +463,8 @@ class HistoryClears:
     def clear(self) -> None:
         with self._lock:
             self._wrapped.clear()
+            self._classes.clear()
         self.used.clear()
-
-
-_CLEAR = "clear history"
-
-
-def _clear_history(recorder: Recorder) -> Coroutine[Any, Any, Any]:
-    return recorder.clear_history()
 
 
 def _thread_messages(get_state: Callable[[Any], Any], config: Any) -> list[Any] | None:

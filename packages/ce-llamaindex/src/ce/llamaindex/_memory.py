@@ -27,13 +27,14 @@ from llama_index.core.memory.types import BaseMemory
 from ce.core.engine import ContextEngine
 from ce.core.formats import to_openai_messages
 from ce.core.integration import (
+    CLEAR_HISTORY,
     assembled_to_openai,
+    clear_sessions,
+    clear_sessions_sync,
     guarded,
     guarded_sync,
     marking,
     openai_to_messages,
-    record_awaited,
-    record_sync,
     resolve_scope,
 )
 from ce.core.schema import MessagePart, Role, SessionDocument
@@ -42,12 +43,9 @@ from ce.llamaindex._plugin import LlamaIndexPlugin
 from ce.llamaindex._scopes import explicit_session, in_memory_work, memory_session
 
 if TYPE_CHECKING:
-    from ce.core.integration import PatchLedger, Recorder
-    from ce.core.schema import PutResult
+    from ce.core.integration import PatchLedger
 
 __all__ = ["ContextEngineMemory", "clear_on_reset"]
-
-_CLEAR = "clear history"
 
 
 class ContextEngineMemory(BaseMemory):
@@ -206,7 +204,7 @@ class ContextEngineMemory(BaseMemory):
             LlamaIndexPlugin(),
             self._clear_sync,
             session_id=self._session or self.conversation_id,
-            what=_CLEAR,
+            what=CLEAR_HISTORY,
         )
 
     async def areset(self) -> None:
@@ -218,7 +216,7 @@ class ContextEngineMemory(BaseMemory):
             LlamaIndexPlugin(),
             self._clear,
             session_id=self._session or self.conversation_id,
-            what=_CLEAR,
+            what=CLEAR_HISTORY,
         )
 
     def _clear_sync(self) -> None:
@@ -254,7 +252,7 @@ def _wrap_resets(ledger: PatchLedger, cls: type) -> None:
 
 def _clearing(original: Callable[..., Any]) -> Callable[..., Any]:
     """A memory's reset (sync or coroutine, as ``original``): ``original`` runs, then the
-    session of the memory's conversation (:func:`_session_of`) is cleared: from a sync reset
+    session of the memory's conversation (:func:`_sessions_of`) is cleared: from a sync reset
     through the engine's per-session write queue (:func:`ce.core.integration.record_sync`:
     written now by ``engine.sync`` on a plain thread, queued on an event loop's thread and
     written before the session's next engine call), from an async one awaited on the caller's
@@ -270,9 +268,7 @@ def _clearing(original: Callable[..., Any]) -> Callable[..., Any]:
             if in_memory_work.get():
                 return await original(memory, *args, **kwargs)
             result = await marked(memory, *args, **kwargs)
-            session_id = _session_of(memory)
-            if session_id is not None:
-                await record_awaited(LlamaIndexPlugin(), session_id, _CLEAR, _clear_history)
+            await clear_sessions(LlamaIndexPlugin(), _sessions_of(memory))
             return result
 
         return areset
@@ -282,23 +278,18 @@ def _clearing(original: Callable[..., Any]) -> Callable[..., Any]:
         if in_memory_work.get():
             return original(memory, *args, **kwargs)
         result = marked(memory, *args, **kwargs)
-        session_id = _session_of(memory)
-        if session_id is not None:
-            record_sync(LlamaIndexPlugin(), session_id, _CLEAR, _clear_history)
+        clear_sessions_sync(LlamaIndexPlugin(), _sessions_of(memory))
         return result
 
     return reset
 
 
-def _session_of(memory: BaseMemory) -> str | None:
+def _sessions_of(memory: BaseMemory) -> list[str]:
     """The session a reset of ``memory`` clears: the one the last top-level run using it was
     recorded in, else the conversation the memory names (:func:`memory_session`: a
     ``Memory``'s ``session_id``, a ``ChatMemoryBuffer``'s own ``chat_store_key``), else none
     (a memory no run used and that names nothing has no session)."""
     tracker = LlamaIndexPlugin().tracker
     used = tracker.memory_session(memory) if tracker is not None else None
-    return used or memory_session(memory)
-
-
-async def _clear_history(recorder: Recorder) -> PutResult:
-    return await recorder.clear_history()
+    session_id = used or memory_session(memory)
+    return [] if session_id is None else [session_id]

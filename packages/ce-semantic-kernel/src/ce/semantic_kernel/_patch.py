@@ -57,13 +57,14 @@ from typing import TYPE_CHECKING, Any
 from ce.core.integration import (
     ObjectSessions,
     RunConversations,
+    clear_sessions,
+    clear_sessions_sync,
     is_suppressed,
     marking,
-    record_sync,
 )
 from ce.semantic_kernel._convert import turn_key
 from ce.semantic_kernel._inject import INNER, INNER_STREAM, Seam
-from ce.semantic_kernel._record import Filters, write
+from ce.semantic_kernel._record import Filters
 from ce.semantic_kernel._scopes import (
     AgentFrame,
     CallSite,
@@ -81,7 +82,7 @@ from ce.semantic_kernel._scopes import (
 )
 
 if TYPE_CHECKING:
-    from ce.core.integration import PatchLedger, Plugin, Recorder, Scope
+    from ce.core.integration import PatchLedger, Plugin, Scope
 
 __all__ = ["Patches", "patched_targets"]
 
@@ -437,13 +438,7 @@ class Patches:
         async def _delete(thread: Any, *args: Any, **kwargs: Any) -> Any:
             result = await original(thread, *args, **kwargs)
             # the thread still has its id here: ``delete()`` drops it once this returns
-            for session_id in patches._thread_sessions(thread):
-                await write(
-                    patches.plugin,
-                    session_id,
-                    "clear history (agent thread deleted)",
-                    lambda r: r.clear_history(),
-                )
+            await clear_sessions(patches.plugin, patches._thread_sessions(thread))
             return result
 
         return _delete
@@ -495,8 +490,7 @@ class Patches:
             return
         if not sessions or is_suppressed() or not plugin.installed:  # never sent: nothing
             return
-        for session_id in sessions:
-            record_sync(plugin, session_id, "clear history (ChatHistory cleared)", _clear_history)
+        clear_sessions_sync(plugin, sessions)
 
     # -- group chats ------------------------------------------------------------------------
 
@@ -536,10 +530,6 @@ class Patches:
             return started_detached(functools.partial(original, runtime, *args, **kwargs))
 
         return start
-
-
-async def _clear_history(recorder: Recorder) -> Any:
-    return await recorder.clear_history()
 
 
 def _thread_id(kwargs: dict[str, Any]) -> str | None:

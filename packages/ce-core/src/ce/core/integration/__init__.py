@@ -41,11 +41,14 @@ from ce.core.integration._inject import (
 )
 from ce.core.integration._ledger import LedgerEntry, PatchLedger, marking
 from ce.core.integration._mappers import (
+    CLEAR_HISTORY,
     EvidenceDraft,
     ModelCall,
     Recorder,
     RetrievalHit,
     ToolRun,
+    clear_sessions,
+    clear_sessions_sync,
     error_text,
     evidence_from_hit,
     llm_output_evidence,
@@ -85,6 +88,7 @@ from ce.core.integration._sessions import (
 from ce.core.integration._suppress import is_suppressed, suppressed
 
 __all__ = [
+    "CLEAR_HISTORY",
     "INTEGRATION_FAILED",
     "REDACTION_FAILED",
     "RUN_SESSION_PREFIX",
@@ -114,6 +118,8 @@ __all__ = [
     "assembled_to_openai",
     "augment_openai",
     "child_session_id",
+    "clear_sessions",
+    "clear_sessions_sync",
     "emit_failure",
     "emit_failure_sync",
     "error_text",

@@ -36,11 +36,14 @@ if TYPE_CHECKING:
     from ce.core.integration._plugin import Plugin
 
 __all__ = [
+    "CLEAR_HISTORY",
     "EvidenceDraft",
     "ModelCall",
     "Recorder",
     "RetrievalHit",
     "ToolRun",
+    "clear_sessions",
+    "clear_sessions_sync",
     "error_text",
     "evidence_from_hit",
     "llm_output_evidence",
@@ -411,3 +414,25 @@ def record_sync(
     task = loop.create_task(engine._write_deferred(session_id))
     _flushes.add(task)
     task.add_done_callback(_flushes.discard)
+
+
+CLEAR_HISTORY = "clear history"
+"""How a plugin's clear of a session names itself in the log and the ``Degraded`` event."""
+
+
+def clear_sessions_sync(
+    plugin: Plugin, session_ids: Iterable[str], *, blocking: bool = False
+) -> None:
+    """The app started a conversation over (a reset, a cleared history, a deleted thread) on
+    a sync path: each of ``session_ids`` sends none of what it holds so far
+    (:meth:`ContextEngine.clear_history`), written as :func:`record_sync` writes (queued on a
+    running loop, now otherwise, or now with ``blocking``), fail-open."""
+    for session_id in session_ids:
+        record_sync(plugin, session_id, CLEAR_HISTORY, Recorder.clear_history, blocking=blocking)
+
+
+async def clear_sessions(plugin: Plugin, session_ids: Iterable[str]) -> None:
+    """The coroutine twin of :func:`clear_sessions_sync`: each clear awaited on the caller's
+    loop (:func:`record_awaited`)."""
+    for session_id in session_ids:
+        await record_awaited(plugin, session_id, CLEAR_HISTORY, Recorder.clear_history)
