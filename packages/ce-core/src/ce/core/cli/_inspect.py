@@ -217,6 +217,13 @@ async def show(store: Store, console: Console, session_id: str) -> None:
                     else ""
                 )
             )
+        for span in session.summary.withdrawn:
+            console.print(
+                Text(
+                    f"taken back by the app: messages {span.from_index}..{span.to_index - 1}"
+                    " (it went back to an earlier point of its conversation)"
+                )
+            )
         if session.summary.source == "engine":
             console.print(
                 Text(f"summary: messages {covered.from_index}..{covered.to_index}, "),

@@ -339,10 +339,21 @@ class ContextEngine(Preparer):
         tool_schemas: list[dict[str, Any]] | None = None,
         *,
         defer_commit: bool = False,
+        rewind: bool = False,
     ) -> PrepareResult:
         """Before EVERY model call (tool loops included): record the framework's pending
         messages that are new, keep the current run's in-flight tool chain whole, count
         ``tool_schemas`` against the budget, and assemble.
+
+        ``rewind``: ``pending_messages`` is the app's whole conversation as it stands (a chat
+        app's history, a graph's state): when it went back to an earlier point of the
+        session's conversation — it asks its last question again without the answer it got
+        (regenerate), replaces a message with an edited one and drops what followed, resumes
+        from an earlier state — the session's turns after that point are withdrawn: no
+        longer sent (they stay stored; each report accounts for them as removed by the app)
+        and no longer matched against what the app passes. Only for a conversation one app
+        flow owns: several agents or concurrent requests that each pass their own part of a
+        shared session must not set it.
 
         ``defer_commit``: store what the call records with the session's next commit (the
         recording of this model call's outcome, typically: one commit per model call, not
@@ -354,6 +365,13 @@ class ContextEngine(Preparer):
 
         async def op(entry: SessionEntry, call: WriteLog) -> PrepareResult:
             tail_start = await self._tail_start(entry, pending_messages, cfg)
+            if rewind and (taken_back := self._rewound_to(entry, pending_messages, cfg)):
+                if entry.partial:  # matched again against the whole session
+                    raise TailTooShort(whole=True)
+                entry.state.withdraw_turns(taken_back)
+                entry.match_after_clear()
+                entry.indexes.clear()
+                tail_start = None
             self._record_pending(entry, pending_messages, cfg, call, tail_start)
             await checkpoint()
             own = self._own_run(entry, pending_messages, cfg)

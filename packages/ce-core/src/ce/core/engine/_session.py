@@ -100,6 +100,9 @@ class SessionEntry:
         self.indexes: dict[tuple[str | None, bool], SessionIndex] = {}
         self.dedup: dict[str, str] = {}
         self.key_counts: dict[tuple[Any, ...], int] = {}
+        # the newest position (from the session's first message) of each key, for
+        # the messages matched against what a framework passes
+        self.key_positions: dict[tuple[Any, ...], int] = {}
         self.last_key: tuple[Any, ...] | None = None  # of the newest non-system message
         self.user_ids: dict[tuple[Any, ...], str] = {}  # key -> newest user message's id
         self.message_ids: set[str] = set()
@@ -127,28 +130,46 @@ class SessionEntry:
         summary = self.state.live_view().session.summary
         return summary.cleared.messages if summary is not None and summary.cleared else 0
 
+    def _taken_back(self) -> tuple[int, int]:
+        """The app's latest clear and how many times it took turns back (see
+        :meth:`match_after_clear`)."""
+        summary = self.state.live_view().session.summary
+        if summary is None:
+            return 0, 0
+        return (summary.cleared.messages if summary.cleared else 0), len(summary.withdrawn)
+
+    def withdrawn(self, position: int) -> bool:
+        """Whether the message at ``position`` (from the session's first message) is in
+        turns the app took back."""
+        summary = self.state.live_view().session.summary
+        return summary is not None and bool(summary.withdrawn) and summary.withdraws(position)
+
     def match_after_clear(self) -> None:
         """Match what a framework passes only against the messages after the app's latest
         clear of its history (see ``ContextEngine.clear_history``): a message it held before
         and passes again (a conversation restored after a reset) is new, stored and sent
-        again. Their ids stay taken (a framework id among them is stored under a fresh id)."""
+        again. Their ids stay taken (a framework id among them is stored under a fresh id).
+        Likewise for the turns the app took back (see :meth:`withdrawn`)."""
         messages = self.state.live_view().session.messages
-        cut = max(0, self._cleared() - self.unread.messages)
+        base = self.unread.messages
+        cut = max(0, self._cleared() - base)
         self.key_counts = {}
+        self.key_positions = {}
         self.last_key = None
         self.user_ids = {}
         self.id_texts = {}
         self.id_variants = set()
         self.pending_memo = None
-        for message in messages[:cut]:
+        for position, message in enumerate(messages):
+            if position >= cut and not self.withdrawn(base + position):
+                self._count_key(message, base + position)
+                continue
             for taken in (message.message_id, message.meta.get(FRAMEWORK_MESSAGE_ID)):
                 if isinstance(taken, str) and taken:
                     self.message_ids.add(taken)
                     self.removed_ids.add(taken)
             for stored, framework_id in (message.meta.get(FRAMEWORK_CALL_IDS) or {}).items():
                 self.call_aliases[framework_id] = stored
-        for message in messages[cut:]:
-            self._count_key(message)
 
     def _note_evidences(self, evidences: Iterable[Evidence]) -> None:
         for evidence in evidences:
@@ -168,13 +189,15 @@ class SessionEntry:
         to the session's next commit by an earlier call of this engine) after the ones the
         entry holds; the version stays."""
         remember_stored_counts(changes)
-        cleared = self._cleared()
+        taken_back = self._taken_back()
+        first = self.message_total
         self.state.absorb(changes)
-        if self._cleared() != cleared:  # another writer recorded the app's clear
+        if self._taken_back() != taken_back:  # another writer recorded a clear or rewind
             self.match_after_clear()
+            self.indexes.clear()
         else:
-            for message in changes.messages:
-                self._count_key(message)
+            for position, message in enumerate(changes.messages, first):
+                self._count_key(message, position)
         self._note_evidences(changes.evidences)
 
     @property
@@ -196,7 +219,7 @@ class SessionEntry:
         """How many evidences the session holds (read or not)."""
         return self.unread.evidences + len(self.state.live_view().evidences)
 
-    def _count_key(self, message: Message) -> None:
+    def _count_key(self, message: Message, position: int) -> None:
         if message.message_id:
             self.message_ids.add(message.message_id)
             self.id_texts[message.message_id] = (message.role, message.content)
@@ -208,6 +231,7 @@ class SessionEntry:
             self.call_aliases[framework_id] = stored
         key = message_key(message)
         self.key_counts[key] = self.key_counts.get(key, 0) + 1
+        self.key_positions[key] = position
         if message.role is not Role.SYSTEM:
             self.last_key = key
         if message.role is Role.USER and message.message_id:
@@ -281,7 +305,7 @@ class SessionEntry:
     def note_written(self, stored: Message) -> None:
         """Remember a message just written (in its stored, redacted form), so a framework
         that passes it again is not recorded twice."""
-        self._count_key(stored)
+        self._count_key(stored, self.message_total - 1)
 
     def index(self, model_hint: str | None, fence_tool_results: bool = True) -> SessionIndex:
         """The index for ``model_hint`` (rendering tool results fenced or not), brought up
@@ -300,8 +324,13 @@ class SessionEntry:
         doc = self.state.live_view()
         session = doc.session
         messages = session.messages
+        summary = session.summary
+        withdrawn = summary.withdraws if summary is not None and summary.withdrawn else None
         for message in messages[index.message_count - index.message_base :]:
-            index.add_message(message)
+            if withdrawn is not None and withdrawn(index.message_count):
+                index.skip_message()  # in turns the app took back: no block
+            else:
+                index.add_message(message)
         for record in session.tool_state.tool_calls[index.record_count :]:
             index.add_tool_record(record)
         new = len(doc.evidences) - index.evidence_count

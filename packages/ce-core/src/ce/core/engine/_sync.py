@@ -122,6 +122,7 @@ class SyncEngine:
         tool_schemas: list[dict[str, Any]] | None = None,
         *,
         defer_commit: bool = False,
+        rewind: bool = False,
     ) -> PrepareResult:
         return drive(
             self._engine.prepare_call(
@@ -130,6 +131,7 @@ class SyncEngine:
                 runtime_config,
                 tool_schemas,
                 defer_commit=defer_commit,
+                rewind=rewind,
             )
         )
 

@@ -40,6 +40,7 @@ from ce.core.schema import (
     PruneDecision,
     Role,
     SessionDocument,
+    Summary,
 )
 from ce.core.state import NOTEBOOK_BLOCK_ID, MemoryNotebookWidget, StateView, TaskListWidget
 
@@ -249,6 +250,8 @@ async def select_and_assemble(
     )
     cut = summary.removed_by_app if summary is not None else 0
     decisions = [*_unread_decisions(unread, covered, cut, cleared), *decisions]
+    if summary is not None and summary.withdrawn:
+        decisions.extend(_withdrawn_decisions(summary))
     assembler = Assembler(estimator)
     while True:
         kept = without_dangling(kept, index)
@@ -299,6 +302,21 @@ async def select_and_assemble(
         ],
         short=short,
     )
+
+
+def _withdrawn_decisions(summary: Summary) -> list[PruneDecision]:
+    """One decision for each of the turns the app took back (see ``WithdrawnTurns``)."""
+    return [
+        PruneDecision(
+            block_id=f"withdrawn:{span.from_index}..{span.to_index - 1}",
+            action="dropped",
+            reason=f"{REMOVED_BY_APP}: the app went back to an earlier point of its"
+            f" conversation; {span.to_index - span.from_index} messages taken back",
+            token_estimate=0,
+            block_count=span.to_index - span.from_index,
+        )
+        for span in summary.withdrawn
+    ]
 
 
 def _unread_decisions(

@@ -515,6 +515,72 @@ class HistoryWriter:
             else:
                 self._write_tool_result(entry, message, cfg, call)
 
+    def _rewound_to(
+        self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
+    ) -> int | None:
+        """Where ``pending``, the app's whole conversation as it stands, went back to in the
+        session's conversation (an answer asked for again, a message edited, a conversation
+        resumed from an earlier state): the position of the first stored message after that
+        point, whose turns the app took back; None when it did not go back.
+
+        The point is the newest message of ``pending`` the session holds (its newest stored
+        position with that text): it went back when that is not the session's newest message,
+        the message of ``pending`` before it is the session's message before it too, and
+        after it ``pending`` holds nothing (the question asked again: the point is a user
+        message) or new messages from a user message on (the edit). Not while a run is in
+        flight (another request's turn), nor when the session's next message answers a tool
+        call of the point (an exchange stays whole).
+        Work proportional to the new messages at the end of ``pending``."""
+        if entry.state.status in ACTIVE_RUN:
+            return None
+        messages = entry.doc.session.messages
+        base = entry.unread.messages
+        cleared = entry._cleared()
+        newest = None
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i].role is Role.SYSTEM:
+                continue
+            if base + i >= cleared and not entry.withdrawn(base + i):
+                newest = base + i
+            break
+        if newest is None:
+            return None
+        asked = [m for m in pending if m.role is not Role.SYSTEM]
+
+        def key(message: Message) -> tuple[Any, ...]:
+            return message_key(message, self._stored_text(message.content, cfg))
+
+        j = len(asked) - 1
+        while j >= 0 and key(asked[j]) not in entry.key_positions:
+            j -= 1
+        if j < 1:
+            return None
+        point = entry.key_positions[key(asked[j])]
+        if point >= newest:
+            return None
+        after = asked[j + 1] if j + 1 < len(asked) else None
+        if after is None and messages[point - base].role is not Role.USER:
+            return None
+        if after is not None and after.role is not Role.USER:
+            return None
+        before = point - base - 1
+        while before >= 0 and (
+            messages[before].role is Role.SYSTEM or entry.withdrawn(base + before)
+        ):
+            before -= 1
+        if (
+            before < 0
+            or base + before < cleared
+            or message_key(messages[before]) != key(asked[j - 1])
+        ):
+            return None
+        following = point - base + 1
+        while following < len(messages) and messages[following].role is Role.SYSTEM:
+            following += 1
+        if following < len(messages) and messages[following].role is Role.TOOL:
+            return None
+        return point + 1
+
     def _same_turn(
         self, entry: SessionEntry, message: Message, stored: Message, cfg: RuntimeConfig
     ) -> bool:

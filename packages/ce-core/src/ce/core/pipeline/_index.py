@@ -276,6 +276,11 @@ class SessionIndex:
 
     # -- feeding ------------------------------------------------------------------------
 
+    def skip_message(self) -> None:
+        """Count the session's next message without making it a block (a message in turns
+        the app took back: never sent)."""
+        self.message_count += 1
+
     def add_message(self, message: Message) -> None:
         position = self.message_count
         self.message_count += 1

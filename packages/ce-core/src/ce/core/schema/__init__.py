@@ -37,6 +37,7 @@ from ce.core.schema._document import (
     ToolCallRequest,
     ToolProvider,
     ToolState,
+    WithdrawnTurns,
     sections_to_text,
 )
 from ce.core.schema._enums import (
@@ -139,6 +140,7 @@ __all__ = [
     "ToolState",
     "ToolType",
     "TurnRecord",
+    "WithdrawnTurns",
     "document_from_json",
     "document_to_json",
     "dump_document",

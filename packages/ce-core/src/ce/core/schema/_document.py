@@ -316,6 +316,17 @@ class ClearedHistory(_Model):
     evidences: int = Field(ge=0)
 
 
+class WithdrawnTurns(_Model):
+    """Turns the app took back by going back in its conversation (an answer it asked again
+    for, a message it edited, a conversation resumed from an earlier point: see
+    ``ContextEngine.prepare_call(..., rewind=True)``): ``session.messages[from_index:to_index]``
+    are no longer sent (they stay stored) and are not matched against what the app passes
+    (a message among them, passed again, is new)."""
+
+    from_index: int = Field(ge=0)
+    to_index: int = Field(ge=0)
+
+
 class Summary(_Model):
     """What stands for the oldest messages of the session: ``session.messages[:to_index+1]``
     are no longer sent to the model (they stay stored).
@@ -328,7 +339,10 @@ class Summary(_Model):
     ``ContextEngine.cut_history``); it carries what it keeps of them in its own prompt, so
     nothing renders in their place and ``content`` is empty. A document without ``source``
     reads as ``"engine"``, and an engine summary is stored without it.
-    ``cleared``: the app's latest clear of its whole history, if any (stored only then)."""
+    ``cleared``: the app's latest clear of its whole history, if any (stored only then).
+    ``withdrawn``: the turns the app took back, oldest first (stored only when there are
+    some); a session whose app only took turns back has a summary with ``source="app"`` that
+    removes no message (``to_index`` -1)."""
 
     content: str
     updated_at: str
@@ -336,6 +350,11 @@ class Summary(_Model):
     evidence_ids: list[str] = Field(default_factory=list)
     source: Literal["engine", "app"] = "engine"
     cleared: ClearedHistory | None = None
+    withdrawn: list[WithdrawnTurns] = Field(default_factory=list)
+
+    def withdraws(self, position: int) -> bool:
+        """Whether the message at ``position`` is in turns the app took back."""
+        return any(w.from_index <= position < w.to_index for w in self.withdrawn)
 
     @property
     def removed_by_app(self) -> int:
@@ -356,6 +375,8 @@ class Summary(_Model):
                 del data["source"]
             if "cleared" in data and data["cleared"] is None:
                 del data["cleared"]
+            if "withdrawn" in data and not data["withdrawn"]:
+                del data["withdrawn"]
         return data
 
 

@@ -18,6 +18,7 @@ from ce.core.schema import (
     Summary,
     Task,
     TaskStatus,
+    WithdrawnTurns,
 )
 from ce.core.state._changes import ChangeBuffer
 from ce.core.state._widgets import NOTEBOOK_BLOCK_ID
@@ -151,6 +152,7 @@ class HostStateWriters:
             message_index_range=MessageIndexRange(from_index=from_index, to_index=to_index),
             evidence_ids=list(evidence_ids or []),
             cleared=current.cleared if current is not None else None,
+            withdrawn=list(current.withdrawn) if current is not None else [],
         )
         self._doc.session.summary = summary
         self._changes.summary = True
@@ -205,7 +207,36 @@ class HostStateWriters:
                 message_index_range=MessageIndexRange(from_index=0, to_index=to_index),
                 source="app",
                 cleared=cleared,
+                withdrawn=list(current.withdrawn) if current is not None else [],
             )
+        self._doc.session.summary = summary
+        self._changes.summary = True
+        return summary.model_copy(deep=True)
+
+    def withdraw_turns(self, from_index: int, *, held_from: int = 0) -> Summary:
+        """Record that the app took back the session's messages from ``from_index`` on (it
+        went back to an earlier point of its conversation): they are no longer sent (they
+        stay stored) and what the app passes is no longer matched against them
+        (:class:`WithdrawnTurns`). ``held_from`` as for :meth:`cut_history`; ``from_index``
+        must lie within the messages held."""
+        count = len(self._doc.session.messages)
+        end = held_from + count
+        if not held_from <= from_index < end:
+            raise InvariantViolationError(
+                f"turns from message {from_index} are not within messages {held_from}..{end - 1}"
+            )
+        current = self._doc.session.summary
+        span = WithdrawnTurns(from_index=from_index, to_index=end)
+        if current is None:
+            summary = Summary(
+                content="",
+                updated_at=self._clock.now_iso(),
+                message_index_range=MessageIndexRange(from_index=0, to_index=-1),
+                source="app",
+                withdrawn=[span],
+            )
+        else:
+            summary = current.model_copy(update={"withdrawn": [*current.withdrawn, span]})
         self._doc.session.summary = summary
         self._changes.summary = True
         return summary.model_copy(deep=True)

@@ -312,6 +312,7 @@ async def session_json(store: Store, session_id: str) -> Json:
             "source": summary.source,
             "removed_by_app": summary.removed_by_app,
             "cleared": summary.cleared.model_dump() if summary.cleared else None,
+            "withdrawn": [span.model_dump() for span in summary.withdrawn],
         },
     }
 

@@ -1,0 +1,229 @@
+"""An app that goes back in its conversation (``prepare_call(..., rewind=True)``: it asks its
+last question again without the answer it got, edits a message and drops what followed,
+resumes from an earlier state) gets the conversation it went back to: the turns it took back
+are not sent, not matched against what it passes, stay stored and are reported. Without
+``rewind`` (several agents or requests sharing a session) nothing is taken back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_cut_history import Events, make_engine, removed_decisions, reply, texts, user
+
+from ce.core.cli import main
+from ce.core.engine import ContextEngine
+from ce.core.schema import Message, Role
+from ce.core.stores import SQLiteStore, Store
+from ce.core.testing.assertions import assert_tool_pairs_intact
+
+SYSTEM = Message(role=Role.SYSTEM, content="You answer briefly.")
+
+
+async def talk(engine: ContextEngine, history: list[Message], answer: str) -> list[str]:
+    """One model call of an app that passes its whole conversation: what the model got."""
+    prepared = await engine.prepare_call("s", [SYSTEM, *history], rewind=True)
+    await engine.commit_assistant_message("s", reply(answer))
+    history.append(reply(answer))
+    return texts(prepared.assembled_input.parts)
+
+
+async def two_turns(engine: ContextEngine) -> list[Message]:
+    history: list[Message] = []
+    for n in (1, 2):
+        history.append(user(f"question {n}"))
+        await talk(engine, history, f"answer {n}")
+    return history
+
+
+async def test_an_answer_asked_for_again_is_not_sent_with_the_question() -> None:
+    events = Events()
+    engine = make_engine(events=events)
+    history = await two_turns(engine)
+    history.pop()  # regenerate: the app drops the answer it got and asks again
+
+    sent = await talk(engine, history, "answer 2, again")
+
+    assert sent == ["question 1", "answer 1", "question 2"]
+    doc = await engine.get_session("s")
+    assert [m.content for m in doc.session.messages][-2:] == ["answer 2", "answer 2, again"]
+    summary = doc.session.summary
+    assert summary is not None and [(w.from_index, w.to_index) for w in summary.withdrawn] == [
+        (4, 5)
+    ]
+    # the next turn continues from the new answer
+    history.append(user("question 3"))
+    prepared = await engine.prepare_call("s", [SYSTEM, *history], rewind=True)
+    assert texts(prepared.assembled_input.parts) == [
+        "question 1",
+        "answer 1",
+        "question 2",
+        "answer 2, again",
+        "question 3",
+    ]
+    (decision,) = removed_decisions(prepared.report.prune_decisions)
+    assert (decision.block_id, decision.action, decision.block_count) == (
+        "withdrawn:4..4",
+        "dropped",
+        1,
+    )
+    assert events.degraded() == []
+    await engine.close()
+
+
+async def test_an_edited_message_replaces_it_and_what_followed() -> None:
+    engine = make_engine()
+    history = await two_turns(engine)
+    edited = [*history[:2], user("question 2, edited")]
+
+    sent = await talk(engine, edited, "answer to the edit")
+
+    assert sent == ["question 1", "answer 1", "question 2, edited"]
+    edited.append(user("question 3"))
+    assert await talk(engine, edited, "answer 3") == [
+        "question 1",
+        "answer 1",
+        "question 2, edited",
+        "answer to the edit",
+        "question 3",
+    ]
+    # going back to the first version: its messages are new again, stored and sent
+    first = [*history, user("question 3 of the first version")]
+    assert await talk(engine, first, "answer 3 of the first version") == [
+        "question 1",
+        "answer 1",
+        "question 2",
+        "answer 2",
+        "question 3 of the first version",
+    ]
+    doc = await engine.get_session("s")
+    assert len(doc.session.messages) == 13  # nothing stored is lost
+    await engine.close()
+
+
+async def test_without_rewind_nothing_is_taken_back() -> None:
+    engine = make_engine()
+    history = await two_turns(engine)
+    prepared = await engine.prepare_call("s", [SYSTEM, *history[:3]])  # several flows
+
+    assert texts(prepared.assembled_input.parts) == [
+        "question 1",
+        "answer 1",
+        "question 2",
+        "answer 2",
+        "question 2",
+    ]
+    await engine.close()
+
+
+async def test_what_is_no_going_back_takes_nothing_back() -> None:
+    engine = make_engine()
+    history = await two_turns(engine)
+    # an app that passes only its new question (the same words as an earlier one)
+    alone = await engine.prepare_call("s", [SYSTEM, user("question 1")], rewind=True)
+    assert texts(alone.assembled_input.parts)[-3:] == ["question 2", "answer 2", "question 1"]
+    await engine.commit_assistant_message("s", reply("answer 1, again"))
+    # an app that keeps the answers in its own form: a different reply, then a new question
+    history += [user("question 1"), reply("answer 1, as the app keeps it"), user("question 3")]
+    kept = await engine.prepare_call("s", [SYSTEM, *history], rewind=True)
+    assert "answer 1, again" in texts(kept.assembled_input.parts)
+    doc = await engine.get_session("s")
+    assert doc.session.summary is None
+    await engine.close()
+
+
+async def test_a_run_in_flight_is_never_taken_back() -> None:
+    engine = make_engine()
+    history = await two_turns(engine)
+    await engine.prepare_call("s", [SYSTEM, *history, user("look it up")], rewind=True)
+    await engine.commit_assistant_message("s", reply("", "c1"))  # a tool call in flight
+    # another request on the session, with the history as it was before that question
+    prepared = await engine.prepare_call("s", [SYSTEM, *history[:3]], rewind=True)
+
+    assert "look it up" in texts(prepared.assembled_input.parts)
+    assert_tool_pairs_intact(prepared.assembled_input.parts)
+    assert (await engine.get_session("s")).session.summary is None
+    await engine.close()
+
+
+async def test_another_process_honours_what_was_taken_back(
+    opener: Callable[[], Store],
+) -> None:
+    first = make_engine(opener())
+    watcher = make_engine(opener())  # a process that read the session before
+    history = await two_turns(first)
+    await watcher.prepare_call("s", [SYSTEM, *history, user("question 3")])
+    await watcher.commit_assistant_message("s", reply("answer 3"))
+    history += [user("question 3"), reply("answer 3")]
+    back = [*history[:2], user("question 2, edited")]
+
+    assert await talk(first, back, "answer to the edit") == [
+        "question 1",
+        "answer 1",
+        "question 2, edited",
+    ]
+    back.append(user("question 4"))
+    for engine in (watcher, make_engine(opener())):  # caught up, and cold
+        prepared = await engine.prepare_call("s", [SYSTEM, *back], rewind=True)
+        assert texts(prepared.assembled_input.parts) == [
+            "question 1",
+            "answer 1",
+            "question 2, edited",
+            "answer to the edit",
+            "question 4",
+        ]
+        await engine.close()
+    await first.close()
+
+
+async def test_ce_show_says_what_the_app_took_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.db"
+    engine = make_engine(SQLiteStore(path))
+    history = await two_turns(engine)
+    await talk(engine, history[:3], "answer 2, again")
+    await engine.close()
+    show = ["--store", f"sqlite:///{path}", "show", "s"]
+    assert await asyncio.to_thread(main, show) == 0  # the CLI runs its own event loop
+    assert "taken back by the app: messages 4..4" in capsys.readouterr().out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    turns=st.integers(min_value=2, max_value=7),
+    data=st.data(),
+)
+def test_after_any_going_back_the_model_gets_the_apps_conversation(
+    turns: int, data: st.DataObject
+) -> None:
+    """Whatever earlier point the app goes back to, by asking again or by an edit, and
+    however often, the model receives the conversation the app passes, in its order."""
+
+    async def run() -> None:
+        engine = make_engine()
+        history: list[Message] = []
+        for n in range(turns):
+            history.append(user(f"question {n}"))
+            await talk(engine, history, f"answer {n}")
+        for round_ in range(data.draw(st.integers(min_value=1, max_value=3))):
+            back = data.draw(st.integers(min_value=1, max_value=len(history) // 2 - 1))
+            if data.draw(st.booleans()):  # ask question `back` again
+                history = history[: 2 * back + 1]
+            else:  # edit question `back`
+                history = [*history[: 2 * back], user(f"question {back}, edit {round_}")]
+            expected = [m.content for m in history]
+            assert await talk(engine, history, f"answer, round {round_}") == expected
+            history.append(user(f"next question {round_}"))
+            assert await talk(engine, history, f"next answer {round_}") == [
+                *expected,
+                f"answer, round {round_}",
+                f"next question {round_}",
+            ]
+        await engine.close()
+
+    asyncio.run(run())
