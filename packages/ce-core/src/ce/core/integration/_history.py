@@ -60,6 +60,9 @@ class History:
     repeats: list[int]
     fingerprints: list[Fingerprint] = field(default_factory=list)
     fingerprint_of: Callable[[Any], Fingerprint] = field(default=lambda message: ())
+    extends: bool = False
+    """Whether this call's messages are the previous call's (of the memo's session) with
+    more after them: the app's conversation went on, it did not go back."""
 
     def matches(self, position: int, pending: Mapping[str, Any]) -> bool:
         """Whether ``pending``, the app message at ``position`` converted now, is still what
@@ -451,6 +454,7 @@ class HistoryMemo:
                 [*previous.repeats, *repeats],
                 [*previous.fingerprints, *prints],
                 fingerprint_of,
+                extends=bool(new),
             )
         with self._lock:
             self._held[session_id] = history

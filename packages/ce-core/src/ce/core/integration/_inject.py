@@ -161,6 +161,10 @@ def _authored(
     ]
 
 
+def _rewinds(rewind: bool, history: History | None) -> bool:
+    return rewind and (history is None or not history.extends)
+
+
 def prepare_openai_sync(
     plugin: Plugin,
     session_id: str,
@@ -169,6 +173,7 @@ def prepare_openai_sync(
     authors: Sequence[Author | None] | None = None,
     *,
     history: History | None = None,
+    rewind: bool = False,
 ) -> list[dict[str, Any]] | None:
     """Before a model call, from blocking code (with or without a running event loop): hand
     the framework's pending OpenAI-style ``messages`` to ``plugin.engine.prepare_call`` in
@@ -186,13 +191,22 @@ def prepare_openai_sync(
     (``None``: none), is who wrote each message, for frameworks with several agents: a
     message the session does not hold yet is recorded with it. ``history``: the
     :class:`~ce.core.integration.History` ``messages`` come from (its neutral messages are
-    used, not converted again)."""
+    used, not converted again). ``rewind``: ``messages`` is the app's whole conversation as
+    it stands, which may go back to an earlier point (see ``ContextEngine.prepare_call``);
+    not when ``history`` continues the previous call's messages with more (the flow's
+    conversation went on: turns of another flow of the session after its own are not taken
+    back)."""
     engine = plugin.engine
 
     def prepare() -> list[dict[str, Any]]:
         pending = _authored(messages, authors, history)
         result = engine.sync.prepare_call(
-            session_id, pending, plugin.config, tool_schemas, defer_commit=True
+            session_id,
+            pending,
+            plugin.config,
+            tool_schemas,
+            defer_commit=True,
+            rewind=_rewinds(rewind, history),
         )
         return _sent(plugin, engine, messages, result)
 
@@ -212,6 +226,7 @@ async def prepare_openai(
     authors: Sequence[Author | None] | None = None,
     *,
     history: History | None = None,
+    rewind: bool = False,
 ) -> list[dict[str, Any]] | None:
     """The coroutine twin of :func:`prepare_openai_sync` (awaits the engine on the caller's
     loop; fail-open, redacted, the same way)."""
@@ -220,7 +235,12 @@ async def prepare_openai(
     async def prepare() -> list[dict[str, Any]]:
         pending = _authored(messages, authors, history)
         result = await engine.prepare_call(
-            session_id, pending, plugin.config, tool_schemas, defer_commit=True
+            session_id,
+            pending,
+            plugin.config,
+            tool_schemas,
+            defer_commit=True,
+            rewind=_rewinds(rewind, history),
         )
         return _sent(plugin, engine, messages, result)
 
