@@ -294,7 +294,7 @@ def inject_sync(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
         )
         return messages if redacted is None else redacted
-    sent = prepare_openai_sync(plugin, session_id, pending, schemas, history=history)
+    sent = prepare_openai_sync(plugin, session_id, pending, schemas, history=history, rewind=True)
     if sent is None:
         return messages
     try:
@@ -330,7 +330,7 @@ async def inject_async(
             plugin, session_id, _CONVERSION, exc, lambda: _redact_messages(plugin, messages)
         )
         return messages if redacted is None else redacted
-    sent = await prepare_openai(plugin, session_id, pending, schemas, history=history)
+    sent = await prepare_openai(plugin, session_id, pending, schemas, history=history, rewind=True)
     if sent is None:
         return messages
     try:

@@ -1,0 +1,143 @@
+"""A chat app that goes back in its conversation — "regenerate" (it drops the answer it got and
+asks the same question again), "edit" (it replaces a message and drops what followed), a
+LangGraph thread resumed from an earlier checkpoint — gets the conversation it went back to:
+the model receives what the app passes, not the turns it took back. The session keeps every
+message stored; the next turns continue from where the app went.
+
+Driven over langchain-openai's ``ChatOpenAI`` on the scripted OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_openai import ChatOpenAI
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+import ce.langchain
+from ce.core.engine import ContextEngine
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+
+SYSTEM = "You answer in one line."
+
+
+def _script(body: dict[str, Any]) -> ScriptedResponse:
+    asked = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+    seen = sum(m["role"] == "assistant" for m in body["messages"])
+    return ScriptedResponse(text=f"ANSWER {seen} to {asked}")
+
+
+@contextmanager
+def _model(engine: ContextEngine) -> Iterator[tuple[ChatOpenAI, ScriptedOpenAIServer]]:
+    with ScriptedOpenAIServer(_script) as server:
+        llm = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="k", max_retries=0)
+        ce.langchain.install(engine)
+        yield llm, server
+
+
+def _sent(server: ScriptedOpenAIServer) -> list[str]:
+    """What the last request sent, system prompt aside."""
+    return [str(m["content"]) for m in server.requests[-1]["messages"] if m["role"] != "system"]
+
+
+async def _ask(llm: ChatOpenAI, history: list[BaseMessage], path: str) -> BaseMessage:
+    config: Any = {"metadata": {"ce_session_id": "user-1"}}
+    messages = [SystemMessage(SYSTEM), *history]
+    if path == "invoke":
+        return await asyncio.to_thread(llm.invoke, messages, config)
+    if path == "ainvoke":
+        return await llm.ainvoke(messages, config)
+    chunks = [chunk async for chunk in llm.astream(messages, config)]
+    message = chunks[0]
+    for chunk in chunks[1:]:
+        message = message + chunk
+    return message
+
+
+@pytest.mark.parametrize("path", ["invoke", "ainvoke", "astream"])
+async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
+    engine: ContextEngine, path: str
+) -> None:
+    with _model(engine) as (llm, server):
+        history: list[BaseMessage] = []
+        for question in ("Where is Paris?", "What is the plan?"):
+            history.append(HumanMessage(question))
+            history.append(await _ask(llm, history, path))
+        bad = history.pop()  # regenerate the last answer
+
+        await _ask(llm, history, path)
+        assert str(bad.content) == "ANSWER 1 to What is the plan?"
+        assert _sent(server) == [
+            "Where is Paris?",
+            "ANSWER 0 to Where is Paris?",
+            "What is the plan?",
+        ]
+
+        # edit the second question: what followed it is dropped
+        edited = [*history[:2], HumanMessage("What is the capital of Italy?")]
+        edited.append(await _ask(llm, edited, path))
+        assert _sent(server) == [
+            "Where is Paris?",
+            "ANSWER 0 to Where is Paris?",
+            "What is the capital of Italy?",
+        ]
+        edited.append(HumanMessage("And its population?"))
+        await _ask(llm, edited, path)
+        assert _sent(server) == [
+            "Where is Paris?",
+            "ANSWER 0 to Where is Paris?",
+            "What is the capital of Italy?",
+            "ANSWER 1 to What is the capital of Italy?",
+            "And its population?",
+        ]
+    await engine.flush()
+    doc = await engine.get_session("user-1")
+    stored = [m.content for m in doc.session.messages]
+    # the answer taken back and the one asked for again: both stay stored
+    assert stored.count("ANSWER 1 to What is the plan?") == 2
+
+
+def _graph(llm: ChatOpenAI) -> Any:
+    def chat(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [llm.invoke([SystemMessage(SYSTEM), *state["messages"]])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("chat", chat)
+    graph.add_edge(START, "chat")
+    graph.add_edge("chat", END)
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def test_a_langgraph_thread_resumed_from_an_earlier_checkpoint(engine: ContextEngine) -> None:
+    """LangGraph's time travel: the app edits the question of an earlier checkpoint (an
+    update that replaces the message by its id) and resumes from there; then forks from the
+    end of the first turn with another question."""
+    with _model(engine) as (llm, server):
+        graph = _graph(llm)
+        config: Any = {"configurable": {"thread_id": "t-1"}}
+        graph.invoke({"messages": [HumanMessage("Where is Paris?")]}, config)
+        graph.invoke({"messages": [HumanMessage("Is it rainy?")]}, config)
+
+        history = list(graph.get_state_history(config))
+        asked = next(s for s in history if s.next == ("chat",) and len(s.values["messages"]) == 3)
+        question = asked.values["messages"][-1]
+        fork = graph.update_state(
+            asked.config, {"messages": [HumanMessage("Is it sunny?", id=question.id)]}
+        )
+        graph.invoke(None, fork)
+        assert _sent(server) == ["Where is Paris?", "ANSWER 0 to Where is Paris?", "Is it sunny?"]
+
+        graph.invoke({"messages": [HumanMessage("And tomorrow?")]}, config)
+        assert _sent(server) == [
+            "Where is Paris?",
+            "ANSWER 0 to Where is Paris?",
+            "Is it sunny?",
+            "ANSWER 1 to Is it sunny?",
+            "And tomorrow?",
+        ]
+        assert len(server.requests) == 4
