@@ -1,0 +1,118 @@
+"""A LlamaIndex chat app that goes back in its conversation — "regenerate" (it drops the
+answer it got and asks again), "edit" (it replaces a message and drops what followed) — with
+the LLM called on the app's own history, or a chat engine given ``chat_history``, gets the
+conversation it went back to: the model receives what the app passes, not the turns it took
+back. llama-index-llms-openai's ``OpenAI`` against the scripted OpenAI server; the assertions
+are on the request bodies it received."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_index.llms.openai")
+
+from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.llms import ChatMessage
+from llama_index.llms.openai import OpenAI
+
+import ce.llamaindex
+from ce.core.engine import ContextEngine
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+
+SYS = "You answer in one line."
+
+
+def _reply(body: dict[str, Any]) -> ScriptedResponse:
+    asked = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+    seen = sum(m["role"] == "assistant" for m in body["messages"])
+    return ScriptedResponse(text=f"answer {seen} to {asked}")
+
+
+def _sent(server: ScriptedOpenAIServer) -> list[str]:
+    return [str(m["content"]) for m in server.requests[-1]["messages"] if m["role"] != "system"]
+
+
+async def _chat(llm: OpenAI, history: list[ChatMessage], path: str) -> ChatMessage:
+    if path == "chat":
+        return (await asyncio.to_thread(llm.chat, history)).message
+    if path == "achat":
+        return (await llm.achat(history)).message
+    last = None
+    async for last in await llm.astream_chat(history):
+        pass
+    assert last is not None
+    return last.message
+
+
+@pytest.mark.parametrize("path", ["chat", "achat", "astream_chat"])
+async def test_the_llm_on_the_apps_history_gets_what_it_went_back_to(
+    engine: ContextEngine, path: str
+) -> None:
+    with ScriptedOpenAIServer(_reply) as server:
+        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="k", max_retries=0)
+        ce.llamaindex.install(engine)
+        with engine.session("user-1"):
+            history = [ChatMessage(role="system", content=SYS)]
+            for question in ("Where is Paris?", "What is the plan?"):
+                history.append(ChatMessage(role="user", content=question))
+                history.append(await _chat(llm, history, path))
+            history.pop()  # regenerate
+
+            await _chat(llm, history, path)
+            assert _sent(server) == [
+                "Where is Paris?",
+                "answer 0 to Where is Paris?",
+                "What is the plan?",
+            ]
+
+            edited = [*history[:3], ChatMessage(role="user", content="What is in Rome?")]
+            edited.append(await _chat(llm, edited, path))
+            assert _sent(server) == [
+                "Where is Paris?",
+                "answer 0 to Where is Paris?",
+                "What is in Rome?",
+            ]
+            edited.append(ChatMessage(role="user", content="And tomorrow?"))
+            await _chat(llm, edited, path)
+            assert _sent(server) == [
+                "Where is Paris?",
+                "answer 0 to Where is Paris?",
+                "What is in Rome?",
+                "answer 1 to What is in Rome?",
+                "And tomorrow?",
+            ]
+
+
+def test_a_chat_engine_given_an_earlier_history(engine: ContextEngine) -> None:
+    with ScriptedOpenAIServer(_reply) as server:
+        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="k", max_retries=0)
+        ce.llamaindex.install(engine)
+        chat_engine = SimpleChatEngine.from_defaults(llm=llm, system_prompt=SYS)
+        with engine.session("user-2"):
+            chat_engine.chat("Where is Paris?")
+            chat_engine.chat("What is the plan?")
+            first_turn = chat_engine.chat_history[:2]
+
+            chat_engine.chat("What is the plan?", chat_history=first_turn)
+            assert _sent(server) == [
+                "Where is Paris?",
+                "answer 0 to Where is Paris?",
+                "What is the plan?",
+            ]
+            chat_engine.chat("What is in Rome?", chat_history=first_turn)
+            assert _sent(server) == [
+                "Where is Paris?",
+                "answer 0 to Where is Paris?",
+                "What is in Rome?",
+            ]
+            chat_engine.chat("And tomorrow?")
+            assert _sent(server) == [
+                "Where is Paris?",
+                "answer 0 to Where is Paris?",
+                "What is in Rome?",
+                "answer 1 to What is in Rome?",
+                "And tomorrow?",
+            ]
