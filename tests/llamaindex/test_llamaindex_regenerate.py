@@ -40,11 +40,8 @@ async def _chat(llm: OpenAI, history: list[ChatMessage], path: str) -> ChatMessa
         return (await asyncio.to_thread(llm.chat, history)).message
     if path == "achat":
         return (await llm.achat(history)).message
-    last = None
-    async for last in await llm.astream_chat(history):
-        pass
-    assert last is not None
-    return last.message
+    chunks = [chunk async for chunk in await llm.astream_chat(history)]
+    return chunks[-1].message
 
 
 @pytest.mark.parametrize("path", ["chat", "achat", "astream_chat"])

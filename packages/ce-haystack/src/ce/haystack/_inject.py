@@ -408,7 +408,13 @@ class Seam:
             documents = _documents(frame, hits, evidences)
         dicts, history = _quoted_once(pending, documents, self._turns(frame))
         sent = prepare_openai_sync(
-            plugin, session_id, dicts, schemas, self._authors(pending, frame), history=history
+            plugin,
+            session_id,
+            dicts,
+            schemas,
+            self._authors(pending, frame),
+            history=history,
+            rewind=True,
         )
         if sent is not None and question is not None:
             frame.asked.setdefault(question, frame.agent or "")
@@ -446,7 +452,13 @@ class Seam:
             documents = _documents(frame, hits, evidences)
         dicts, history = _quoted_once(pending, documents, self._turns(frame))
         sent = await prepare_openai(
-            plugin, session_id, dicts, schemas, self._authors(pending, frame), history=history
+            plugin,
+            session_id,
+            dicts,
+            schemas,
+            self._authors(pending, frame),
+            history=history,
+            rewind=True,
         )
         if sent is not None and question is not None:
             frame.asked.setdefault(question, frame.agent or "")

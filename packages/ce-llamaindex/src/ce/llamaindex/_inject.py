@@ -89,9 +89,7 @@ def inject_sync(
         return fail_open_sync(
             plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
         )
-    sent = prepare_openai_sync(
-        plugin, session_id, pending, schemas, history=history, rewind=True
-    )
+    sent = prepare_openai_sync(plugin, session_id, pending, schemas, history=history, rewind=True)
     if sent is None:
         return None
     try:
@@ -116,9 +114,7 @@ async def inject_async(
         return await fail_open(
             plugin, session_id, "convert messages", exc, lambda: redacted_natively(plugin, messages)
         )
-    sent = await prepare_openai(
-        plugin, session_id, pending, schemas, history=history, rewind=True
-    )
+    sent = await prepare_openai(plugin, session_id, pending, schemas, history=history, rewind=True)
     if sent is None:
         return None
     try:

@@ -128,7 +128,7 @@ class Seam:
             own = await fail_open(plugin, session_id, "convert messages", exc, redact)
             return history if own is None else own
         sent = await prepare_openai(
-            plugin, session_id, pending.dicts, schemas, authors, history=converted
+            plugin, session_id, pending.dicts, schemas, authors, history=converted, rewind=True
         )
         if sent is None:
             return history
