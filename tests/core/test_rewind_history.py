@@ -13,9 +13,18 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_cut_history import Events, make_engine, removed_decisions, reply, texts, user
+from test_cut_history import (
+    Events,
+    ScriptedAdapter,
+    make_engine,
+    removed_decisions,
+    reply,
+    texts,
+    user,
+)
 
 from ce.core.cli import main
+from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.schema import Message, Role
 from ce.core.stores import SQLiteStore, Store
@@ -178,6 +187,27 @@ async def test_another_process_honours_what_was_taken_back(
         ]
         await engine.close()
     await first.close()
+
+
+async def test_the_rolling_summary_never_holds_what_was_taken_back() -> None:
+    adapter = ScriptedAdapter()
+    config = RuntimeConfig(
+        model_hint="gpt-4o",
+        summary={"trigger_message_count": 8, "preserve_recent_messages": 2},  # type: ignore[arg-type]
+    )
+    engine = make_engine(config=config, llm_adapter=adapter)
+    history = await two_turns(engine)
+    edited = [*history[:2], user("question 2, edited")]
+    await talk(engine, edited, "answer to the edit")
+    for n in range(3, 7):
+        edited.append(user(f"question {n}"))
+        await talk(engine, edited, f"answer {n}")
+
+    assert adapter.requests  # the engine summarized the older turns
+    asked = "\n".join(str(m.content) for r in adapter.requests for m in r.messages)
+    assert "question 2, edited" in asked
+    assert "question 2\n" not in asked + "\n" and "answer 2" not in asked
+    await engine.close()
 
 
 async def test_ce_show_says_what_the_app_took_back(

@@ -3,10 +3,12 @@ the turn record, and the events of a prepared call."""
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ce.core._drive import checkpoint, settle
@@ -23,6 +25,7 @@ from ce.core.schema import (
     EvidenceLinks,
     EvidenceSource,
     EvidenceType,
+    Message,
     ModelUsage,
     ModelUsageStage,
     PrepareResult,
@@ -30,6 +33,7 @@ from ce.core.schema import (
     Role,
     RunStatus,
     SourceKind,
+    Summary,
     TurnRecord,
 )
 from ce.core.tokens import tokenizer_name
@@ -241,15 +245,18 @@ class Preparer(BlockSummaries):
         # the engine's own model call: no plugin may rewrite, record or re-enter it
         from ce.core.integration import suppressed
 
+        shown, first_shown, last_shown = _without_withdrawn(messages, summary, start, end)
+        if last_shown < first_shown:
+            return  # every message of the range was taken back by the app
         try:
             with suppressed():
                 draft = await settle(
                     self._summarizer.summarize(
-                        messages,
+                        shown,
                         summary if summary is not None and summary.source == "engine" else None,
                         cfg.summary,
-                        start=start,
-                        to_index=end,
+                        start=first_shown,
+                        to_index=last_shown,
                     )
                 )
         except SummarizerError as exc:
@@ -311,3 +318,18 @@ def _config_snapshot(cfg: RuntimeConfig) -> dict[str, Any]:
     if rules and rules.get("dictionaries"):
         rules["dictionaries"] = [f"<{len(rules['dictionaries'])} redacted entries>"]
     return data
+
+
+def _without_withdrawn(
+    messages: Sequence[Message], summary: Summary | None, start: int, end: int
+) -> tuple[Sequence[Message], int, int]:
+    """``messages`` without those in turns the app took back (never summarized), and where
+    ``messages[start:end+1]`` starts and ends in it."""
+    if summary is None or not summary.withdrawn:
+        return messages, start, end
+    kept = [i for i in range(len(messages)) if not summary.withdraws(i)]
+    return (
+        [messages[i] for i in kept],
+        bisect.bisect_left(kept, start),
+        bisect.bisect_right(kept, end) - 1,
+    )
