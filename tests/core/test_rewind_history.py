@@ -24,7 +24,7 @@ from test_cut_history import (
 )
 
 from ce.core.cli import main
-from ce.core.config import RuntimeConfig
+from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.schema import Message, Role
 from ce.core.stores import SQLiteStore, Store
@@ -187,6 +187,29 @@ async def test_another_process_honours_what_was_taken_back(
         ]
         await engine.close()
     await first.close()
+
+
+async def test_a_cold_process_reads_only_the_newest_records_after_a_going_back_long_ago(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.db"
+    first = make_engine(SQLiteStore(path))
+    history = await two_turns(first)
+    history.pop()
+    await talk(first, history, "answer 2, again")
+    for n in range(3, 43):  # 80 messages more: more than a cold call reads first
+        history.append(user(f"question {n}"))
+        await talk(first, history, f"answer {n}")
+    await first.close()
+
+    budget = BudgetConfig(max_input_tokens=400, reserved_reply_tokens=100)
+    cold = make_engine(SQLiteStore(path), config=RuntimeConfig(model_hint="gpt-4o", budget=budget))
+    history.append(user("question 43"))
+    prepared = await cold.prepare_call("s", [SYSTEM, *history], rewind=True)
+    assert cold._entries["s"].partial  # the newest records were enough
+    assert texts(prepared.assembled_input.parts)[-3:] == ["question 42", "answer 42", "question 43"]
+    assert "answer 2" not in texts(prepared.assembled_input.parts)
+    await cold.close()
 
 
 async def test_the_rolling_summary_never_holds_what_was_taken_back() -> None:

@@ -363,15 +363,24 @@ class HistoryWriter:
         if not entry.partial or unchanged_prefix(entry, pending, cfg)[0]:
             return None
         messages = entry.doc.session.messages
-        older = entry.unread.messages - entry.unread.system_messages
+        base = entry.unread.messages
+        older = base - entry.unread.system_messages
         summary = entry.doc.session.summary
         removed = summary.removed_by_app if summary is not None else 0
-        if removed >= entry.unread.messages:
+        first = base  # the position of messages[0]
+        if removed >= base:
             # the app removed the session's oldest messages from its history (see
             # ContextEngine.cut_history): it passes the ones after them
-            messages = messages[removed - entry.unread.messages :]
-            older = 0
-        held = [m for m in messages if m.role is not Role.SYSTEM]
+            messages = messages[removed - base :]
+            first, older = removed, 0
+        withdrawn = summary.withdrawn if summary is not None else []
+        for span in withdrawn:  # turns the app took back: it no longer passes them
+            older -= max(0, min(span.to_index, base) - max(span.from_index, removed))
+        held = [
+            m
+            for i, m in enumerate(messages, first)
+            if m.role is not Role.SYSTEM and not (withdrawn and entry.withdrawn(i))
+        ]
         positions: list[int] = []  # of the non-system messages
         systems: list[int] = []
         for i, m in enumerate(pending):
