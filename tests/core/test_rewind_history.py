@@ -189,17 +189,22 @@ async def test_another_process_honours_what_was_taken_back(
     await first.close()
 
 
-async def test_a_cold_process_reads_only_the_newest_records_after_a_going_back_long_ago(
-    tmp_path: Path,
+@pytest.mark.parametrize("when", ["long ago", "just now"])
+async def test_a_cold_process_reads_only_the_newest_records_after_going_back(
+    tmp_path: Path, when: str
 ) -> None:
     path = tmp_path / "s.db"
     first = make_engine(SQLiteStore(path))
     history = await two_turns(first)
-    history.pop()
-    await talk(first, history, "answer 2, again")
+    if when == "long ago":
+        history.pop()
+        await talk(first, history, "answer 2, again")
     for n in range(3, 43):  # 80 messages more: more than a cold call reads first
         history.append(user(f"question {n}"))
         await talk(first, history, f"answer {n}")
+    if when == "just now":
+        history.pop()
+        await talk(first, history, "answer 42")  # asked again, answered the same
     await first.close()
 
     budget = BudgetConfig(max_input_tokens=400, reserved_reply_tokens=100)
