@@ -93,13 +93,13 @@ def test_a_chat_engine_given_an_earlier_history(engine: ContextEngine) -> None:
             chat_engine.chat("What is the plan?")
             first_turn = chat_engine.chat_history[:2]
 
-            chat_engine.chat("What is the plan?", chat_history=first_turn)
+            chat_engine.chat("What is the plan?", chat_history=list(first_turn))
             assert _sent(server) == [
                 "Where is Paris?",
                 "answer 0 to Where is Paris?",
                 "What is the plan?",
             ]
-            chat_engine.chat("What is in Rome?", chat_history=first_turn)
+            chat_engine.chat("What is in Rome?", chat_history=list(first_turn))
             assert _sent(server) == [
                 "Where is Paris?",
                 "answer 0 to Where is Paris?",
