@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, numbered_answer
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -120,6 +120,19 @@ def test_a_script_function_answers_from_the_request(server: ScriptedOpenAIServer
     server.set_script(lambda body: ScriptedResponse(text=f"{len(body['messages'])} messages"))
     reply = post(server, {"model": "m", "messages": [*USER, *USER]})
     assert reply["choices"][0]["message"]["content"] == "2 messages"
+
+
+def test_numbered_answers_tell_what_conversation_was_sent(server: ScriptedOpenAIServer) -> None:
+    server.set_script(numbered_answer)
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "answer 0 to first"},
+        {"role": "user", "content": "second"},
+    ]
+    reply = post(server, {"model": "m", "messages": messages})
+    assert reply["choices"][0]["message"]["content"] == "answer 1 to second"
+    assert server.last_conversation() == ["first", "answer 0 to first", "second"]
 
 
 def test_list_script_is_consumed_in_order_then_exhausted(server: ScriptedOpenAIServer) -> None:

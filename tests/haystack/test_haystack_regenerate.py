@@ -7,7 +7,6 @@ scripted server; the assertions are on the request bodies)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 from haystack import Pipeline
@@ -16,24 +15,14 @@ from hs_apps import generator
 
 import ce.haystack
 from ce.core.engine import ContextEngine
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
-
-
-def _reply(body: dict[str, Any]) -> ScriptedResponse:
-    asked = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
-    seen = sum(m["role"] == "assistant" for m in body["messages"])
-    return ScriptedResponse(text=f"answer {seen} to {asked}")
-
-
-def _sent(server: ScriptedOpenAIServer) -> list[str]:
-    return [str(m["content"]) for m in server.requests[-1]["messages"] if m["role"] != "system"]
+from ce.core.testing import ScriptedOpenAIServer, numbered_answer
 
 
 @pytest.mark.parametrize("path", ["run", "run_async"])
 async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
     engine: ContextEngine, path: str
 ) -> None:
-    with ScriptedOpenAIServer(_reply) as server:
+    with ScriptedOpenAIServer(numbered_answer) as server:
         pipeline = Pipeline()
         pipeline.add_component("llm", generator(server))
         ce.haystack.install(engine)
@@ -54,7 +43,7 @@ async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
         history.pop()  # regenerate
 
         await ask(history)
-        assert _sent(server) == [
+        assert server.last_conversation() == [
             "Where is Paris?",
             "answer 0 to Where is Paris?",
             "What is the plan?",
@@ -62,14 +51,14 @@ async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
 
         edited = [*history[:3], ChatMessage.from_user("What is in Rome?")]
         edited.append(await ask(edited))
-        assert _sent(server) == [
+        assert server.last_conversation() == [
             "Where is Paris?",
             "answer 0 to Where is Paris?",
             "What is in Rome?",
         ]
         edited.append(ChatMessage.from_user("And tomorrow?"))
         await ask(edited)
-        assert _sent(server) == [
+        assert server.last_conversation() == [
             "Where is Paris?",
             "answer 0 to Where is Paris?",
             "What is in Rome?",

@@ -21,28 +21,17 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 
 import ce.langchain
 from ce.core.engine import ContextEngine
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing import ScriptedOpenAIServer, numbered_answer
 
 SYSTEM = "You answer in one line."
 
 
-def _script(body: dict[str, Any]) -> ScriptedResponse:
-    asked = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
-    seen = sum(m["role"] == "assistant" for m in body["messages"])
-    return ScriptedResponse(text=f"ANSWER {seen} to {asked}")
-
-
 @contextmanager
 def _model(engine: ContextEngine) -> Iterator[tuple[ChatOpenAI, ScriptedOpenAIServer]]:
-    with ScriptedOpenAIServer(_script) as server:
+    with ScriptedOpenAIServer(numbered_answer) as server:
         llm = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="k", max_retries=0)
         ce.langchain.install(engine)
         yield llm, server
-
-
-def _sent(server: ScriptedOpenAIServer) -> list[str]:
-    """What the last request sent, system prompt aside."""
-    return [str(m["content"]) for m in server.requests[-1]["messages"] if m["role"] != "system"]
 
 
 async def _ask(llm: ChatOpenAI, history: list[BaseMessage], path: str) -> BaseMessage:
@@ -71,35 +60,35 @@ async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
         bad = history.pop()  # regenerate the last answer
 
         await _ask(llm, history, path)
-        assert str(bad.content) == "ANSWER 1 to What is the plan?"
-        assert _sent(server) == [
+        assert str(bad.content) == "answer 1 to What is the plan?"
+        assert server.last_conversation() == [
             "Where is Paris?",
-            "ANSWER 0 to Where is Paris?",
+            "answer 0 to Where is Paris?",
             "What is the plan?",
         ]
 
         # edit the second question: what followed it is dropped
         edited = [*history[:2], HumanMessage("What is the capital of Italy?")]
         edited.append(await _ask(llm, edited, path))
-        assert _sent(server) == [
+        assert server.last_conversation() == [
             "Where is Paris?",
-            "ANSWER 0 to Where is Paris?",
+            "answer 0 to Where is Paris?",
             "What is the capital of Italy?",
         ]
         edited.append(HumanMessage("And its population?"))
         await _ask(llm, edited, path)
-        assert _sent(server) == [
+        assert server.last_conversation() == [
             "Where is Paris?",
-            "ANSWER 0 to Where is Paris?",
+            "answer 0 to Where is Paris?",
             "What is the capital of Italy?",
-            "ANSWER 1 to What is the capital of Italy?",
+            "answer 1 to What is the capital of Italy?",
             "And its population?",
         ]
     await engine.flush()
     doc = await engine.get_session("user-1")
     stored = [m.content for m in doc.session.messages]
     # the answer taken back and the one asked for again: both stay stored
-    assert stored.count("ANSWER 1 to What is the plan?") == 2
+    assert stored.count("answer 1 to What is the plan?") == 2
 
 
 def _graph(llm: ChatOpenAI) -> Any:
@@ -125,14 +114,18 @@ def test_a_langgraph_thread_resumed_from_an_earlier_checkpoint(engine: ContextEn
         history = list(graph.get_state_history(config))
         first_turn = next(s for s in history if s.next == () and len(s.values["messages"]) == 2)
         graph.invoke({"messages": [HumanMessage("Is it sunny?")]}, first_turn.config)
-        assert _sent(server) == ["Where is Paris?", "ANSWER 0 to Where is Paris?", "Is it sunny?"]
+        assert server.last_conversation() == [
+            "Where is Paris?",
+            "answer 0 to Where is Paris?",
+            "Is it sunny?",
+        ]
 
         graph.invoke({"messages": [HumanMessage("And tomorrow?")]}, config)
-        assert _sent(server) == [
+        assert server.last_conversation() == [
             "Where is Paris?",
-            "ANSWER 0 to Where is Paris?",
+            "answer 0 to Where is Paris?",
             "Is it sunny?",
-            "ANSWER 1 to Is it sunny?",
+            "answer 1 to Is it sunny?",
             "And tomorrow?",
         ]
         assert len(server.requests) == 4

@@ -8,7 +8,6 @@ are on the request bodies it received."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -20,19 +19,9 @@ from llama_index.llms.openai import OpenAI
 
 import ce.llamaindex
 from ce.core.engine import ContextEngine
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
+from ce.core.testing import ScriptedOpenAIServer, numbered_answer
 
 SYS = "You answer in one line."
-
-
-def _reply(body: dict[str, Any]) -> ScriptedResponse:
-    asked = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
-    seen = sum(m["role"] == "assistant" for m in body["messages"])
-    return ScriptedResponse(text=f"answer {seen} to {asked}")
-
-
-def _sent(server: ScriptedOpenAIServer) -> list[str]:
-    return [str(m["content"]) for m in server.requests[-1]["messages"] if m["role"] != "system"]
 
 
 async def _chat(llm: OpenAI, history: list[ChatMessage], path: str) -> ChatMessage:
@@ -48,7 +37,7 @@ async def _chat(llm: OpenAI, history: list[ChatMessage], path: str) -> ChatMessa
 async def test_the_llm_on_the_apps_history_gets_what_it_went_back_to(
     engine: ContextEngine, path: str
 ) -> None:
-    with ScriptedOpenAIServer(_reply) as server:
+    with ScriptedOpenAIServer(numbered_answer) as server:
         llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="k", max_retries=0)
         ce.llamaindex.install(engine)
         with engine.session("user-1"):
@@ -59,7 +48,7 @@ async def test_the_llm_on_the_apps_history_gets_what_it_went_back_to(
             history.pop()  # regenerate
 
             await _chat(llm, history, path)
-            assert _sent(server) == [
+            assert server.last_conversation() == [
                 "Where is Paris?",
                 "answer 0 to Where is Paris?",
                 "What is the plan?",
@@ -67,14 +56,14 @@ async def test_the_llm_on_the_apps_history_gets_what_it_went_back_to(
 
             edited = [*history[:3], ChatMessage(role="user", content="What is in Rome?")]
             edited.append(await _chat(llm, edited, path))
-            assert _sent(server) == [
+            assert server.last_conversation() == [
                 "Where is Paris?",
                 "answer 0 to Where is Paris?",
                 "What is in Rome?",
             ]
             edited.append(ChatMessage(role="user", content="And tomorrow?"))
             await _chat(llm, edited, path)
-            assert _sent(server) == [
+            assert server.last_conversation() == [
                 "Where is Paris?",
                 "answer 0 to Where is Paris?",
                 "What is in Rome?",
@@ -84,7 +73,7 @@ async def test_the_llm_on_the_apps_history_gets_what_it_went_back_to(
 
 
 def test_a_chat_engine_given_an_earlier_history(engine: ContextEngine) -> None:
-    with ScriptedOpenAIServer(_reply) as server:
+    with ScriptedOpenAIServer(numbered_answer) as server:
         llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="k", max_retries=0)
         ce.llamaindex.install(engine)
         chat_engine = SimpleChatEngine.from_defaults(llm=llm, system_prompt=SYS)
@@ -94,19 +83,19 @@ def test_a_chat_engine_given_an_earlier_history(engine: ContextEngine) -> None:
             first_turn = chat_engine.chat_history[:2]
 
             chat_engine.chat("What is the plan?", chat_history=list(first_turn))
-            assert _sent(server) == [
+            assert server.last_conversation() == [
                 "Where is Paris?",
                 "answer 0 to Where is Paris?",
                 "What is the plan?",
             ]
             chat_engine.chat("What is in Rome?", chat_history=list(first_turn))
-            assert _sent(server) == [
+            assert server.last_conversation() == [
                 "Where is Paris?",
                 "answer 0 to Where is Paris?",
                 "What is in Rome?",
             ]
             chat_engine.chat("And tomorrow?")
-            assert _sent(server) == [
+            assert server.last_conversation() == [
                 "Where is Paris?",
                 "answer 0 to Where is Paris?",
                 "What is in Rome?",

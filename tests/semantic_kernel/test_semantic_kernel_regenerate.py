@@ -6,8 +6,6 @@ scripted server; the assertions are on the request bodies)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from semantic_kernel.connectors.ai.open_ai import OpenAIChatPromptExecutionSettings
 from semantic_kernel.contents import ChatHistory
@@ -15,24 +13,14 @@ from sk_apps import service
 
 import ce.semantic_kernel
 from ce.core.engine import ContextEngine
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
-
-
-def _reply(body: dict[str, Any]) -> ScriptedResponse:
-    asked = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
-    seen = sum(m["role"] == "assistant" for m in body["messages"])
-    return ScriptedResponse(text=f"answer {seen} to {asked}")
-
-
-def _sent(server: ScriptedOpenAIServer) -> list[str]:
-    return [str(m["content"]) for m in server.requests[-1]["messages"] if m["role"] != "system"]
+from ce.core.testing import ScriptedOpenAIServer, numbered_answer
 
 
 @pytest.mark.parametrize("path", ["get_chat_message_content", "get_streaming_chat_message_content"])
 async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
     engine: ContextEngine, path: str
 ) -> None:
-    with ScriptedOpenAIServer(_reply) as server:
+    with ScriptedOpenAIServer(numbered_answer) as server:
         chat = service(server)
         settings = OpenAIChatPromptExecutionSettings()
         ce.semantic_kernel.install(engine)
@@ -56,7 +44,7 @@ async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
         history.messages.pop()  # regenerate
 
         await ask(history)
-        assert _sent(server) == [
+        assert server.last_conversation() == [
             "Where is Paris?",
             "answer 0 to Where is Paris?",
             "What is the plan?",
@@ -65,14 +53,14 @@ async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
         del history.messages[3:]  # edit the second question
         history.add_user_message("What is in Rome?")
         await ask(history)
-        assert _sent(server) == [
+        assert server.last_conversation() == [
             "Where is Paris?",
             "answer 0 to Where is Paris?",
             "What is in Rome?",
         ]
         history.add_user_message("And tomorrow?")
         await ask(history)
-        assert _sent(server) == [
+        assert server.last_conversation() == [
             "Where is Paris?",
             "answer 0 to Where is Paris?",
             "What is in Rome?",

@@ -17,7 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ce.core.testing.engines import NoBlockingEngine, deterministic_engine, no_blocking
-    from ce.core.testing.openai_server import ScriptedOpenAIServer, ScriptedResponse
+    from ce.core.testing.openai_server import (
+        ScriptedOpenAIServer,
+        ScriptedResponse,
+        numbered_answer,
+    )
     from ce.core.testing.plugin_contract import InjectedEngineError, PluginContract
     from ce.core.testing.store_contract import InjectedFailure, StoreContract
 
@@ -31,6 +35,7 @@ __all__ = [
     "StoreContract",
     "deterministic_engine",
     "no_blocking",
+    "numbered_answer",
 ]
 
 _MODULES = {
@@ -43,6 +48,7 @@ _MODULES = {
     "StoreContract": "store_contract",
     "deterministic_engine": "engines",
     "no_blocking": "engines",
+    "numbered_answer": "openai_server",
 }
 
 

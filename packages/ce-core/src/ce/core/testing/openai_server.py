@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 
-__all__ = ["ScriptFunction", "ScriptedOpenAIServer", "ScriptedResponse"]
+__all__ = ["ScriptFunction", "ScriptedOpenAIServer", "ScriptedResponse", "numbered_answer"]
 
 _MODEL = "scripted-model"
 
@@ -89,6 +89,15 @@ def _validate(body: Any) -> dict[str, Any]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise _RequestError(400, f"messages[{index}] must be an object with a 'role'")
     return body
+
+
+def numbered_answer(body: dict[str, Any]) -> ScriptedResponse:
+    """A script function: ``answer <n> to <question>``, where ``n`` counts the assistant
+    messages the request holds and ``question`` is the text of its last user message, so a
+    test reads from each reply what conversation the model was sent."""
+    asked = [m.get("content") for m in body["messages"] if m.get("role") == "user"]
+    seen = sum(m.get("role") == "assistant" for m in body["messages"])
+    return ScriptedResponse(text=f"answer {seen} to {asked[-1] if asked else ''}")
 
 
 class ScriptedOpenAIServer:
@@ -165,6 +174,13 @@ class ScriptedOpenAIServer:
         """A copy of the chat-completions request bodies received so far."""
         with self._lock:
             return list(self._requests)
+
+    def last_conversation(self) -> list[str]:
+        """The text of each message of the last request received, its system messages
+        aside: the conversation the model was sent."""
+        with self._lock:
+            body = self._requests[-1]
+        return [str(m.get("content")) for m in body["messages"] if m.get("role") != "system"]
 
     def set_script(self, script: Sequence[ScriptedResponse] | ScriptFunction) -> None:
         """Replace the script (what is left of a list is discarded)."""
