@@ -114,6 +114,21 @@ async def test_an_edited_message_replaces_it_and_what_followed() -> None:
     await engine.close()
 
 
+async def test_an_edit_after_an_answer_asked_for_again_that_never_came() -> None:
+    engine = make_engine()
+    history = await two_turns(engine)
+    history.pop()
+    await engine.prepare_call("s", [SYSTEM, *history], rewind=True)  # the model call fails
+    edited = [*history[:2], user("question 2, edited")]
+
+    assert await talk(engine, edited, "answer to the edit") == [
+        "question 1",
+        "answer 1",
+        "question 2, edited",
+    ]
+    await engine.close()
+
+
 async def test_without_rewind_nothing_is_taken_back() -> None:
     engine = make_engine()
     history = await two_turns(engine)

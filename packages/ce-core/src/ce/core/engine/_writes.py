@@ -545,13 +545,13 @@ class HistoryWriter:
         messages = entry.doc.session.messages
         base = entry.unread.messages
         cleared = entry._cleared()
-        newest = None
+        newest = None  # the session's newest message the app could still pass
         for i in range(len(messages) - 1, -1, -1):
-            if messages[i].role is Role.SYSTEM:
-                continue
-            if base + i >= cleared and not entry.withdrawn(base + i):
+            if base + i < cleared:
+                break
+            if messages[i].role is not Role.SYSTEM and not entry.withdrawn(base + i):
                 newest = base + i
-            break
+                break
         if newest is None:
             return None
         asked = [m for m in pending if m.role is not Role.SYSTEM]
