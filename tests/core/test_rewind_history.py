@@ -111,6 +111,11 @@ async def test_an_edited_message_replaces_it_and_what_followed() -> None:
     ]
     doc = await engine.get_session("s")
     assert len(doc.session.messages) == 13  # nothing stored is lost
+    summary = doc.session.summary
+    # each going back reached the one before it: one span
+    assert summary is not None and [(w.from_index, w.to_index) for w in summary.withdrawn] == [
+        (3, 9)
+    ]
     await engine.close()
 
 

@@ -305,7 +305,7 @@ async def select_and_assemble(
 
 
 def _withdrawn_decisions(summary: Summary) -> list[PruneDecision]:
-    """One decision for each of the turns the app took back (see ``WithdrawnTurns``)."""
+    """One decision for each span of turns the app took back (see ``WithdrawnTurns``)."""
     return [
         PruneDecision(
             block_id=f"withdrawn:{span.from_index}..{span.to_index - 1}",

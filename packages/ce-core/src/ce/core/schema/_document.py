@@ -340,9 +340,9 @@ class Summary(_Model):
     nothing renders in their place and ``content`` is empty. A document without ``source``
     reads as ``"engine"``, and an engine summary is stored without it.
     ``cleared``: the app's latest clear of its whole history, if any (stored only then).
-    ``withdrawn``: the turns the app took back, oldest first (stored only when there are
-    some); a session whose app only took turns back has a summary with ``source="app"`` that
-    removes no message (``to_index`` -1)."""
+    ``withdrawn``: the turns the app took back, oldest first, apart (stored only when there
+    are some); a session whose app only took turns back has a summary with ``source="app"``
+    that removes no message (``to_index`` -1)."""
 
     content: str
     updated_at: str

@@ -217,8 +217,9 @@ class HostStateWriters:
         """Record that the app took back the session's messages from ``from_index`` on (it
         went back to an earlier point of its conversation): they are no longer sent (they
         stay stored) and what the app passes is no longer matched against them
-        (:class:`WithdrawnTurns`). ``held_from`` as for :meth:`cut_history`; ``from_index``
-        must lie within the messages held."""
+        (:class:`WithdrawnTurns`; one span with the earlier ones it overlaps or touches).
+        ``held_from`` as for :meth:`cut_history`; ``from_index`` must lie within the messages
+        held."""
         count = len(self._doc.session.messages)
         end = held_from + count
         if not held_from <= from_index < end:
@@ -226,6 +227,11 @@ class HostStateWriters:
                 f"turns from message {from_index} are not within messages {held_from}..{end - 1}"
             )
         current = self._doc.session.summary
+        # spans stay sorted and apart: the new one (up to the newest message) takes in every
+        # earlier one it reaches or touches (an answer asked for again and again is one span)
+        earlier = list(current.withdrawn) if current is not None else []
+        while earlier and earlier[-1].to_index >= from_index:
+            from_index = min(from_index, earlier.pop().from_index)
         span = WithdrawnTurns(from_index=from_index, to_index=end)
         if current is None:
             summary = Summary(
@@ -236,7 +242,7 @@ class HostStateWriters:
                 withdrawn=[span],
             )
         else:
-            summary = current.model_copy(update={"withdrawn": [*current.withdrawn, span]})
+            summary = current.model_copy(update={"withdrawn": [*earlier, span]})
         self._doc.session.summary = summary
         self._changes.summary = True
         return summary.model_copy(deep=True)
