@@ -258,6 +258,33 @@ async def test_the_rolling_summary_never_holds_what_was_taken_back() -> None:
     await engine.close()
 
 
+async def test_another_process_honours_an_answer_asked_for_again_twice(
+    opener: Callable[[], Store],
+) -> None:
+    first = make_engine(opener())
+    watcher = make_engine(opener())  # a process that keeps the session cached
+    history = await two_turns(first)
+    history.pop()
+    await talk(first, history, "answer 2, again")
+    assert "answer 2, again" in texts(
+        (await watcher.prepare_call("s", [SYSTEM, *history], rewind=False)).assembled_input.parts
+    )
+    history.pop()
+    await talk(first, history, "answer 2, third try")  # one span with the first going back
+    history.append(user("question 3"))
+
+    prepared = await watcher.prepare_call("s", [SYSTEM, *history], rewind=True)
+    assert texts(prepared.assembled_input.parts) == [
+        "question 1",
+        "answer 1",
+        "question 2",
+        "answer 2, third try",
+        "question 3",
+    ]
+    for engine in (first, watcher):
+        await engine.close()
+
+
 async def test_ce_show_says_what_the_app_took_back(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

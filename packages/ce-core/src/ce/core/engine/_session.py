@@ -125,18 +125,17 @@ class SessionEntry:
         self.match_after_clear()
         self._note_evidences(state.live_view().evidences.values())
 
-    def _cleared(self) -> int:
+    def cleared(self) -> int:
         """How many of the session's first messages the app's latest clear covers."""
         summary = self.state.live_view().session.summary
         return summary.cleared.messages if summary is not None and summary.cleared else 0
 
-    def _taken_back(self) -> tuple[int, int]:
-        """The app's latest clear and how many times it took turns back (see
+    def _taken_back(self) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """The app's latest clear and the spans of turns it took back (see
         :meth:`match_after_clear`)."""
         summary = self.state.live_view().session.summary
-        if summary is None:
-            return 0, 0
-        return (summary.cleared.messages if summary.cleared else 0), len(summary.withdrawn)
+        spans = tuple((w.from_index, w.to_index) for w in summary.withdrawn) if summary else ()
+        return self.cleared(), spans
 
     def withdrawn(self, position: int) -> bool:
         """Whether the message at ``position`` (from the session's first message) is in
@@ -152,7 +151,7 @@ class SessionEntry:
         Likewise for the turns the app took back (see :meth:`withdrawn`)."""
         messages = self.state.live_view().session.messages
         base = self.unread.messages
-        cut = max(0, self._cleared() - base)
+        cut = max(0, self.cleared() - base)
         self.key_counts = {}
         self.key_positions = {}
         self.last_key = None
@@ -293,7 +292,7 @@ class SessionEntry:
         """Remember the ids of messages the session stores before what this entry holds
         (read by id): a framework id among them is taken, though the messages are not
         matched against what a framework passes."""
-        removed = self.unread.messages <= self._cleared()
+        removed = self.unread.messages <= self.cleared()
         for message in messages:
             if message.message_id:
                 self.message_ids.add(message.message_id)

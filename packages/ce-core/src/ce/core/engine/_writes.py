@@ -544,7 +544,7 @@ class HistoryWriter:
             return None
         messages = entry.doc.session.messages
         base = entry.unread.messages
-        cleared = entry._cleared()
+        cleared = entry.cleared()
         newest = None  # the session's newest message the app could still pass
         for i in range(len(messages) - 1, -1, -1):
             if base + i < cleared:
