@@ -33,6 +33,7 @@ from ce.core.events import Event, EventBus, InMemoryEventBus
 from ce.core.pipeline import EvidenceIngestor, IngestOptions, Summarizer
 from ce.core.primitives import Clock, Hasher, IdGenerator
 from ce.core.schema import (
+    MESSAGES_BEFORE,
     Evidence,
     EvidenceLinks,
     EvidenceSource,
@@ -578,25 +579,37 @@ class EngineCore(HistoryWriter):
             if stored_id != links.tool_call_id:
                 links = links.model_copy(update={"tool_call_id": stored_id})
         prepared = ingestor.prepare(content, source, evidence_type, links, metadata, options)
+        # the turn it comes with: withdrawn with it should the app go back before it
+        prepared.evidence.metadata[MESSAGES_BEFORE] = entry.message_total
+        if prepared.original is not None:
+            prepared.original.metadata[MESSAGES_BEFORE] = entry.message_total
         for reason, detail in prepared.degradations:
             await self._emit("Degraded", entry.session_id, None, reason=reason, detail=detail)
         if prepared.dedup_key is not None:
-            # an evidence the app cleared with its history (see clear_history) is not sent
-            # again: the same content ingested after the clear is stored anew
+            # an evidence the app cleared with its history (see clear_history), or that came
+            # with turns it took back, is not sent again: the same content ingested after
+            # the clear or the going back is stored anew
             summary = entry.doc.session.summary
             removed = summary.cleared.evidences if summary and summary.cleared else 0
             cleared = removed - entry.unread.evidences  # of the evidences the entry holds
             existing = entry.dedup.get(prepared.dedup_key)
             if existing is not None and existing in entry.doc.evidences:
-                if cleared <= 0 or list(entry.doc.evidences).index(existing) >= cleared:
-                    return entry.doc.evidences[existing], None
+                held = entry.doc.evidences[existing]
+                if (
+                    cleared <= 0 or list(entry.doc.evidences).index(existing) >= cleared
+                ) and not entry.evidence_withdrawn(held):
+                    entry.note_recalled(existing)
+                    return held, None
             elif existing is None and entry.partial:
                 # stored before the newest records this entry holds: looked up by its key
                 store = cast(SliceStore, self.store)
                 found = await store.read_evidences(entry.session_id, [prepared.dedup_key])
                 if found and not removed:
-                    return found[0], None
-                if found and cleared < 0:
+                    live = next((e for e in found if not entry.evidence_withdrawn(e)), None)
+                    if live is not None:
+                        entry.note_recalled(live.evidence_id)
+                        return live, None
+                elif found and cleared < 0:
                     raise TailTooShort()  # stored before or after the clear: read further
         stored = entry.state.add_evidence(prepared.evidence)
         if prepared.original is not None:

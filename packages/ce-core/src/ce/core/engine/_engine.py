@@ -368,7 +368,12 @@ class ContextEngine(Preparer):
             if rewind and (taken_back := self._rewound_to(entry, pending_messages, cfg)):
                 if entry.partial:  # matched again against the whole session
                     raise TailTooShort(whole=True)
-                entry.state.withdraw_turns(taken_back)
+                entry.state.withdraw_turns(
+                    taken_back,
+                    kept_evidences=lambda first: self._still_quoted(
+                        entry, pending_messages, cfg, first
+                    ),
+                )
                 entry.match_after_clear()
                 entry.indexes.clear()
                 tail_start = None

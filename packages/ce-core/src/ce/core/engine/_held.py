@@ -129,10 +129,11 @@ def quoted_documents(entry: SessionEntry, text: str) -> str:
     """``text`` with every one of the session's newest retrieved documents that it quotes
     whole replaced by :func:`~ce.core.pipeline.document_pointer` (``text`` itself when it
     quotes none). Documents of the same text (one text from two sources) point to the oldest
-    of them: retrieving the other copy later must not rewrite the prompts stored before."""
+    of them: retrieving the other copy later must not rewrite the prompts stored before. A
+    document that came with turns the app took back is not pointed to (it is not sent)."""
     oldest: dict[str, str] = {}  # text -> the oldest evidence id of it, newest text first
     for evidence in islice(reversed(entry.doc.evidences.values()), _QUOTED_RECENT):
-        if evidence.type is EvidenceType.RAG_DOC:
+        if evidence.type is EvidenceType.RAG_DOC and not entry.evidence_withdrawn(evidence):
             content = evidence.content.strip()
             if quotes_document(text, content):
                 oldest[content] = evidence.evidence_id

@@ -122,6 +122,9 @@ class SessionEntry:
         # with the retrieved documents it quotes replaced (see _held.quoting_evidence)
         self.quoted_memo: tuple[str, tuple[int, str | None], str] | None = None
         self.removed_ids: set[str] = set()  # framework ids of messages the app removed
+        # the evidences ingested again (found stored) since the session's newest message,
+        # and the message count then: a going back keeps them sent (see _still_quoted)
+        self.recalled: tuple[int, list[str]] = (0, [])
         self.match_after_clear()
         self._note_evidences(state.live_view().evidences.values())
 
@@ -142,6 +145,21 @@ class SessionEntry:
         turns the app took back."""
         summary = self.state.live_view().session.summary
         return summary is not None and bool(summary.withdrawn) and summary.withdraws(position)
+
+    def note_recalled(self, evidence_id: str) -> None:
+        """Remember that ``evidence_id`` was ingested again (found stored) now."""
+        total, ids = self.recalled
+        if total != self.message_total:
+            self.recalled = total, ids = self.message_total, []
+        ids.append(evidence_id)
+
+    def evidence_withdrawn(self, evidence: Evidence) -> bool:
+        """Whether ``evidence`` came with turns the app took back (see
+        :meth:`~ce.core.schema.Summary.withdraws_evidence`)."""
+        summary = self.state.live_view().session.summary
+        return (
+            summary is not None and bool(summary.withdrawn) and summary.withdraws_evidence(evidence)
+        )
 
     def match_after_clear(self) -> None:
         """Match what a framework passes only against the messages after the app's latest
@@ -336,7 +354,14 @@ class SessionEntry:
         if new > 0:
             # dicts keep insertion order: the newest evidences are at the end
             for evidence in reversed(list(islice(reversed(doc.evidences.values()), new))):
-                index.add_evidence(evidence)
+                if (
+                    summary is not None
+                    and summary.withdrawn
+                    and summary.withdraws_evidence(evidence)
+                ):
+                    index.skip_evidence(evidence.evidence_id)  # with turns taken back
+                else:
+                    index.add_evidence(evidence)
         return index
 
 

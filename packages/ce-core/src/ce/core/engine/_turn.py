@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -188,9 +188,11 @@ async def select_and_assemble(
     resolution = Resolution()
     if config.conflicts.enabled:
         tracker = _conflict_tracker(index, doc, config.conflicts.entity_keys, unread)
-        resolution = resolve_conflicts(
-            tracker.conflicts(), tracker.lookup(doc.evidences), config.conflicts.policy
-        )
+        known = tracker.lookup(doc.evidences)
+        taken_back = doc.session.summary
+        if taken_back is not None and taken_back.withdrawn:
+            known = _Sent(known, taken_back)
+        resolution = resolve_conflicts(tracker.conflicts(), known, config.conflicts.policy)
         if resolution.note:
             context.append(
                 _text_candidate(
@@ -251,7 +253,7 @@ async def select_and_assemble(
     cut = summary.removed_by_app if summary is not None else 0
     decisions = [*_unread_decisions(unread, covered, cut, cleared), *decisions]
     if summary is not None and summary.withdrawn:
-        decisions.extend(_withdrawn_decisions(summary))
+        decisions.extend(_withdrawn_decisions(summary, index.withdrawn_evidences))
     assembler = Assembler(estimator)
     while True:
         kept = without_dangling(kept, index)
@@ -304,9 +306,10 @@ async def select_and_assemble(
     )
 
 
-def _withdrawn_decisions(summary: Summary) -> list[PruneDecision]:
-    """One decision for each span of turns the app took back (see ``WithdrawnTurns``)."""
-    return [
+def _withdrawn_decisions(summary: Summary, evidence_ids: list[str]) -> list[PruneDecision]:
+    """One decision for each span of turns the app took back (see ``WithdrawnTurns``), and
+    one for the evidences that came with them (``evidence_ids``, in the session's order)."""
+    decisions = [
         PruneDecision(
             block_id=f"withdrawn:{span.from_index}..{span.to_index - 1}",
             action="dropped",
@@ -317,6 +320,18 @@ def _withdrawn_decisions(summary: Summary) -> list[PruneDecision]:
         )
         for span in summary.withdrawn
     ]
+    if evidence_ids:
+        first, last = evidence_ids[0], evidence_ids[-1]
+        decisions.append(
+            PruneDecision(
+                block_id=f"ev:{first}" if first == last else f"ev:{first}..ev:{last}",
+                action="dropped",
+                reason=f"{REMOVED_BY_APP}: retrieved for turns the app took back",
+                token_estimate=0,
+                block_count=len(evidence_ids),
+            )
+        )
+    return decisions
 
 
 def _unread_decisions(
@@ -362,6 +377,28 @@ def _unread_decisions(
             )
         )
     return out
+
+
+class _Sent(Mapping[str, Evidence]):
+    """The evidences of ``evidences`` that may be sent: not those that came with turns the
+    app took back (their facts conflict with nothing)."""
+
+    def __init__(self, evidences: Mapping[str, Evidence], summary: Summary) -> None:
+        self._evidences = evidences
+        self._summary = summary
+
+    def __getitem__(self, evidence_id: str) -> Evidence:
+        evidence = self._evidences[evidence_id]
+        if self._summary.withdraws_evidence(evidence):
+            raise KeyError(evidence_id)
+        return evidence
+
+    def __iter__(self) -> Iterator[str]:
+        withdrawn = self._summary.withdraws_evidence
+        return (k for k, e in self._evidences.items() if not withdrawn(e))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _conflict_tracker(

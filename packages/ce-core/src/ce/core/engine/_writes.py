@@ -28,8 +28,10 @@ from ce.core.engine._session import (
     message_key,
 )
 from ce.core.errors import InvariantViolationError, RedactionError
+from ce.core.pipeline import document_pointer, quotes_document
 from ce.core.redaction import RegexRedactor
 from ce.core.schema import (
+    MESSAGES_BEFORE,
     Message,
     ModelInvocation,
     RedactionRecord,
@@ -534,7 +536,8 @@ class HistoryWriter:
 
         The point is the newest message of ``pending`` the session holds (its newest stored
         position with that text): it went back when that is not the session's newest message,
-        the message of ``pending`` before it is the session's message before it too, and
+        the message of ``pending`` before it is the session's message before it too (or that
+        user message in the form the app keeps of it: see :meth:`_same_turn`), and
         after it ``pending`` holds nothing (the question asked again: the point is a user
         message) or new messages from a user message on (the edit). Not while a run is in
         flight (another request's turn), nor when the session's next message answers a tool
@@ -580,7 +583,7 @@ class HistoryWriter:
         if (
             before < 0
             or base + before < cleared
-            or message_key(messages[before]) != key(asked[j - 1])
+            or not self._same_turn(entry, asked[j - 1], messages[before], cfg)
         ):
             return None
         following = point - base + 1
@@ -589,6 +592,43 @@ class HistoryWriter:
         if following < len(messages) and messages[following].role is Role.TOOL:
             return None
         return point + 1
+
+    def _still_quoted(
+        self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig, first: int
+    ) -> list[str]:
+        """The documents retrieved for the session's turns from message ``first`` on (which
+        the app took back) that ``pending``, its conversation as it went back, quotes whole
+        or points to, or that were ingested again since the newest of those turns (in this
+        process): retrieved again for the message that replaced them, they stay sent.
+        A document stored again since (the same text, newer) stays sent as that copy, and
+        of one text taken back twice only the newest copy is kept.
+        Work proportional to those documents."""
+        texts = [
+            self._stored_text(m.content, cfg)
+            for m in pending
+            if m.role in (Role.SYSTEM, Role.USER) and m.content
+        ]
+        end = entry.message_total  # the turns taken back end with the session's messages
+        recalled = entry.recalled[1] if entry.recalled[0] == end else []
+        sent: set[str] = set()  # the texts of the documents that stay sent, newest first
+        kept: list[str] = []
+        for evidence in reversed(entry.doc.evidences.values()):
+            held = evidence.metadata.get(MESSAGES_BEFORE)
+            if not isinstance(held, int) or held < first:
+                break  # stored before those turns (or by an engine that did not say when)
+            if evidence.links.tool_call_id:
+                continue  # a tool's output goes with its call
+            content = evidence.content.strip()
+            if held >= end or content in sent:  # stored since: this call's own
+                sent.add(content)
+                continue
+            pointer = document_pointer(evidence.evidence_id)
+            if evidence.evidence_id in recalled or any(
+                pointer in text or quotes_document(text, content) for text in texts
+            ):
+                kept.append(evidence.evidence_id)
+                sent.add(content)
+        return kept[::-1]
 
     def _same_turn(
         self, entry: SessionEntry, message: Message, stored: Message, cfg: RuntimeConfig

@@ -266,6 +266,7 @@ class SessionIndex:
         self.message_base = message_base
         self.message_count = message_base
         self.evidence_count = 0
+        self.withdrawn_evidences: list[str] = []  # see skip_evidence
         self.record_count = 0
         self._errors: list[tuple[str, str]] = []
         self.instruction: Message | None = instruction
@@ -280,6 +281,12 @@ class SessionIndex:
         """Count the session's next message without making it a block (a message in turns
         the app took back: never sent)."""
         self.message_count += 1
+
+    def skip_evidence(self, evidence_id: str) -> None:
+        """Count the session's next evidence without making it a block (a document retrieved
+        for turns the app took back: never sent, listed in ``withdrawn_evidences``)."""
+        self.evidence_count += 1
+        self.withdrawn_evidences.append(evidence_id)
 
     def add_message(self, message: Message) -> None:
         position = self.message_count

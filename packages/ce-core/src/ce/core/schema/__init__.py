@@ -5,6 +5,7 @@ document dict; :func:`json_schema` returns the JSON Schema shipped under ``docs/
 """
 
 from ce.core.schema._document import (
+    MESSAGES_BEFORE,
     Actor,
     AgentInfo,
     AudioPart,
@@ -81,6 +82,7 @@ from ce.core.schema._version import SCHEMA_VERSION
 from ce.core.schema.migrate import MigrateResult, Migrator
 
 __all__ = [
+    "MESSAGES_BEFORE",
     "SCHEMA_VERSION",
     "Actor",
     "AgentInfo",

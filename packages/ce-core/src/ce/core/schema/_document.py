@@ -142,6 +142,11 @@ class ToolCallRequest(_Model):
 # one, the text comes first). Parts hold their data as the app gave it (a URL, a data URL, the
 # provider's base64): nothing is decoded or copied on the way to the model.
 
+MESSAGES_BEFORE = "messages_before"
+"""The evidence metadata key under which the engine stores how many messages the session
+held when the evidence was stored: the turn it came with (see
+:meth:`Summary.withdraws_evidence`)."""
+
 _DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w.+-]+=[^;,]*)*)(;base64)?,", re.ASCII)
 
 
@@ -321,10 +326,24 @@ class WithdrawnTurns(_Model):
     for, a message it edited, a conversation resumed from an earlier point: see
     ``ContextEngine.prepare_call(..., rewind=True)``): ``session.messages[from_index:to_index]``
     are no longer sent (they stay stored) and are not matched against what the app passes
-    (a message among them, passed again, is new)."""
+    (a message among them, passed again, is new).
+
+    The evidences stored while the session held ``from_index`` to ``to_index - 1`` messages
+    (the documents retrieved for those turns: ``metadata["messages_before"]``, see
+    :meth:`withdraws_evidence`) are withdrawn with them, but for ``kept_evidences``: those
+    the app's conversation as it went back still quotes (a document retrieved again for the
+    message that replaced them)."""
 
     from_index: int = Field(ge=0)
     to_index: int = Field(ge=0)
+    kept_evidences: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_kept(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and "kept_evidences" in data and not data["kept_evidences"]:
+            del data["kept_evidences"]
+        return data
 
 
 class Summary(_Model):
@@ -355,6 +374,18 @@ class Summary(_Model):
     def withdraws(self, position: int) -> bool:
         """Whether the message at ``position`` is in turns the app took back."""
         return any(w.from_index <= position < w.to_index for w in self.withdrawn)
+
+    def withdraws_evidence(self, evidence: Evidence) -> bool:
+        """Whether ``evidence`` came with turns the app took back: stored while the session
+        held the messages before one of them (``metadata["messages_before"]``, written by
+        the engine) and not among the span's ``kept_evidences``."""
+        held = evidence.metadata.get(MESSAGES_BEFORE)
+        if not isinstance(held, int) or isinstance(held, bool):
+            return False
+        for span in self.withdrawn:
+            if span.from_index <= held < span.to_index:
+                return evidence.evidence_id not in span.kept_evidences
+        return False
 
     @property
     def removed_by_app(self) -> int:

@@ -3,7 +3,7 @@ blocks, tasks, the rolling summary."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ce.core.errors import InvariantViolationError
@@ -213,13 +213,20 @@ class HostStateWriters:
         self._changes.summary = True
         return summary.model_copy(deep=True)
 
-    def withdraw_turns(self, from_index: int, *, held_from: int = 0) -> Summary:
+    def withdraw_turns(
+        self,
+        from_index: int,
+        *,
+        held_from: int = 0,
+        kept_evidences: Callable[[int], list[str]] | None = None,
+    ) -> Summary:
         """Record that the app took back the session's messages from ``from_index`` on (it
         went back to an earlier point of its conversation): they are no longer sent (they
         stay stored) and what the app passes is no longer matched against them
         (:class:`WithdrawnTurns`; one span with the earlier ones it overlaps or touches).
         ``held_from`` as for :meth:`cut_history`; ``from_index`` must lie within the messages
-        held."""
+        held. ``kept_evidences``: given the first message of the span (earlier spans joined),
+        the ids of the evidences that came with its turns and stay sent."""
         count = len(self._doc.session.messages)
         end = held_from + count
         if not held_from <= from_index < end:
@@ -232,7 +239,8 @@ class HostStateWriters:
         earlier = list(current.withdrawn) if current is not None else []
         while earlier and earlier[-1].to_index >= from_index:
             from_index = min(from_index, earlier.pop().from_index)
-        span = WithdrawnTurns(from_index=from_index, to_index=end)
+        kept = kept_evidences(from_index) if kept_evidences is not None else []
+        span = WithdrawnTurns(from_index=from_index, to_index=end, kept_evidences=kept)
         if current is None:
             summary = Summary(
                 content="",

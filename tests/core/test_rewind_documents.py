@@ -1,0 +1,240 @@
+"""What was retrieved for the turns an app took back (``prepare_call(..., rewind=True)``: an
+edited question, an answer asked for again) is taken back with them: the documents found for
+the abandoned question are not sent with the edit, stay stored and are reported; a document
+found again for the new question is sent, once; the facts they state conflict with nothing.
+In the process that went back, in another that keeps the session cached, and in a cold one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from test_cut_history import REMOVED, make_engine, reply, texts, user
+
+from ce.core.config import RuntimeConfig
+from ce.core.engine import ContextEngine
+from ce.core.pipeline import document_pointer
+from ce.core.schema import (
+    Evidence,
+    EvidenceSource,
+    EvidenceType,
+    Message,
+    PrepareResult,
+    Role,
+    SourceKind,
+)
+from ce.core.stores import Store
+
+SYSTEM = Message(role=Role.SYSTEM, content="You answer from the documents.")
+GUIDES = {
+    city: f"The {city} city guide: museums open at nine, the weather in {city} is mild in autumn."
+    for city in ("Paris", "Oslo", "Rome", "Lima")
+}
+
+
+async def retrieve(engine: ContextEngine, city: str) -> Evidence:
+    source = EvidenceSource(kind=SourceKind.RAG, uri=f"kb://{city.lower()}")
+    return await engine.ingest_evidence("s", GUIDES[city], source, EvidenceType.RAG_DOC)
+
+
+async def ask(
+    engine: ContextEngine, history: list[Message], cities: tuple[str, ...], answer: str
+) -> PrepareResult:
+    """One turn of a RAG app that passes its whole conversation: it retrieves for the newest
+    question, then calls the model."""
+    for city in cities:
+        await retrieve(engine, city)
+    prepared = await engine.prepare_call("s", [SYSTEM, *history], rewind=True)
+    await engine.commit_assistant_message("s", reply(answer))
+    history.append(reply(answer))
+    return prepared
+
+
+def guides(prepared: PrepareResult) -> list[str]:
+    """The guides the model got, in the order it got them."""
+    sent = "\n".join(p.content for p in prepared.assembled_input.parts)
+    found = sorted((sent.find(text), city) for city, text in GUIDES.items() if text in sent)
+    for city, text in GUIDES.items():
+        assert sent.count(text) <= 1, f"the {city} guide was sent twice"
+    return [city for _, city in found]
+
+
+async def two_turns(engine: ContextEngine) -> list[Message]:
+    history = [user("weather in Paris?")]
+    await ask(engine, history, ("Paris",), "mild")
+    history.append(user("and in Oslo?"))
+    await ask(engine, history, ("Oslo",), "mild too")
+    return history
+
+
+async def test_the_documents_of_an_edited_question_go_with_it() -> None:
+    engine = make_engine()
+    history = await two_turns(engine)
+    edited = [*history[:2], user("and in Rome?")]
+
+    prepared = await ask(engine, edited, ("Rome",), "mild as well")
+
+    assert texts(prepared.assembled_input.parts) == ["weather in Paris?", "mild", "and in Rome?"]
+    assert guides(prepared) == ["Paris", "Rome"]
+    doc = await engine.get_session("s")
+    (oslo,) = [e for e in doc.evidences.values() if "Oslo" in e.content]  # it stays stored
+    reported = [
+        d for d in prepared.report.prune_decisions if d.block_id == f"ev:{oslo.evidence_id}"
+    ]
+    assert [(d.action, d.reason.split(":")[0], d.block_count) for d in reported] == [
+        ("dropped", REMOVED, 1)
+    ]
+    # the next turns: the conversation the app went on with, and its documents
+    edited.append(user("and tomorrow?"))
+    assert guides(await ask(engine, edited, (), "sunny")) == ["Paris", "Rome"]
+    # asking that again: its documents were retrieved before the question, they stay
+    edited.pop()
+    assert guides(await ask(engine, edited, (), "sunny, again")) == ["Paris", "Rome"]
+    await engine.close()
+
+
+async def test_a_document_found_again_for_the_new_question_is_sent_once() -> None:
+    engine = make_engine()
+    history = await two_turns(engine)
+
+    # the edit finds the abandoned question's document again (it is stored: found, not
+    # stored twice), and another
+    edited = [*history[:2], user("and in Oslo or Rome?")]
+    assert guides(await ask(engine, edited, ("Oslo", "Rome"), "both mild")) == [
+        "Paris",
+        "Oslo",
+        "Rome",
+    ]
+    # going back again, to the same point: the span joins the first; Oslo is found again
+    # (the copy the first edit kept), Rome is not
+    again = [*history[:2], user("and in Oslo alone?")]
+    assert guides(await ask(engine, again, ("Oslo",), "mild")) == ["Paris", "Oslo"]
+    again.append(user("and in Lima?"))
+    assert guides(await ask(engine, again, ("Lima",), "warm")) == ["Paris", "Oslo", "Lima"]
+    doc = await engine.get_session("s")
+    summary = doc.session.summary
+    assert summary is not None and [(w.from_index, w.to_index) for w in summary.withdrawn] == [
+        (3, 7)
+    ]
+    await engine.close()
+
+
+async def test_a_prompt_that_quotes_the_document_found_again_points_to_it() -> None:
+    """A RAG prompt quotes what it retrieved: the edit's prompt quotes the abandoned
+    question's document, retrieved again; it is sent once, fenced, and the prompt points to
+    the copy that is sent."""
+    engine = make_engine()
+    history = await two_turns(engine)
+    # the engine finds the copy that is sent even without having seen it ingested again
+    other = make_engine(engine.store)
+    prompt = f"Context:\n{GUIDES['Oslo']}\n\nQuestion: and in Oslo, really?"
+    edited = [*history[:2], user(prompt)]
+
+    prepared = await other.prepare_call("s", [SYSTEM, *edited], rewind=True)
+
+    assert guides(prepared) == ["Paris", "Oslo"]
+    doc = await other.get_session("s")
+    (oslo,) = [e for e in doc.evidences.values() if "Oslo" in e.content]
+    asked = prepared.assembled_input.parts[-1].content
+    assert document_pointer(oslo.evidence_id) in asked and GUIDES["Oslo"] not in asked
+    assert not any(
+        d.reason.startswith(REMOVED) and "ev:" in d.block_id
+        for d in prepared.report.prune_decisions
+    )
+    await other.close()
+    await engine.close()
+
+
+async def test_another_process_leaves_them_out(opener: Callable[[], Store]) -> None:
+    first = make_engine(opener())
+    watcher = make_engine(opener())  # a process that keeps the session cached
+    history = await two_turns(first)
+    await watcher.prepare_call("s", [SYSTEM, *history], rewind=True)
+    edited = [*history[:2], user("and in Rome?")]
+    await ask(first, edited, ("Rome",), "mild as well")
+    edited.append(user("and tomorrow?"))
+
+    prepared = await watcher.prepare_call("s", [SYSTEM, *edited], rewind=True)
+    assert guides(prepared) == ["Paris", "Rome"]
+    # the abandoned document, retrieved again there, is stored anew and sent
+    await retrieve(watcher, "Oslo")
+    again = await watcher.prepare_call("s", [SYSTEM, *edited], rewind=True)
+    assert guides(again) == ["Paris", "Rome", "Oslo"]
+    doc = await first.get_session("s")
+    assert sum("Oslo" in e.content for e in doc.evidences.values()) == 2
+    for engine in (first, watcher):
+        await engine.close()
+
+
+async def test_a_cold_process_that_finds_it_stored_long_ago(
+    opener: Callable[[], Store],
+) -> None:
+    first = make_engine(opener())
+    history = await two_turns(first)
+    edited = [*history[:2], user("and in Rome?")]
+    await ask(first, edited, ("Rome",), "mild as well")
+    for n in range(40):  # more messages and evidences than a cold call reads first
+        edited.append(user(f"and note {n}?"))
+        for part in ("a", "b"):
+            source = EvidenceSource(kind=SourceKind.RAG, uri=f"kb://note-{n}{part}")
+            await first.ingest_evidence("s", f"note {n}{part}", source, EvidenceType.RAG_DOC)
+        await ask(first, edited, (), f"noted {n}")
+    await first.close()
+    edited.append(user("and in Oslo after all?"))
+
+    cold = ContextEngine(opener(), config=RuntimeConfig(model_hint="gpt-4o"))  # its own ids
+    oslo = await retrieve(cold, "Oslo")  # found in the store, taken back: stored anew
+    assert cold._entries["s"].partial  # the newest records, and the store's lookup
+    prepared = await cold.prepare_call("s", [SYSTEM, *edited], rewind=True)
+
+    assert "Oslo" in guides(prepared)
+    doc = await cold.get_session("s")
+    assert [e.evidence_id for e in doc.evidences.values() if "Oslo" in e.content][-1] == (
+        oslo.evidence_id
+    )
+    assert sum("Oslo" in e.content for e in doc.evidences.values()) == 2
+    await cold.close()
+
+
+async def test_facts_of_a_document_taken_back_conflict_with_nothing() -> None:
+    engine = make_engine()
+    history = [user("where is order A-1?")]
+    source = EvidenceSource(kind=SourceKind.RAG, uri="kb://orders")
+    await engine.ingest_evidence(
+        "s", '{"order_id": "A-1", "status": "packed"}', source, EvidenceType.RAG_DOC
+    )
+    await ask(engine, history, (), "packed")
+    history.append(user("and now?"))
+    await engine.ingest_evidence(
+        "s", '{"order_id": "A-1", "status": "lost"}', source, EvidenceType.RAG_DOC
+    )
+    await ask(engine, history, (), "lost")
+    edited = [*history[:2], user("when will it ship?")]
+
+    prepared = await ask(engine, edited, (), "soon")
+
+    sent = "\n".join(p.content for p in prepared.assembled_input.parts)
+    assert "packed" in sent and "lost" not in sent
+    assert prepared.report.conflicts == []
+    await engine.close()
+
+
+async def test_an_app_that_keeps_its_prompts_with_the_documents_inline() -> None:
+    """The app's history holds the prompts it sent, each quoting its documents; the session
+    holds them with pointers instead. Going back is recognised all the same."""
+    engine = make_engine()
+
+    def prompt(city: str, question: str) -> Message:
+        return user(f"Context:\n{GUIDES[city]}\n\nQuestion: {question}")
+
+    history = [prompt("Paris", "weather in Paris?")]
+    await ask(engine, history, ("Paris",), "mild")
+    history.append(prompt("Oslo", "and in Oslo?"))
+    await ask(engine, history, ("Oslo",), "mild too")
+    edited = [*history[:2], prompt("Rome", "and in Rome?")]
+
+    prepared = await ask(engine, edited, ("Rome",), "mild as well")
+
+    asked = texts(prepared.assembled_input.parts)
+    assert len(asked) == 3 and asked[1] == "mild" and asked[2].endswith("and in Rome?")
+    assert guides(prepared) == ["Paris", "Rome"]
+    await engine.close()
