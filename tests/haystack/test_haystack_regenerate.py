@@ -1,15 +1,18 @@
 """A Haystack chat app that goes back in its conversation — "regenerate" (it drops the answer
 it got and runs its pipeline again on the same question), "edit" (it replaces a message and
 drops what followed) — gets the conversation it went back to: the model receives what the
-app passes, not the turns it took back (the real OpenAIChatGenerator in a Pipeline, on the
-scripted server; the assertions are on the request bodies)."""
+app passes, not the turns it took back nor the documents retrieved for them (the real
+OpenAIChatGenerator in a Pipeline, on the scripted server; the assertions are on the request
+bodies)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from haystack import Pipeline
+from haystack import Document, Pipeline, component
+from haystack.components.builders import ChatPromptBuilder
 from haystack.dataclasses import ChatMessage
 from hs_apps import generator
 
@@ -65,3 +68,80 @@ async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
             "answer 1 to What is in Rome?",
             "And tomorrow?",
         ]
+
+
+GUIDES = {
+    city: f"The {city} city guide: museums open at nine, the weather in {city} is mild in autumn."
+    for city in ("Paris", "Oslo", "Rome")
+}
+QUESTION = ChatMessage.from_user(
+    "Documents:\n{% for d in documents %}{{ d.content }}\n{% endfor %}Question: {{ query }}"
+)
+
+
+@component
+class CityGuides:
+    @component.output_types(documents=list[Document])
+    def run(self, query: str) -> dict[str, Any]:
+        return {
+            "documents": [
+                Document(content=text, meta={"source": f"kb://{city.lower()}"}, score=1.0)
+                for city, text in GUIDES.items()
+                if city in query
+            ]
+        }
+
+
+@pytest.mark.parametrize("kept", ["rendered prompts", "bare questions"])
+@pytest.mark.parametrize("path", ["run", "run_async"])
+async def test_a_conversational_rag_pipeline_edited(
+    engine: ContextEngine, path: str, kept: str
+) -> None:
+    """Retriever, ChatPromptBuilder over the app's history (the prompts it sent, documents
+    inline, or its bare questions, and the replies) and the generator: the edit gets its own
+    documents and the first turn's, never those of the question the user edited away; one
+    retrieved again is sent once."""
+    with ScriptedOpenAIServer(numbered_answer) as server:
+        pipeline = Pipeline()
+        pipeline.add_component("retriever", CityGuides())
+        pipeline.add_component("prompt", ChatPromptBuilder(variables=["documents", "query"]))
+        pipeline.add_component("llm", generator(server))
+        pipeline.connect("retriever.documents", "prompt.documents")
+        pipeline.connect("prompt.prompt", "llm.messages")
+        ce.haystack.install(engine)
+
+        async def ask(history: list[ChatMessage], query: str) -> list[ChatMessage]:
+            data = {
+                "retriever": {"query": query},
+                "prompt": {"template": [*history, QUESTION], "query": query},
+            }
+            outputs = {"prompt"}
+            with engine.session("rag-user"):
+                if path == "run_async":
+                    result = await pipeline.run_async(data, include_outputs_from=outputs)
+                else:
+                    result = await asyncio.to_thread(pipeline.run, data, outputs)
+            reply = result["llm"]["replies"][0]
+            if kept == "rendered prompts":
+                return [*result["prompt"]["prompt"], reply]
+            return [*history, ChatMessage.from_user(query), reply]
+
+        def sent() -> dict[str, int]:
+            body = str(server.requests[-1]["messages"])
+            return {city: body.count(text) for city, text in GUIDES.items() if text in body}
+
+        def asked() -> list[str]:  # the questions of the conversation the model got
+            return [t.rsplit("Question: ", 1)[-1] for t in server.last_conversation()[::2]]
+
+        first = await ask(
+            [ChatMessage.from_system("Answer from the guides.")], "What is it like in Paris?"
+        )
+        await ask(first, "And what about Oslo?")
+        assert sent() == {"Paris": 1, "Oslo": 1}
+
+        edited = await ask(first, "And what about Rome?")
+        assert asked() == ["What is it like in Paris?", "And what about Rome?"]
+        assert len(server.last_conversation()) == 3
+        assert sent() == {"Paris": 1, "Rome": 1}
+        await ask(edited, "And what about Oslo, after all?")
+        assert sent() == {"Paris": 1, "Oslo": 1, "Rome": 1}

@@ -4,6 +4,9 @@ LangGraph thread resumed from an earlier checkpoint — gets the conversation it
 the model receives what the app passes, not the turns it took back. The session keeps every
 message stored; the next turns continue from where the app went.
 
+What a RAG chat retrieved for the turns it took back goes with them: the model gets the
+documents of the conversation the app went back to, each once.
+
 Driven over langchain-openai's ``ChatOpenAI`` on the scripted OpenAI-compatible server."""
 
 from __future__ import annotations
@@ -14,7 +17,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
+from langchain_core.retrievers import BaseRetriever
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -129,3 +136,76 @@ def test_a_langgraph_thread_resumed_from_an_earlier_checkpoint(engine: ContextEn
             "And tomorrow?",
         ]
         assert len(server.requests) == 4
+
+
+GUIDES = {
+    city: f"The {city} city guide: museums open at nine, the weather in {city} is mild in autumn."
+    for city in ("Paris", "Oslo", "Rome")
+}
+
+
+class CityGuides(BaseRetriever):
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return [
+            Document(page_content=text, metadata={"source": f"kb://{city.lower()}"})
+            for city, text in GUIDES.items()
+            if city in query
+        ]
+
+
+def _guides_sent(server: ScriptedOpenAIServer) -> dict[str, int]:
+    body = str(server.requests[-1]["messages"])
+    return {city: body.count(text) for city, text in GUIDES.items() if text in body}
+
+
+@pytest.mark.parametrize("path", ["invoke", "ainvoke"])
+async def test_a_rag_chat_edited_gets_the_documents_of_the_edit(
+    engine: ContextEngine, path: str
+) -> None:
+    """A RAG chain with the app's history (retriever | prompt with the documents in its
+    system message and a history placeholder | ChatOpenAI): editing the second question
+    sends the documents retrieved for the edit and the first question, not those of the
+    question the user edited away."""
+    with _model(engine) as (llm, server):
+        prompt = ChatPromptTemplate.from_messages(
+            [
+                ("system", "Answer from the city guides below.\n\n{context}"),
+                MessagesPlaceholder("history"),
+                ("human", "{question}"),
+            ]
+        )
+        retriever = CityGuides()
+
+        async def turn(history: list[BaseMessage], question: str) -> list[BaseMessage]:
+            config: Any = {"metadata": {"ce_session_id": "rag-user"}}
+            if path == "invoke":
+                docs = await asyncio.to_thread(retriever.invoke, question, config)
+            else:
+                docs = await retriever.ainvoke(question, config)
+            context = "\n\n".join(d.page_content for d in docs)
+            inputs = {"context": context, "history": history, "question": question}
+            messages = (await prompt.ainvoke(inputs)).to_messages()
+            if path == "invoke":
+                answer = await asyncio.to_thread(llm.invoke, messages, config)
+            else:
+                answer = await llm.ainvoke(messages, config)
+            return [*history, HumanMessage(question), AIMessage(str(answer.content))]
+
+        first = await turn([], "Weather in Paris?")
+        await turn(first, "And in Oslo?")
+        assert _guides_sent(server) == {"Paris": 1, "Oslo": 1}
+
+        edited = await turn(first, "And in Rome?")  # the user edits the second question
+        assert server.last_conversation() == [
+            "Weather in Paris?",
+            "answer 0 to Weather in Paris?",
+            "And in Rome?",
+        ]
+        assert _guides_sent(server) == {"Paris": 1, "Rome": 1}
+
+        await turn(edited, "And in Oslo, after all?")  # the abandoned document, found again
+        assert _guides_sent(server) == {"Paris": 1, "Oslo": 1, "Rome": 1}
+        await turn(first, "And in Oslo, really?")  # back again: Rome goes, Oslo stays
+        assert _guides_sent(server) == {"Paris": 1, "Oslo": 1}

@@ -2,8 +2,8 @@
 answer it got and asks again), "edit" (it replaces a message and drops what followed) — with
 the LLM called on the app's own history, or a chat engine given ``chat_history``, gets the
 conversation it went back to: the model receives what the app passes, not the turns it took
-back. llama-index-llms-openai's ``OpenAI`` against the scripted OpenAI server; the assertions
-are on the request bodies it received."""
+back, nor what a chat engine retrieved for them. llama-index-llms-openai's ``OpenAI`` against
+the scripted OpenAI server; the assertions are on the request bodies it received."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ import pytest
 
 pytest.importorskip("llama_index.llms.openai")
 
-from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.chat_engine import ContextChatEngine, SimpleChatEngine
 from llama_index.core.llms import ChatMessage
+from llama_index.core.memory import ChatMemoryBuffer
+from llama_index.core.retrievers import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.llms.openai import OpenAI
 
 import ce.llamaindex
@@ -102,3 +105,62 @@ def test_a_chat_engine_given_an_earlier_history(engine: ContextEngine) -> None:
                 "answer 1 to What is in Rome?",
                 "And tomorrow?",
             ]
+
+
+GUIDES = {
+    city: f"The {city} city guide: museums open at nine, the weather in {city} is mild in autumn."
+    for city in ("Paris", "Oslo", "Rome")
+}
+
+
+class CityGuides(BaseRetriever):
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return [
+            NodeWithScore(node=TextNode(text=text, id_=city), score=1.0)
+            for city, text in GUIDES.items()
+            if city in query_bundle.query_str
+        ]
+
+
+def _guides_sent(server: ScriptedOpenAIServer) -> dict[str, int]:
+    body = str(server.requests[-1]["messages"])
+    return {city: body.count(text) for city, text in GUIDES.items() if text in body}
+
+
+@pytest.mark.parametrize("path", ["chat", "achat"])
+async def test_a_context_chat_engine_given_an_earlier_history(
+    engine: ContextEngine, path: str
+) -> None:
+    """The documents a ContextChatEngine retrieved for the question the user edited away
+    are not sent with the edit; one retrieved again for it is, once."""
+    with ScriptedOpenAIServer(numbered_answer) as server:
+        llm = OpenAI(model="gpt-4o", api_base=server.base_url, api_key="k", max_retries=0)
+        ce.llamaindex.install(engine)
+        chat_engine = ContextChatEngine.from_defaults(
+            retriever=CityGuides(),
+            llm=llm,
+            memory=ChatMemoryBuffer.from_defaults(),
+            system_prompt=SYS,
+        )
+
+        async def chat(question: str, history: list[ChatMessage] | None = None) -> None:
+            if path == "chat":
+                await asyncio.to_thread(chat_engine.chat, question, history)
+            else:
+                await chat_engine.achat(question, history)
+
+        with engine.session("user-3"):
+            await chat("Weather in Paris?")
+            first_turn = chat_engine.chat_history[:2]
+            await chat("And in Oslo?")
+            assert _guides_sent(server) == {"Paris": 1, "Oslo": 1}
+
+            await chat("And in Rome?", list(first_turn))
+            assert server.last_conversation() == [
+                "Weather in Paris?",
+                "answer 0 to Weather in Paris?",
+                "And in Rome?",
+            ]
+            assert _guides_sent(server) == {"Paris": 1, "Rome": 1}
+            await chat("And in Oslo or Rome, after all?")
+            assert _guides_sent(server) == {"Paris": 1, "Oslo": 1, "Rome": 1}
