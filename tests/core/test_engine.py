@@ -536,28 +536,31 @@ async def test_retrieved_text_a_prompt_quotes_is_sent_once_as_evidence() -> None
 DOC = "Oslo gets 9 C and light rain this weekend in the city centre."
 
 
-async def _rendered_turn(engine: ContextEngine) -> str:
+async def _rendered_turn(engine: ContextEngine, question: str = "Weather in Oslo?") -> str:
     """Turn 1 of a RAG app: its prompt quoted a retrieved document (stored with a pointer)."""
     evidence = await engine.ingest_evidence(
         "s1", DOC, EvidenceSource(kind=SourceKind.RAG, uri="kb://oslo"), EvidenceType.RAG_DOC
     )
-    prompt = f"Documents:\n{document_pointer(evidence.evidence_id)}\nQuestion: Weather in Oslo?"
+    prompt = f"Documents:\n{document_pointer(evidence.evidence_id)}\nQuestion: {question}"
     await engine.prepare_call("s1", [Message(role=Role.USER, content=prompt)])
     await engine.commit_assistant_message("s1", assistant("Rain."))
     return prompt
 
 
-@pytest.mark.parametrize("kept", ["the prompt as rendered", "the bare question"])
+@pytest.mark.parametrize(
+    "kept", ["the prompt as rendered", "the bare question", "the bare short question"]
+)
 async def test_an_earlier_turn_the_app_keeps_in_another_form_is_not_recorded_again(
     kept: str,
 ) -> None:
     store = MemoryStore()
     engine = make_engine(store)
-    stored = await _rendered_turn(engine)
+    question = "Oslo?" if kept == "the bare short question" else "Weather in Oslo?"
+    stored = await _rendered_turn(engine, question)
     earlier = (
-        "Documents:\n" + DOC + "\nQuestion: Weather in Oslo?"
+        "Documents:\n" + DOC + f"\nQuestion: {question}"
         if kept == "the prompt as rendered"
-        else "Weather in Oslo?"
+        else question
     )
     history = [Message(role=Role.USER, content=earlier), assistant("Rain.")]
     for question in ("Wind in Bergen?", "And on Sunday?"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from test_cut_history import REMOVED, make_engine, reply, texts, user
 
 from ce.core.config import RuntimeConfig
@@ -218,23 +219,32 @@ async def test_facts_of_a_document_taken_back_conflict_with_nothing() -> None:
     await engine.close()
 
 
-async def test_an_app_that_keeps_its_prompts_with_the_documents_inline() -> None:
-    """The app's history holds the prompts it sent, each quoting its documents; the session
-    holds them with pointers instead. Going back is recognised all the same."""
+@pytest.mark.parametrize("kept", ["its prompts", "its bare questions"])
+async def test_an_app_that_keeps_its_turns_in_another_form(kept: str) -> None:
+    """The app's history holds the prompts it sent, each quoting its documents, or only its
+    (short) questions; the session holds the prompts, with pointers. Going back is
+    recognised all the same, and each turn is stored once."""
     engine = make_engine()
 
     def prompt(city: str, question: str) -> Message:
         return user(f"Context:\n{GUIDES[city]}\n\nQuestion: {question}")
 
-    history = [prompt("Paris", "weather in Paris?")]
-    await ask(engine, history, ("Paris",), "mild")
-    history.append(prompt("Oslo", "and in Oslo?"))
-    await ask(engine, history, ("Oslo",), "mild too")
-    edited = [*history[:2], prompt("Rome", "and in Rome?")]
+    async def turn(history: list[Message], city: str, question: str) -> PrepareResult:
+        answer = f"mild in {city}"
+        prepared = await ask(engine, [*history, prompt(city, question)], (city,), answer)
+        history += [prompt(city, question) if kept == "its prompts" else user(question)]
+        history.append(reply(answer))
+        return prepared
 
-    prepared = await ask(engine, edited, ("Rome",), "mild as well")
+    first: list[Message] = []
+    await turn(first, "Paris", "Paris?")
+    await turn(list(first), "Oslo", "Oslo?")
+    prepared = await turn(list(first), "Rome", "Rome?")
 
     asked = texts(prepared.assembled_input.parts)
-    assert len(asked) == 3 and asked[1] == "mild" and asked[2].endswith("and in Rome?")
+    assert len(asked) == 3 and asked[1] == "mild in Paris" and asked[2].endswith("Rome?")
     assert guides(prepared) == ["Paris", "Rome"]
+    doc = await engine.get_session("s")
+    users = [m.content for m in doc.session.messages if m.role is Role.USER]
+    assert [u.rsplit(" ", 1)[-1] for u in users] == ["Paris?", "Oslo?", "Rome?"]
     await engine.close()

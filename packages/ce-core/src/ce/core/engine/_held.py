@@ -22,7 +22,6 @@ from ce.core.pipeline import (
 from ce.core.schema import EvidenceType, Message, Ref, Role
 
 __all__ = [
-    "WITHIN_MIN_CHARS",
     "answers_waiting_call",
     "asked_within",
     "cited",
@@ -132,8 +131,10 @@ def quoted_documents(entry: SessionEntry, text: str) -> str:
     of them: retrieving the other copy later must not rewrite the prompts stored before. A
     document that came with turns the app took back is not pointed to (it is not sent)."""
     oldest: dict[str, str] = {}  # text -> the oldest evidence id of it, newest text first
+    summary = entry.doc.session.summary
+    withdrawn = summary.withdraws_evidence if summary is not None and summary.withdrawn else None
     for evidence in islice(reversed(entry.doc.evidences.values()), _QUOTED_RECENT):
-        if evidence.type is EvidenceType.RAG_DOC and not entry.evidence_withdrawn(evidence):
+        if evidence.type is EvidenceType.RAG_DOC and not (withdrawn and withdrawn(evidence)):
             content = evidence.content.strip()
             if quotes_document(text, content):
                 oldest[content] = evidence.evidence_id

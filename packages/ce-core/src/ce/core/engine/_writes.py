@@ -8,7 +8,6 @@ from typing import Any, cast
 
 from ce.core.config import RedactionConfig, RuntimeConfig
 from ce.core.engine._held import (
-    WITHIN_MIN_CHARS,
     answers_waiting_call,
     asked_within,
     cited,
@@ -508,7 +507,14 @@ class HistoryWriter:
                 ):
                     continue
                 if message.role is Role.USER and self._held_in_another_form(
-                    entry, message, key, seen, cfg, asked=message is asked, before=before
+                    entry,
+                    message,
+                    key,
+                    seen,
+                    cfg,
+                    asked=message is asked,
+                    before=before,
+                    answer=pending[position + 1] if position < last else None,
                 ):
                     continue
             if message.role is Role.USER:
@@ -645,8 +651,8 @@ class HistoryWriter:
             return False
         if message_key(message, quoted_documents(entry, text)) == message_key(stored):
             return True
-        question = text.strip()
-        return len(question) >= WITHIN_MIN_CHARS and question in stored.content
+        question = text.strip()  # at its place: a short question too
+        return bool(question) and len(stored.content) > len(question) and question in stored.content
 
     def _held_in_another_form(
         self,
@@ -658,6 +664,7 @@ class HistoryWriter:
         *,
         asked: bool,
         before: int,
+        answer: Message | None = None,
     ) -> bool:
         """Whether the user message ``message`` (new by its text ``key``) is one the session
         holds in another form: with the retrieved documents it quotes replaced by pointers
@@ -666,8 +673,10 @@ class HistoryWriter:
         ``seen``; the newest message, ``asked``, only when the session's history ends with
         it), or, for a message before the newest, inside the prompt the app rendered around
         it among the ``before`` messages the session held before the call (see
-        :func:`asked_within`). Such a message is not recorded again: the session's form of
-        the turn is what the model gets."""
+        :func:`asked_within`; a question too short to be looked for so is found in the
+        prompt just before ``answer``, the message the app passes after it, when the session
+        holds that: see :meth:`_rendered_before`). Such a message is not recorded again: the
+        session's form of the turn is what the model gets."""
         text = self._stored_text(message.content, cfg)
         quoted = quoted_documents(entry, text)
         if quoted != text:
@@ -678,7 +687,44 @@ class HistoryWriter:
                 seen[key] -= 1
                 seen[held] = seen.get(held, 0) + 1
                 return True
-        return not asked and before > 0 and asked_within(entry, text, before)
+        if asked or before <= 0:
+            return False
+        return asked_within(entry, text, before) or self._rendered_before(
+            entry, text, answer, cfg, before
+        )
+
+    def _rendered_before(
+        self,
+        entry: SessionEntry,
+        question: str,
+        answer: Message | None,
+        cfg: RuntimeConfig,
+        before: int,
+    ) -> bool:
+        """Whether the session holds ``answer`` (the message an app's history passes after
+        its bare ``question``) among its first ``before`` messages, right after a user
+        message that contains ``question``: the prompt the app rendered around it (a short
+        question is found so, by its place, where a search of the recent prompts would find
+        it in any of them)."""
+        question = question.strip()
+        if answer is None or answer.role is Role.USER or not question:
+            return False
+        position = entry.key_positions.get(
+            message_key(answer, self._stored_text(answer.content, cfg))
+        )
+        if position is None or position >= before:
+            return False
+        messages = entry.doc.session.messages
+        i = position - entry.unread.messages - 1
+        while i >= 0 and messages[i].role is Role.SYSTEM:
+            i -= 1
+        prompt = messages[i] if i >= 0 else None
+        return (
+            prompt is not None
+            and prompt.role is Role.USER
+            and len(prompt.content) > len(question)
+            and question in prompt.content
+        )
 
     def _own_run(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
