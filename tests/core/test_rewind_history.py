@@ -134,6 +134,40 @@ async def test_an_edit_after_an_answer_asked_for_again_that_never_came() -> None
     await engine.close()
 
 
+async def test_an_answer_given_twice_is_a_place_to_go_back_to() -> None:
+    """The same answer to two questions ("OK."): going back to the first one is found by
+    the message before it, not by the answer's newest place."""
+    engine = make_engine()
+    history: list[Message] = []
+    for n in (1, 2):
+        history.append(user(f"question {n}"))
+        await talk(engine, history, "OK.")
+    history.append(user("question 3"))
+    assert await talk(engine, history, "OK.") == [  # going on: nothing taken back
+        "question 1",
+        "OK.",
+        "question 2",
+        "OK.",
+        "question 3",
+    ]
+    edited = [*history[:2], user("question 2, edited")]
+
+    assert await talk(engine, edited, "Fine.") == ["question 1", "OK.", "question 2, edited"]
+    again = [*edited[:3]]  # and the answer to the edit asked for again
+    assert await talk(engine, again, "Fine, again.") == [
+        "question 1",
+        "OK.",
+        "question 2, edited",
+    ]
+    doc = await engine.get_session("s")
+    summary = doc.session.summary
+    assert summary is not None and [(w.from_index, w.to_index) for w in summary.withdrawn] == [
+        (3, 7),
+        (8, 9),
+    ]
+    await engine.close()
+
+
 async def test_without_rewind_nothing_is_taken_back() -> None:
     engine = make_engine()
     history = await two_turns(engine)
@@ -307,14 +341,18 @@ def test_after_any_going_back_the_model_gets_the_apps_conversation(
     turns: int, data: st.DataObject
 ) -> None:
     """Whatever earlier point the app goes back to, by asking again or by an edit, and
-    however often, the model receives the conversation the app passes, in its order."""
+    however often, the model receives the conversation the app passes, in its order (the
+    answers unique, or some given twice)."""
+
+    def answer(label: str) -> str:
+        return data.draw(st.sampled_from([label, "OK.", "Sure."]))
 
     async def run() -> None:
         engine = make_engine()
         history: list[Message] = []
         for n in range(turns):
             history.append(user(f"question {n}"))
-            await talk(engine, history, f"answer {n}")
+            await talk(engine, history, answer(f"answer {n}"))
         for round_ in range(data.draw(st.integers(min_value=1, max_value=3))):
             back = data.draw(st.integers(min_value=1, max_value=len(history) // 2 - 1))
             if data.draw(st.booleans()):  # ask question `back` again
@@ -322,11 +360,12 @@ def test_after_any_going_back_the_model_gets_the_apps_conversation(
             else:  # edit question `back`
                 history = [*history[: 2 * back], user(f"question {back}, edit {round_}")]
             expected = [m.content for m in history]
-            assert await talk(engine, history, f"answer, round {round_}") == expected
+            again = answer(f"answer, round {round_}")
+            assert await talk(engine, history, again) == expected
             history.append(user(f"next question {round_}"))
-            assert await talk(engine, history, f"next answer {round_}") == [
+            assert await talk(engine, history, answer(f"next answer {round_}")) == [
                 *expected,
-                f"answer, round {round_}",
+                again,
                 f"next question {round_}",
             ]
         await engine.close()

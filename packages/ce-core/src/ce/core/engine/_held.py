@@ -19,6 +19,7 @@ from ce.core.pipeline import (
     quotes_document,
     transcript_parts,
 )
+from ce.core.pipeline._levels import POINTER_PREFIX
 from ce.core.schema import EvidenceType, Message, Ref, Role
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "joined_instruction",
     "quoted_documents",
     "quoting_evidence",
+    "renders",
     "unchanged_prefix",
 ]
 
@@ -145,6 +147,19 @@ def quoted_documents(entry: SessionEntry, text: str) -> str:
 
 WITHIN_MIN_CHARS = 16  # a shorter question could be part of any prompt
 _WITHIN_RECENT = 256  # the newest messages an app's earlier question is looked for in
+
+
+def renders(prompt: Message, question: str) -> bool:
+    """Whether the stored user message ``prompt``, at the place of an app's bare
+    ``question`` in its history, is the prompt the app rendered around it: it holds the
+    question and more. A question shorter than ``WITHIN_MIN_CHARS`` only in a prompt that
+    quoted retrieved documents (a RAG prompt around a follow-up such as "Why?"): elsewhere
+    it could be part of another message by chance."""
+    question = question.strip()
+    content = prompt.content
+    if not question or len(content) <= len(question) or question not in content:
+        return False
+    return len(question) >= WITHIN_MIN_CHARS or POINTER_PREFIX in content
 
 
 def asked_within(entry: SessionEntry, text: str, held: int) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from ce.core.config import RedactionConfig, RuntimeConfig
@@ -16,6 +16,7 @@ from ce.core.engine._held import (
     joined_instruction,
     quoted_documents,
     quoting_evidence,
+    renders,
     unchanged_prefix,
 )
 from ce.core.engine._session import (
@@ -540,15 +541,17 @@ class HistoryWriter:
         resumed from an earlier state): the position of the first stored message after that
         point, whose turns the app took back; None when it did not go back.
 
-        The point is the newest message of ``pending`` the session holds (its newest stored
-        position with that text): it went back when that is not the session's newest message,
-        the message of ``pending`` before it is the session's message before it too (or that
-        user message in the form the app keeps of it: see :meth:`_same_turn`), and
-        after it ``pending`` holds nothing (the question asked again: the point is a user
-        message) or new messages from a user message on (the edit). Not while a run is in
-        flight (another request's turn), nor when the session's next message answers a tool
-        call of the point (an exchange stays whole).
-        Work proportional to the new messages at the end of ``pending``."""
+        The point is the newest message of ``pending`` the session holds, at its newest
+        stored place where the message of ``pending`` before it is the session's message
+        before it too (or that user message in the form the app keeps of it: see
+        :meth:`_same_turn`; an earlier place of the same text when the newest is not one:
+        an answer given twice). The app went back when that is not the session's newest
+        message, and after it ``pending`` holds nothing (the question asked again: the point
+        is a user message) or new messages from a user message on (the edit). Not while a
+        run is in flight (another request's turn), nor when the session's next message
+        answers a tool call of the point (an exchange stays whole).
+        Work proportional to the new messages at the end of ``pending``, and to the messages
+        after an earlier place when the newest is not the point."""
         if entry.state.status in ACTIVE_RUN:
             return None
         messages = entry.doc.session.messages
@@ -573,24 +576,30 @@ class HistoryWriter:
             j -= 1
         if j < 1:
             return None
-        point = entry.key_positions[key(asked[j])]
-        if point >= newest:
+
+        def preceded(point: int) -> bool:  # the app's message before it is the session's
+            before = point - base - 1
+            while before >= 0 and (
+                messages[before].role is Role.SYSTEM or entry.withdrawn(base + before)
+            ):
+                before -= 1
+            return (
+                before >= 0
+                and base + before >= cleared
+                and self._same_turn(entry, asked[j - 1], messages[before], cfg)
+            )
+
+        point: int | None = entry.key_positions[key(asked[j])]
+        if point is not None and not preceded(point):
+            # the same text said earlier too (an answer given twice): the point is where the
+            # app's message before it is the session's
+            point = self._earlier_place(entry, key(asked[j]), point, cleared, preceded)
+        if point is None or point >= newest:
             return None
         after = asked[j + 1] if j + 1 < len(asked) else None
         if after is None and messages[point - base].role is not Role.USER:
             return None
         if after is not None and after.role is not Role.USER:
-            return None
-        before = point - base - 1
-        while before >= 0 and (
-            messages[before].role is Role.SYSTEM or entry.withdrawn(base + before)
-        ):
-            before -= 1
-        if (
-            before < 0
-            or base + before < cleared
-            or not self._same_turn(entry, asked[j - 1], messages[before], cfg)
-        ):
             return None
         following = point - base + 1
         while following < len(messages) and messages[following].role is Role.SYSTEM:
@@ -598,6 +607,28 @@ class HistoryWriter:
         if following < len(messages) and messages[following].role is Role.TOOL:
             return None
         return point + 1
+
+    def _earlier_place(
+        self,
+        entry: SessionEntry,
+        wanted: tuple[Any, ...],
+        point: int,
+        cleared: int,
+        fits: Callable[[int], bool],
+    ) -> int | None:
+        """The newest place before ``point`` (after the latest clear, not taken back) of a
+        message whose key is ``wanted`` and where ``fits``; None when there is none among
+        the messages the entry holds."""
+        messages = entry.doc.session.messages
+        base = entry.unread.messages
+        for i in range(point - base - 1, max(cleared - base, 0) - 1, -1):
+            if (
+                message_key(messages[i]) == wanted
+                and not entry.withdrawn(base + i)
+                and fits(base + i)
+            ):
+                return base + i
+        return None
 
     def _still_quoted(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig, first: int
@@ -651,8 +682,7 @@ class HistoryWriter:
             return False
         if message_key(message, quoted_documents(entry, text)) == message_key(stored):
             return True
-        question = text.strip()  # at its place: a short question too
-        return bool(question) and len(stored.content) > len(question) and question in stored.content
+        return renders(stored, text)
 
     def _held_in_another_form(
         self,
@@ -718,13 +748,7 @@ class HistoryWriter:
         i = position - entry.unread.messages - 1
         while i >= 0 and messages[i].role is Role.SYSTEM:
             i -= 1
-        prompt = messages[i] if i >= 0 else None
-        return (
-            prompt is not None
-            and prompt.role is Role.USER
-            and len(prompt.content) > len(question)
-            and question in prompt.content
-        )
+        return i >= 0 and messages[i].role is Role.USER and renders(messages[i], question)
 
     def _own_run(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
