@@ -6,11 +6,14 @@ In the process that went back, in another that keeps the session cached, and in 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from test_cut_history import REMOVED, make_engine, reply, texts, user
 
+from ce.core.cli import main
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.pipeline import document_pointer
@@ -23,7 +26,7 @@ from ce.core.schema import (
     Role,
     SourceKind,
 )
-from ce.core.stores import Store
+from ce.core.stores import SQLiteStore, Store
 
 SYSTEM = Message(role=Role.SYSTEM, content="You answer from the documents.")
 GUIDES = {
@@ -248,3 +251,16 @@ async def test_an_app_that_keeps_its_turns_in_another_form(kept: str) -> None:
     users = [m.content for m in doc.session.messages if m.role is Role.USER]
     assert [u.rsplit(" ", 1)[-1] for u in users] == ["Paris?", "Oslo?", "Rome?"]
     await engine.close()
+
+
+async def test_ce_show_counts_the_documents_taken_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.db"
+    engine = make_engine(SQLiteStore(path))
+    history = await two_turns(engine)
+    await ask(engine, [*history[:2], user("and in Rome?")], ("Rome",), "mild as well")
+    await engine.close()
+    show = ["--store", f"sqlite:///{path}", "show", "s"]
+    assert await asyncio.to_thread(main, show) == 0  # the CLI runs its own event loop
+    assert "messages 3..4 and 1 evidence that came with them" in capsys.readouterr().out

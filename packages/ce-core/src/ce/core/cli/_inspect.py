@@ -14,6 +14,7 @@ from ce.core.cli._common import first_line, session_or_fail, turn_or_fail
 from ce.core.cli._turns import block_labels, last_activity
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
+    MESSAGES_BEFORE,
     Message,
     ModelUsage,
     PruneDecision,
@@ -217,11 +218,21 @@ async def show(store: Store, console: Console, session_id: str) -> None:
                     else ""
                 )
             )
+        withdrawn = session.summary.withdraws_evidence
         for span in session.summary.withdrawn:
+            documents = sum(
+                withdrawn(e) and span.from_index <= e.metadata[MESSAGES_BEFORE] < span.to_index
+                for e in doc.evidences.values()
+            )
             console.print(
                 Text(
                     f"taken back by the app: messages {span.from_index}..{span.to_index - 1}"
-                    " (it went back to an earlier point of its conversation)"
+                    + (
+                        f" and {documents} evidence{'s' * (documents > 1)} that came with them"
+                        if documents
+                        else ""
+                    )
+                    + " (it went back to an earlier point of its conversation)"
                 )
             )
         if session.summary.source == "engine":
