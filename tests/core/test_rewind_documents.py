@@ -264,3 +264,36 @@ async def test_ce_show_counts_the_documents_taken_back(
     show = ["--store", f"sqlite:///{path}", "show", "s"]
     assert await asyncio.to_thread(main, show) == 0  # the CLI runs its own event loop
     assert "messages 3..4 and 1 evidence that came with them" in capsys.readouterr().out
+
+
+async def test_a_cold_process_that_found_it_again_before_going_back(
+    opener: Callable[[], Store],
+) -> None:
+    """A worker that has not read the session ingests a document it holds (found: not stored
+    again), then the app goes back before the turn that document came with, and its prompt
+    does not quote it: read whole for the going back, the session still knows it was found
+    again for the new question, and sends it."""
+    first = make_engine(opener())
+    history = [user("weather in Paris?")]
+    await ask(first, history, ("Paris",), "mild")
+    for n in range(40):  # more messages than a cold call reads first
+        history.append(user(f"and note {n}?"))
+        await ask(first, history, (), f"noted {n}")
+    history.append(user("and in Oslo?"))
+    await ask(first, history, ("Oslo",), "mild too")
+    await first.close()
+    edited = [*history[:-2], user("and in Oslo, tomorrow?")]
+
+    cold = ContextEngine(opener(), config=RuntimeConfig(model_hint="gpt-4o"))  # its own ids
+    oslo = await retrieve(cold, "Oslo")
+    assert cold._entries["s"].partial
+    prepared = await cold.prepare_call("s", [SYSTEM, *edited], rewind=True)
+
+    assert "Oslo" in guides(prepared)
+    doc = await cold.get_session("s")
+    assert [e.evidence_id for e in doc.evidences.values() if "Oslo" in e.content] == [
+        oslo.evidence_id
+    ]
+    summary = doc.session.summary
+    assert summary is not None and summary.withdrawn[-1].kept_evidences == [oslo.evidence_id]
+    await cold.close()

@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from ce.core._drive import engine_turn, inline, settle, turn_released
 from ce.core.config import RuntimeConfig
@@ -244,12 +244,11 @@ class EngineCore(HistoryWriter):
         turn_id: str | None = None,
     ) -> _T:
         call = WriteLog(turn_id or self.ids.generate())
+        run = _Recalling(op, call)
         async with self._serialized(session_id):
             while True:
                 try:
-                    return await self._attempt(
-                        session_id, call, lambda entry: op(entry, call), tail
-                    )
+                    return await self._attempt(session_id, call, run, tail)
                 except TailTooShort as short:
                     self._entries.pop(session_id, None)
                     self._grow_tail(session_id, short.whole)
@@ -627,3 +626,25 @@ class EngineCore(HistoryWriter):
             type=evidence.type.value,
             redacted=redacted,
         )
+
+
+class _Recalling(Generic[_T]):
+    """``op`` for ``call``, on entry after entry: an entry read afresh for the call (its
+    newest records were too few) takes over what the one before had ingested again (see
+    :meth:`SessionEntry.recall`)."""
+
+    __slots__ = ("call", "op", "recalled")
+
+    def __init__(
+        self, op: Callable[[SessionEntry, WriteLog], Awaitable[_T]], call: WriteLog
+    ) -> None:
+        self.op = op
+        self.call = call
+        self.recalled: tuple[int, list[str]] | None = None
+
+    async def __call__(self, entry: SessionEntry) -> _T:
+        try:
+            return await self.op(entry.recall(self.recalled), self.call)
+        except TailTooShort:
+            self.recalled = entry.recalled
+            raise

@@ -153,6 +153,13 @@ class SessionEntry:
             self.recalled = total, ids = self.message_total, []
         ids.append(evidence_id)
 
+    def recall(self, recalled: tuple[int, list[str]] | None) -> SessionEntry:
+        """This entry, taking over ``recalled`` (an entry's :attr:`recalled` that this one,
+        read afresh for the same call, replaces) when it has none of its own since."""
+        if recalled is not None and not self.recalled[1] and recalled[0] == self.message_total:
+            self.recalled = recalled
+        return self
+
     def evidence_withdrawn(self, evidence: Evidence) -> bool:
         """Whether ``evidence`` came with turns the app took back (see
         :meth:`~ce.core.schema.Summary.withdraws_evidence`)."""
