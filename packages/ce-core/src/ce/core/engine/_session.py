@@ -151,7 +151,8 @@ class SessionEntry:
         total, ids = self.recalled
         if total != self.message_total:
             self.recalled = total, ids = self.message_total, []
-        ids.append(evidence_id)
+        if evidence_id not in ids:
+            ids.append(evidence_id)
 
     def recall(self, recalled: tuple[int, list[str]] | None) -> SessionEntry:
         """This entry, taking over ``recalled`` (an entry's :attr:`recalled` that this one,
