@@ -127,23 +127,19 @@ async def test_a_conversational_rag_pipeline_edited(
                 return [*result["prompt"]["prompt"], reply]
             return [*history, ChatMessage.from_user(query), reply]
 
-        def sent() -> dict[str, int]:
-            body = str(server.requests[-1]["messages"])
-            return {city: body.count(text) for city, text in GUIDES.items() if text in body}
-
         def asked() -> list[str]:  # the questions of the conversation the model got
             return [t.rsplit("Question: ", 1)[-1] for t in server.last_conversation()[::2]]
 
         first = await ask([ChatMessage.from_system("Answer from the guides.")], "Paris?")
         await ask(first, "And Oslo?")
-        assert sent() == {"Paris": 1, "Oslo": 1}
+        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1}
 
         edited = await ask(first, "And Rome?")
         assert asked() == ["Paris?", "And Rome?"]
         assert len(server.last_conversation()) == 3
-        assert sent() == {"Paris": 1, "Rome": 1}
+        assert server.sent_counts(GUIDES) == {"Paris": 1, "Rome": 1}
         await ask(edited, "And Oslo, then?")
-        assert sent() == {"Paris": 1, "Oslo": 1, "Rome": 1}
+        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1, "Rome": 1}
     doc = await engine.get_session("rag-user")
     asked_once = [
         m.content.rsplit(": ", 1)[-1] for m in doc.session.messages if m.role.value == "user"

@@ -155,11 +155,6 @@ class CityGuides(BaseRetriever):
         ]
 
 
-def _guides_sent(server: ScriptedOpenAIServer) -> dict[str, int]:
-    body = str(server.requests[-1]["messages"])
-    return {city: body.count(text) for city, text in GUIDES.items() if text in body}
-
-
 @pytest.mark.parametrize("path", ["invoke", "ainvoke"])
 async def test_a_rag_chat_edited_gets_the_documents_of_the_edit(
     engine: ContextEngine, path: str
@@ -195,7 +190,7 @@ async def test_a_rag_chat_edited_gets_the_documents_of_the_edit(
 
         first = await turn([], "Weather in Paris?")
         await turn(first, "And in Oslo?")
-        assert _guides_sent(server) == {"Paris": 1, "Oslo": 1}
+        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1}
 
         edited = await turn(first, "And in Rome?")  # the user edits the second question
         assert server.last_conversation() == [
@@ -203,9 +198,9 @@ async def test_a_rag_chat_edited_gets_the_documents_of_the_edit(
             "answer 0 to Weather in Paris?",
             "And in Rome?",
         ]
-        assert _guides_sent(server) == {"Paris": 1, "Rome": 1}
+        assert server.sent_counts(GUIDES) == {"Paris": 1, "Rome": 1}
 
         await turn(edited, "And in Oslo, after all?")  # the abandoned document, found again
-        assert _guides_sent(server) == {"Paris": 1, "Oslo": 1, "Rome": 1}
+        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1, "Rome": 1}
         await turn(first, "And in Oslo, really?")  # back again: Rome goes, Oslo stays
-        assert _guides_sent(server) == {"Paris": 1, "Oslo": 1}
+        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1}

@@ -122,11 +122,6 @@ class CityGuides(BaseRetriever):
         ]
 
 
-def _guides_sent(server: ScriptedOpenAIServer) -> dict[str, int]:
-    body = str(server.requests[-1]["messages"])
-    return {city: body.count(text) for city, text in GUIDES.items() if text in body}
-
-
 @pytest.mark.parametrize("path", ["chat", "achat"])
 async def test_a_context_chat_engine_given_an_earlier_history(
     engine: ContextEngine, path: str
@@ -153,7 +148,7 @@ async def test_a_context_chat_engine_given_an_earlier_history(
             await chat("Weather in Paris?")
             first_turn = chat_engine.chat_history[:2]
             await chat("And in Oslo?")
-            assert _guides_sent(server) == {"Paris": 1, "Oslo": 1}
+            assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1}
 
             await chat("And in Rome?", list(first_turn))
             assert server.last_conversation() == [
@@ -161,6 +156,6 @@ async def test_a_context_chat_engine_given_an_earlier_history(
                 "answer 0 to Weather in Paris?",
                 "And in Rome?",
             ]
-            assert _guides_sent(server) == {"Paris": 1, "Rome": 1}
+            assert server.sent_counts(GUIDES) == {"Paris": 1, "Rome": 1}
             await chat("And in Oslo or Rome, after all?")
-            assert _guides_sent(server) == {"Paris": 1, "Oslo": 1, "Rome": 1}
+            assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1, "Rome": 1}

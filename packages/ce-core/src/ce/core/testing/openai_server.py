@@ -20,7 +20,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -181,6 +181,15 @@ class ScriptedOpenAIServer:
         with self._lock:
             body = self._requests[-1]
         return [str(m.get("content")) for m in body["messages"] if m.get("role") != "system"]
+
+    def sent_counts(self, texts: Mapping[str, str]) -> dict[str, int]:
+        """How many times the last request received holds each of ``texts`` (by name; the
+        names of those it does not hold are left out): which documents the model was sent,
+        and whether any was sent twice."""
+        with self._lock:
+            body = json.dumps(self._requests[-1]["messages"], ensure_ascii=False)
+        counts = {name: body.count(json.dumps(text)[1:-1]) for name, text in texts.items()}
+        return {name: n for name, n in counts.items() if n}
 
     def set_script(self, script: Sequence[ScriptedResponse] | ScriptFunction) -> None:
         """Replace the script (what is left of a list is discarded)."""
