@@ -577,6 +577,27 @@ async def test_an_earlier_turn_the_app_keeps_in_another_form_is_not_recorded_aga
     assert users == [stored, "Wind in Bergen?", "And on Sunday?"]
 
 
+async def test_a_short_question_kept_bare_of_a_prompt_that_quotes_no_document() -> None:
+    # the app's template wraps each question ("Question: {q}\nAnswer in one line."); it
+    # keeps the bare questions, short ones: found in the prompt its answer followed
+    store = MemoryStore()
+    engine = make_engine(store)
+    history: list[Message] = []
+    for question, answer in (("Oslo?", "Rain."), ("Bergen?", "Wind."), ("Why?", "Fronts.")):
+        prompt = f"Question: {question}\nAnswer in one line."
+        result = await engine.prepare_call(
+            "s1", [*history, Message(role=Role.USER, content=prompt)]
+        )
+        await engine.commit_assistant_message("s1", assistant(answer))
+        history += [Message(role=Role.USER, content=question), assistant(answer)]
+    sent = to_openai_messages(result.assembled_input.parts)
+    assert [m["role"] for m in sent] == ["user", "assistant", "user", "assistant", "user"]
+    doc = await store.get_session("s1")
+    assert doc is not None
+    users = [m.content.split("\n")[0] for m in doc.session.messages if m.role is Role.USER]
+    assert users == ["Question: Oslo?", "Question: Bergen?", "Question: Why?"]
+
+
 async def test_a_history_recorded_in_one_call_keeps_each_of_its_user_messages() -> None:
     # only what the session held before the call can be another form of a message
     store = MemoryStore()

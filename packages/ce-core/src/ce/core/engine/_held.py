@@ -149,17 +149,21 @@ WITHIN_MIN_CHARS = 16  # a shorter question could be part of any prompt
 _WITHIN_RECENT = 256  # the newest messages an app's earlier question is looked for in
 
 
-def renders(prompt: Message, question: str) -> bool:
+def renders(prompt: Message, question: str, *, answered: bool = False) -> bool:
     """Whether the stored user message ``prompt``, at the place of an app's bare
     ``question`` in its history, is the prompt the app rendered around it: it holds the
     question and more. A question shorter than ``WITHIN_MIN_CHARS`` only in a prompt that
-    quoted retrieved documents (a RAG prompt around a follow-up such as "Why?"): elsewhere
-    it could be part of another message by chance."""
+    quoted retrieved documents (a RAG prompt around a follow-up such as "Why?"), or, when
+    ``answered`` (the prompt is the one the session's answer that the app passes after
+    ``question`` answered), as words of its own: elsewhere it could be part of another
+    message by chance."""
     question = question.strip()
     content = prompt.content
     if not question or len(content) <= len(question) or question not in content:
         return False
-    return len(question) >= WITHIN_MIN_CHARS or POINTER_PREFIX in content
+    if len(question) >= WITHIN_MIN_CHARS or POINTER_PREFIX in content:
+        return True
+    return answered and re.search(rf"(?<!\w){re.escape(question)}(?!\w)", content) is not None
 
 
 def asked_within(entry: SessionEntry, text: str, held: int) -> bool:

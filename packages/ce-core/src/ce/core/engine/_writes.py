@@ -748,7 +748,11 @@ class HistoryWriter:
         i = position - entry.unread.messages - 1
         while i >= 0 and messages[i].role is Role.SYSTEM:
             i -= 1
-        return i >= 0 and messages[i].role is Role.USER and renders(messages[i], question)
+        return (
+            i >= 0
+            and messages[i].role is Role.USER
+            and renders(messages[i], question, answered=True)
+        )
 
     def _own_run(
         self, entry: SessionEntry, pending: Sequence[Message], cfg: RuntimeConfig
