@@ -27,17 +27,14 @@ from ce.core.schema import (
     SourceKind,
 )
 from ce.core.stores import SQLiteStore, Store
+from ce.core.testing import CITY_GUIDES
 
 SYSTEM = Message(role=Role.SYSTEM, content="You answer from the documents.")
-GUIDES = {
-    city: f"The {city} city guide: museums open at nine, the weather in {city} is mild in autumn."
-    for city in ("Paris", "Oslo", "Rome", "Lima")
-}
 
 
 async def retrieve(engine: ContextEngine, city: str) -> Evidence:
     source = EvidenceSource(kind=SourceKind.RAG, uri=f"kb://{city.lower()}")
-    return await engine.ingest_evidence("s", GUIDES[city], source, EvidenceType.RAG_DOC)
+    return await engine.ingest_evidence("s", CITY_GUIDES[city], source, EvidenceType.RAG_DOC)
 
 
 async def ask(
@@ -56,8 +53,8 @@ async def ask(
 def guides(prepared: PrepareResult) -> list[str]:
     """The guides the model got, in the order it got them."""
     sent = "\n".join(p.content for p in prepared.assembled_input.parts)
-    found = sorted((sent.find(text), city) for city, text in GUIDES.items() if text in sent)
-    for city, text in GUIDES.items():
+    found = sorted((sent.find(text), city) for city, text in CITY_GUIDES.items() if text in sent)
+    for city, text in CITY_GUIDES.items():
         assert sent.count(text) <= 1, f"the {city} guide was sent twice"
     return [city for _, city in found]
 
@@ -130,7 +127,7 @@ async def test_a_prompt_that_quotes_the_document_found_again_points_to_it() -> N
     history = await two_turns(engine)
     # the engine finds the copy that is sent even without having seen it ingested again
     other = make_engine(engine.store)
-    prompt = f"Context:\n{GUIDES['Oslo']}\n\nQuestion: and in Oslo, really?"
+    prompt = f"Context:\n{CITY_GUIDES['Oslo']}\n\nQuestion: and in Oslo, really?"
     edited = [*history[:2], user(prompt)]
 
     prepared = await other.prepare_call("s", [SYSTEM, *edited], rewind=True)
@@ -139,7 +136,7 @@ async def test_a_prompt_that_quotes_the_document_found_again_points_to_it() -> N
     doc = await other.get_session("s")
     (oslo,) = [e for e in doc.evidences.values() if "Oslo" in e.content]
     asked = prepared.assembled_input.parts[-1].content
-    assert document_pointer(oslo.evidence_id) in asked and GUIDES["Oslo"] not in asked
+    assert document_pointer(oslo.evidence_id) in asked and CITY_GUIDES["Oslo"] not in asked
     assert not any(
         d.reason.startswith(REMOVED) and "ev:" in d.block_id
         for d in prepared.report.prune_decisions
@@ -230,7 +227,7 @@ async def test_an_app_that_keeps_its_turns_in_another_form(kept: str) -> None:
     engine = make_engine()
 
     def prompt(city: str, question: str) -> Message:
-        return user(f"Context:\n{GUIDES[city]}\n\nQuestion: {question}")
+        return user(f"Context:\n{CITY_GUIDES[city]}\n\nQuestion: {question}")
 
     async def turn(history: list[Message], city: str, question: str) -> PrepareResult:
         answer = f"mild in {city}"

@@ -18,7 +18,7 @@ from hs_apps import generator
 
 import ce.haystack
 from ce.core.engine import ContextEngine
-from ce.core.testing import ScriptedOpenAIServer, numbered_answer
+from ce.core.testing import CITY_GUIDES, ScriptedOpenAIServer, numbered_answer
 
 
 @pytest.mark.parametrize("path", ["run", "run_async"])
@@ -70,10 +70,6 @@ async def test_regenerate_and_edit_send_the_conversation_the_app_went_back_to(
         ]
 
 
-GUIDES = {
-    city: f"The {city} city guide: museums open at nine, the weather in {city} is mild in autumn."
-    for city in ("Paris", "Oslo", "Rome")
-}
 QUESTION = ChatMessage.from_user(
     "Documents:\n{% for d in documents %}{{ d.content }}\n{% endfor %}Question: {{ query }}"
 )
@@ -86,7 +82,7 @@ class CityGuides:
         return {
             "documents": [
                 Document(content=text, meta={"source": f"kb://{city.lower()}"}, score=1.0)
-                for city, text in GUIDES.items()
+                for city, text in CITY_GUIDES.items()
                 if city in query
             ]
         }
@@ -132,14 +128,14 @@ async def test_a_conversational_rag_pipeline_edited(
 
         first = await ask([ChatMessage.from_system("Answer from the guides.")], "Paris?")
         await ask(first, "And Oslo?")
-        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1}
+        assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Oslo": 1}
 
         edited = await ask(first, "And Rome?")
         assert asked() == ["Paris?", "And Rome?"]
         assert len(server.last_conversation()) == 3
-        assert server.sent_counts(GUIDES) == {"Paris": 1, "Rome": 1}
+        assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Rome": 1}
         await ask(edited, "And Oslo, then?")
-        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1, "Rome": 1}
+        assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Oslo": 1, "Rome": 1}
     doc = await engine.get_session("rag-user")
     asked_once = [
         m.content.rsplit(": ", 1)[-1] for m in doc.session.messages if m.role.value == "user"

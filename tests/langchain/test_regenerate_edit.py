@@ -28,7 +28,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 
 import ce.langchain
 from ce.core.engine import ContextEngine
-from ce.core.testing import ScriptedOpenAIServer, numbered_answer
+from ce.core.testing import CITY_GUIDES, ScriptedOpenAIServer, numbered_answer
 
 SYSTEM = "You answer in one line."
 
@@ -138,19 +138,13 @@ def test_a_langgraph_thread_resumed_from_an_earlier_checkpoint(engine: ContextEn
         assert len(server.requests) == 4
 
 
-GUIDES = {
-    city: f"The {city} city guide: museums open at nine, the weather in {city} is mild in autumn."
-    for city in ("Paris", "Oslo", "Rome")
-}
-
-
 class CityGuides(BaseRetriever):
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
     ) -> list[Document]:
         return [
             Document(page_content=text, metadata={"source": f"kb://{city.lower()}"})
-            for city, text in GUIDES.items()
+            for city, text in CITY_GUIDES.items()
             if city in query
         ]
 
@@ -190,7 +184,7 @@ async def test_a_rag_chat_edited_gets_the_documents_of_the_edit(
 
         first = await turn([], "Weather in Paris?")
         await turn(first, "And in Oslo?")
-        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1}
+        assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Oslo": 1}
 
         edited = await turn(first, "And in Rome?")  # the user edits the second question
         assert server.last_conversation() == [
@@ -198,9 +192,9 @@ async def test_a_rag_chat_edited_gets_the_documents_of_the_edit(
             "answer 0 to Weather in Paris?",
             "And in Rome?",
         ]
-        assert server.sent_counts(GUIDES) == {"Paris": 1, "Rome": 1}
+        assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Rome": 1}
 
         await turn(edited, "And in Oslo, after all?")  # the abandoned document, found again
-        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1, "Rome": 1}
+        assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Oslo": 1, "Rome": 1}
         await turn(first, "And in Oslo, really?")  # back again: Rome goes, Oslo stays
-        assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1}
+        assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Oslo": 1}

@@ -22,7 +22,7 @@ from llama_index.llms.openai import OpenAI
 
 import ce.llamaindex
 from ce.core.engine import ContextEngine
-from ce.core.testing import ScriptedOpenAIServer, numbered_answer
+from ce.core.testing import CITY_GUIDES, ScriptedOpenAIServer, numbered_answer
 
 SYS = "You answer in one line."
 
@@ -107,17 +107,11 @@ def test_a_chat_engine_given_an_earlier_history(engine: ContextEngine) -> None:
             ]
 
 
-GUIDES = {
-    city: f"The {city} city guide: museums open at nine, the weather in {city} is mild in autumn."
-    for city in ("Paris", "Oslo", "Rome")
-}
-
-
 class CityGuides(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return [
             NodeWithScore(node=TextNode(text=text, id_=city), score=1.0)
-            for city, text in GUIDES.items()
+            for city, text in CITY_GUIDES.items()
             if city in query_bundle.query_str
         ]
 
@@ -148,7 +142,7 @@ async def test_a_context_chat_engine_given_an_earlier_history(
             await chat("Weather in Paris?")
             first_turn = chat_engine.chat_history[:2]
             await chat("And in Oslo?")
-            assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1}
+            assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Oslo": 1}
 
             await chat("And in Rome?", list(first_turn))
             assert server.last_conversation() == [
@@ -156,6 +150,6 @@ async def test_a_context_chat_engine_given_an_earlier_history(
                 "answer 0 to Weather in Paris?",
                 "And in Rome?",
             ]
-            assert server.sent_counts(GUIDES) == {"Paris": 1, "Rome": 1}
+            assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Rome": 1}
             await chat("And in Oslo or Rome, after all?")
-            assert server.sent_counts(GUIDES) == {"Paris": 1, "Oslo": 1, "Rome": 1}
+            assert server.sent_counts(CITY_GUIDES) == {"Paris": 1, "Oslo": 1, "Rome": 1}

@@ -350,9 +350,9 @@ class SessionEntry:
         session = doc.session
         messages = session.messages
         summary = session.summary
-        withdrawn = summary.withdraws if summary is not None and summary.withdrawn else None
+        taken_back = summary if summary is not None and summary.withdrawn else None
         for message in messages[index.message_count - index.message_base :]:
-            if withdrawn is not None and withdrawn(index.message_count):
+            if taken_back is not None and taken_back.withdraws(index.message_count):
                 index.skip_message()  # in turns the app took back: no block
             else:
                 index.add_message(message)
@@ -362,11 +362,7 @@ class SessionEntry:
         if new > 0:
             # dicts keep insertion order: the newest evidences are at the end
             for evidence in reversed(list(islice(reversed(doc.evidences.values()), new))):
-                if (
-                    summary is not None
-                    and summary.withdrawn
-                    and summary.withdraws_evidence(evidence)
-                ):
+                if taken_back is not None and taken_back.withdraws_evidence(evidence):
                     index.skip_evidence(evidence.evidence_id)  # with turns taken back
                 else:
                     index.add_evidence(evidence)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ce.core.testing.engines import NoBlockingEngine, deterministic_engine, no_blocking
     from ce.core.testing.openai_server import (
+        CITY_GUIDES,
         ScriptedOpenAIServer,
         ScriptedResponse,
         numbered_answer,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from ce.core.testing.store_contract import InjectedFailure, StoreContract
 
 __all__ = [
+    "CITY_GUIDES",
     "InjectedEngineError",
     "InjectedFailure",
     "NoBlockingEngine",
@@ -39,6 +41,7 @@ __all__ = [
 ]
 
 _MODULES = {
+    "CITY_GUIDES": "openai_server",
     "InjectedEngineError": "plugin_contract",
     "InjectedFailure": "store_contract",
     "NoBlockingEngine": "engines",

@@ -91,6 +91,14 @@ def _validate(body: Any) -> dict[str, Any]:
     return body
 
 
+CITY_GUIDES: dict[str, str] = {
+    city: f"The {city} city guide: museums open at nine, the weather in {city} is mild in autumn."
+    for city in ("Paris", "Oslo", "Rome", "Lima")
+}
+"""Retrievable documents, one per city, for tests of RAG apps: a retriever returns those whose
+city a query names, and :meth:`ScriptedOpenAIServer.sent_counts` tells which the model got."""
+
+
 def numbered_answer(body: dict[str, Any]) -> ScriptedResponse:
     """A script function: ``answer <n> to <question>``, where ``n`` counts the assistant
     messages the request holds and ``question`` is the text of its last user message, so a
