@@ -182,6 +182,44 @@ def test_another_agents_turn_goes_as_that_agents_user_message_and_its_own_as_it_
     assert mine[6] == {"role": "user", "content": "[Writer wrote:]\nSunny Paris today."}
 
 
+def test_an_agent_continuing_its_tool_loop_reads_its_open_chain_after_the_peers_turns() -> None:
+    """Two agents running at once: the researcher answered while the writer ran its tool.
+    The writer's next call reads the researcher's turn before its own open chain, which ends
+    its input; once the writer has answered, or the user spoke after the chain, the order is
+    the session's."""
+    call = {"role": "assistant", "content": None, "tool_calls": [_call("w1", "lookup", {})]}
+    result = {"role": "tool", "tool_call_id": "w1", "content": "found"}
+    peer = {"role": "assistant", "content": "Researcher is done."}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are Writer."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        call,
+        result,
+        peer,
+    ]
+    authors: list[Author | None] = [None, None, WRITER, WRITER, RESEARCHER]
+    out = peer_turns_as_user(_sent(messages, authors), "Writer")
+    assert out == [
+        messages[0],
+        messages[1],
+        {"role": "user", "content": "[Researcher wrote:]\nResearcher is done."},
+        call,
+        result,
+    ]
+    # the researcher itself reads the session's order (its own turn is no open chain)
+    mine = peer_turns_as_user(_sent(messages, authors), "Researcher")
+    assert [m["role"] for m in mine] == ["system", "user", "user", "assistant"]
+    assert mine[2]["content"].startswith("[Writer wrote:]")
+    assert mine[3] == peer
+    answered = [*messages[:4], {"role": "assistant", "content": "Oslo is sunny."}, peer]
+    out = peer_turns_as_user(_sent(answered, [*authors[:4], WRITER, RESEARCHER]), "Writer")
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    spoke = [*messages, {"role": "user", "content": "Hurry."}]
+    out = peer_turns_as_user(_sent(spoke, [*authors, None]), "Writer")
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "tool", "user", "user"]
+    assert out[-1] == {"role": "user", "content": "Hurry."}
+
+
 def test_without_authors_or_with_a_users_the_messages_go_as_they_are() -> None:
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Hi"},

@@ -5,6 +5,7 @@ as author."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -12,11 +13,13 @@ import pytest
 from haystack import Pipeline
 from haystack.components.agents import Agent
 from haystack.dataclasses import ChatMessage
+from haystack.tools import Tool
 from hs_apps import LOOKUP, generator
 
 import ce.haystack
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
+from ce.core.events import Event
 from ce.core.formats import from_openai_messages
 from ce.core.integration import SESSION_KEY
 from ce.core.schema import AuthorKind, Role
@@ -238,6 +241,65 @@ async def test_an_agent_continuing_another_agents_messages_keeps_its_own_prompt(
         assert author in PROMPTS
         assert all(c.startswith(f"call_{author}") for c in calls)
         assert not content or content == f"{author} is done."
+
+
+async def test_an_agent_whose_peer_answered_while_it_ran_its_tool_reads_its_results_last(
+    engine: ContextEngine,
+) -> None:
+    """Two Agents of one pipeline running at once: the researcher answers while the writer's
+    tool runs (the tool waits until the researcher's answer is stored). The writer's next
+    model call reads the researcher's turn before its own tool call and ends with its tool's
+    result, so it answers that result: two model calls for each Agent, pairs intact."""
+    session_id = "s-peer-during-tool"
+    persisted = asyncio.Event()
+
+    def on_persisted(event: Event) -> None:
+        persisted.set()
+
+    async def researcher_answered() -> None:
+        while True:
+            doc = await engine.get_session(session_id)
+            if any(m.content == "researcher is done." for m in doc.session.messages):
+                return
+            persisted.clear()
+            await persisted.wait()
+
+    async def slow_lookup(q: str) -> str:
+        await asyncio.wait_for(researcher_answered(), timeout=30)
+        return f"result for {q}"
+
+    slow = Tool(
+        name="lookup",
+        description=LOOKUP.description,
+        parameters=LOOKUP.parameters,
+        async_function=slow_lookup,
+    )
+    engine.events.on("Persisted", on_persisted)
+    with ScriptedOpenAIServer(script) as server:
+        pipeline = Pipeline(metadata={SESSION_KEY: session_id})
+        for name, tool in (("researcher", LOOKUP), ("writer", slow)):
+            agent = Agent(
+                chat_generator=generator(server), tools=[tool], system_prompt=PROMPTS[name]
+            )
+            pipeline.add_component(name, agent)
+        ce.haystack.install(engine)
+        result = await pipeline.run_async(
+            {name: {"messages": [ChatMessage.from_user("Weather in Oslo?")]} for name in PROMPTS}
+        )
+        requests = server.requests
+    assert result["writer"]["last_message"].text == "writer is done."
+    assert len(requests) == 4
+    (writer_last,) = [
+        r
+        for r in requests
+        if r["messages"][0]["content"].startswith(PROMPTS["writer"]) and len(r["messages"]) > 2
+    ]
+    messages = writer_last["messages"]
+    assert [m["role"] for m in messages[-2:]] == ["assistant", "tool"]
+    assert "result for writer" in messages[-1]["content"]
+    peer = [m for m in messages if str(m.get("content") or "").startswith("[researcher wrote:]")]
+    assert any("researcher is done." in m["content"] for m in peer)
+    assert_tool_pairs_intact(from_openai_messages(messages))
 
 
 async def test_one_question_handed_to_two_agents_running_at_once_is_asked_once(

@@ -110,7 +110,9 @@ def peer_turns_as_user(messages: Sequence[Mapping[str, Any]], agent: str) -> lis
     messages, the results of its tool calls and the observations of its ReAct steps, in a
     row) becomes one user message, ``[<that agent> wrote:]`` then the turn's text, its tool
     calls and results as text (see :func:`tool_chains_as_text`). So the model never takes a
-    peer's answer for its own turn, nor a peer's tool chain for calls it made. Messages
+    peer's answer for its own turn, nor a peer's tool chain for calls it made. A call that
+    continues ``agent``'s tool loop reads that loop's open chain (its newest tool calls and
+    their results) last: turns peers wrote while it ran its tools come before it. Messages
     whose author is unknown, or a user's, or ``agent``'s own stay as they are. Without the
     authors (a list that is not a :class:`~ce.core.integration.SentMessages`) the messages
     come back as they are. When no turn is another agent's (the common call of an agent on
@@ -129,24 +131,48 @@ def peer_turns_as_user(messages: Sequence[Mapping[str, Any]], agent: str) -> lis
     ):
         return messages  # type: ignore[return-value]  # the caller's own fresh dicts
     out: list[dict[str, Any]] = []
+    peers: set[int] = set()  # the places in ``out`` of the peers' turns
+    calls: int | None = None  # the place of ``agent``'s newest message calling tools
     i = 0
     while i < len(messages):
         author = authors[i]
+        message = messages[i]
         if (
             author is None
             or author.kind is not AuthorKind.AGENT
             or author.id == agent
-            or messages[i].get("role") != "assistant"
+            or message.get("role") != "assistant"
         ):
-            out.append(dict(messages[i]))
+            if author is not None and author.id == agent and message.get("tool_calls"):
+                calls = len(out)
+            out.append(dict(message))
             i += 1
             continue
         end = i + 1
         while end < len(messages) and authors[end] == author:
             end += 1
+        peers.add(len(out))
         out.append({"role": "user", "content": peer_turn_text(messages[i:end], author.id)})
         i = end
-    return out
+    return _own_chain_last(out, peers, calls)
+
+
+def _own_chain_last(
+    out: list[dict[str, Any]], peers: set[int], calls: int | None
+) -> list[dict[str, Any]]:
+    """``out`` with the agent's tool chain still open (its newest message calling tools,
+    followed by nothing but those calls' results and peers' turns) last: the turns other
+    agents wrote while it ran its tools (agents running at once) come before that chain, so
+    the call that continues its tool loop reads its results last, as its framework expects;
+    a turn of the user's after the chain, or an answer of its own, leaves ``out`` as it is."""
+    if calls is None:
+        return out
+    tail = range(calls + 1, len(out))
+    moved = [i for i in tail if i in peers]
+    results = [i for i in tail if i not in peers]
+    if not moved or not results or any(out[i].get("role") != "tool" for i in results):
+        return out
+    return [*out[:calls], *(out[i] for i in moved), out[calls], *(out[i] for i in results)]
 
 
 def peer_turn_text(turn: Sequence[Mapping[str, Any]], agent: str) -> str:
