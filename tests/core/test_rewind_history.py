@@ -26,7 +26,7 @@ from test_cut_history import (
 from ce.core.cli import main
 from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
-from ce.core.schema import Message, Role
+from ce.core.schema import Message, Role, ToolCallRequest
 from ce.core.stores import SQLiteStore, Store
 from ce.core.testing.assertions import assert_tool_pairs_intact
 
@@ -166,6 +166,32 @@ async def test_an_answer_given_twice_is_a_place_to_go_back_to() -> None:
         (8, 9),
     ]
     await engine.close()
+
+
+async def test_the_replies_a_session_holds_are_found_by_their_text(tmp_path: Path) -> None:
+    """``replies_held``: the texts of the session's replies, as another process finds them
+    in the store; not a tool-calling message's text, not an answer the app took back (a
+    regenerate), nothing of another session; the blocking twin answers the same."""
+    path = str(tmp_path / "s.db")
+    engine = ContextEngine(SQLiteStore(path))
+    history = await two_turns(engine)
+    call = ToolCallRequest(tool_call_id="c1", name="search", raw_arguments="{}")
+    calling = Message(role=Role.ASSISTANT, content="let me look", tool_calls=[call])
+    await engine.commit_assistant_message("s", calling)
+    await engine.close()
+
+    worker = ContextEngine(SQLiteStore(path))
+    asked = ["answer 1", "answer 2", "let me look", "question 1", "never said", ""]
+    assert await worker.replies_held("s", asked) == {"answer 1", "answer 2"}
+    assert await worker.replies_held("other", asked) == frozenset()
+    history.pop()  # regenerate: "answer 2" is taken back
+    await talk(worker, history, "answer 2, again")
+    assert await worker.replies_held("s", [*asked, "answer 2, again"]) == {
+        "answer 1",
+        "answer 2, again",
+    }
+    await worker.close()
+    assert ContextEngine(SQLiteStore(path)).sync.replies_held("s", ["answer 1"]) == {"answer 1"}
 
 
 async def test_without_rewind_nothing_is_taken_back() -> None:

@@ -8,6 +8,7 @@ the prompt goes as Haystack renders it (the real Haystack on the scripted OpenAI
 from __future__ import annotations
 
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +18,11 @@ from haystack.dataclasses import ChatMessage
 from hs_apps import generator, wire
 
 import ce.haystack
+from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.integration import SESSION_KEY
 from ce.core.schema import Role
+from ce.core.stores import SQLiteStore
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 from ce.haystack._rendered import TURNS_POINTER
 
@@ -113,3 +116,40 @@ async def test_history_the_engine_does_not_send_stays_in_the_prompt(
     *_, last = _converse(engine, template, "engine.session", mode="augment")
     assert last[-1] == native[-1][-1]
     assert [m["role"] for m in last] == ["system", "user"]
+
+
+@pytest.mark.parametrize("run", ["run", "run_async"])
+async def test_turns_another_worker_recorded_reach_the_model_once(run: str, tmp_path: Path) -> None:
+    """Every turn served by another worker process (a new engine on the same SQLite file,
+    the plugin installed anew): each worker finds the replies the prompt renders in the
+    session's newest records, so the model still gets every earlier turn once, as the
+    session's messages, and the session stores each prompt without the rendered copy."""
+    path = str(tmp_path / "s.db")
+    template = TEMPLATES["role labels"]
+    answers = iter(ANSWERS)
+    with ScriptedOpenAIServer(lambda _: ScriptedResponse(text=next(answers))) as server:
+        memories: list[ChatMessage] = []
+        for question in QUESTIONS:
+            worker = ContextEngine(SQLiteStore(path), config=RuntimeConfig(model_hint="gpt-4o"))
+            ce.haystack.install(worker)
+            pipeline = _chat(server, template, {SESSION_KEY: "user-1"})
+            data = {"prompt": {"query": question, "memories": memories}}
+            result = await pipeline.run_async(data) if run == "run_async" else pipeline.run(data)
+            memories += [ChatMessage.from_user(question), result["llm"]["replies"][0]]
+            ce.haystack.uninstall()
+            await worker.close()
+        last = server.requests[-1]["messages"]
+    body = wire({"messages": last})
+    for text in (*QUESTIONS, *ANSWERS[:2]):
+        assert body.count(text) == 1, text
+    assert [m["role"] for m in last] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert (
+        last[-1]["content"] == f"Conversation history:\n{TURNS_POINTER}\n\nQuestion: {QUESTIONS[2]}"
+    )
+    reader = ContextEngine(SQLiteStore(path))
+    doc = await reader.get_session("user-1")
+    await reader.close()
+    stored = [m.content for m in doc.session.messages if m.role is Role.USER]
+    assert stored[1:] == [
+        f"Conversation history:\n{TURNS_POINTER}\n\nQuestion: {q}" for q in QUESTIONS[1:]
+    ]

@@ -376,11 +376,45 @@ class Seam:
         as text that the session holds (see ``_rendered``); None when there are none, or the
         engine does not send the session's turns (``mode="augment"`` sends the app's own
         messages, whose prompt is then the only copy)."""
-        if not frame.rendered or self.plugin.mode != "replace":
+        if not self._renders_turns(frame):
             return None
         conversations = list(frame.rendered)
         holds = self.replies.holder(frame.scope.session_id)
         return lambda dicts: without_rendered_turns(dicts, conversations, holds)
+
+    def _renders_turns(self, frame: RunFrame) -> bool:
+        return bool(frame.rendered) and self.plugin.mode == "replace"
+
+    def _note_held_sync(self, frame: RunFrame) -> None:
+        """Note the replies of the conversations ``frame``'s prompt builders rendered that the
+        session holds though this process did not record them (another worker did)."""
+        session_id = frame.scope.session_id
+        unknown = self._renders_turns(frame) and self.replies.unknown(session_id, frame.rendered)
+        if unknown:
+            engine = self.plugin.engine
+            held = guarded_sync(
+                self.plugin,
+                lambda: engine.sync.replies_held(session_id, unknown),
+                session_id=session_id,
+                what="look up the replies a prompt renders",
+            )
+            for text in held or ():
+                self.replies.add(session_id, text)
+
+    async def _note_held(self, frame: RunFrame) -> None:
+        """:meth:`_note_held_sync`, awaited."""
+        session_id = frame.scope.session_id
+        unknown = self._renders_turns(frame) and self.replies.unknown(session_id, frame.rendered)
+        if unknown:
+            engine = self.plugin.engine
+            held = await guarded(
+                self.plugin,
+                lambda: engine.replies_held(session_id, unknown),
+                session_id=session_id,
+                what="look up the replies a prompt renders",
+            )
+            for text in held or ():
+                self.replies.add(session_id, text)
 
     def _prepare_sync(self, frame: RunFrame, arguments: inspect.BoundArguments) -> None:
         plugin, session_id = self.plugin, frame.scope.session_id
@@ -406,6 +440,7 @@ class Seam:
                 what="record retrieval",
             )
             documents = _documents(frame, hits, evidences)
+        self._note_held_sync(frame)
         dicts, history = _quoted_once(pending, documents, self._turns(frame))
         sent = prepare_openai_sync(
             plugin,
@@ -450,6 +485,7 @@ class Seam:
                 what="record retrieval",
             )
             documents = _documents(frame, hits, evidences)
+        await self._note_held(frame)
         dicts, history = _quoted_once(pending, documents, self._turns(frame))
         sent = await prepare_openai(
             plugin,

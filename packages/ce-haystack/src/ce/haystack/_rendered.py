@@ -13,11 +13,12 @@ The model then gets those turns once, as the session's messages (trimmed to the 
 any history, instead of growing inside the newest user message, which is always kept), and
 the session stores the prompt without the copy.
 
-The session holds a turn when it holds its reply: one the plugin recorded in that session
-(:class:`HeldReplies`), with the user message just before it in the conversation (the
-question it answered). Turns the session does not hold stay in the prompt: those of a run
-that names no session (a session new with the run), a conversation older than the session,
-one the plugin did not see (recorded by another process).
+The session holds a turn when it holds its reply, with the user message just before it in
+the conversation (the question it answered): a reply the plugin recorded in that session
+(:class:`HeldReplies`), or one the engine finds among the session's newest records
+(``ContextEngine.replies_held``: recorded by another worker process, or before this one
+started). Turns the session does not hold stay in the prompt: those of a run that names no
+session (a session new with the run), a conversation older than the session.
 """
 
 from __future__ import annotations
@@ -104,6 +105,14 @@ class HeldReplies:
                 replies.popitem(last=False)
             while len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
+
+    def unknown(self, session_id: str, conversations: Sequence[Rendered]) -> list[str]:
+        """The reply texts of ``conversations`` not noted for ``session_id`` (recorded by
+        another process, or before this one started, or not a reply of the session)."""
+        with self._lock:
+            noted = frozenset(self._sessions.get(session_id) or ())
+        texts = (text for c in conversations for role, text in c if role == "assistant")
+        return [t for t in dict.fromkeys(texts) if _digest(t) not in noted]
 
     def holder(self, session_id: str) -> Callable[[str], bool]:
         """Whether ``session_id`` holds a reply with a given text (as it holds them now)."""

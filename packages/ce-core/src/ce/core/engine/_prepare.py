@@ -8,7 +8,7 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ce.core._drive import checkpoint, settle
@@ -18,7 +18,7 @@ from ce.core.engine._session import SessionEntry, TailTooShort
 from ce.core.engine._turn import Selection, select_and_assemble
 from ce.core.engine._writes import WriteLog
 from ce.core.errors import BudgetExceededError, SummarizerError
-from ce.core.pipeline import should_summarize, summary_range_end
+from ce.core.pipeline import canonical_step, should_summarize, summary_range_end
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
     Evidence,
@@ -45,6 +45,27 @@ class Preparer(BlockSummaries):
     """The prepare phase shared by ``prepare_turn`` and ``prepare_call``."""
 
     _snapshots: dict[int, tuple[RuntimeConfig, str, dict[str, Any]]]
+
+    async def replies_held(self, session_id: str, texts: Iterable[str]) -> frozenset[str]:
+        """Which of ``texts`` the session holds as the text of a reply (an assistant message
+        without tool calls, in no turns the app took back), as stored, among the newest
+        records a call reads: what an app that renders its conversation as text into a prompt
+        can leave out of the prompt, the engine sending those turns as the session's
+        messages. Another process may have recorded them. Writes nothing."""
+        wanted = tuple(dict.fromkeys(t for t in texts if t))
+        if not wanted:
+            return frozenset()
+
+        async def op(entry: SessionEntry, call: WriteLog) -> frozenset[str]:
+            positions = entry.key_positions
+            held = set()
+            for text in wanted:
+                position = positions.get((Role.ASSISTANT, canonical_step(text), None, ()))
+                if position is not None and not entry.withdrawn(position):
+                    held.add(text)
+            return frozenset(held)
+
+        return await self._write(session_id, op, tail=True)
 
     async def _prepare(
         self,

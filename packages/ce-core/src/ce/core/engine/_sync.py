@@ -3,7 +3,7 @@ calling thread."""
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ce.core._drive import drive
@@ -80,6 +80,9 @@ class SyncEngine:
 
     def get_usage_by_task(self, session_id: str) -> dict[str, TaskUsage]:
         return drive(self._engine.get_usage_by_task(session_id))
+
+    def replies_held(self, session_id: str, texts: Iterable[str]) -> frozenset[str]:
+        return drive(self._engine.replies_held(session_id, texts))
 
     def replay_turn(
         self, session_id: str, turn_id: str, runtime_config: RuntimeConfig | None = None
