@@ -1,8 +1,11 @@
 """Concurrent async LangChain calls on one event loop, with and without ``ce.langchain``.
 
 20 sessions run at once on one event loop (``asyncio.gather``), each making 5 ``ainvoke``
-calls one after the other with a 50-message conversation (``history.py``, seed 20240601)
-whose history is already in the engine's SQLite store. The chat model answers after ``await
+calls one after the other the way a chat app does: its conversation so far (a 50-message
+history, ``history.py``, seed 20240601, and a first reply, already in the engine's SQLite
+store; then the turns of this run) and a new question, whose reply joins the conversation.
+Each run with the plugin has sessions of its own, so every run starts from the same stored
+state. The chat model answers after ``await
 asyncio.sleep(0.05)`` (a provider's network latency; the loop is free meanwhile). Measured per
 run: the wall time of all 100 calls (with the plugin: and the final ``await engine.flush()``
 of the records still queued), the event loop's max lateness, from a heartbeat task that
@@ -30,7 +33,7 @@ sys.path.insert(0, str(HERE.parent))
 import history  # noqa: E402
 from _report import FullCollections, package_version, section_head, write_section  # noqa: E402
 from langchain_core.language_models import BaseChatModel  # noqa: E402
-from langchain_core.messages import AIMessage, BaseMessage  # noqa: E402
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage  # noqa: E402
 from langchain_core.outputs import ChatGeneration, ChatResult  # noqa: E402
 
 import ce.langchain  # noqa: E402
@@ -80,9 +83,10 @@ async def heartbeat(stop: asyncio.Event, lateness: list[float]) -> None:
 
 
 class Bench:
-    def __init__(self, directory: Path, sessions: int, calls: int) -> None:
-        self.sessions = [f"async-bench-{i}" for i in range(sessions)]
-        self.calls = calls
+    def __init__(self, directory: Path, sessions: int, calls: int, runs: int) -> None:
+        self.sessions, self.runs = sessions, runs
+        self.questions = [question for question, _ in history.next_turns(calls)]
+        self.used = 0  # plugin runs so far: each takes the next block of sessions
         self.engine = ContextEngine(
             store=SQLiteStore(str(directory / "sessions.db")),
             config=RuntimeConfig(
@@ -94,43 +98,61 @@ class Bench:
         )
         self.model = SlowChatModel()
         self.messages = history.to_langchain(history.generate(MESSAGES, evidences=0))
+        # each session's conversation as the app holds it: the history and the first reply
+        self.conversations: dict[str, list[BaseMessage]] = {}
+
+    def names(self, run: int) -> list[str]:
+        return [f"async-{run}-{i}" for i in range(self.sessions)]
 
     def populate(self) -> None:
-        """Every session gets the 50 messages (and one reply) through the plugin, untimed."""
+        """Every session of every plugin run (and of the warm-up) gets the 50 messages and one
+        reply through the plugin, untimed."""
         ce.langchain.install(self.engine)
-        for session_id in self.sessions:
-            with self.engine.session(session_id):
-                self.model.invoke(self.messages)
-        self.engine.sync.flush()
-        ce.langchain.uninstall()
+        try:
+            for run in range(self.runs + 1):
+                for session_id in self.names(run):
+                    with self.engine.session(session_id):
+                        reply = self.model.invoke(self.messages)
+                    self.conversations[session_id] = [*self.messages, reply]
+            self.engine.sync.flush()
+        finally:
+            ce.langchain.uninstall()
+        for i in range(self.sessions):
+            self.conversations[f"without-{i}"] = [*self.messages, AIMessage(content="ok")]
 
     async def _session(self, session_id: str) -> None:
         config: Any = {"metadata": {"ce_session_id": session_id}}
-        for _ in range(self.calls):
-            await self.model.ainvoke(self.messages, config)
+        conversation = list(self.conversations[session_id])
+        for question in self.questions:
+            conversation.append(HumanMessage(content=question))
+            conversation.append(await self.model.ainvoke(conversation, config))
 
-    async def _run(self, installed: bool) -> tuple[float, float, float]:
+    async def _run(self, sessions: list[str], installed: bool) -> tuple[float, float, float]:
         stop = asyncio.Event()
         lateness: list[float] = []
         beat = asyncio.create_task(heartbeat(stop, lateness))
         await asyncio.sleep(0)  # the heartbeat is running
         start, cpu = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(self._session(s) for s in self.sessions))
+        await asyncio.gather(*(self._session(s) for s in sessions))
         if installed:
             await self.engine.flush()
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         stop.set()
         await beat
-        return wall, max(lateness), cpu / (len(self.sessions) * self.calls)
+        return wall, max(lateness), cpu / (len(sessions) * len(self.questions))
 
     def run(self, installed: bool) -> Run:
         """One run of every session's calls on a fresh event loop: (wall, max lateness, CPU
         per call, full garbage collections during the run and their pause)."""
         if installed:
+            sessions = self.names(self.used)
+            self.used += 1
             ce.langchain.install(self.engine)
+        else:
+            sessions = [f"without-{i}" for i in range(self.sessions)]
         try:
             with FullCollections() as collections:
-                wall, late, cpu = asyncio.run(self._run(installed))
+                wall, late, cpu = asyncio.run(self._run(sessions, installed))
             return wall, late, cpu, collections.count, collections.paused
         finally:
             if installed:
@@ -182,8 +204,10 @@ def report(
         *section_head(command, versions),
         "",
         f"{args.sessions} sessions x {args.calls} `ainvoke` calls ({calls} calls) gathered on one "
-        f"event loop; a {MESSAGES}-message conversation already stored per session (SQLite "
-        f"file, budget {BUDGET:,} tokens, `gpt-4o` tokenizer); the model answers after "
+        f"event loop, each call with the session's conversation so far and a new question, "
+        f"whose reply joins it; a {MESSAGES}-message conversation and a first reply already "
+        f"stored per session (SQLite file, budget {BUDGET:,} tokens, `gpt-4o` tokenizer), "
+        "each run with the plugin on sessions of its own; the model answers after "
         f"`await asyncio.sleep({LATENCY})`; heartbeat every {HEARTBEAT * 1000:.0f} ms; "
         f"{args.runs} alternating runs each (after one warm-up run each), medians.",
         "",
@@ -217,7 +241,7 @@ def main() -> None:
     without: list[Run] = []
     with_plugin: list[Run] = []
     with tempfile.TemporaryDirectory() as tmp:
-        bench = Bench(Path(tmp), args.sessions, args.calls)
+        bench = Bench(Path(tmp), args.sessions, args.calls, args.runs)
         bench.populate()
         for index in range(args.runs + 1):
             for installed, sink in ((False, without), (True, with_plugin)):

@@ -1,14 +1,15 @@
 """``ce.llamaindex.install(engine)`` on one event loop: 20 concurrent sessions, 5 ``achat`` calls
 each, a model that answers after ``await asyncio.sleep(0.05)``.
 
-Every session already holds a 50-message conversation (``history.py``, seed 20240601) in the
-engine's SQLite store; each call sends that conversation plus the turns of this run and one new
-question, as a chat app does. Runs alternate without and with the plugin (one untimed warm-up of
-each first); each run with the plugin uses sessions of its own, so every run starts from the
-same stored state. Measured per run: the wall time of ``asyncio.gather`` over the sessions, and
-the event loop's max lateness, seen by a heartbeat task that sleeps 5 ms at a time (how much
-later than asked it wakes up: how long the loop was kept from running it). Not a test: numbers
-depend on the machine; run it with the latest LlamaIndex virtualenv's python.
+Every session already holds a 50-message conversation (``history.py``, seed 20240601) and a
+first reply in the engine's SQLite store; each call sends that conversation plus the turns of
+this run and one new question, as a chat app does. Runs alternate without and with the plugin
+(one untimed warm-up of each first); each run with the plugin uses sessions of its own, so
+every run starts from the same stored state. Measured per run: the wall time of
+``asyncio.gather`` over the sessions, and the event loop's max lateness, seen by a heartbeat
+task that sleeps 5 ms at a time (how much later than asked it wakes up: how long the loop was
+kept from running it). Not a test: numbers depend on the machine; run it with the latest
+LlamaIndex virtualenv's python.
 
     python benchmarks/bench_async_llamaindex.py [--sessions 20] [--calls 5] [--runs 5]
         [--write docs/benchmarks.md]
@@ -119,6 +120,8 @@ class Bench:
         self.history = history.to_llamaindex(history.generate(MESSAGES, evidences=0))
         self.questions = [q for q, _ in history.next_turns(calls)]
         self.used = 0  # plugin runs so far: each takes the next block of sessions
+        # each session's conversation as the app holds it: the history and the first reply
+        self.conversations: dict[str, list[ChatMessage]] = {}
 
     def names(self, run: int) -> list[str]:
         return [f"async-{run}-{i}" for i in range(self.sessions)]
@@ -131,13 +134,17 @@ class Bench:
             for run in range(self.runs + 1):
                 for session_id in self.names(run):
                     with instrument_tags({"ce_session_id": session_id}):
-                        self.llm.chat(list(self.history))
+                        reply = self.llm.chat(list(self.history))
+                    self.conversations[session_id] = [*self.history, reply.message]
             self.engine.sync.flush()
         finally:
             ce.llamaindex.uninstall()
+        for i in range(self.sessions):
+            first = ChatMessage(role=MessageRole.ASSISTANT, content="ok")
+            self.conversations[f"without-{i}"] = [*self.history, first]
 
     async def _session(self, session_id: str) -> None:
-        conversation = list(self.history)
+        conversation = list(self.conversations[session_id])
         for question in self.questions:
             conversation.append(ChatMessage(role=MessageRole.USER, content=question))
             with instrument_tags({"ce_session_id": session_id}):
@@ -242,7 +249,9 @@ def report(
         "",
         f"{bench.sessions} sessions × {bench.calls} `achat` calls ({calls} calls) under "
         f"`asyncio.gather` on one loop; the model answers after `await asyncio.sleep("
-        f"{LATENCY})`; {MESSAGES}-message history already stored per session (SQLite file, "
+        f"{LATENCY})`; each call with the session's conversation so far and a new question, "
+        f"whose reply joins it; a {MESSAGES}-message history and a first reply already stored "
+        "per session (SQLite file, "
         f"`gpt-4o` tokenizer, {BUDGET:,}-token budget); {bench.runs} runs each, alternating, "
         "median. Lateness: how much later than asked a 5 ms heartbeat task woke up (max per "
         "run). CPU: `time.thread_time()` of the loop's thread and `time.process_time()` (all "
