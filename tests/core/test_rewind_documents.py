@@ -14,7 +14,7 @@ import pytest
 from test_cut_history import REMOVED, make_engine, reply, texts, user
 
 from ce.core.cli import main
-from ce.core.config import RuntimeConfig
+from ce.core.config import BudgetConfig, RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.pipeline import document_pointer
 from ce.core.schema import (
@@ -194,6 +194,90 @@ async def test_a_cold_process_that_finds_it_stored_long_ago(
     )
     assert sum("Oslo" in e.content for e in doc.evidences.values()) == 2
     await cold.close()
+
+
+# a budget the newest records a worker reads first cover
+SMALL = RuntimeConfig(
+    model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=3000, reserved_reply_tokens=500)
+)
+PAD = "with the details that a long answer gives, " * 6
+
+
+async def long_conversation(opener: Callable[[], Store]) -> list[Message]:
+    """Two turns about Paris and Oslo and 40 more, by a process that ends."""
+    first = make_engine(opener(), config=SMALL)
+    history = await two_turns(first)
+    for n in range(40):  # more messages than a worker reads first
+        history.append(user(f"and note {n}? {PAD}"))
+        await ask(first, history, (), f"noted {n}: {PAD}")
+    await first.close()
+    return history
+
+
+async def ask_rome(engine: ContextEngine, history: list[Message], notes: int = 0) -> None:
+    """The question about Rome (its guide retrieved, and ``notes`` more documents)."""
+    history.append(user("and in Rome?"))
+    for n in range(notes):
+        source = EvidenceSource(kind=SourceKind.RAG, uri=f"kb://rome-{n}")
+        await engine.ingest_evidence("s", f"Rome note {n}", source, EvidenceType.RAG_DOC)
+    await ask(engine, history, ("Rome",), "mild as well")
+
+
+@pytest.mark.parametrize("warm", [True, False])
+async def test_a_worker_goes_back_on_the_newest_records_it_read(
+    opener: Callable[[], Store], warm: bool
+) -> None:
+    """A worker that read only the session's newest records takes an edited turn back on
+    them (cold: the edit is its first call, the turn another process's; warm: it asked that
+    turn itself): the Rome guide and the abandoned turn are not sent, Lima's is, and it
+    never read the whole session."""
+    history = await long_conversation(opener)
+    worker = ContextEngine(opener(), config=SMALL)  # its own ids
+    if warm:
+        await ask_rome(worker, history)
+    else:
+        other = ContextEngine(opener(), config=SMALL)
+        await ask_rome(other, history)
+        await other.close()
+    edited = [*history[:-2], user("and in Lima?")]
+
+    prepared = await ask(worker, edited, ("Lima",), "warm")
+
+    assert worker._entries["s"].partial  # the newest records only
+    assert guides(prepared) == ["Paris", "Oslo", "Lima"]
+    sent = texts(prepared.assembled_input.parts)
+    assert "and in Lima?" in sent and sent[-1] == "and in Lima?"
+    assert history[-2].content not in sent and history[-1].content not in sent
+    doc = await worker.get_session("s")
+    assert doc.session.summary is not None
+    (span,) = doc.session.summary.withdrawn
+    assert span.to_index - span.from_index == 2  # the edited question and its answer
+    assert [doc.session.messages[i].content for i in (span.from_index, span.to_index - 1)] == [
+        history[-2].content,
+        history[-1].content,
+    ]
+    await worker.close()
+
+
+async def test_going_back_reads_the_whole_session_when_its_documents_reach_further(
+    opener: Callable[[], Store],
+) -> None:
+    """The turn taken back retrieved more documents than a worker reads first: the worker
+    reads the whole session to find them all, and none of them is sent."""
+    history = await long_conversation(opener)
+    other = ContextEngine(opener(), config=SMALL)
+    await ask_rome(other, history, notes=70)
+    await other.close()
+    worker = ContextEngine(opener(), config=SMALL)
+    edited = [*history[:-2], user("and in Lima?")]
+
+    prepared = await ask(worker, edited, ("Lima",), "warm")
+
+    assert not worker._entries["s"].partial  # read whole
+    assert guides(prepared) == ["Paris", "Oslo", "Lima"]
+    sent = "\n".join(texts(prepared.assembled_input.parts))
+    assert "Rome note" not in sent
+    await worker.close()
 
 
 async def test_facts_of_a_document_taken_back_conflict_with_nothing() -> None:

@@ -364,19 +364,28 @@ class ContextEngine(Preparer):
         cfg = self._cfg(runtime_config)
 
         async def op(entry: SessionEntry, call: WriteLog) -> PrepareResult:
-            tail_start = await self._tail_start(entry, pending_messages, cfg)
+            misaligned = False  # the history does not end with the newest records read
+            try:
+                tail_start = await self._tail_start(entry, pending_messages, cfg)
+            except TailTooShort as short:
+                if not (rewind and short.whole):
+                    raise
+                tail_start, misaligned = None, True  # going back to a point they hold?
             if rewind and (taken_back := self._rewound_to(entry, pending_messages, cfg)):
-                if entry.partial:  # matched again against the whole session
+                if not entry.holds_going_back(taken_back):
                     raise TailTooShort(whole=True)
                 entry.state.withdraw_turns(
                     taken_back,
+                    held_from=entry.unread.messages,
                     kept_evidences=lambda first: self._still_quoted(
                         entry, pending_messages, cfg, first
                     ),
                 )
                 entry.match_after_clear()
                 entry.indexes.clear()
-                tail_start = None
+                tail_start = await self._tail_start(entry, pending_messages, cfg)
+            elif misaligned:
+                raise TailTooShort(whole=True)
             self._record_pending(entry, pending_messages, cfg, call, tail_start)
             await checkpoint()
             own = self._own_run(entry, pending_messages, cfg)

@@ -14,7 +14,7 @@ from typing import Any
 from ce.core._drive import blocked_threads, inline, turn_released
 from ce.core.engine._turn import Unread
 from ce.core.pipeline import SessionIndex, canonical_step
-from ce.core.schema import Evidence, Message, Role, SessionDocument
+from ce.core.schema import MESSAGES_BEFORE, Evidence, Message, Role, SessionDocument
 from ce.core.state import AgentState
 from ce.core.stores.base import SessionChanges, SessionUpdate
 from ce.core.tokens import TokenEstimator, remember_counts
@@ -145,6 +145,28 @@ class SessionEntry:
         turns the app took back."""
         summary = self.state.live_view().session.summary
         return summary is not None and bool(summary.withdrawn) and summary.withdraws(position)
+
+    def holds_going_back(self, from_index: int) -> bool:
+        """Whether the entry holds what taking the session's turns back from message
+        ``from_index`` on needs (see ``AgentState.withdraw_turns``): that message, the span
+        it joins (earlier spans it touches), and the documents retrieved for its turns (each
+        evidence says how many messages the session held when it was stored). An entry of
+        the session's newest records holds them when its oldest evidence came before the
+        span, or there is no older one."""
+        base = self.unread.messages
+        if from_index < base:
+            return False
+        summary = self.state.live_view().session.summary
+        for span in reversed(summary.withdrawn if summary is not None else []):
+            if span.to_index >= from_index:
+                from_index = min(from_index, span.from_index)
+        if from_index < base:
+            return False
+        if not self.unread.evidences:
+            return True
+        oldest = next(iter(self.state.live_view().evidences.values()), None)
+        held = oldest.metadata.get(MESSAGES_BEFORE) if oldest is not None else None
+        return not (isinstance(held, int) and held >= from_index)
 
     def note_recalled(self, evidence_id: str) -> None:
         """Remember that ``evidence_id`` was ingested again (found stored) now."""

@@ -638,13 +638,22 @@ class HistoryWriter:
         or points to, or that were ingested again since the newest of those turns (in this
         process): retrieved again for the message that replaced them, they stay sent.
         A document stored again since (the same text, newer) stays sent as that copy, and
-        of one text taken back twice only the newest copy is kept.
-        Work proportional to those documents."""
-        texts = [
-            self._stored_text(m.content, cfg)
-            for m in pending
-            if m.role in (Role.SYSTEM, Role.USER) and m.content
-        ]
+        of one text taken back twice only the newest copy is kept. The texts that can quote
+        them are the system messages of ``pending`` (a prompt holding the retrieved context)
+        and its messages after the point it went back to (the session does not hold them:
+        what replaced those turns); the messages before that point came before those
+        documents. Work proportional to those documents and messages."""
+        quoting = [m for m in pending if m.role is Role.SYSTEM and m.content]
+        for message in reversed(pending):
+            if message.role is Role.SYSTEM:
+                continue
+            if message_key(message, self._stored_text(message.content, cfg)) in (
+                entry.key_positions
+            ):
+                break
+            if message.role is Role.USER and message.content:
+                quoting.append(message)
+        texts = [self._stored_text(m.content, cfg) for m in quoting]
         end = entry.message_total  # the turns taken back end with the session's messages
         recalled = entry.recalled[1] if entry.recalled[0] == end else []
         sent: set[str] = set()  # the texts of the documents that stay sent, newest first
