@@ -458,6 +458,9 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python", "benchmarks/bench_long_session.py", "--write", "docs/benchmarks.md", env=_env()
     )
+    session.run(  # a regenerate and an edit against a call that continues
+        "python", "benchmarks/bench_going_back.py", "--write", "docs/benchmarks.md", env=_env()
+    )
     session.run(  # SQLite, and PostgreSQL when a server answers
         "python", "benchmarks/bench_deferred.py", "--write", "docs/benchmarks.md", env=_env()
     )
