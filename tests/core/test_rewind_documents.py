@@ -259,6 +259,42 @@ async def test_a_worker_goes_back_on_the_newest_records_it_read(
     await worker.close()
 
 
+async def test_a_process_holding_a_long_session_goes_back_on_its_newest_records(
+    opener: Callable[[], Store],
+) -> None:
+    """The process that wrote all of a long session (over a thousand messages) goes back on
+    the session's newest records, read afresh, rather than rebuild what it derived from every
+    message: the same input, and the session's next calls go on from those records."""
+    engine = make_engine(opener(), config=SMALL)
+    history = await two_turns(engine)
+    filler = [
+        m for n in range(600) for m in (user(f"and note {n}? {PAD}"), reply(f"noted {n}: {PAD}"))
+    ]
+    await engine.record_messages("s", filler)
+    history += filler
+    await ask_rome(engine, history)
+    assert not engine._entries["s"].partial  # it holds every message it wrote
+    edited = [*history[:-2], user("and in Lima?")]
+
+    prepared = await ask(engine, edited, ("Lima",), "warm")
+
+    assert engine._entries["s"].partial  # the newest records, read afresh
+    assert guides(prepared) == ["Paris", "Oslo", "Lima"]
+    sent = texts(prepared.assembled_input.parts)
+    assert sent[-1] == "and in Lima?" and "and in Rome?" not in sent
+    edited.append(user("and tomorrow?"))
+    again = await ask(engine, edited, (), "sunny")
+    assert texts(again.assembled_input.parts)[-3:] == ["and in Lima?", "warm", "and tomorrow?"]
+    doc = await engine.get_session("s")
+    assert doc.session.summary is not None
+    (span,) = doc.session.summary.withdrawn
+    assert [m.content for m in doc.session.messages[span.from_index : span.to_index]] == [
+        "and in Rome?",
+        "mild as well",
+    ]
+    await engine.close()
+
+
 async def test_going_back_reads_the_whole_session_when_its_documents_reach_further(
     opener: Callable[[], Store],
 ) -> None:

@@ -21,6 +21,7 @@ from ce.core.engine._deferred import DeferredWrites, draining, note_pending
 from ce.core.engine._session import (
     TAIL_EVIDENCES,
     TAIL_MESSAGES,
+    ReadNewest,
     SessionEntry,
     SessionLocks,
     TailTooShort,
@@ -253,6 +254,9 @@ class EngineCore(HistoryWriter):
                     self._entries.pop(session_id, None)
                     self._grow_tail(session_id, short.whole)
                     call.restart()
+                except ReadNewest:
+                    self._entries.pop(session_id, None)
+                    call.restart()
 
     async def _run_deferred(self, session_id: str) -> None:
         """Run the session's deferred records and store what they wrote in one commit: when
@@ -273,6 +277,18 @@ class EngineCore(HistoryWriter):
         except Exception:  # as a deferred record's own failure: logged, the call goes on
             # what it carries stays for the session's next commit (or a flush)
             logger.exception("storing the deferred records of session %r failed", session_id)
+
+    def _reads_newest(self, entry: SessionEntry) -> bool:
+        """Whether a call that rebuilds what the engine derived from the session (going back)
+        costs less on the session's newest records than on ``entry``, which holds all of a
+        long session: the store reads newest records, and no call of the session needed the
+        whole of it."""
+        return (
+            self._tails
+            and not entry.partial
+            and len(entry.doc.session.messages) > 16 * TAIL_MESSAGES
+            and self._tail_sizes.get(entry.session_id, ()) is not None
+        )
 
     def _grow_tail(self, session_id: str, whole: bool) -> None:
         """Read twice as much of the session next time (``whole``: all of it)."""

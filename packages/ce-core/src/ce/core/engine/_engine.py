@@ -16,7 +16,7 @@ from ce.core.engine._carry import Carry
 from ce.core.engine._cut import Removed, cut_point
 from ce.core.engine._deferred import DeferredWrites, flush_at_exit, note_pending
 from ce.core.engine._prepare import Preparer
-from ce.core.engine._session import SessionEntry, SessionLocks, TailTooShort
+from ce.core.engine._session import ReadNewest, SessionEntry, SessionLocks, TailTooShort
 from ce.core.engine._turn import select_and_assemble
 from ce.core.engine._writes import WriteLog
 from ce.core.errors import (
@@ -372,6 +372,8 @@ class ContextEngine(Preparer):
                     raise
                 tail_start, misaligned = None, True  # going back to a point they hold?
             if rewind and (taken_back := self._rewound_to(entry, pending_messages, cfg)):
+                if self._reads_newest(entry):
+                    raise ReadNewest()
                 if not entry.holds_going_back(taken_back):
                     raise TailTooShort(whole=True)
                 entry.state.withdraw_turns(

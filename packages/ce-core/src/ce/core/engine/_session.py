@@ -47,6 +47,12 @@ class TailTooShort(Exception):
         self.whole = whole
 
 
+class ReadNewest(Exception):
+    """A call on a whole long session found that the session's newest records serve it at
+    less cost (going back rebuilds what the engine derived from every record it holds): it
+    is done again on those. Nothing of it was stored."""
+
+
 FRAMEWORK_MESSAGE_ID = "framework_message_id"
 """Message meta: the framework's id of a message stored under another id (the framework
 reused an id the session holds for other content)."""
