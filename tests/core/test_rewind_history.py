@@ -7,6 +7,7 @@ are not sent, not matched against what it passes, stay stored and are reported. 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -397,3 +398,50 @@ def test_after_any_going_back_the_model_gets_the_apps_conversation(
         await engine.close()
 
     asyncio.run(run())
+
+
+@settings(max_examples=25, deadline=None)
+@given(turns=st.integers(min_value=2, max_value=6), data=st.data())
+def test_workers_on_the_newest_records_go_back_as_a_process_holding_all_of_it(
+    turns: int, data: st.DataObject
+) -> None:
+    """A long session (more messages than a worker reads first, more than the budget keeps)
+    served by workers that read only its newest records, a new one now and then (cold), the
+    app going back by asking again or by an edit: every call gives the model what one process
+    holding the whole session gives it."""
+    cfg = RuntimeConfig(
+        model_hint="gpt-4o", budget=BudgetConfig(max_input_tokens=600, reserved_reply_tokens=200)
+    )
+
+    async def run(directory: str) -> None:
+        whole = make_engine(config=cfg)
+        path = str(Path(directory) / "s.db")
+        worker = ContextEngine(SQLiteStore(path), config=cfg)
+        history: list[Message] = []
+
+        async def both(answer: str) -> None:
+            nonlocal worker
+            if data.draw(st.booleans()):  # the next request goes to a new worker
+                await worker.close()
+                worker = ContextEngine(SQLiteStore(path), config=cfg)
+            expected = await talk(whole, history, answer)
+            history.pop()  # talk appended the answer: the worker's turn appends it again
+            assert await talk(worker, history, answer) == expected
+
+        for n in range(40 + turns):
+            history.append(user(f"question {n}"))
+            await both(f"answer {n}")
+        for round_ in range(data.draw(st.integers(min_value=1, max_value=3))):
+            back = data.draw(st.integers(min_value=30, max_value=len(history) // 2 - 1))
+            if data.draw(st.booleans()):  # ask question `back` again
+                history = history[: 2 * back + 1]
+            else:  # edit question `back`
+                history = [*history[: 2 * back], user(f"question {back}, edit {round_}")]
+            await both(f"answer, round {round_}")
+            history.append(user(f"next question {round_}"))
+            await both(f"next answer {round_}")
+        await whole.close()
+        await worker.close()
+
+    with tempfile.TemporaryDirectory() as directory:
+        asyncio.run(run(directory))
