@@ -359,6 +359,17 @@ async def test_ce_show_says_what_the_app_took_back(
     assert "taken back by the app: messages 4..4" in capsys.readouterr().out
 
 
+def go_back(
+    history: list[Message], data: st.DataObject, round_: int, lowest: int = 1
+) -> list[Message]:
+    """The app's conversation after it went back to a question drawn from ``lowest`` on:
+    asked again (the conversation up to it) or edited (its new text last)."""
+    back = data.draw(st.integers(min_value=lowest, max_value=len(history) // 2 - 1))
+    if data.draw(st.booleans()):
+        return history[: 2 * back + 1]
+    return [*history[: 2 * back], user(f"question {back}, edit {round_}")]
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     turns=st.integers(min_value=2, max_value=7),
@@ -381,11 +392,7 @@ def test_after_any_going_back_the_model_gets_the_apps_conversation(
             history.append(user(f"question {n}"))
             await talk(engine, history, answer(f"answer {n}"))
         for round_ in range(data.draw(st.integers(min_value=1, max_value=3))):
-            back = data.draw(st.integers(min_value=1, max_value=len(history) // 2 - 1))
-            if data.draw(st.booleans()):  # ask question `back` again
-                history = history[: 2 * back + 1]
-            else:  # edit question `back`
-                history = [*history[: 2 * back], user(f"question {back}, edit {round_}")]
+            history = go_back(history, data, round_)
             expected = [m.content for m in history]
             again = answer(f"answer, round {round_}")
             assert await talk(engine, history, again) == expected
@@ -432,11 +439,7 @@ def test_workers_on_the_newest_records_go_back_as_a_process_holding_all_of_it(
             history.append(user(f"question {n}"))
             await both(f"answer {n}")
         for round_ in range(data.draw(st.integers(min_value=1, max_value=3))):
-            back = data.draw(st.integers(min_value=30, max_value=len(history) // 2 - 1))
-            if data.draw(st.booleans()):  # ask question `back` again
-                history = history[: 2 * back + 1]
-            else:  # edit question `back`
-                history = [*history[: 2 * back], user(f"question {back}, edit {round_}")]
+            history = go_back(history, data, round_, lowest=30)
             await both(f"answer, round {round_}")
             history.append(user(f"next question {round_}"))
             await both(f"next answer {round_}")
