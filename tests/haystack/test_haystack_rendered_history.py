@@ -118,27 +118,33 @@ async def test_history_the_engine_does_not_send_stays_in_the_prompt(
     assert [m["role"] for m in last] == ["system", "user"]
 
 
-@pytest.mark.parametrize("run", ["run", "run_async"])
-async def test_turns_another_worker_recorded_reach_the_model_once(run: str, tmp_path: Path) -> None:
-    """Every turn served by another worker process (a new engine on the same SQLite file,
-    the plugin installed anew): each worker finds the replies the prompt renders in the
-    session's newest records, so the model still gets every earlier turn once, as the
-    session's messages, and the session stores each prompt without the rendered copy."""
-    path = str(tmp_path / "s.db")
-    template = TEMPLATES["role labels"]
-    answers = iter(ANSWERS)
-    with ScriptedOpenAIServer(lambda _: ScriptedResponse(text=next(answers))) as server:
+async def _each_turn_a_worker(
+    path: str, run: str, answers: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """The chat app's three turns, each served by another worker process (a new engine on
+    the same SQLite file, the plugin installed anew); the messages of the last request."""
+    replies = iter(answers)
+    with ScriptedOpenAIServer(lambda _: ScriptedResponse(text=next(replies))) as server:
         memories: list[ChatMessage] = []
         for question in QUESTIONS:
             worker = ContextEngine(SQLiteStore(path), config=RuntimeConfig(model_hint="gpt-4o"))
             ce.haystack.install(worker)
-            pipeline = _chat(server, template, {SESSION_KEY: "user-1"})
+            pipeline = _chat(server, TEMPLATES["role labels"], {SESSION_KEY: "user-1"})
             data = {"prompt": {"query": question, "memories": memories}}
             result = await pipeline.run_async(data) if run == "run_async" else pipeline.run(data)
             memories += [ChatMessage.from_user(question), result["llm"]["replies"][0]]
             ce.haystack.uninstall()
             await worker.close()
-        last = server.requests[-1]["messages"]
+        return list(server.requests[-1]["messages"])
+
+
+@pytest.mark.parametrize("run", ["run", "run_async"])
+async def test_turns_another_worker_recorded_reach_the_model_once(run: str, tmp_path: Path) -> None:
+    """Every turn served by another worker: each worker finds the replies the prompt renders
+    in the session's newest records, so the model still gets every earlier turn once, as the
+    session's messages, and the session stores each prompt without the rendered copy."""
+    path = str(tmp_path / "s.db")
+    last = await _each_turn_a_worker(path, run, ANSWERS)
     body = wire({"messages": last})
     for text in (*QUESTIONS, *ANSWERS[:2]):
         assert body.count(text) == 1, text
@@ -153,3 +159,49 @@ async def test_turns_another_worker_recorded_reach_the_model_once(run: str, tmp_
     assert stored[1:] == [
         f"Conversation history:\n{TURNS_POINTER}\n\nQuestion: {q}" for q in QUESTIONS[1:]
     ]
+
+
+async def test_a_reply_stored_redacted_is_found_by_another_worker(tmp_path: Path) -> None:
+    """A reply holding an e-mail address is stored redacted; the next worker finds it as it
+    is stored, so the prompt renders it once: as the session's message, redacted."""
+    answers = ("Write to ops@example.com for that.", *ANSWERS[1:])
+    last = await _each_turn_a_worker(str(tmp_path / "s.db"), "run", answers)
+    body = wire({"messages": last})
+    assert "ops@example.com" not in body
+    assert body.count("Write to [REDACTED:email] for that.") == 1
+    assert last[-1]["content"].startswith(f"Conversation history:\n{TURNS_POINTER}")
+
+
+async def test_turns_older_than_the_session_are_asked_of_the_engine_once(
+    engine: ContextEngine,
+) -> None:
+    """A conversation the app held before the session (an import, a chat from before the
+    plugin): its replies are not the session's and stay in the prompt; the engine is asked
+    about them once, not on every call."""
+    asked: list[list[str]] = []
+    lookup = engine.replies_held
+
+    async def counted(session_id: str, texts: Any) -> frozenset[str]:
+        asked.append(list(texts))
+        return await lookup(session_id, texts)
+
+    engine.replies_held = counted  # type: ignore[method-assign]
+    older = [
+        ChatMessage.from_user("Hello there?"),
+        ChatMessage.from_assistant("Hi, how can I help?"),
+    ]
+    answers = iter(ANSWERS)
+    with ScriptedOpenAIServer(lambda _: ScriptedResponse(text=next(answers))) as server:
+        pipeline = _chat(server, TEMPLATES["role labels"], {SESSION_KEY: "user-1"})
+        ce.haystack.install(engine)
+        memories = list(older)
+        for question in QUESTIONS:
+            result = pipeline.run({"prompt": {"query": question, "memories": memories}})
+            memories += [ChatMessage.from_user(question), result["llm"]["replies"][0]]
+        ce.haystack.uninstall()
+        last = server.requests[-1]["messages"]
+    assert asked == [["Hi, how can I help?"]]
+    assert "Hi, how can I help?" in last[-1]["content"]  # not the session's: it stays
+    body = wire({"messages": last})
+    for text in (*QUESTIONS, *ANSWERS[:2]):
+        assert body.count(text) == 1, text

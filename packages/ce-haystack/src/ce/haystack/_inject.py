@@ -385,11 +385,17 @@ class Seam:
     def _renders_turns(self, frame: RunFrame) -> bool:
         return bool(frame.rendered) and self.plugin.mode == "replace"
 
+    def _unknown_replies(self, frame: RunFrame) -> list[str]:
+        """The replies the conversations ``frame``'s prompt builders rendered hold that the
+        plugin knows nothing of for the session (another worker recorded them, or they are
+        older than the session): the engine is asked about them once."""
+        if not self._renders_turns(frame):
+            return []
+        return self.replies.unknown(frame.scope.session_id, frame.rendered)
+
     def _note_held_sync(self, frame: RunFrame) -> None:
-        """Note the replies of the conversations ``frame``'s prompt builders rendered that the
-        session holds though this process did not record them (another worker did)."""
-        session_id = frame.scope.session_id
-        unknown = self._renders_turns(frame) and self.replies.unknown(session_id, frame.rendered)
+        """Note which replies of :meth:`_unknown_replies` the session holds."""
+        unknown, session_id = self._unknown_replies(frame), frame.scope.session_id
         if unknown:
             engine = self.plugin.engine
             held = guarded_sync(
@@ -398,23 +404,21 @@ class Seam:
                 session_id=session_id,
                 what="look up the replies a prompt renders",
             )
-            for text in held or ():
-                self.replies.add(session_id, text)
+            if held is not None:
+                self.replies.settle(session_id, unknown, held)
 
     async def _note_held(self, frame: RunFrame) -> None:
         """:meth:`_note_held_sync`, awaited."""
-        session_id = frame.scope.session_id
-        unknown = self._renders_turns(frame) and self.replies.unknown(session_id, frame.rendered)
+        unknown, session_id = self._unknown_replies(frame), frame.scope.session_id
         if unknown:
-            engine = self.plugin.engine
             held = await guarded(
                 self.plugin,
-                lambda: engine.replies_held(session_id, unknown),
+                lambda: self.plugin.engine.replies_held(session_id, unknown),
                 session_id=session_id,
                 what="look up the replies a prompt renders",
             )
-            for text in held or ():
-                self.replies.add(session_id, text)
+            if held is not None:
+                self.replies.settle(session_id, unknown, held)
 
     def _prepare_sync(self, frame: RunFrame, arguments: inspect.BoundArguments) -> None:
         plugin, session_id = self.plugin, frame.scope.session_id

@@ -27,7 +27,7 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -82,42 +82,55 @@ def _conversation(value: Any) -> Rendered | None:
 
 
 class HeldReplies:
-    """The replies the plugin recorded, per session: digests of the newest ``held`` reply
-    texts of each of the newest ``sessions`` sessions. Thread-safe."""
+    """What the plugin knows of the replies sessions hold, per session: digests of the newest
+    ``held`` reply texts of each of the newest ``sessions`` sessions, each noted as held (the
+    plugin recorded it, or the engine found it stored) or not (the engine did not find it:
+    a turn of a conversation older than the session). Thread-safe."""
 
     def __init__(self, sessions: int = 1024, held: int = 256) -> None:
-        self._sessions: OrderedDict[str, OrderedDict[bytes, None]] = OrderedDict()
+        self._sessions: OrderedDict[str, OrderedDict[bytes, bool]] = OrderedDict()
         self._max_sessions = sessions
         self._held = held
         self._lock = threading.Lock()
 
     def add(self, session_id: str, text: str) -> None:
         """Note that ``session_id`` holds a reply with ``text``."""
-        if not text:
-            return
-        digest = _digest(text)
+        self._note(session_id, [text], {text})
+
+    def settle(self, session_id: str, asked: Sequence[str], held: Iterable[str]) -> None:
+        """Note which of the texts ``asked`` of the engine ``session_id`` holds (``held``)
+        and which not, so neither is asked again."""
+        self._note(session_id, asked, set(held))
+
+    def _note(self, session_id: str, texts: Sequence[str], held: set[str]) -> None:
         with self._lock:
             replies = self._sessions.pop(session_id, None) or OrderedDict()
             self._sessions[session_id] = replies
-            replies[digest] = None
-            replies.move_to_end(digest)
+            for text in texts:
+                if text:
+                    digest = _digest(text)
+                    replies[digest] = text in held or replies.get(digest, False)
+                    replies.move_to_end(digest)
             while len(replies) > self._held:
                 replies.popitem(last=False)
             while len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
 
     def unknown(self, session_id: str, conversations: Sequence[Rendered]) -> list[str]:
-        """The reply texts of ``conversations`` not noted for ``session_id`` (recorded by
-        another process, or before this one started, or not a reply of the session)."""
+        """The reply texts of ``conversations`` the plugin knows nothing of for
+        ``session_id`` (recorded by another process, or before this one started, or no reply
+        of the session), to ask the engine about."""
         with self._lock:
             noted = frozenset(self._sessions.get(session_id) or ())
         texts = (text for c in conversations for role, text in c if role == "assistant")
-        return [t for t in dict.fromkeys(texts) if _digest(t) not in noted]
+        return [t for t in dict.fromkeys(texts) if t and _digest(t) not in noted]
 
     def holder(self, session_id: str) -> Callable[[str], bool]:
         """Whether ``session_id`` holds a reply with a given text (as it holds them now)."""
         with self._lock:
-            digests = frozenset(self._sessions.get(session_id) or ())
+            digests = frozenset(
+                d for d, held in (self._sessions.get(session_id) or {}).items() if held
+            )
         return lambda text: _digest(text) in digests
 
 

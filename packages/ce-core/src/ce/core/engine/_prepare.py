@@ -14,11 +14,11 @@ from typing import Any
 from ce.core._drive import checkpoint, settle
 from ce.core.config import RuntimeConfig
 from ce.core.engine._blocks import BlockSummaries
-from ce.core.engine._session import SessionEntry, TailTooShort
+from ce.core.engine._session import SessionEntry, TailTooShort, reply_key
 from ce.core.engine._turn import Selection, select_and_assemble
 from ce.core.engine._writes import WriteLog
 from ce.core.errors import BudgetExceededError, SummarizerError
-from ce.core.pipeline import canonical_step, should_summarize, summary_range_end
+from ce.core.pipeline import should_summarize, summary_range_end
 from ce.core.primitives import parse_iso
 from ce.core.schema import (
     Evidence,
@@ -48,19 +48,21 @@ class Preparer(BlockSummaries):
 
     async def replies_held(self, session_id: str, texts: Iterable[str]) -> frozenset[str]:
         """Which of ``texts`` the session holds as the text of a reply (an assistant message
-        without tool calls, in no turns the app took back), as stored, among the newest
-        records a call reads: what an app that renders its conversation as text into a prompt
-        can leave out of the prompt, the engine sending those turns as the session's
-        messages. Another process may have recorded them. Writes nothing."""
+        without tool calls, in no turns the app took back; redacted as the session stores
+        it), among the newest records a call reads: what an app that renders its
+        conversation as text into a prompt can leave out of the prompt, the engine sending
+        those turns as the session's messages. Another process may have recorded them.
+        Writes nothing."""
         wanted = tuple(dict.fromkeys(t for t in texts if t))
         if not wanted:
             return frozenset()
+        cfg = self._cfg(None)
 
         async def op(entry: SessionEntry, call: WriteLog) -> frozenset[str]:
             positions = entry.key_positions
             held = set()
             for text in wanted:
-                position = positions.get((Role.ASSISTANT, canonical_step(text), None, ()))
+                position = positions.get(reply_key(self._stored_text(text, cfg)))
                 if position is not None and not entry.withdrawn(position):
                     held.add(text)
             return frozenset(held)

@@ -75,6 +75,12 @@ def message_key(message: Message, content: str | None = None) -> tuple[Any, ...]
     return (message.role, text, call_id, calls)
 
 
+def reply_key(text: str) -> tuple[Any, ...]:
+    """:func:`message_key` of an assistant message without tool calls with ``text`` (as
+    stored)."""
+    return (Role.ASSISTANT, canonical_step(text), None, ())
+
+
 class SessionEntry:
     """The engine's cached view of one session at a known store version.
 

@@ -643,17 +643,15 @@ class HistoryWriter:
         and its messages after the point it went back to (the session does not hold them:
         what replaced those turns); the messages before that point came before those
         documents. Work proportional to those documents and messages."""
-        quoting = [m for m in pending if m.role is Role.SYSTEM and m.content]
+        texts = [self._stored_text(m.content, cfg) for m in pending if m.role is Role.SYSTEM]
         for message in reversed(pending):
             if message.role is Role.SYSTEM:
                 continue
-            if message_key(message, self._stored_text(message.content, cfg)) in (
-                entry.key_positions
-            ):
+            stored = self._stored_text(message.content, cfg)
+            if message_key(message, stored) in entry.key_positions:
                 break
-            if message.role is Role.USER and message.content:
-                quoting.append(message)
-        texts = [self._stored_text(m.content, cfg) for m in quoting]
+            if message.role is Role.USER:
+                texts.append(stored)
         end = entry.message_total  # the turns taken back end with the session's messages
         recalled = entry.recalled[1] if entry.recalled[0] == end else []
         sent: set[str] = set()  # the texts of the documents that stay sent, newest first
