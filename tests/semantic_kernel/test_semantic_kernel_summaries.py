@@ -6,12 +6,16 @@ a thread's ``reduce()`` under the thread's session."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any
 
 import pytest
 from semantic_kernel.agents import ChatCompletionAgent, ChatHistoryAgentThread
 from semantic_kernel.connectors.ai.open_ai import OpenAIChatPromptExecutionSettings
 from semantic_kernel.contents import ChatHistorySummarizationReducer
+from semantic_kernel.functions import KernelArguments
+from semantic_kernel.prompt_template import InputVariable, PromptTemplateConfig
 from sk_apps import kernel_with, wire
 
 import ce.semantic_kernel
@@ -91,6 +95,74 @@ async def test_a_summary_is_neither_stored_nor_sent_beside_what_it_summarizes(
     for child in children:
         usage = (await engine.get_session(child)).session.model_usage
         assert [(u.prompt_tokens, u.stage.value) for u in usage] == [(40, "summarize")]
+
+
+@pytest.mark.parametrize("named", ["engine.session", "install(session_id=)"])
+async def test_a_summary_rendered_by_a_prompt_template_is_neither_stored_nor_sent(
+    named: str, engine: ContextEngine
+) -> None:
+    """SK's chatbot sample with a summarization reducer: the reducer goes to a prompt
+    function as ``{{$chat_history}}``, so SK renders it to prompt text and parses it back,
+    and the summary reaches the request without its ``__summary__`` mark. It is still the
+    summary the reducer made: neither stored as an assistant turn nor sent beside the turns
+    it summarizes (each its own text: the reducer summarizes anew on every reduce)."""
+    made: list[str] = []
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        if _summarizer(body):
+            made.append(f"SUMMARY-{len(made) + 1} of the earlier turns")
+            return ScriptedResponse(text=made[-1])
+        return ScriptedResponse(text=f"answer to {body['messages'][-1]['content']}")
+
+    with ScriptedOpenAIServer(script) as server:
+        kernel = kernel_with(server)
+        service = kernel.get_service(type=None)
+        if named == "engine.session":
+            ce.semantic_kernel.install(engine)
+            scope: Any = functools.partial(engine.session, "s-chatbot")
+        else:
+            ce.semantic_kernel.install(engine, session_id="s-chatbot")
+            scope = contextlib.nullcontext
+        reducer = ChatHistorySummarizationReducer(
+            service=service, threshold_count=2, target_count=3
+        )
+        chat = kernel.add_function(
+            plugin_name="ChatBot",
+            function_name="Chat",
+            prompt_template_config=PromptTemplateConfig(
+                template="{{$chat_history}}{{$user_input}}",
+                input_variables=[
+                    InputVariable(name="user_input", allow_dangerously_set_content=True),
+                    InputVariable(name="chat_history", allow_dangerously_set_content=True),
+                ],
+            ),
+        )
+        for turn in range(TURNS + 1):
+            question = f"question {turn}"
+            with scope():
+                await reducer.reduce()
+                answer = await kernel.invoke(
+                    chat, KernelArguments(chat_history=reducer, user_input=question)
+                )
+            assert answer is not None
+            reducer.add_user_message(question)
+            reducer.add_message(answer.value[0])
+        requests = server.requests
+    turns = [r for r in requests if not _summarizer(r)]
+    assert len(made) >= 2 and len(turns) == TURNS + 1
+    assert any(m.content == made[-1] for m in reducer.messages)  # SK's history, as SK made it
+    for turn, request in enumerate(turns):
+        assert "SUMMARY-" not in wire(request)
+        sent = [m["content"] for m in request["messages"]]
+        asked = [f"question {t}" for t in range(turn + 1)]
+        assert [c for c in sent if c.startswith("question")] == asked
+        assert [c for c in sent if c.startswith("answer")] == [f"answer to {q}" for q in asked[:-1]]
+    doc = await engine.get_session("s-chatbot")
+    assert [(m.role, m.content) for m in doc.session.messages] == [
+        item
+        for t in range(TURNS + 1)
+        for item in ((Role.USER, f"question {t}"), (Role.ASSISTANT, f"answer to question {t}"))
+    ]
 
 
 async def test_an_agent_threads_summary_is_neither_stored_nor_sent_and_its_reduce_is_the_threads(

@@ -22,6 +22,8 @@ from __future__ import annotations
 import functools
 import json
 import operator
+import threading
+from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ from ce.core.schema import Author, AuthorKind, Message, ModelInvocation
 __all__ = [
     "SUMMARY_KEY",
     "Pending",
+    "SummaryTexts",
     "continued",
     "conversation",
     "fingerprint",
@@ -52,12 +55,56 @@ SUMMARY_KEY = "__summary__"
 (``SUMMARY_METADATA_KEY``)."""
 
 
-def conversation(messages: Sequence[Any]) -> list[Any]:
+class SummaryTexts:
+    """The texts of the summaries SK's ``ChatHistorySummarizationReducer`` made in this
+    process (the newest ``limit``), noted after each ``reduce()``: a prompt function that
+    renders the reducer as ``{{$chat_history}}`` hands its messages on as prompt text, and
+    the summary comes back without its ``__summary__`` mark. Thread-safe."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._texts: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def note(self, messages: Sequence[Any]) -> None:
+        """Note the summaries among ``messages`` (a reducer's, after its ``reduce()``)."""
+        texts = [
+            m.content
+            for m in messages
+            if (getattr(m, "metadata", None) or {}).get(SUMMARY_KEY)
+            and isinstance(getattr(m, "content", None), str)
+        ]
+        if not texts:
+            return
+        with self._lock:
+            for text in texts:
+                self._texts[text] = None
+                self._texts.move_to_end(text)
+            while len(self._texts) > self._limit:
+                self._texts.popitem(last=False)
+
+    def __contains__(self, text: object) -> bool:
+        return text in self._texts
+
+
+def _summary(message: Any, summaries: SummaryTexts | None) -> bool:
+    if (getattr(message, "metadata", None) or {}).get(SUMMARY_KEY):
+        return True
+    return (
+        summaries is not None
+        and _role(message) == "assistant"
+        and getattr(message, "content", None) in summaries
+    )
+
+
+def conversation(messages: Sequence[Any], summaries: SummaryTexts | None = None) -> list[Any]:
     """``messages`` without the summaries SK's ``ChatHistorySummarizationReducer`` put in
     place of older turns: the session holds those turns (their requests went through the
     engine), and the engine fits them to the budget itself, so a summary is neither stored as
-    a turn nor sent beside the turns it summarizes."""
-    return [m for m in messages if not (getattr(m, "metadata", None) or {}).get(SUMMARY_KEY)]
+    a turn nor sent beside the turns it summarizes. A summary is the message SK marks as one,
+    or an assistant message reading as one of ``summaries`` (a summary handed on through a
+    prompt template, which drops the mark)."""
+    return [m for m in messages if not _summary(m, summaries)]
 
 
 @functools.lru_cache(maxsize=4096)

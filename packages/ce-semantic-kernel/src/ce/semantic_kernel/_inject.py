@@ -38,6 +38,7 @@ from ce.core.integration import fail_open, is_suppressed, prepare_openai, redact
 from ce.core.schema import ModelUsageStage
 from ce.semantic_kernel._convert import (
     Pending,
+    SummaryTexts,
     author,
     continued,
     conversation,
@@ -70,6 +71,7 @@ class Seam:
     def __init__(self, plugin: Plugin, inject: bool) -> None:
         self.plugin = plugin
         self.inject = inject
+        self.summaries = SummaryTexts()  # the summarization reducers' (see ``_pending``)
 
     def _pending(
         self, site: CallSite, messages: list[Any]
@@ -78,13 +80,14 @@ class Seam:
         is handed them from (None: from their dicts, converted again) and their authors
         (None: no message has one). Raises what the conversion raises.
 
-        A summarization reducer's summary is left out (see :func:`conversation`) where the
-        session holds the turns it summarizes: a session named for the conversation. In a
+        A summarization reducer's summary (marked, or the text of one a reducer made: see
+        :func:`conversation`) is left out where the session holds the turns it summarizes:
+        a session named for the conversation. In a
         scope no session names (a direct service call is a run of its own), the session never
         held them: the summary is the only copy of what they said, and goes as SK sends it."""
         session_id = site.session_id
         if site.scope.named:
-            messages = conversation(messages)
+            messages = conversation(messages, self.summaries)
         history = self.plugin.histories.convert(
             session_id, messages, to_openai, opaque, author, fingerprint_of=fingerprint
         )

@@ -242,7 +242,11 @@ class Patches:
         for owner, attr in _runtime_targets():
             ledger.wrap(owner, attr, self._make_runtime_start)
         for owner, attr, internal in _internal_targets():
-            ledger.wrap(owner, attr, marking(internal_kind, internal))
+            marked = marking(internal_kind, internal)
+            if internal == "summarize":
+                ledger.wrap(owner, attr, functools.partial(self._make_summarize, marked))
+            else:
+                ledger.wrap(owner, attr, marked)
 
     # -- filters ----------------------------------------------------------------------------
 
@@ -414,6 +418,24 @@ class Patches:
             return thread
 
         return _ensure_thread_exists_with_messages
+
+    def _make_summarize(
+        self, marking_internal: Callable[..., Any], original: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        """``ChatHistorySummarizationReducer.reduce`` (``marking_internal``: the factory
+        that makes its model call an internal one), noting the summaries the reducer then
+        holds: one handed on through a prompt template loses its mark (see
+        :class:`~ce.semantic_kernel._convert.SummaryTexts`)."""
+        summaries = self.seam.summaries
+        marked = marking_internal(original)
+
+        @functools.wraps(marked)
+        async def reduce(reducer: Any, *args: Any, **kwargs: Any) -> Any:
+            result = await marked(reducer, *args, **kwargs)
+            summaries.note(list(getattr(reducer, "messages", ())))
+            return result
+
+        return reduce
 
     def _make_thread_reduce(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
