@@ -47,6 +47,7 @@ from ce.core.schema import (
     Message,
     ModelInvocation,
     ModelUsage,
+    ModelUsageStatus,
     PrepareResult,
     PutResult,
     Ref,
@@ -668,6 +669,10 @@ class ContextEngine(Preparer):
                     entry, ingestor, output[0], output[1], EvidenceType.LLM_OUTPUT, links
                 )
             self._write_usage(entry, model_usage, cfg, call)
+            if reply is None and model_usage.status is ModelUsageStatus.ERROR:
+                # the call failed: its run ends (what the app does next, a retry or another
+                # question, is read against the conversation as it stood)
+                self._transition(entry.state, RunStatus.FAILED, model_usage.error or "failed")
             result = await self._persist(entry, call)
             if added is not None:
                 await self._emit_ingested(session_id, *added)

@@ -129,6 +129,8 @@ class Preparer(BlockSummaries):
         call.degradations.extend(self._tokenizer_notes)
         self._tokenizer_notes.clear()
         report = self._report(call, selection)
+        if entry.state.status is RunStatus.FAILED:
+            self._begin_run(entry.state)  # the failed run's question asked again: a new run
         self._transition(entry.state, RunStatus.MODEL_RUNNING)
         turn = None
         if cfg.observability.include_reports_in_store:

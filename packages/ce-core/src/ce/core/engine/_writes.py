@@ -549,7 +549,8 @@ class HistoryWriter:
         message, and after it ``pending`` holds nothing (the question asked again: the point
         is a user message) or new messages from a user message on (the edit). Not while a
         run is in flight (another request's turn), nor when the session's next message
-        answers a tool call of the point (an exchange stays whole).
+        answers a tool call of the point (an exchange stays whole). After a failed run, its
+        question passed alone again is a going back to it (see :meth:`_failed_question`).
         Work proportional to the new messages at the end of ``pending``, and to the messages
         after an earlier place when the newest is not the point."""
         if entry.state.status in ACTIVE_RUN:
@@ -575,6 +576,8 @@ class HistoryWriter:
         while j >= 0 and key(asked[j]) not in entry.key_positions:
             j -= 1
         if j < 1:
+            if len(asked) == 1 and j == 0 and entry.state.status is RunStatus.FAILED:
+                return self._failed_question(entry, key(asked[0]), newest)
             return None
 
         def preceded(point: int) -> bool:  # the app's message before it is the session's
@@ -606,6 +609,24 @@ class HistoryWriter:
             following += 1
         if following < len(messages) and messages[following].role is Role.TOOL:
             return None
+        return point + 1
+
+    def _failed_question(
+        self, entry: SessionEntry, wanted: tuple[Any, ...], newest: int
+    ) -> int | None:
+        """Where the app that passes only its newest question (the engine holds the
+        conversation) went back to by asking, alone, the question of the session's failed
+        run again (a retry): the position after that question, whose turn the failed attempt
+        began (its tool call and result); None when ``wanted`` is not that question or
+        nothing followed it."""
+        point = entry.key_positions.get(wanted)
+        if point is None or point >= newest:
+            return None
+        messages = entry.doc.session.messages
+        base = entry.unread.messages
+        for i in range(newest, point, -1):
+            if messages[i - base].role is Role.USER and not entry.withdrawn(i):
+                return None  # a user message after it: not the failed run's question
         return point + 1
 
     def _earlier_place(
