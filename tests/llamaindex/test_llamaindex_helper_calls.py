@@ -21,7 +21,9 @@ pytest.importorskip("llama_index.llms.openai")
 
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.instrumentation.dispatcher import instrument_tags
 from llama_index.core.llms import ChatMessage
+from llama_index.core.llms.structured_llm import StructuredLLM
 from llama_index.core.memory import (
     ChatMemoryBuffer,
     ChatSummaryMemoryBuffer,
@@ -36,7 +38,12 @@ import ce.llamaindex
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.schema import Role
-from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, deterministic_engine
+from ce.core.testing import (
+    ScriptedOpenAIServer,
+    ScriptedResponse,
+    deterministic_engine,
+    no_blocking,
+)
 
 BUTLER = "You are a butler."
 FACTS = "<facts><fact>The user likes tea.</fact></facts>"
@@ -213,6 +220,148 @@ async def test_an_agents_structured_answer_is_no_turn_of_the_conversation(
     doc = await engine.get_session("carol")
     said = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
     assert said == ["Answer 1: Oslo.", "Answer 2: Oslo."]
+
+
+async def test_an_agents_structured_answer_is_recorded_once(engine: ContextEngine) -> None:
+    """The structured answer's model call (``StructuredLLM.achat`` through the LLM's
+    ``astructured_predict`` and ``achat``) is one call: recorded once, with the model's usage
+    and reply (not also the ``StructuredLLM``'s re-serialised copy of it)."""
+    with ScriptedOpenAIServer(structured_script) as server:
+        ce.llamaindex.install(engine)
+        await _guide(server)
+        requests = server.requests
+    await engine.flush()
+    sessions = await engine.list_sessions()
+    usage = [u for s in sessions for u in (await engine.get_session(s)).session.model_usage]
+    assert len(usage) == len(requests) == 4
+    structured = [s for s in sessions if s.startswith("carol/StructuredLLM.achat-")]
+    assert len(structured) == 2
+    for session_id in structured:
+        doc = await engine.get_session(session_id)
+        said = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
+        assert said == [json.dumps({"city": "Oslo"})]  # as the model wrote it
+        records = [
+            (u.provider, u.prompt_tokens, u.completion_tokens) for u in doc.session.model_usage
+        ]
+        assert records == [("openai", 10, 5)]
+
+
+class Invoice(BaseModel):
+    """What a structured LLM extracts."""
+
+    number: str
+    total: int
+
+
+INVOICE = {"number": "INV-7", "total": 42}
+EXTRACT = "Extract the invoice: INV-7, total 42."
+FRIENDLY = "You are a friendly assistant."
+HELLO = "Hello, who are you?"
+
+
+def invoice_script(body: dict[str, Any]) -> ScriptedResponse:
+    if body.get("response_format"):
+        return ScriptedResponse(text=json.dumps(INVOICE))
+    return ScriptedResponse(text=f"Hi! ({body['messages'][-1]['content']})")
+
+
+async def _extract_then_greet(server: ScriptedOpenAIServer, method: str) -> tuple[Any, Any]:
+    """In session ``u``: ``llm.as_structured_llm(Invoice)``'s ``method``, then a plain chat
+    of the same LLM (sync after a sync extraction, async after an async one)."""
+    llm = OpenAI(
+        model="gpt-4o",
+        api_base=server.base_url,
+        api_key="sk-test",
+        additional_kwargs={"stream_options": {"include_usage": True}},
+    )
+    asked = [ChatMessage(role="user", content=EXTRACT)]
+    greeting = [
+        ChatMessage(role="system", content=FRIENDLY),
+        ChatMessage(role="user", content=HELLO),
+    ]
+    with instrument_tags({"ce_session_id": "u"}):
+        structured = llm.as_structured_llm(Invoice)
+        if method == "chat":
+            extracted = structured.chat(asked)
+        elif method == "achat":
+            extracted = await structured.achat(asked)
+        elif method == "stream_chat":
+            extracted = list(structured.stream_chat(asked))[-1]
+        else:
+            extracted = [r async for r in await structured.astream_chat(asked)][-1]
+        if method in ("chat", "stream_chat"):
+            reply = llm.chat(greeting)
+        else:
+            reply = await llm.achat(greeting)
+    return extracted.message.content, reply.message.content
+
+
+@pytest.mark.parametrize("method", ["chat", "achat", "stream_chat", "astream_chat"])
+async def test_a_structured_llms_call_is_a_component_streamed_or_not(
+    engine: ContextEngine, method: str
+) -> None:
+    """``llm.as_structured_llm(cls)``'s chat in a named session, streamed or not (a stream's
+    model call is made when the app reads it, after the ``StructuredLLM``'s span closed): a
+    component in its own child scope, sent as LlamaIndex builds it and recorded once with
+    the model's reply and usage; the session's next call never receives it."""
+    with ScriptedOpenAIServer(invoice_script) as server:
+        native_out = await _extract_then_greet(server, method)
+        native = [r["messages"] for r in server.requests]
+    with ScriptedOpenAIServer(invoice_script) as server:
+        ce.llamaindex.install(engine)
+        out = await _extract_then_greet(server, method)
+        requests = server.requests
+    assert out == native_out
+    assert [r["messages"] for r in requests] == native
+    assert requests[1]["messages"] == [
+        {"role": "system", "content": FRIENDLY},
+        {"role": "user", "content": HELLO},
+    ]
+    await engine.flush()
+    doc = await engine.get_session("u")
+    assert [(m.role, m.content) for m in doc.session.messages] == [
+        (Role.SYSTEM, FRIENDLY),
+        (Role.USER, HELLO),
+        (Role.ASSISTANT, out[1]),
+    ]
+    assert len(doc.session.model_usage) == 1
+    children = [s for s in await engine.list_sessions() if s != "u"]
+    assert len(children) == 1 and children[0].startswith(f"u/StructuredLLM.{method}-")
+    child = await engine.get_session(children[0])
+    assert [(m.role, m.content) for m in child.session.messages] == [
+        (Role.USER, EXTRACT),
+        (Role.ASSISTANT, json.dumps(INVOICE)),  # as the model wrote it
+    ]
+    records = [
+        (u.provider, u.prompt_tokens, u.completion_tokens) for u in child.session.model_usage
+    ]
+    assert records == [("openai", 10, 5)]
+
+
+async def test_the_read_seam_comes_off_exactly_and_an_async_stream_never_blocks(
+    engine: ContextEngine,
+) -> None:
+    """``StructuredLLM.stream_chat`` / ``astream_chat`` read their stream with the call marked
+    (the read seam, also around the async seam): the async stream still awaits the engine at
+    the seam, and ``uninstall()`` puts back the very methods the class held."""
+    originals = {m: vars(StructuredLLM)[m] for m in ("stream_chat", "astream_chat")}
+    with ScriptedOpenAIServer(invoice_script) as server:
+        ce.llamaindex.install(engine)
+        assert all(vars(StructuredLLM)[m] is not o for m, o in originals.items())
+        structured = OpenAI(
+            model="gpt-4o", api_base=server.base_url, api_key="sk-test"
+        ).as_structured_llm(Invoice)
+        asked = [ChatMessage(role="user", content=EXTRACT)]
+        with no_blocking(engine) as blocking, instrument_tags({"ce_session_id": "u"}):
+            chunks = [r async for r in await structured.astream_chat(asked)]
+        ce.llamaindex.uninstall()
+        assert all(vars(StructuredLLM)[m] is o for m, o in originals.items())
+        assert list(structured.stream_chat(asked))[-1].message.content == chunks[-1].message.content
+        requests = server.requests
+    assert blocking.used == []
+    assert [r["messages"] for r in requests] == [[{"role": "user", "content": EXTRACT}]] * 2
+    (session_id,) = await engine.list_sessions()
+    assert session_id.startswith("u/StructuredLLM.astream_chat-")
 
 
 class Drafted(Event):

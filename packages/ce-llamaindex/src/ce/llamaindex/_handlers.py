@@ -46,6 +46,7 @@ from llama_index.core.instrumentation.events.query import QueryEndEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.instrumentation.span import BaseSpan, active_span_id
 from llama_index.core.instrumentation.span_handlers import BaseSpanHandler
+from llama_index.core.llms.structured_llm import StructuredLLM
 from llama_index.core.schema import NodeWithScore
 from llama_index.core.tools.types import BaseTool
 
@@ -64,6 +65,7 @@ from ce.llamaindex._scopes import (
     CHAT_METHODS,
     WRITE_METHODS,
     SpanInfo,
+    in_structured_stream,
     is_tool,
     method_of,
     run_memories,
@@ -189,7 +191,7 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         if not tracker.plugin.installed:
             return None
         plugin = tracker.plugin
-        parent = tracker.parent(parent_span_id)
+        parent_span_id, parent = self._parent(parent_span_id)
         arguments = bound_args.arguments
         method = method_of(id_)
         step = _tool_step(arguments) if method == "call_tool" else None
@@ -241,6 +243,22 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
             tracker.spans[id_] = info
         return None
 
+    def _parent(self, span_id: str | None) -> tuple[str | None, SpanInfo | None]:
+        """The id and :class:`SpanInfo` of the parent of a span opening under the active span
+        ``span_id``: that span (see :meth:`Tracker.parent`), except while a
+        ``StructuredLLM``'s stream is read (:data:`in_structured_stream`): a span opening
+        there outside that call (with no parent, or under a span of the app's) is part of it,
+        the ``StructuredLLM``'s span its parent."""
+        tracker = self.tracker
+        parent = tracker.parent(span_id)
+        reading = in_structured_stream.get()
+        if reading is None:
+            return span_id, parent
+        stream = tracker.parent(reading)
+        if stream is None or (parent is not None and parent.call is stream.call):
+            return span_id, parent
+        return reading, stream
+
     def _enter_llm(
         self,
         id_: str,
@@ -272,6 +290,8 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
                     call.deferred = arguments  # awaited at the seam: inject_deferred
                 else:  # a sync call, or an async method no seam wraps: inline, blocking
                     self._rewrite(id_, call, arguments)
+        if isinstance(llm, StructuredLLM):
+            call.restating |= {id_}  # its LLM's call inside it is recorded, not its restatement
         with tracker.lock:
             tracker.calls[id_] = call
         return call
@@ -491,17 +511,28 @@ class EventRecorder(BaseEventHandler):
 
     def _call(self, event: BaseEvent) -> LlmCall | None:
         """The call ``event`` belongs to when its span is the call's recorded one (the
-        first span of a nested chain that emits LLM events)."""
+        first span of a nested chain that emits LLM events, none of the call's
+        ``restating`` spans)."""
         span_id = event.span_id
         if span_id is None:
             return None
         with self.tracker.lock:
             call = self.tracker.calls.get(span_id)
-            if call is None or call.skip:
+            if call is None or call.skip or span_id in call.restating:
                 return None
             if call.events_span is None and isinstance(event, LLMChatStartEvent):
                 call.events_span = span_id
             return call if call.events_span == span_id else None
+
+    def _unrecorded(self, event: BaseEvent) -> LlmCall | None:
+        """The call ``event`` belongs to when its span is one of the call's ``restating``
+        spans and no span of the call recorded a model call (its LLM served the structured
+        prediction with a completion, or its stream failed before the model was called)."""
+        with self.tracker.lock:
+            call = self.tracker.calls.get(event.span_id or "")
+        if call is None or call.skip or call.events_span is not None:
+            return None
+        return call if event.span_id in call.restating else None
 
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
         tracker = self.tracker
@@ -510,6 +541,10 @@ class EventRecorder(BaseEventHandler):
         if isinstance(event, (LLMChatStartEvent, LLMChatInProgressEvent, LLMChatEndEvent)):
             call = self._call(event)
             if call is None:
+                if isinstance(event, LLMChatEndEvent):
+                    unrecorded = self._unrecorded(event)
+                    if unrecorded is not None and unrecorded.root_done:
+                        tracker.finish_call(unrecorded)  # a stream: over, nothing to record
                 return
             if isinstance(event, LLMChatInProgressEvent) and call.first_token is None:
                 call.first_token = time.perf_counter()
@@ -521,7 +556,9 @@ class EventRecorder(BaseEventHandler):
         elif isinstance(event, ExceptionEvent):
             with tracker.lock:
                 call = tracker.calls.get(event.span_id or "")
-            if call is not None and call.streaming and call.events_span == event.span_id:
+            if call is not None and call.events_span != event.span_id:
+                call = self._unrecorded(event)
+            if call is not None and call.streaming:
                 tracker.record_failure(call, event.exception)
                 tracker.finish_call(call)
         elif isinstance(event, StreamChatEndEvent):
@@ -552,7 +589,10 @@ class EventRecorder(BaseEventHandler):
 
 
 def _llm_identity(llm: BaseLLM) -> tuple[str, str, dict[str, Any]]:
-    """The provider, model and call parameters an LLM's calls are recorded with."""
+    """The provider, model and call parameters an LLM's calls are recorded with (a
+    ``StructuredLLM``'s: those of the LLM it wraps, which makes them)."""
+    if isinstance(llm, StructuredLLM):
+        llm = llm.llm
     params = {k: getattr(llm, k) for k in _PARAMS if getattr(llm, k, None) is not None}
     model = str(getattr(llm, "model", None) or llm.metadata.model_name or "unknown")
     return type(llm).__name__.lower(), model, params

@@ -36,7 +36,9 @@ class LlamaIndexPlugin(Plugin):
     ``astream_complete``: a chat engine's condense step), their completion methods (those of
     LLM classes created later too); so that a memory's reset (``chat_engine.reset()``) clears
     the session its conversation was recorded in, every memory class's ``reset`` / ``areset``
-    (see :mod:`ce.llamaindex._memory`); :meth:`uninstall` removes exactly those. With
+    (see :mod:`ce.llamaindex._memory`); so that the model call a ``StructuredLLM``'s stream
+    makes as it is read is that call's, ``StructuredLLM.stream_chat`` / ``astream_chat`` (see
+    :mod:`ce.llamaindex._seam`); :meth:`uninstall` removes exactly those. With
     ``mode="augment"`` the model receives the app's own messages plus the engine's context (see
     :func:`ce.core.integration.augment_openai`). Option of :meth:`install`: ``inject=False``
     records only (inject with :func:`wrap` instead). Calls inside
@@ -78,8 +80,21 @@ class LlamaIndexPlugin(Plugin):
             Seams(
                 self.ledger, spans.inject_deferred, spans.redact_prompt_sync, spans.redact_prompt
             ).install()
+        self._mark_structured_reads()
         if self.fail_closed and inject:
             self._raise_from_span_enter()
+
+    def _mark_structured_reads(self) -> None:
+        """A ``StructuredLLM``'s stream is read with
+        :data:`~ce.llamaindex._scopes.in_structured_stream` set to its chat span's id: its
+        model call, made as the app reads the stream after that span closed, is that call's
+        (see ``_seam``: the read seam)."""
+        from llama_index.core.llms.structured_llm import StructuredLLM
+
+        from ce.llamaindex._scopes import in_structured_stream
+        from ce.llamaindex._seam import mark_reads
+
+        mark_reads(self.ledger, StructuredLLM, in_structured_stream)
 
     def _mark_memory_work(self) -> None:
         """A memory's own work (``FactExtractionMemoryBlock`` extracting the facts of the

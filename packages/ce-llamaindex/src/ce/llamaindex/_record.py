@@ -3,8 +3,10 @@
 :class:`Tracker` keeps the open spans (parent, scope, the tool call and component they run
 in: :mod:`ce.llamaindex._scopes`) and the LLM calls in flight. An LLM chat span nested in
 another one (a mock LLM's ``achat`` calling its own ``chat``, a wrapper calling the wrapped
-LLM) belongs to the outer call: only the first span of such a chain that emits LLM events is
-recorded, so a call's usage is counted once.
+LLM, a ``StructuredLLM``'s chat calling its LLM's through ``structured_predict``) belongs to
+the outer call: only the first span of such a chain that emits LLM events is recorded, a
+``StructuredLLM``'s excepted (its events restate the reply of the model call inside it,
+re-serialised, without usage: that call's are recorded), so a call's usage is counted once.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["LlmCall", "Tracker", "call_args", "hits_from_nodes", "tokens_of"]
 
 CLOSED_KEPT = 4096
-"""How many closed chat-engine streaming spans the tracker keeps for their streams' spans."""
+"""How many closed streaming spans (a chat engine's, a ``StructuredLLM``'s) the tracker keeps
+for their streams' spans."""
 
 _URI_KEYS = ("source", "uri", "url", "file_path", "file_name")
 _METADATA_VALUE_MAX = 512
@@ -74,6 +77,9 @@ class LlmCall:
     blocking: bool = False
     """A blocking call (``chat``, ``stream_chat``): its records are written inline, also on
     an event loop's thread (see :func:`ce.core.integration.record_sync`)."""
+    restating: frozenset[str] = frozenset()
+    """The call's ``StructuredLLM`` chat spans: their events restate the reply of the model
+    call inside them (the parsed object re-serialised, no usage) and are not recorded."""
 
 
 def tokens_of(response: ChatResponse) -> tuple[int, int]:
@@ -160,19 +166,20 @@ class Tracker:
             return self.spans.get(span_id)
 
     def parent(self, span_id: str | None) -> SpanInfo | None:
-        """The span ``span_id`` for a child opening: open, or a chat engine's streaming span
-        closed recently (the stream it returned is read after its span closed; the spans of
-        that read open then, with that span as their parent). Other closed spans are not
-        parents: LlamaIndex versions that leave a finished run's span active in the caller's
-        context would otherwise make later calls its children."""
+        """The span ``span_id`` for a child opening: open, or a streaming span closed
+        recently, a chat engine's or a ``StructuredLLM``'s (the stream it returned is read
+        after its span closed; the spans of that read are its children). Other closed spans
+        are not parents: LlamaIndex versions that leave a finished run's span active in the
+        caller's context would otherwise make later calls its children."""
         if span_id is None:
             return None
         with self.lock:
             return self.spans.get(span_id) or self.closed.get(span_id)
 
     def pop(self, span_id: str) -> SpanInfo | None:
-        """Close the span ``span_id``; a chat engine's streaming span is kept among the last
-        :data:`CLOSED_KEPT` for the spans of its stream."""
+        """Close the span ``span_id``; a streaming span (a chat engine's, a
+        ``StructuredLLM``'s) is kept among the last :data:`CLOSED_KEPT` for the spans of its
+        stream."""
         with self.lock:
             info = self.spans.pop(span_id, None)
             if info is not None and info.streams:

@@ -32,8 +32,13 @@ A span's scope is its parent span's, except where something changes it:
 
 A closed span is no parent (LlamaIndex versions that leave a finished workflow run's span
 active in the caller's context would make later calls its children), except a chat engine's
-streaming span, whose stream is read after it closed; and a workflow run opened right under
-another workflow run's span is a top-level run (that parent is such a left-behind span).
+streaming span, whose stream is read after it closed, and a ``StructuredLLM``'s streaming
+span: the spans its stream opens as the app reads it (its LLM's structured prediction and
+chat) open with no parent, or under a span of the app's, and are that span's children (see
+:data:`in_structured_stream`); and a workflow run opened right under another workflow run's
+span is a top-level run (that parent is such a left-behind span). A span inside an LLM chat
+call is part of that call (:attr:`SpanInfo.call`): a chat span opening in it, also under the
+prompt call a ``StructuredLLM`` makes between its chat and its LLM's, is no call of its own.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ __all__ = [
     "SpanInfo",
     "explicit_session",
     "in_memory_work",
+    "in_structured_stream",
     "is_tool",
     "memory_session",
     "method_of",
@@ -78,6 +84,12 @@ in_memory_work: ContextVar[bool] = ContextVar("ce_llamaindex_in_memory_work", de
 """True while a memory does its own work (``BaseMemoryBlock.aput``,
 ``ChatSummaryMemoryBuffer.get``, wrapped by the plugin): a model call made there is the
 memory's, not a turn of the conversation."""
+
+in_structured_stream: ContextVar[str | None] = ContextVar(
+    "ce_llamaindex_in_structured_stream", default=None
+)
+"""The id of the ``StructuredLLM`` streaming span whose stream is being read (set for each
+step of the read by the plugin's read seam): a span opening there is that call's."""
 
 SESSION_TAGS = ("ce_session_id", "session_id")
 """``instrument_tags`` keys naming the session of everything run inside them."""
@@ -141,6 +153,8 @@ class SpanInfo:
     engine_named: str | None = None
     framework: str | None = None
     call: LlmCall | None = None
+    """The LLM chat call the span is or runs inside: a chat span opening in it belongs to
+    that call."""
     tool_call_id: str | None = None
     tool_session: str | None = None
     tool: ToolRun | None = None
@@ -150,6 +164,8 @@ class SpanInfo:
     answer: bool = False
     prompt_call: bool = False
     streams: bool = False
+    """A span whose stream is read after it closed (a chat engine's streaming ``chat``, a
+    ``StructuredLLM``'s ``stream_chat``): kept as the parent of the spans of that read."""
     workflow_run: bool = False
     prompt_handled: bool = False
     """Inside a completion whose prompt already went through the redactor (the completion
@@ -321,6 +337,7 @@ def span_scope(
             root=parent.root,
             scope=parent.scope,
             framework=parent.framework,
+            call=parent.call,
             tool_call_id=parent.tool_call_id,
             tool_session=parent.tool_session,
             tool_pending=parent.tool_pending,
@@ -382,6 +399,8 @@ def _mark(info: SpanInfo, method: str, instance: Any) -> None:
     elif isinstance(instance, BaseChatEngine) and method in CHAT_METHODS:
         info.in_chat_engine, info.answer = True, False
         info.streams = method in _STREAM_CHAT_METHODS
+    elif isinstance(instance, StructuredLLM) and method in _STREAM_CHAT_METHODS:
+        info.streams = True  # its model call is made as its stream is read, after it closed
     elif isinstance(instance, Workflow) and method == "run":
         info.workflow_run = True
     elif isinstance(instance, BaseQueryEngine) and method in _QUERY_METHODS:

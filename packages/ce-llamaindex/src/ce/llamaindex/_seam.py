@@ -26,6 +26,14 @@ So each LLM class's own completion methods become the same span around a functio
 coroutine, as the original) that passes the ``prompt`` argument through ``prompt(llm, text)``
 (``aprompt`` in the async ones: the configured redactor) and runs the original inner function
 with it and the other arguments as they were.
+
+The read seam: a ``StructuredLLM``'s ``stream_chat`` / ``astream_chat`` returns a stream whose
+body makes the model call (its ``stream_structured_predict`` and the LLM's chat) only when the
+app reads it, after the ``StructuredLLM``'s span closed; those spans open with no parent (or
+under whatever span of the app's is active there), nothing links them to that call. So the
+plugin makes its chat methods the same span around a function that runs the original inner
+function and returns its stream read with a context variable set to the span's id for each
+step (:func:`mark_reads`, installed with or without injection: it decides the scope).
 """
 
 from __future__ import annotations
@@ -33,17 +41,19 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from contextvars import ContextVar
 from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+from llama_index.core.instrumentation.span import active_span_id
 
 if TYPE_CHECKING:
     from ce.core.integration import PatchLedger
 
-__all__ = ["ASYNC_CHAT_METHODS", "COMPLETION_METHODS", "Seams", "seamed"]
+__all__ = ["ASYNC_CHAT_METHODS", "COMPLETION_METHODS", "Seams", "mark_reads", "seamed"]
 
 logger = logging.getLogger("ce.llamaindex")
 
@@ -52,8 +62,11 @@ ASYNC_CHAT_METHODS = frozenset({"achat", "astream_chat"})
 COMPLETION_METHODS = frozenset({"complete", "acomplete", "stream_complete", "astream_complete"})
 """The methods every completion of an LLM ends in (its prompt is passed through the seam)."""
 
+_READ_METHODS = ("stream_chat", "astream_chat")
+
 _MARK = "ce_async_seam"
 _PROMPT_MARK = "ce_prompt_seam"
+_READ_MARK = "ce_read_seam"
 _SPAN_MARK = "__dispatcher_span_decorated__"  # llama_index_instrumentation's attribute
 
 Before = Callable[[BaseLLM], Awaitable[None]]
@@ -168,3 +181,82 @@ class Seams:
                     self._ledger.replace(cls, method, new)
                 except Exception:  # an odd class (read-only attributes, a metaclass veto)
                     logger.warning("cannot seam %s.%s", cls.__qualname__, method, exc_info=True)
+
+
+def _read(
+    stream: Generator[Any, Any, Any], var: ContextVar[str | None], span_id: str
+) -> Generator[Any, None, None]:
+    """``stream``, each step of it run with ``var`` set to ``span_id``."""
+    try:
+        while True:
+            token = var.set(span_id)
+            try:
+                item = next(stream)
+            except StopIteration:
+                return
+            finally:
+                var.reset(token)
+            yield item
+    finally:
+        stream.close()
+
+
+async def _aread(
+    stream: AsyncGenerator[Any, Any], var: ContextVar[str | None], span_id: str
+) -> AsyncGenerator[Any, None]:
+    """The async twin of :func:`_read`."""
+    try:
+        while True:
+            token = var.set(span_id)
+            try:
+                item = await stream.__anext__()
+            except StopAsyncIteration:
+                return
+            finally:
+                var.reset(token)
+            yield item
+    finally:
+        await stream.aclose()
+
+
+def _reader(inner: Callable[..., Any], var: ContextVar[str | None]) -> Any:
+    """``inner`` (a chat method) returning its stream read with ``var`` set to the id of the
+    span it runs in (:func:`_read`); any other result as it is."""
+    if inspect.iscoroutinefunction(inner):
+
+        async def aread(self: BaseLLM, *args: Any, **kwargs: Any) -> Any:
+            span_id = active_span_id.get()
+            result = await inner(self, *args, **kwargs)
+            if span_id is None or not isinstance(result, AsyncGenerator):
+                return result
+            return _aread(result, var, span_id)
+
+        return aread
+
+    def read(self: BaseLLM, *args: Any, **kwargs: Any) -> Any:
+        span_id = active_span_id.get()
+        result = inner(self, *args, **kwargs)
+        if span_id is None or not isinstance(result, Generator):
+            return result
+        return _read(result, var, span_id)
+
+    return read
+
+
+def mark_reads(ledger: PatchLedger, cls: type, var: ContextVar[str | None]) -> None:
+    """Make the ``stream_chat`` / ``astream_chat`` ``cls`` defines itself return their stream
+    read with ``var`` set to the chat span's id (the read seam, see the module's docstring);
+    an async seam already there stays inside (the call still awaits the engine there). Never
+    raises: a method that cannot be wrapped is logged and left as it is."""
+    for method in _READ_METHODS:
+        current = vars(cls).get(method)
+        inner = _span_inner(current)
+        if inner is None:
+            continue
+        try:
+            reader = _reader(inner, var)
+            if getattr(current, _MARK, False):
+                setattr(reader, _MARK, True)  # seamed(): the engine is awaited inside
+            ledger.replace(cls, method, _spanned(cls, inner, reader, _READ_MARK))
+        except Exception:  # an odd class (read-only attributes, a metaclass veto)
+            logger.warning("cannot mark reads of %s.%s", cls.__qualname__, method, exc_info=True)
