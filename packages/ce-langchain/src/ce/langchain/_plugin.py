@@ -43,7 +43,9 @@ class LangChainPlugin(Plugin):
     ``engine.session()``, the LangGraph ``thread_id`` or the ``RunnableWithMessageHistory``
     session (``configurable["session_id"]`` or its ``history_factory_config`` keys), the
     ``session_id`` given to ``install()``, else the call's own root run (``run:<run id>``).
-    A call inside a tool or retriever run gets the child scope ``<outer>/<tool_call_id>``.
+    A call inside a tool or retriever run gets the child scope ``<outer>/<tool_call_id>``; a
+    LangGraph node run beside others in one superstep (its input state holding messages), the
+    branch ``<outer>/<node>:<task id>``.
     """
 
     name: ClassVar[str] = "langchain"
@@ -70,6 +72,7 @@ class LangChainPlugin(Plugin):
         from ce.langchain._scopes import (
             ScopeTracker,
             make_history_merge,
+            make_runner_tick,
             make_tool_arun,
             make_tool_run,
         )
@@ -119,6 +122,16 @@ class LangChainPlugin(Plugin):
                         self.ledger.wrap(saver, name, make)
 
             self.ledger.for_subclasses(BaseCheckpointSaver, wrap_deletes)
+            try:  # LangGraph's private runner of a superstep's tasks
+                from langgraph.pregel._runner import PregelRunner
+            except ImportError:
+                pass
+            else:
+                # The tasks of a superstep, known before any of them starts: a node that runs
+                # beside others is a branch of its own (see ScopeTracker.run_beside).
+                tick = make_runner_tick(self.tracker.run_beside)
+                self.ledger.wrap(PregelRunner, "tick", tick)
+                self.ledger.wrap(PregelRunner, "atick", tick)
         handler = RecordingHandler(self, self.tracker)
         # A ContextVar with a default: every thread and task sees the handler, no set() needed.
         var: ContextVar[Any] = ContextVar("ce_langchain_handler", default=handler)

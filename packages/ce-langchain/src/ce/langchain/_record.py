@@ -575,7 +575,7 @@ class RecordingHandler(BaseCallbackHandler):
         if node is not None and node.inputs and not node.hook and self.plugin.installed:
             removal = history_removal(node.inputs, outputs)
             if removal is not None:  # the thread's session stops sending them too
-                self._write(node.scope.session_id, *removal)
+                self._write(node.joins or node.scope.session_id, *removal)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self.tracker.end(run_id)

@@ -19,6 +19,12 @@ tools, retrievers, chat models: parent link and scope, dropped when the run ends
 - a run inside a ``create_agent`` middleware hook node (``<Middleware>.before_model``, ...),
   or under such a run, is a hook run (:meth:`ScopeTracker.in_hook`): the model calls made
   there are the middleware's own, left alone;
+- a LangGraph node whose input state holds messages, run in a superstep beside other tasks
+  (a fan-out ``START -> (a, b)``, parallel agents on one thread), is a branch:
+  ``<outer>/<node>:<task id>``, it and everything under it; the thread's session never
+  assembles a branch's call from, nor records into it, what a sibling does meanwhile, and
+  gets a branch's messages when a later call passes the state that merged them
+  (:meth:`ScopeTracker.run_beside`);
 - a chat-model call in a LangGraph node whose input state holds messages, that passes none
   of the newest of them (a grader, a query rewriter, an answer prompt the node builds from
   scratch: LangGraph's agentic RAG), or passes messages of its own after the newest of them
@@ -40,7 +46,7 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -67,6 +73,7 @@ __all__ = [
     "in_hook_node",
     "keeps_replies",
     "make_history_merge",
+    "make_runner_tick",
     "make_tool_arun",
     "make_tool_run",
     "messages_key",
@@ -87,6 +94,8 @@ _FRAMEWORK_KEYS = (HISTORY_KEY, "thread_id", "session_id")
 _NESTING_KINDS = frozenset({"tool", "retriever"})
 _STATE_TAIL = 16  # the newest messages of a LangGraph node's state a conversation call passes
 _PENDING_MAX = 4096
+_BESIDE_MAX = 4096  # the newest LangGraph tasks noted as running beside others
+_TASK_ID_TAIL = 12  # how much of a task's id names its branch
 _NODES_MAX = 65536  # runs never ended (an abandoned stream) are forgotten beyond this
 _KEEPER_DEPTH = 64  # how far up a chat-model run its keeper is looked for
 _HISTORY_RUN = "RunnableWithMessageHistory"
@@ -191,6 +200,16 @@ def _turn_key(message: Any) -> Hashable | None:
     return (kind, str(message.content), calls, getattr(message, "tool_call_id", None))
 
 
+def _task_id(metadata: Mapping[str, Any] | None) -> str | None:
+    """The id of the LangGraph task a run's metadata places it in: the end of its
+    ``langgraph_checkpoint_ns`` (``"<node>:<task id>"``, after its parent graphs' in a
+    subgraph)."""
+    namespace = (metadata or {}).get("langgraph_checkpoint_ns")
+    if not isinstance(namespace, str):
+        return None
+    return namespace.rpartition(":")[2] or None
+
+
 def parent_run_id(config: Mapping[str, Any] | None) -> UUID | None:
     """The run a call made with ``config`` runs under (its callback manager's parent)."""
     callbacks = (config or {}).get("callbacks")
@@ -230,6 +249,7 @@ class _Node:
     state: tuple[str, frozenset[str]] | None = None  # its LangGraph node, see node_state
     keeper: str | None = None  # its output says which replies join the conversation: keeps_replies
     inputs: Sequence[Any] | None = None  # a node's input messages (see ScopeTracker.start)
+    joins: str | None = None  # a branch's: the session its state joins (see ScopeTracker.start)
 
 
 class ScopeTracker:
@@ -247,6 +267,7 @@ class ScopeTracker:
         self._pending: OrderedDict[Hashable, tuple[Scope, object]] = OrderedDict()
         self._call_ids = ToolScopeIds(plugin)  # the child scopes of tool runs, per session
         self._conversations = RunConversations()  # of the scopes nothing names
+        self._beside: OrderedDict[str, None] = OrderedDict()  # LangGraph task ids
         self._lock = threading.Lock()
 
     def _node(self, run_id: UUID | None) -> _Node | None:
@@ -331,13 +352,20 @@ class ScopeTracker:
         messages, held until it ends, see :meth:`pop`) until :meth:`end`; its
         scope: the one :meth:`for_call`
         registered for it (by run id, else by ``pending_key``), else :meth:`resolve`'s (a
-        chat model's ``messages`` tell a node's own call, see :meth:`side_call`)."""
+        chat model's ``messages`` tell a node's own call, see :meth:`side_call`); for a
+        LangGraph node's own run whose task runs beside others (:meth:`run_beside`), the
+        branch ``<that scope>/<node>:<task id>``."""
         by_id, by_key = self._take(run_id), self._take(pending_key)
         scope = by_id or by_key
+        joins = None
         if scope is None and kind == "model":
             scope = self._model_scope(run_id, parent, metadata, tags, messages)
         if scope is None:
             scope = self.resolve(run_id, parent, metadata, tags)
+            if keeper == "node" and state is not None:
+                branch = self._branch(scope, state[0], metadata)
+                if branch is not None:
+                    scope, joins = branch, scope.session_id
         named = str(run_id) if call_id is None else self._call_ids.take(scope.session_id, call_id)
         hook = in_hook_node(metadata)
         with self._lock:
@@ -354,10 +382,41 @@ class ScopeTracker:
                 state=state,
                 keeper=keeper,
                 inputs=inputs,
+                joins=joins,
             )
             if len(self._nodes) > _NODES_MAX:
                 del self._nodes[next(iter(self._nodes))]
         return scope
+
+    def run_beside(self, task_ids: Iterable[str]) -> None:
+        """Note the LangGraph tasks ``task_ids`` as running in one superstep together (a
+        fan-out ``START -> (a, b)``, ``Send``s to several nodes): each one's node, when its
+        input state holds messages, is a branch of the scope it runs in (see :meth:`start`),
+        assembled from and recorded into a session of its own. A branch's calls get what the
+        graph gives it (the thread's conversation as the state held it at the step, and its
+        own tool loop), never what a sibling records meanwhile; the thread's session gets its
+        messages, in the state's order and with their names, when a later call passes the
+        state that merged them. The newest few thousand ids are held (a task run again, on a
+        retry or resumed in this process, is the same branch)."""
+        with self._lock:
+            for task_id in task_ids:
+                self._beside[task_id] = None
+                self._beside.move_to_end(task_id)
+            while len(self._beside) > _BESIDE_MAX:
+                self._beside.popitem(last=False)
+
+    def _branch(self, scope: Scope, node: str, metadata: Mapping[str, Any] | None) -> Scope | None:
+        """The branch ``<scope>/<node>:<task id>`` of a node's own run whose task runs beside
+        others (see :meth:`run_beside`), or ``None`` (also in that branch already: a compiled
+        graph named after the node, run as the node, is the node's run too)."""
+        task_id = _task_id(metadata)
+        if task_id is None:
+            return None
+        with self._lock:
+            if task_id not in self._beside:
+                return None
+        name = f"{node}:{task_id[-_TASK_ID_TAIL:]}"
+        return None if scope.parent_call_id == name else scope.child(name)
 
     def end(self, run_id: UUID) -> None:
         """Stop following run ``run_id`` (a no-op for a run never started)."""
@@ -491,10 +550,12 @@ class ScopeTracker:
         return None if entry is None else entry[0]
 
     def clear(self) -> None:
-        """Forget every run, pending call, tool-call id and run conversation (on uninstall)."""
+        """Forget every run, pending call, tool-call id, run conversation and task running
+        beside others (on uninstall)."""
         with self._lock:
             self._nodes.clear()
             self._pending.clear()
+            self._beside.clear()
         self._call_ids.clear()
         self._conversations.clear()
 
@@ -547,6 +608,27 @@ def _history_merge(
 
     _merge_configs.__wrapped__ = original  # type: ignore[attr-defined]
     return _merge_configs
+
+
+def make_runner_tick(
+    run_beside: Callable[[Iterable[str]], None],
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ledger's replacement factory for LangGraph's ``PregelRunner.tick`` and ``atick``,
+    which run the tasks of one superstep: when they are several, ``run_beside`` is told their
+    ids before any of them starts (see :meth:`ScopeTracker.run_beside`); then the original
+    runs them, untouched."""
+
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        def tick(self: Any, tasks: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
+            tasks = tuple(tasks)
+            if len(tasks) > 1:
+                run_beside(i for t in tasks if isinstance(i := getattr(t, "id", None), str))
+            return original(self, tasks, *args, **kwargs)
+
+        tick.__wrapped__ = original  # type: ignore[attr-defined]
+        return tick
+
+    return factory
 
 
 def make_tool_run(original: Callable[..., Any]) -> Callable[..., Any]:
