@@ -594,6 +594,24 @@ async def test_a_completion_is_redacted_once_and_fails_open_on_a_broken_redactor
         await llm.acomplete(COMPLETION_CANARY)
 
 
+async def test_a_nested_completion_is_recorded_once(engine: ContextEngine) -> None:
+    """``CustomLLM``'s ``acomplete`` calls its ``complete``, and each emits its completion's
+    events: one model call is one usage record and one output, in the completion's scope (a
+    component of the session)."""
+    llm = _EchoCompletions()
+    ce.llamaindex.install(engine, session_id="s-nested")
+    assert (await llm.acomplete("first")).text == "first"
+    assert llm.complete("second").text == "second"
+    await engine.flush()
+    recorded = []
+    for session_id in await engine.list_sessions():
+        doc = await engine.get_session(session_id)
+        assert doc is not None and session_id.startswith("s-nested/")
+        outputs = [e.content for e in doc.evidences.values() if e.type.value == "llm_output"]
+        recorded.append((len(doc.session.model_usage), outputs))
+    assert sorted(recorded) == [(1, ["first"]), (1, ["second"])]
+
+
 def _is_condense(messages: list[ChatMessage]) -> bool:
     return "Standalone question" in str(messages[-1].content)
 

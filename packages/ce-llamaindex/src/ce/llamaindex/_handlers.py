@@ -237,6 +237,8 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
         elif isinstance(instance, BaseLLM) and method in COMPLETION_METHODS:
             provider, model, params = _llm_identity(instance)
             info.completion = (provider, model, params)
+            if parent is not None and parent.completion is not None:
+                parent.completion_inside = True
         if isinstance(instance, StreamingAgentChatResponse) and method in WRITE_METHODS:
             info.stream_write = (instance, arguments)  # its end event records the turn
         with tracker.lock:
@@ -574,6 +576,7 @@ class EventRecorder(BaseEventHandler):
                 info is not None
                 and info.completion is not None
                 and not info.chat_inside
+                and not info.completion_inside
                 and not is_suppressed()
             ):
                 tracker.record_completion(event.span_id or "", info, event.response)

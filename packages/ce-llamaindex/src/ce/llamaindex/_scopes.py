@@ -172,6 +172,9 @@ class SpanInfo:
     seam) or the engine (``wrap()``'s LLM): a completion nested in it keeps its prompt."""
     completion: tuple[str, str, dict[str, Any]] | None = None
     """An LLM completion span: the provider, model and parameters its usage is recorded with."""
+    completion_inside: bool = False
+    """A completion span in which another completion ran (``CustomLLM``'s ``acomplete``
+    calling its ``complete``): that one is recorded, this one is not recorded again."""
     chat_inside: bool = False
     """A chat call ran inside this span (a completion a provider serves through its own chat:
     that call is recorded, the completion is not recorded again)."""
