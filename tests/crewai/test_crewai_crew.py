@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 from crew_apps import kicked_off, llm, two_task_crew
-from crewai import Agent, Crew, Task
-from crewai.events import crewai_event_bus
+from crewai import LLM, Agent, Crew, Task
+from crewai.events import TaskCompletedEvent, TaskStartedEvent, crewai_event_bus
+from crewai.tasks.task_output import TaskOutput
 
 import ce.crewai
 from ce.core.engine import ContextEngine
 from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse, no_blocking
+from ce.crewai._patch import Kickoffs
+from ce.crewai._record import Recorders
+from ce.crewai._scopes import Runs, current_run
 
 MARK = "NOTEBOOK-MARK-7731"
 
@@ -136,7 +141,103 @@ async def test_a_failed_task_is_recorded_failed_with_its_error(engine: ContextEn
     assert doc is not None
     tasks = {t.name: t for t in doc.session.task_state.todo_list.tasks}
     assert tasks["research"].status.value == "failed" and "model down" in tasks["research"].error
-    assert tasks["write"].status.value == "pending"
+    # the task the failure left unrun is not left open: the kickoff ended without it
+    assert tasks["write"].status.value == "cancelled"
+    assert tasks["write"].error == "not run: the kickoff failed"
+
+
+async def test_a_cancelled_akickoff_leaves_no_task_in_progress(engine: ContextEngine) -> None:
+    """An ``akickoff`` cancelled while its model call is in flight (``asyncio.wait_for``
+    timing out: CrewAI reports no end of its task) has its task cancelled, so the next
+    kickoff of the session lists it so, not as a task in progress."""
+    release = threading.Event()
+    asked: list[str] = []
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        asked.append(json.dumps(body["messages"]))
+        if len(asked) == 1:
+            release.wait(timeout=5)  # the first call hangs until the test lets it go
+        return ScriptedResponse(text="Filed.")
+
+    def crew(server: ScriptedOpenAIServer, name: str) -> Crew:
+        clerk = Agent(role="Clerk", goal="file", backstory="tidy", llm=llm(server))
+        task = Task(name=name, description=f"File {name}.", expected_output="a line", agent=clerk)
+        return Crew(agents=[clerk], tasks=[task])
+
+    ce.crewai.install(engine, session_id="s-cancel")
+    with ScriptedOpenAIServer(script) as server:
+        try:
+            await asyncio.wait_for(crew(server, "slow").akickoff(), 0.5)
+        except asyncio.TimeoutError:
+            pass
+        else:
+            raise AssertionError("the kickoff should time out")
+        release.set()
+        output = await crew(server, "next").akickoff()
+        crewai_event_bus.flush()
+        requests = server.requests
+    assert output.raw == "Filed."
+    assert len(requests) == 2
+    (following_request,) = [r for r in requests if "File next." in json.dumps(r["messages"])]
+    doc = await engine.get_session("s-cancel")
+    assert doc is not None
+    tasks = {t.name: t for t in doc.session.task_state.todo_list.tasks}
+    slow, following = tasks["slow"], tasks["next"]
+    assert (slow.status.value, slow.error) == ("cancelled", "the kickoff was cancelled")
+    assert following.status.value == "completed"
+    listed = following_request["messages"][0]["content"]
+    assert f"- [ ] slow (`{slow.task_id}`) — cancelled" in listed
+    assert f"`{slow.task_id}`) — in progress" not in listed
+
+
+async def test_what_crewai_reports_after_a_kickoff_closed_its_tasks(
+    engine: ContextEngine,
+) -> None:
+    """CrewAI runs event handlers on a thread pool: a task's start may be handled only after
+    its kickoff ended raising and closed its open tasks. A late start does not open a task
+    again; an end CrewAI reports late still corrects the close. A failed kickoff fails the
+    task it started with its error and cancels the one it never started."""
+    plugin = ce.crewai.install(engine, session_id="s-closed")
+    runs = Runs(plugin)
+    kickoffs, recorders = Kickoffs(plugin, runs, True), Recorders(plugin, runs)
+    model = LLM(model="openai/gpt-4o-mini", base_url="http://127.0.0.1:9", api_key="sk-none")
+    clerk = Agent(role="Clerk", goal="file", backstory="tidy", llm=model)
+    first, second = (
+        Task(name=name, description=f"File {name}.", expected_output="a line", agent=clerk)
+        for name in ("first", "second")
+    )
+    crew = Crew(agents=[clerk], tasks=[first, second])
+    output = TaskOutput(description="File second.", raw="Filed.", agent="Clerk")
+
+    def kickoff(error: BaseException, started: Task, ended: Task | None) -> str:
+        """One kickoff of ``crew`` that raised ``error``: ``started``'s start handled only
+        after the kickoff closed its tasks (also before, for a failure), ``ended``'s
+        completion after; returns the run id."""
+        run = runs.begin(crew, crew.tasks)
+        token = current_run.set(run)
+        try:
+            if isinstance(error, Exception):
+                recorders.on_task_started(crew, TaskStartedEvent(context=None, task=started))
+            kickoffs._close_open(run, crew, (), {}, error)
+            recorders.on_task_started(crew, TaskStartedEvent(context=None, task=started))
+            if ended is not None:
+                recorders.on_task_completed(crew, TaskCompletedEvent(output=output, task=ended))
+        finally:
+            current_run.reset(token)
+        return run.run_id
+
+    cancelled = kickoff(asyncio.CancelledError(), first, second)
+    failed = kickoff(RuntimeError("model down"), first, None)
+    await engine.flush("s-closed")
+    doc = await engine.get_session("s-closed")
+    assert doc is not None
+    held = {t.task_id: (t.status.value, t.error) for t in doc.session.task_state.todo_list.tasks}
+    assert held == {
+        f"{cancelled}:{first.id}": ("cancelled", "the kickoff was cancelled"),
+        f"{cancelled}:{second.id}": ("completed", ""),
+        f"{failed}:{first.id}": ("failed", "model down"),
+        f"{failed}:{second.id}": ("cancelled", "not run: the kickoff failed"),
+    }
 
 
 async def test_an_engine_failure_sends_the_crews_own_messages(
@@ -308,9 +409,10 @@ async def test_a_kickoff_that_ends_before_any_model_call_still_stores_its_tasks(
     engine: ContextEngine,
 ) -> None:
     """A kickoff that fails before its first model call (here a before-kickoff callback
-    raises) runs no engine call: the tasks it queued are stored as it ends, so the store
-    holds them (read from the store itself, not through the engine, which would write them
-    first) and the session's queue holds nothing of it."""
+    raises) runs no engine call: the tasks it queued are stored as it ends, cancelled (it
+    ended without running them), so the store holds them (read from the store itself, not
+    through the engine, which would write them first) and the session's queue holds nothing
+    of it."""
 
     def refuse(inputs: Any) -> Any:
         raise RuntimeError("refused before the crew ran")
@@ -330,4 +432,6 @@ async def test_a_kickoff_that_ends_before_any_model_call_still_stores_its_tasks(
     doc = await engine.store.get_session("s-refused")
     assert doc is not None
     tasks = doc.session.task_state.todo_list.tasks
-    assert [(t.name, t.status.value) for t in tasks] == [("File report R-7310.", "pending")]
+    assert [(t.name, t.status.value, t.error) for t in tasks] == [
+        ("File report R-7310.", "cancelled", "not run: the kickoff failed")
+    ]

@@ -1,8 +1,8 @@
 """A call without tools in a session that holds a tool chain: its request defines no tools, so
 it gets that chain as plain text (Anthropic and Bedrock reject tool blocks in a request without
-tools): inside the other agent's turn for an agent of the crew, as assistant text for a call of
-no agent; a call with tools keeps its tool messages, and an agent with tools of its own gets
-another agent's chain as that agent's turn, never as calls of its own."""
+tools): its own as assistant text, an agent's inside that agent's turn (for a call of no agent
+too); a call with tools keeps its own tool messages, and a call with tools, an agent's or of no
+agent, gets another agent's chain as that agent's turn, never as calls of its own."""
 
 from __future__ import annotations
 
@@ -78,6 +78,24 @@ async def test_the_writer_without_tools_gets_the_researchers_tool_chain_as_text(
 
 
 async def test_acall_flattens_only_when_the_call_has_no_tools(engine: ContextEngine) -> None:
+    """Direct ``acall`` after a crew: without tools, the researcher's chain as text in its
+    turn; with tools and a tool round of its own, its own chain as tool messages and the
+    researcher's still in the researcher's turn."""
+    own_round = [
+        {"role": "user", "content": "And with the tool?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_own",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": json.dumps({"city": "Rome"})},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_own", "content": "sunny in Rome"},
+    ]
     with ScriptedOpenAIServer(_script) as server:
         crew, _, _ = two_task_crew(server)
         ce.crewai.install(engine, session_id="s-flat-async")
@@ -86,12 +104,20 @@ async def test_acall_flattens_only_when_the_call_has_no_tools(engine: ContextEng
         model = llm(server)
         await model.acall("Anything else?")
         crewai_event_bus.flush()
-        await model.acall("And with the tool?", tools=[WEATHER_SCHEMA])
+        await model.acall(own_round, tools=[WEATHER_SCHEMA])
         crewai_event_bus.flush()
         requests = server.requests
     assert len(requests) == 5
-    _check_flat(requests[3])
-    assert requests[4].get("tools") and _has_tool_blocks(requests[4])
+    _check_flat(requests[3], role="user")
+    messages = requests[4]["messages"]
+    assert requests[4].get("tools")
+    (turn,) = [m for m in messages if "[called weather(" in str(m.get("content"))]
+    assert turn["role"] == "user" and turn["content"].startswith("[Researcher wrote:]\n")
+    assert "sunny in Paris" in turn["content"]
+    call, result = messages[-2:]
+    assert call["role"] == "assistant" and [c["id"] for c in call["tool_calls"]] == ["call_own"]
+    assert result["role"] == "tool" and result["tool_call_id"] == "call_own"
+    assert all(m.get("tool_call_id") in (None, "call_own") for m in messages)
 
 
 def _script_two_tools(body: dict[str, Any]) -> ScriptedResponse:

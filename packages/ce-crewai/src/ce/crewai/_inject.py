@@ -7,13 +7,15 @@ is built and their edits persist in the executor's history, so the request is re
 the provider's call instead: the model gets the engine's messages, the executor keeps its own.
 The async path awaits the engine inside ``acall``; the sync path calls it from CrewAI's own
 thread (in an ``akickoff``, whose agent steps run on worker threads, the engine is awaited on
-the kickoff's loop while only the worker waits).
+the kickoff's loop while only the worker waits). A call of no agent (a direct ``LLM.call``)
+reads the agents' turns as theirs and gets none of their system prompts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +42,7 @@ from ce.crewai._scopes import Runs, Target, current_call, current_run, current_w
 if TYPE_CHECKING:
     from ce.core.integration import PatchLedger, Plugin
 
-__all__ = ["Injector", "said_once"]
+__all__ = ["AgentPrompts", "Injector", "said_once"]
 
 SETTLE_SECONDS = 5.0
 """How long a model call waits at most for the event handlers of what came before it."""
@@ -173,18 +175,112 @@ def said_once(sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _for_call(sent: list[dict[str, Any]], tools: Any, role: str | None) -> list[dict[str, Any]]:
-    """The engine's messages for a call of the agent with ``role`` with ``tools``. What a
-    task prompt quotes of the earlier answers is said once, in the prompt (see
-    :func:`said_once`). In a session the crew's agents share, the turns another agent wrote
-    (its answer, its tool calls and their results) go as that agent's: a user message
-    ``[<role> wrote:]`` with them as text, never as the caller's own assistant turn (see
-    :func:`~ce.core.integration.peer_turns_as_user`). A call without tools gets its own
-    agent's tool calls and results as plain assistant text too: Anthropic and Bedrock reject
-    tool blocks in a request that defines no tools (CrewAI itself never sends them one)."""
-    sent = said_once(sent)
-    if role:
-        sent = peer_turns_as_user(sent, role)
+    """The engine's messages for a call of the agent with ``role`` (None: a call of no agent)
+    with ``tools``. What a task prompt quotes of the earlier answers is said once, in the
+    prompt (see :func:`said_once`). In a session the crew's agents share, the turns another
+    agent wrote (its answer, its tool calls and their results) go as that agent's: a user
+    message ``[<role> wrote:]`` with them as text, never as the caller's own assistant turn
+    (see :func:`~ce.core.integration.peer_turns_as_user`); for a call of no agent every
+    agent's turn is another's. A call without tools gets its own tool calls and results as
+    plain assistant text too: Anthropic and Bedrock reject tool blocks in a request that
+    defines no tools (CrewAI itself never sends them one)."""
+    sent = peer_turns_as_user(said_once(sent), role or "")
     return sent if tools else tool_chains_as_text(sent)
+
+
+def _instruction(messages: list[dict[str, Any]]) -> str | None:
+    """The instruction the system messages of a call's ``messages`` give, as the engine
+    joins them: the one system message, or the distinct texts of several with a blank line
+    between; None when there is none."""
+    texts: list[str] = [
+        content
+        for m in messages
+        if m.get("role") in ("system", "developer") and isinstance(content := m.get("content"), str)
+    ]
+    if len(texts) < 2:
+        return texts[0] if texts else None
+    return "\n\n".join(dict.fromkeys(t for t in texts if t.strip()))
+
+
+def _leads(system: str, instruction: str) -> bool:
+    """Whether the engine's system message ``system`` starts with ``instruction`` as its
+    first section (or is all of it)."""
+    return system == instruction or system.startswith(instruction + "\n\n")
+
+
+class AgentPrompts:
+    """The instruction each agent's calls give a session (its system prompt, as the engine
+    sends it), by session and agent role, to leave out of the calls of no agent in that
+    session: the engine sends a call that passes no system prompt the session's newest
+    instruction, which a direct ``LLM.call`` made after a crew's agents must not take on.
+    Holds the newest ``held`` sessions."""
+
+    def __init__(self, plugin: Plugin, held: int = 1024) -> None:
+        self.plugin = plugin
+        self._sessions: OrderedDict[str, dict[str, tuple[str, str]]] = OrderedDict()
+        self._held = held
+        self._lock = threading.Lock()
+
+    def note(
+        self,
+        session_id: str,
+        role: str,
+        pending: list[dict[str, Any]],
+        sent: list[dict[str, Any]],
+    ) -> None:
+        """Note the instruction the call of agent ``role`` with the messages ``pending`` gave
+        ``session_id``, in the form the engine's messages ``sent`` start with (its prompt,
+        redacted when the engine redacted it). A prompt noted already costs a lookup."""
+        prompt = _instruction(pending)
+        if prompt is None:
+            return
+        with self._lock:
+            noted = self._sessions.get(session_id, {}).get(role)
+            if noted is not None and noted[0] == prompt:
+                self._sessions.move_to_end(session_id)
+                return
+        form = self._form(prompt, sent)
+        if form is None:
+            return
+        with self._lock:
+            self._sessions.setdefault(session_id, {})[role] = (prompt, form)
+            self._sessions.move_to_end(session_id)
+            while len(self._sessions) > self._held:
+                self._sessions.popitem(last=False)
+
+    def _form(self, prompt: str, sent: list[dict[str, Any]]) -> str | None:
+        """``prompt`` as the engine's system message in ``sent`` starts with it (as it
+        stands, or redacted); None when it does not."""
+        first = sent[0] if sent else None
+        content = first.get("content") if first is not None else None
+        if first is None or first.get("role") != "system" or not isinstance(content, str):
+            return None
+        if _leads(content, prompt):
+            return prompt
+        redactor = self.plugin.engine.redactor_for(self.plugin.config)
+        if redactor is None:
+            return None
+        redacted = redactor.redact_text(prompt).redacted_text
+        return redacted if _leads(content, redacted) else None
+
+    def left_out(self, session_id: str, sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``sent`` (the engine's messages for a call of no agent that passes no system
+        prompt) without the instruction an agent gave ``session_id`` at the head of its
+        system message: the engine's context (the task list, memory, evidence) stays, and
+        no system message is left when the instruction was all of it."""
+        first = sent[0] if sent else None
+        content = first.get("content") if first is not None else None
+        if first is None or first.get("role") != "system" or not isinstance(content, str):
+            return sent
+        with self._lock:
+            held = self._sessions.get(session_id)
+            forms = [form for _, form in held.values()] if held else []
+        for form in forms:
+            if content == form:
+                return sent[1:]
+            if content.startswith(form + "\n\n"):
+                return [{**first, "content": content[len(form) + 2 :]}, *sent[1:]]
+        return sent
 
 
 def _role(agent: Any) -> str | None:
@@ -199,6 +295,7 @@ class Injector:
         self.plugin = plugin
         self.runs = runs
         self.inject = inject
+        self.prompts = AgentPrompts(plugin)
 
     def _passes(self) -> bool:
         return not self.plugin.installed or current_call.get() is not None or is_suppressed()
@@ -219,6 +316,29 @@ class Injector:
             # planning, a guardrail): a run of its own, nested in the current one if any
             run = self.runs.begin()
         return self.runs.target(run, task, _role(agent))
+
+    def _chosen(
+        self,
+        target: Target,
+        messages: Any,
+        pending: list[dict[str, Any]],
+        sent: list[dict[str, Any]] | None,
+        tools: Any,
+    ) -> Any:
+        """What the model gets: the engine's messages for the call (see :func:`_for_call`),
+        else the framework's own ``messages`` (the engine's could not be had, or the plugin
+        records only). An agent's call notes the instruction it gives the session; a call
+        of no agent that passes no system prompt gets none of an agent's
+        (:class:`AgentPrompts`)."""
+        if sent is None or not self.inject:
+            return messages
+        if target.role:
+            self.prompts.note(target.session_id, target.role, pending, sent)
+            return _for_call(sent, tools, target.role)
+        chosen = _for_call(sent, tools, None)
+        if _instruction(pending) is None:
+            chosen = self.prompts.left_out(target.session_id, chosen)
+        return chosen
 
     def _note(self, target: Target, reply: Any) -> None:
         for call_id, name, args in reply_tool_calls(reply):
@@ -249,11 +369,7 @@ class Injector:
             pending = pending_messages(messages)
             tools = kwargs.get("tools", args[0] if args else None)
             sent = injector._prepare_sync(target, pending, tool_schemas(tools))
-            chosen = (
-                messages
-                if sent is None or not injector.inject
-                else _for_call(sent, tools, target.role)
-            )
+            chosen = injector._chosen(target, messages, pending, sent, tools)
             run_token = current_run.set(target.run)
             call_token = current_call.set(target)
             try:
@@ -284,11 +400,7 @@ class Injector:
                 tool_schemas(tools),
                 authors_of(pending, target.role),
             )
-            chosen = (
-                messages
-                if sent is None or not injector.inject
-                else _for_call(sent, tools, target.role)
-            )
+            chosen = injector._chosen(target, messages, pending, sent, tools)
             run_token = current_run.set(target.run)
             call_token = current_call.set(target)
             try:

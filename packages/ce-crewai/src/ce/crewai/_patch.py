@@ -1,7 +1,8 @@
 """The kickoff wrappers: each ``Crew.kickoff`` / ``akickoff`` and each ``Agent.kickoff`` /
 ``kickoff_async`` / ``akickoff`` outside a crew starts a run (its scope, a crew's tasks
-recorded pending with their dependencies) for the calls made inside it; and the task
-wrappers: ``Agent.execute_task`` / ``aexecute_task`` mark the task and agent at work.
+recorded pending with their dependencies) for the calls made inside it, and closes the tasks
+it leaves open when it ends raising (cancelled, or failed); and the task wrappers:
+``Agent.execute_task`` / ``aexecute_task`` mark the task and agent at work.
 
 Why a patch: CrewAI's kickoff events are emitted after the kickoff has begun and carry no
 handle the calls inside it could be tied to from a context, so the run is opened around the
@@ -19,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ce.core.integration import guarded, guarded_sync, is_suppressed
-from ce.core.schema import TaskStatus
+from ce.core.schema import Task, TaskStatus
 from ce.crewai._convert import task_record
 from ce.crewai._scopes import Run, Runs, current_run, current_work
 
@@ -82,8 +83,7 @@ class Kickoffs:
         return run is not None and run.owner == id(owner)  # a kickoff calling its twin
 
     def _begin(self, owner: Any, loop: asyncio.AbstractEventLoop | None) -> Run:
-        tasks = list(getattr(owner, "tasks", None) or []) if _is_crew(owner) else []
-        return self.runs.begin(owner, tasks, loop)
+        return self.runs.begin(owner, _tasks_of(owner), loop)
 
     def _window_off(self, owner: Any) -> dict[int, bool]:
         """While the engine keeps the budget CrewAI's own summariser must not rewrite the
@@ -104,14 +104,15 @@ class Kickoffs:
 
     def _pending(
         self, run: Run, owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[Any]:
+    ) -> list[Task]:
         """The crew's tasks as the kickoff starts them, pending: each described as this
         kickoff's ``inputs`` will make it (CrewAI interpolates them only later in the
         kickoff; until then a task reads as the template, or as the previous kickoff, maybe
         another user's, left it)."""
-        tasks = list(getattr(owner, "tasks", None) or []) if _is_crew(owner) else []
-        inputs = kwargs.get("inputs", args[0] if args else None)
-        return [task_record(run, t, TaskStatus.PENDING, _described(t, inputs)) for t in tasks]
+        inputs = _inputs_of(args, kwargs)
+        return [
+            task_record(run, t, TaskStatus.PENDING, _described(t, inputs)) for t in _tasks_of(owner)
+        ]
 
     def _queue_pending(
         self, run: Run, owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -122,8 +123,49 @@ class Kickoffs:
         them, not in a commit of their own. Returns what is set once they are written (None:
         no tasks), for :meth:`_unwritten`."""
         records = self._pending(run, owner, args, kwargs)
-        if not records:
-            return None
+        return self._queue_tasks(run, records) if records else None
+
+    def _close_open(
+        self,
+        run: Run,
+        owner: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        error: BaseException,
+    ) -> None:
+        """A kickoff that ends raising ``error`` closes the tasks CrewAI reported no end of,
+        so the session never lists them as open: cancelled (the kickoff was cancelled, or
+        interrupted), else failed with the error (a task it started) or cancelled as not run
+        (one it never started). CrewAI sends no event for a task whose kickoff was cancelled
+        in flight; an end CrewAI does report, handled later, is recorded after this and
+        corrects it. Each task named as :meth:`_pending` named it."""
+        tasks = _tasks_of(owner)
+        if not tasks:
+            return
+        inputs = _inputs_of(args, kwargs)
+        failed = isinstance(error, Exception)
+        reports = run.reports
+        with reports.lock:
+            reports.ended = True
+            records: list[Task] = []
+            for task in tasks:
+                key = str(task.id)
+                if key in reports.finished:
+                    continue
+                if not failed:
+                    status, reason = TaskStatus.CANCELLED, "the kickoff was cancelled"
+                elif key in reports.started:
+                    status, reason = TaskStatus.FAILED, str(error) or type(error).__name__
+                else:
+                    status, reason = TaskStatus.CANCELLED, "not run: the kickoff failed"
+                described = _described(task, inputs)
+                records.append(task_record(run, task, status, described, error=reason))
+            if records:
+                self._queue_tasks(run, records)
+
+    def _queue_tasks(self, run: Run, records: list[Task]) -> threading.Event:
+        """Queue ``records`` on the run's session (written before its next engine call,
+        fail-open); returns what is set once they are written."""
         plugin, session_id = self.plugin, run.session_id
         engine = plugin.engine
         written = threading.Event()
@@ -163,6 +205,9 @@ class Kickoffs:
             work = current_work.set(_work_of(owner))
             try:
                 return original(owner, *args, **kwargs)
+            except BaseException as error:
+                kickoffs._close_open(run, owner, args, kwargs, error)
+                raise
             finally:
                 current_work.reset(work)
                 current_run.reset(token)
@@ -193,6 +238,9 @@ class Kickoffs:
             work = current_work.set(_work_of(owner))
             try:
                 return await original(owner, *args, **kwargs)
+            except BaseException as error:
+                kickoffs._close_open(run, owner, args, kwargs, error)
+                raise
             finally:
                 current_work.reset(work)
                 current_run.reset(token)
@@ -241,6 +289,16 @@ class Kickoffs:
 def _task_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The task of an ``execute_task(task, context=None, tools=None)`` call."""
     return kwargs["task"] if "task" in kwargs else args[0] if args else None
+
+
+def _tasks_of(owner: Any) -> list[Any]:
+    """The tasks of a crew; none for an agent."""
+    return list(getattr(owner, "tasks", None) or []) if _is_crew(owner) else []
+
+
+def _inputs_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The ``inputs`` of a ``kickoff(inputs=None, ...)`` call."""
+    return kwargs.get("inputs", args[0] if args else None)
 
 
 def _work_of(owner: Any) -> tuple[Any, Any] | None:

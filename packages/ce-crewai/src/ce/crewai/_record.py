@@ -146,6 +146,8 @@ class Recorders:
     # -- tasks -----------------------------------------------------------------------------
 
     def on_task_started(self, source: Any, event: Any) -> None:
+        """A task in progress; not once its kickoff ended raising (this handler ran late: the
+        kickoff closed the task already)."""
         found = self._crew_task(source, event)
         if found is None:
             return
@@ -155,7 +157,20 @@ class Recorders:
         async def work(recorder: Recorder) -> None:
             await recorder.engine.upsert_tasks(recorder.session_id, [record])
 
-        self._queue(run.session_id, "record task", work)
+        reports = run.reports
+        with reports.lock:
+            if reports.ended:
+                return
+            reports.started.add(str(task.id))
+            self._queue(run.session_id, "record task", work)
+
+    def _task_ended(self, run: Run, task: Any, work: Callable[[Recorder], Any]) -> None:
+        """Queue the record of a task CrewAI reports ended: after whatever its kickoff
+        queued for it when it ended first, which the report corrects."""
+        reports = run.reports
+        with reports.lock:
+            reports.finished.add(str(task.id))
+            self._queue(run.session_id, "record task", work)
 
     def on_task_completed(self, source: Any, event: Any) -> None:
         found = self._crew_task(source, event)
@@ -180,7 +195,7 @@ class Recorders:
             record = task_record(run, task, TaskStatus.COMPLETED, result_evidence_ids=ids)
             await recorder.engine.upsert_tasks(recorder.session_id, [record])
 
-        self._queue(run.session_id, "record task", work)
+        self._task_ended(run, task, work)
 
     def on_task_failed(self, source: Any, event: Any) -> None:
         found = self._crew_task(source, event)
@@ -192,7 +207,7 @@ class Recorders:
         async def work(recorder: Recorder) -> None:
             await recorder.engine.upsert_tasks(recorder.session_id, [record])
 
-        self._queue(run.session_id, "record task", work)
+        self._task_ended(run, task, work)
 
     # -- model calls -----------------------------------------------------------------------
 

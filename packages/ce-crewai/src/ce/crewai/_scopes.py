@@ -38,6 +38,7 @@ __all__ = [
     "Run",
     "Runs",
     "Target",
+    "TaskReports",
     "concurrent_tasks",
     "current_call",
     "current_run",
@@ -72,12 +73,27 @@ current_call: contextvars.ContextVar[Target | None] = contextvars.ContextVar(
 a nested call inside it is CrewAI's, not the agent's, and passes through)."""
 
 
+class TaskReports:
+    """What CrewAI reported of a run's tasks: the ids of those it started and of those it
+    ended (completed or failed), and whether the kickoff itself ended raising (cancelled, or
+    failed), having closed the tasks it left open. ``lock`` is held around a report and the
+    write it queues, so each task's records reach the session in the order they were
+    decided."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started: set[str] = set()
+        self.finished: set[str] = set()
+        self.ended = False
+
+
 @dataclass(frozen=True)
 class Run:
     """One kickoff (or direct model call): its id (task ids are scoped by it), its scope, the
     object that started it, the crew's own tasks with their dependencies (a task without a
     ``context`` of its own gets every earlier task's output, so it depends on them), those of
-    them that run alongside another (:func:`concurrent_tasks`) and an async kickoff's loop."""
+    them that run alongside another (:func:`concurrent_tasks`), an async kickoff's loop and
+    what CrewAI reported of its tasks (:class:`TaskReports`)."""
 
     run_id: str
     scope: Scope
@@ -86,6 +102,7 @@ class Run:
     depends: Mapping[str, list[str]] = field(default_factory=dict)
     loop: asyncio.AbstractEventLoop | None = None
     concurrent: frozenset[str] = frozenset()
+    reports: TaskReports = field(default_factory=TaskReports, compare=False, repr=False)
 
     @property
     def session_id(self) -> str:
