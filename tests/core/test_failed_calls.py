@@ -7,6 +7,7 @@ attempt stored stays stored."""
 
 from __future__ import annotations
 
+import pytest
 from test_cut_history import make_engine, reply, result, texts, user
 
 from ce.core.engine import ContextEngine
@@ -148,4 +149,51 @@ async def test_a_question_asked_again_after_a_completed_run_is_a_new_turn() -> N
     sent = await answer(engine, [user("how are you?")], "still fine")
 
     assert sent == ["how are you?", "fine", "how are you?"]
+    await engine.close()
+
+
+async def test_a_turn_asked_again_after_its_tool_raised_out_of_the_agent_goes_without_it() -> None:
+    """The run ended outside a model call (``end_run``: a tool's error raised out of the
+    agent): the turn run again gets its question once, without the call left unanswered."""
+    engine = make_engine()
+    history = [user("question 1")]
+    await answer(engine, history, "answer 1")
+    await answer(engine, [*history, user("weather in Oslo?")], "let me look", "c1")
+    await engine.end_run("s", "ToolInvocationError: the weather service is down")
+    doc = await engine.get_session("s")
+    assert doc is not None and doc.session.run.status is RunStatus.FAILED
+    assert doc.session.run.last_error == "ToolInvocationError: the weather service is down"
+
+    history.append(user("weather in Oslo?"))
+    sent = await answer(engine, history, "sunny")
+
+    assert sent == ["question 1", "answer 1", "weather in Oslo?"]
+    assert (await stored(engine)).count("weather in Oslo?") == 1
+    await engine.close()
+
+
+async def test_a_cancelled_run_is_aborted_and_its_question_asked_alone_again_is_sent_once() -> None:
+    engine = make_engine()
+    await answer(engine, [user("weather in Oslo?")], "let me look", "c1")
+    engine.sync.end_run("s", "CancelledError", cancelled=True)
+    doc = await engine.get_session("s")
+    assert doc is not None and doc.session.run.status is RunStatus.ABORTED
+
+    sent = await answer(engine, [user("weather in Oslo?")], "sunny")
+
+    assert sent == ["weather in Oslo?"]
+    assert (await stored(engine)).count("weather in Oslo?") == 1
+    await engine.close()
+
+
+async def test_ending_a_run_that_is_not_in_flight_writes_nothing() -> None:
+    engine = make_engine()
+    await answer(engine, [user("how are you?")], "fine")
+    version = await engine.store.get_version("s")
+    result = await engine.end_run("s", "too late")
+    assert result.version == version == await engine.store.get_version("s")
+    doc = await engine.get_session("s")
+    assert doc is not None and doc.session.run.status is RunStatus.COMPLETED
+    with pytest.raises(ValueError, match="error"):
+        await engine.end_run("s", "")
     await engine.close()

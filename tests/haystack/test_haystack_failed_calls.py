@@ -1,17 +1,20 @@
-"""After a model call that failed (the provider answered 500), what the app does next is what
-the model gets: an Agent's turn run again sends its question once, without the failed
-attempt's tool call and result; a chat pipeline whose app dropped the failed question and asked
-another does not send the dropped one. What the failed attempt stored stays stored."""
+"""After a model call that failed (the provider answered 500), or an Agent run that raised
+(its tool's error, a cancellation), what the app does next is what the model gets: an Agent's
+turn run again sends its question once, without the failed attempt's tool call and result; a
+chat pipeline whose app dropped the failed question and asked another does not send the
+dropped one. What the failed attempt stored stays stored."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from haystack import Pipeline
 from haystack.components.agents import Agent
 from haystack.dataclasses import ChatMessage
-from hs_apps import LOOKUP, generator
+from haystack.tools import Tool
+from hs_apps import LOOKUP, generator, lookup
 
 import ce.haystack
 from ce.core.engine import ContextEngine
@@ -102,3 +105,99 @@ async def test_a_question_the_app_dropped_after_its_call_failed_is_not_sent(
     doc = await engine.get_session("trip")
     assert doc is not None
     assert "Delete my account" in [m.content for m in doc.session.messages]
+
+
+def _calling_lookup(body: dict[str, Any]) -> ScriptedResponse:
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        return ScriptedResponse(text="Sunny in Oslo.")
+    call_id = f"call_{len(body['messages'])}"
+    return ScriptedResponse(tool_calls=[(call_id, "lookup", '{"q": "Oslo"}')])
+
+
+async def test_an_agents_turn_run_again_after_its_tool_raised_sends_the_question_once(
+    engine: ContextEngine,
+) -> None:
+    """The tool's error raised out of the Agent (``raise_on_tool_invocation_failure``): no
+    model call failed, the Agent's run did; the turn run again gets its question once,
+    without the call left unanswered."""
+    failing = [True]
+
+    def flaky(q: str) -> str:
+        if failing:
+            failing.clear()
+            raise RuntimeError("the weather service is down")
+        return lookup(q)
+
+    tool = Tool(
+        name="lookup", description=LOOKUP.description, parameters=LOOKUP.parameters, function=flaky
+    )
+    ce.haystack.install(engine)
+    with ScriptedOpenAIServer(_calling_lookup) as server:
+        agent = Agent(
+            chat_generator=generator(server),
+            tools=[tool],
+            system_prompt="Helper.",
+            raise_on_tool_invocation_failure=True,
+        )
+        asked = [ChatMessage.from_user("What's the weather in Oslo?")]
+        context = {"ce_session_id": "weather"}
+        with pytest.raises(Exception, match="weather service is down"):
+            agent.run(messages=asked, hook_context=context)
+        doc = await engine.get_session("weather")
+        assert doc is not None and doc.session.run.status is RunStatus.FAILED
+        retry_at = len(server.requests)
+        agent.run(messages=asked, hook_context=context)
+        requests = server.requests[retry_at:]
+    assert _texts(requests[0]) == [("system", "Helper."), ("user", "What's the weather in Oslo?")]
+    doc = await engine.get_session("weather")
+    assert doc is not None and doc.session.run.status is RunStatus.COMPLETED
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
+        "What's the weather in Oslo?"
+    ]
+
+
+async def test_an_agent_run_cancelled_in_its_tool_is_aborted_and_run_again_once(
+    engine: ContextEngine,
+) -> None:
+    if "async_function" not in getattr(Tool, "__dataclass_fields__", {}):
+        pytest.skip("this Haystack's tools have no async function")
+    started = asyncio.Event()
+    blocking = [True]
+
+    async def slow(q: str) -> str:
+        if blocking:
+            blocking.clear()
+            started.set()
+            await asyncio.Event().wait()  # never set: the run is cancelled here
+        return lookup(q)
+
+    tool = Tool(
+        name="lookup",
+        description=LOOKUP.description,
+        parameters=LOOKUP.parameters,
+        function=lookup,
+        async_function=slow,
+    )
+    ce.haystack.install(engine)
+    with ScriptedOpenAIServer(_calling_lookup) as server:
+        agent = Agent(chat_generator=generator(server), tools=[tool], system_prompt="Helper.")
+        asked = [ChatMessage.from_user("What's the weather in Oslo?")]
+        context = {"ce_session_id": "weather"}
+        run = asyncio.create_task(agent.run_async(messages=asked, hook_context=context))
+        await started.wait()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        await engine.flush()
+        doc = await engine.get_session("weather")
+        assert doc is not None and doc.session.run.status is RunStatus.ABORTED
+        retry_at = len(server.requests)
+        await agent.run_async(messages=asked, hook_context=context)
+        requests = server.requests[retry_at:]
+    assert _texts(requests[0]) == [("system", "Helper."), ("user", "What's the weather in Oslo?")]
+    doc = await engine.get_session("weather")
+    assert doc is not None
+    assert [m.content for m in doc.session.messages if m.role is Role.USER] == [
+        "What's the weather in Oslo?"
+    ]

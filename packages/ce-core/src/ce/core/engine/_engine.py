@@ -18,7 +18,7 @@ from ce.core.engine._deferred import DeferredWrites, flush_at_exit, note_pending
 from ce.core.engine._prepare import Preparer
 from ce.core.engine._session import ReadNewest, SessionEntry, SessionLocks, TailTooShort
 from ce.core.engine._turn import select_and_assemble
-from ce.core.engine._writes import WriteLog
+from ce.core.engine._writes import ACTIVE_RUN, WriteLog
 from ce.core.errors import (
     EvidenceNotFoundError,
     InvariantViolationError,
@@ -532,6 +532,26 @@ class ContextEngine(Preparer):
             ):
                 return PutResult(success=True, version=entry.version)
             entry.match_after_clear()
+            return await self._persist(entry, call)
+
+        return await self._write(session_id, op, tail=True)
+
+    async def end_run(self, session_id: str, error: str, *, cancelled: bool = False) -> PutResult:
+        """The app's run in the session ended unfinished outside a model call: a tool's error
+        raised out of the agent, the run cancelled. The run in flight ends, ``failed`` with
+        ``error`` (``aborted`` when ``cancelled``), so what the app does next (the turn run
+        again, another question) is read against the conversation as it stood, as after a
+        model call that failed (:meth:`record_model_call` with an error usage). A session
+        with no run in flight is left as it is; nothing stored is removed. One write on the
+        session's newest records; returns the session's version."""
+        if not error:
+            raise ValueError("end_run needs the error the run ended with")
+        status = RunStatus.ABORTED if cancelled else RunStatus.FAILED
+
+        async def op(entry: SessionEntry, call: WriteLog) -> PutResult:
+            if entry.state.status not in ACTIVE_RUN:
+                return PutResult(success=True, version=entry.version)
+            self._transition(entry.state, status, error)
             return await self._persist(entry, call)
 
         return await self._write(session_id, op, tail=True)

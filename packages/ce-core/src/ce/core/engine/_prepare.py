@@ -16,7 +16,7 @@ from ce.core.config import RuntimeConfig
 from ce.core.engine._blocks import BlockSummaries
 from ce.core.engine._session import SessionEntry, TailTooShort, reply_key
 from ce.core.engine._turn import Selection, select_and_assemble
-from ce.core.engine._writes import WriteLog
+from ce.core.engine._writes import UNFINISHED_RUN, WriteLog
 from ce.core.errors import BudgetExceededError, SummarizerError
 from ce.core.pipeline import should_summarize, summary_range_end
 from ce.core.primitives import parse_iso
@@ -129,8 +129,8 @@ class Preparer(BlockSummaries):
         call.degradations.extend(self._tokenizer_notes)
         self._tokenizer_notes.clear()
         report = self._report(call, selection)
-        if entry.state.status is RunStatus.FAILED:
-            self._begin_run(entry.state)  # the failed run's question asked again: a new run
+        if entry.state.status in UNFINISHED_RUN:
+            self._begin_run(entry.state)  # an unfinished run's question asked again: a new run
         self._transition(entry.state, RunStatus.MODEL_RUNNING)
         turn = None
         if cfg.observability.include_reports_in_store:

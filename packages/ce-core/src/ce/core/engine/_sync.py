@@ -171,6 +171,9 @@ class SyncEngine:
     def clear_history(self, session_id: str) -> PutResult:
         return drive(self._engine.clear_history(session_id))
 
+    def end_run(self, session_id: str, error: str, *, cancelled: bool = False) -> PutResult:
+        return drive(self._engine.end_run(session_id, error, cancelled=cancelled))
+
     def commit_assistant_chunk(self, session_id: str, chunk: str, chunk_index: int) -> None:
         drive(self._engine.commit_assistant_chunk(session_id, chunk, chunk_index))
 

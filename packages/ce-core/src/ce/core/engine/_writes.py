@@ -43,7 +43,7 @@ from ce.core.state import AgentState, ModelOutput, ToolResult, can_transition
 from ce.core.stores import SessionWriter, SliceStore, Store
 from ce.core.tokens import StoredCounts
 
-__all__ = ["ACTIVE_RUN", "HistoryWriter", "WriteLog"]
+__all__ = ["ACTIVE_RUN", "UNFINISHED_RUN", "HistoryWriter", "WriteLog"]
 
 _STORED_FORMS_MAX = 50_000
 
@@ -53,6 +53,10 @@ ACTIVE_RUN = (
     RunStatus.TOOL_RUNNING,
     RunStatus.AWAITING_HUMAN,
 )
+
+UNFINISHED_RUN = (RunStatus.FAILED, RunStatus.ABORTED)
+"""A run that ended without its answer (a model call that failed, an error or cancellation
+the app reported): the app may ask its question again."""
 
 
 class WriteLog:
@@ -549,8 +553,9 @@ class HistoryWriter:
         message, and after it ``pending`` holds nothing (the question asked again: the point
         is a user message) or new messages from a user message on (the edit). Not while a
         run is in flight (another request's turn), nor when the session's next message
-        answers a tool call of the point (an exchange stays whole). After a failed run, its
-        question passed alone again is a going back to it (see :meth:`_failed_question`).
+        answers a tool call of the point (an exchange stays whole). After a run that ended
+        unfinished, its question passed alone again is a going back to it (see
+        :meth:`_failed_question`).
         Work proportional to the new messages at the end of ``pending``, and to the messages
         after an earlier place when the newest is not the point."""
         if entry.state.status in ACTIVE_RUN:
@@ -576,7 +581,7 @@ class HistoryWriter:
         while j >= 0 and key(asked[j]) not in entry.key_positions:
             j -= 1
         if j < 1:
-            if len(asked) == 1 and j == 0 and entry.state.status is RunStatus.FAILED:
+            if len(asked) == 1 and j == 0 and entry.state.status in UNFINISHED_RUN:
                 return self._failed_question(entry, key(asked[0]), newest)
             return None
 
@@ -615,10 +620,10 @@ class HistoryWriter:
         self, entry: SessionEntry, wanted: tuple[Any, ...], newest: int
     ) -> int | None:
         """Where the app that passes only its newest question (the engine holds the
-        conversation) went back to by asking, alone, the question of the session's failed
-        run again (a retry): the position after that question, whose turn the failed attempt
-        began (its tool call and result); None when ``wanted`` is not that question or
-        nothing followed it."""
+        conversation) went back to by asking, alone, the question of the session's run that
+        ended unfinished again (a retry): the position after that question, whose turn the
+        failed attempt began (its tool call and result); None when ``wanted`` is not that
+        question or nothing followed it."""
         point = entry.key_positions.get(wanted)
         if point is None or point >= newest:
             return None
