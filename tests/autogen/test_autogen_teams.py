@@ -2,16 +2,20 @@
 with its own agent's system message, a peer's reply reaches an agent as a user message named
 after the peer (never as the agent's own assistant turn) and is stored once with the peer as
 author; an agent's own tool-call summary or handoff message never comes back to it (each
-request is the one plain AutoGen sends), also after a resume in a new process; a
-SelectorGroupChat's speaker-selection prompts are recorded, never rewritten; a model call
-nested in a tool call (an AgentTool) goes to a child scope."""
+request is the one plain AutoGen sends), also after a resume in a new process; a handoff's
+context (a part of its author's reply) reaches the peers as in AutoGen and is stored once, as
+that reply; a SelectorGroupChat's speaker-selection prompts are recorded, never rewritten; a
+model call nested in a tool call (an AgentTool) goes to a child scope."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import BaseChatMessage
@@ -20,10 +24,14 @@ from autogen_agentchat.tools import AgentTool
 from autogen_apps import client, expert_and_planner, outer_agent, wire
 
 import ce.autogen
+import ce.autogen._convert as convert
+import ce.autogen._inject as inject
+import ce.autogen._patch as patch
+from ce.autogen._record import HandedParts
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
 from ce.core.formats import from_openai_messages
-from ce.core.schema import AuthorKind, ModelUsageStage, Role
+from ce.core.schema import AuthorKind, Message, ModelUsageStage, Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 from ce.core.testing.assertions import assert_tool_pairs_intact, unfenced
 
@@ -801,6 +809,161 @@ async def test_a_handoff_message_never_comes_back_to_the_agent_that_handed_off(
         ("flights_refunder", "ToolCallSummaryMessage"),
         ("flights_refunder", "HandoffMessage"),
     ]
+
+
+PLANNER, BOOKER = "You are the planner.", "You are the booker."
+
+
+def lookup(q: str) -> str:
+    """Find flights."""
+    return f"found {q}: SK1, SK2"
+
+
+def _handing_script(thought: bool) -> Callable[[dict[str, Any]], ScriptedResponse]:
+    """The planner answers the user's task by handing off to the booker in the same reply
+    as a ``lookup`` call (``thought``: with a thought instead of the tool call), and ends the
+    run when the booker hands back; the booker always hands back. Call ids are numbered by
+    request."""
+    count = itertools.count(1)
+
+    def script(body: dict[str, Any]) -> ScriptedResponse:
+        n, messages = next(count), body["messages"]
+        if PLANNER not in messages[0]["content"]:
+            return ScriptedResponse(tool_calls=[(f"call_b{n}", "transfer_to_planner", "{}")])
+        if messages[-1].get("name") != "user":
+            return ScriptedResponse(text=f"Booked {n}. TERMINATE")
+        handoff = (f"call_h{n}", "transfer_to_booker", "{}")
+        if thought:
+            return ScriptedResponse(text=f"Handing over {n}.", tool_calls=[handoff])
+        search = (f"call_l{n}", "lookup", json.dumps({"q": "flights"}))
+        return ScriptedResponse(tool_calls=[search, handoff])
+
+    return script
+
+
+def _handing_team(server: ScriptedOpenAIServer, thought: bool) -> Swarm:
+    """The planner (with the ``lookup`` tool unless ``thought``) and the booker, each able
+    to hand off to the other (see :func:`_handing_script`)."""
+    from autogen_agentchat.conditions import TextMentionTermination
+
+    agents = [
+        AssistantAgent(
+            "planner",
+            model_client=client(server),
+            tools=[] if thought else [lookup],
+            handoffs=["booker"],
+            system_message=PLANNER,
+        ),
+        AssistantAgent(
+            "booker", model_client=client(server), handoffs=["planner"], system_message=BOOKER
+        ),
+    ]
+    stop = TextMentionTermination("TERMINATE") | MaxMessageTermination(12)
+    return Swarm(agents, termination_condition=stop)
+
+
+def _calls(request: dict[str, Any]) -> list[str]:
+    return [c["id"] for m in request["messages"] for c in m.get("tool_calls") or ()]
+
+
+def _assert_stored_once(stored: list[Message], calls: list[str]) -> None:
+    """The session holds exactly ``calls`` (under the model's own ids), each result once and
+    each reply once (a handoff message may be emitted again, in a later run)."""
+    assert [c.tool_call_id for m in stored for c in m.tool_calls or ()] == calls
+    results = [m.tool_call_id for m in stored if m.role is Role.TOOL]
+    assert len(results) == len(set(results))
+    replies = [
+        m.content
+        for m in stored
+        if m.role is Role.ASSISTANT and m.content and not m.meta.get("autogen_emitted")
+    ]
+    assert len(replies) == len(set(replies))
+
+
+@pytest.mark.parametrize("thought", [False, True], ids=["tool-call", "thought"])
+async def test_a_handoffs_context_reaches_the_peers_as_in_autogen_and_is_stored_once(
+    engine: ContextEngine, thought: bool
+) -> None:
+    """A ``Swarm`` whose planner calls a tool and hands off in one reply (or hands off with a
+    thought): AutoGen passes the tool call and its result (or the thought) to the booker as
+    the handoff's context, a part of the planner's reply. That part is the planner's stored
+    reply, not a new message: the session stores each call and each reply once, the planner
+    never gets it back as a second turn of its own, and the booker keeps receiving it in the
+    team's next run in the same session. Every request is the one plain AutoGen sends."""
+
+    async def run(install: bool) -> list[dict[str, Any]]:
+        with ScriptedOpenAIServer(_handing_script(thought)) as server:
+            team = _handing_team(server, thought)
+            if install:
+                ce.autogen.install(engine)
+            with engine.session("s-handoff-context"):
+                await team.run(task="Find and book a flight.")
+                await team.run(task="Again, please.")
+            if install:
+                ce.autogen.uninstall()
+            return server.requests
+
+    plain = await run(install=False)
+    requests = await run(install=True)
+    assert len(requests) == len(plain) == 6
+    assert [_shape(r) for r in requests] == [_shape(r) for r in plain]
+    looked = [] if thought else ["call_l1"], [] if thought else ["call_l4"]
+    assert _calls(requests[2]) == [*looked[0], "call_h1"]  # the planner's reply, once
+    assert _calls(requests[4]) == [*looked[0], "call_b2", *looked[1]]  # the booker, next run
+    if thought:  # the first run's handoff context, kept for the booker
+        assert requests[4]["messages"][2] == {"role": "assistant", "content": "Handing over 1."}
+    doc = await engine.get_session("s-handoff-context")
+    calls = [*looked[0], "call_h1", "call_b2", *looked[1], "call_h4", "call_b5"]
+    _assert_stored_once(doc.session.messages, calls)
+
+
+@pytest.mark.parametrize("thought", [False, True], ids=["tool-call", "thought"])
+async def test_a_handoffs_context_from_before_a_resume_is_the_stored_reply(
+    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch, thought: bool
+) -> None:
+    """The handoff team saved with ``save_state`` and loaded into new agents by a new process
+    (a new engine on the same store, the plugin installed anew, nothing noted of the first
+    process's handoffs): the booker's model context holds the first run's handoff context,
+    which the new process finds as the planner's reply the session stores. Every request is
+    the one plain AutoGen sends, and nothing is stored twice."""
+
+    async def run(install: bool) -> list[dict[str, Any]]:
+        with ScriptedOpenAIServer(_handing_script(thought)) as server:
+            team = _handing_team(server, thought)
+            if install:
+                ce.autogen.install(engine)
+            with engine.session("s-handoff-resumed"):
+                await team.run(task="Find and book a flight.")
+            state = await team.save_state()
+            if install:
+                ce.autogen.uninstall()
+            before = len(server.requests)
+            # the new process: new agents, a new engine on the same store, a new install,
+            # nothing noted of the handoffs
+            handed = HandedParts()
+            for module in (convert, inject, patch):
+                monkeypatch.setattr(module, "HANDED", handed)
+            later = ContextEngine(engine.store, config=RuntimeConfig(model_hint="gpt-4o"))
+            team = _handing_team(server, thought)
+            await team.load_state(state)
+            if install:
+                ce.autogen.install(later)
+            with later.session("s-handoff-resumed"):
+                await team.run(task="Again, please.")
+            if install:
+                ce.autogen.uninstall()
+            await later.flush()
+            return server.requests[before:]
+
+    plain = await run(install=False)
+    requests = await run(install=True)
+    assert len(requests) == len(plain) == 3
+    assert [_shape(r) for r in requests] == [_shape(r) for r in plain]
+    looked = [] if thought else ["call_l1"], [] if thought else ["call_l4"]
+    assert _calls(requests[1]) == [*looked[0], "call_b2", *looked[1]]  # the booker
+    doc = await engine.get_session("s-handoff-resumed")
+    calls = [*looked[0], "call_h1", "call_b2", *looked[1], "call_h4", "call_b5"]
+    _assert_stored_once(doc.session.messages, calls)
 
 
 async def test_a_team_resumed_in_a_new_process_tells_its_agents_messages_apart(

@@ -7,7 +7,13 @@ it (``author``: kind agent, the agent's name). So :func:`to_pending` gives the e
 message as the assistant message it is in the session (recorded once, with the peer as
 author), and :func:`from_sent` turns the engine's input back into the calling agent's view: a
 peer's message is a user message named after the peer again, never the agent's own assistant
-turn, and a peer's tool calls (with their results) are left out, as AutoGen leaves them out.
+turn, and a peer's tool calls (with their results) are left out, as AutoGen leaves them out,
+but for those a handoff passed on to the agent. A handoff passes a part of its author's reply
+on to the peers (its context: the reply's tool calls but the handoffs, with their results, or
+its thought alone), which AutoGen puts into their model contexts as the author's assistant
+message: the engine gets that part as the whole reply the session holds
+(:data:`~ce.autogen._record.HANDED`), so it is not stored again, and the agent receives the
+part it was handed.
 An agent's own tool-call summary or handoff message (stored when the team emits it, see
 :func:`emitted_message`) is left out of its own view: AutoGen shows it to the peers only.
 
@@ -49,7 +55,7 @@ from autogen_core.models import (
     UserMessage,
 )
 
-from ce.autogen._record import EMITTED, SHOWN
+from ce.autogen._record import EMITTED, HANDED, SHOWN
 from ce.core.integration import History, RewriteMemo, message_from_openai, reconcile_openai
 from ce.core.schema import Author, AuthorKind, Message, ModelInvocation, Role
 
@@ -59,10 +65,13 @@ __all__ = [
     "author_of",
     "emitted_message",
     "from_sent",
+    "handed_key",
     "opaque",
+    "part_of",
     "redacted_natively",
     "reply_text",
     "reply_to_message",
+    "stored_reply",
     "to_openai",
     "to_pending",
     "tool_schemas",
@@ -117,12 +126,60 @@ def _is_peer(message: UserMessage, agent: str, peers: Collection[str]) -> bool:
     return message.source in peers and message.source != agent and not _has_media(message.content)
 
 
+def _is_handed(message: AssistantMessage, agent: str, peers: Collection[str]) -> bool:
+    """Whether ``message`` is a part of a team peer's reply a handoff passed on to ``agent``
+    (AutoGen puts a peer's assistant message into an agent's model context only so)."""
+    return message.source != agent and message.source in peers
+
+
+def _call_ids(message: AssistantMessage) -> set[str]:
+    """The ids of the tool calls of ``message`` (none for a text)."""
+    if not isinstance(message.content, list):
+        return set()
+    return {c.id for c in message.content if isinstance(c, FunctionCall)}
+
+
+def handed_key(part: AssistantMessage) -> Hashable:
+    """What identifies a part of a reply a handoff passes on: its tool calls (id, name,
+    arguments) or its text, and its thought."""
+    content = part.content
+    if isinstance(content, list):
+        calls = tuple((c.id, c.name, c.arguments) for c in content if isinstance(c, FunctionCall))
+        return (calls, part.thought)
+    return (content, part.thought)
+
+
+def part_of(part: AssistantMessage, reply: AssistantMessage) -> bool:
+    """Whether ``part`` (a handoff's context) is a part of ``reply``: some of its tool calls,
+    or its thought alone."""
+    if not isinstance(reply.content, list):
+        return False
+    if isinstance(part.content, list):
+        made = {(c.id, c.name, c.arguments) for c in reply.content if isinstance(c, FunctionCall)}
+        calls = [(c.id, c.name, c.arguments) for c in part.content if isinstance(c, FunctionCall)]
+        return bool(calls) and made.issuperset(calls)
+    return bool(part.content) and part.content == reply.thought
+
+
+def stored_reply(message: Message) -> AssistantMessage:
+    """A reply with tool calls the session stores (``message``) as AutoGen holds it: its
+    calls with the model's arguments, its text as the thought, its author as the source."""
+    calls = [
+        FunctionCall(id=c.tool_call_id, name=c.name, arguments=c.raw_arguments or "{}")
+        for c in message.tool_calls or ()
+    ]
+    source = message.author.id if message.author is not None else ""
+    return AssistantMessage(content=calls, thought=message.content or None, source=source)
+
+
 def to_openai(
     units: Sequence[Unit], agent: str = "", peers: Collection[str] = ()
 ) -> list[dict[str, Any]]:
     """One OpenAI-style dict per unit (see :func:`to_pending`), from ``agent``'s view (a
-    peer's reply is its assistant message, see the module docstring). Raises
-    :class:`TypeError` for a message type of a later AutoGen (the engine cannot read it)."""
+    peer's reply is its assistant message, see the module docstring; a part of a peer's
+    reply a handoff passed on is the whole reply, as the session holds it, when
+    :data:`~ce.autogen._record.HANDED` knows it). Raises :class:`TypeError` for a message
+    type of a later AutoGen (the engine cannot read it)."""
     out: list[dict[str, Any]] = []
     for unit in units:
         if isinstance(unit, FunctionExecutionResult):
@@ -134,6 +191,14 @@ def to_openai(
             else:
                 out.append({"role": "user", "content": _text(unit.content)})
         elif isinstance(unit, AssistantMessage):
+            reply = (
+                HANDED.reply(unit.source, handed_key(unit))
+                if _is_handed(unit, agent, peers)
+                else None
+            )
+            if reply is not None:
+                out.append(dict(reply))
+                continue
             entry: dict[str, Any] = {"role": "assistant"}
             if isinstance(unit.content, list):
                 entry["content"] = unit.thought or None
@@ -173,10 +238,12 @@ class Pending:
     comes from); then, from :meth:`convert` (every unit converted) or :meth:`continued`
     (the units of a :class:`~ce.core.integration.History`): ``dicts`` (OpenAI-style),
     ``opaque`` (dicts whose message carries media the engine cannot read) and
-    ``history``."""
+    ``history``. ``handed``: the positions of the units that are parts of a peer's reply a
+    handoff passed on (see :func:`to_openai`)."""
 
     units: list[Unit] = field(default_factory=list)
     origins: list[int] = field(default_factory=list)
+    handed: list[int] = field(default_factory=list)
     dicts: Sequence[dict[str, Any]] = ()
     opaque: set[int] = field(default_factory=set)
     history: History | None = None
@@ -225,6 +292,23 @@ class Pending:
                 if isinstance(unit, FunctionExecutionResult)
             }
         return self._results.get(call_id)
+
+    def handed_part(
+        self, author: str, text: str, call_ids: Collection[str]
+    ) -> AssistantMessage | None:
+        """The part of peer ``author``'s reply (its text ``text``, its tool calls
+        ``call_ids``) that a handoff passed on to the agent, as the agent's own list holds it
+        (``None``: none did)."""
+        for j in self.handed:
+            unit = cast(AssistantMessage, self.units[j])
+            if unit.source != author:
+                continue
+            if isinstance(unit.content, list):
+                if any(isinstance(c, FunctionCall) and c.id in call_ids for c in unit.content):
+                    return unit
+            elif text and unit.content == text:
+                return unit
+        return None
 
     def is_error(self, call_id: str) -> bool:
         """Whether the app's result of tool call ``call_id`` is an error."""
@@ -275,6 +359,8 @@ def to_pending(
         kind, plain = type(message), cast(Any, message)
         # the common messages first, without isinstance (an ABC check on pydantic models)
         if kind is AssistantMessage or (kind is UserMessage and plain.source != "System"):
+            if kind is AssistantMessage and _is_handed(plain, agent, peers):
+                pending.handed.append(len(units))
             units.append(plain)
             origins.append(index)
         elif isinstance(message, FunctionExecutionResultMessage):
@@ -443,6 +529,11 @@ def from_sent(
             continue  # the session's, which the agent's filter kept from it
         if source is not None:
             original = messages[pending.origins[source]]
+            if isinstance(original, AssistantMessage) and source in pending.handed:
+                # the peer's whole reply: the agent receives the part it was handed
+                held = _call_ids(original)
+                whole = (str(c.get("id") or "") for c in message.get("tool_calls") or ())
+                dropped.update(i for i in whole if i not in held)
             if origin.text is None:
                 out.append(original)
             else:
@@ -463,10 +554,22 @@ def from_sent(
             ]
             if lookup is not None and not calls and lookup.emitted.get(text) == agent:
                 continue  # its own summary or handoff message: never in its own model context
-            author = lookup.author(text, [c.id for c in calls]) if lookup else None
+            ids = [c.id for c in calls]
+            author = lookup.author(text, ids) if lookup else None
             if author is not None and author != agent and author in peers:
-                if calls:  # a peer's tool calls are its own business, as in AutoGen
-                    dropped.update(c.id for c in calls)
+                part = pending.handed_part(author, text, ids)
+                if part is not None:  # as the handoff passed it on to the agent
+                    held = _call_ids(part)
+                    kept = [c for c in calls if c.id in held]
+                    dropped.update(i for i in ids if i not in held)
+                    if kept:
+                        out.append(
+                            AssistantMessage(content=kept, thought=text or None, source=author)
+                        )
+                    else:
+                        out.append(AssistantMessage(content=text, source=author))
+                elif calls:  # a peer's tool calls are its own business, as in AutoGen
+                    dropped.update(ids)
                 else:
                     out.append(UserMessage(content=text, source=author))
                 continue

@@ -24,26 +24,30 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from autogen_core.models import ChatCompletionClient, CreateResult, LLMMessage
+from autogen_core.models import AssistantMessage, ChatCompletionClient, CreateResult, LLMMessage
 
 from ce.autogen._clients import bypassing
 from ce.autogen._convert import (
     AuthorLookup,
+    Pending,
     author_of,
     from_sent,
+    handed_key,
     opaque,
+    part_of,
     redacted_natively,
     reply_text,
     reply_to_message,
+    stored_reply,
     to_openai,
     to_pending,
     tool_schemas,
 )
-from ce.autogen._record import model_call, write
+from ce.autogen._record import HANDED, model_call, write
 from ce.core.integration import (
     RUN_SESSION_PREFIX,
     fail_open,
@@ -51,7 +55,7 @@ from ce.core.integration import (
     is_suppressed,
     prepare_openai,
 )
-from ce.core.schema import ModelUsageStage
+from ce.core.schema import Message, ModelUsageStage, Role
 from ce.core.stores import SliceStore
 
 if TYPE_CHECKING:
@@ -97,6 +101,8 @@ async def prepare(
     view = _view(site.agent, tuple(sorted(peers)))
     try:
         pending = to_pending(messages, site.agent, peers, site.book.memory_texts())
+        if pending.handed:
+            await _find_handed(site, pending)
         key = _view_key(site)
         history = plugin.histories.convert(
             key, pending.units, view, opaque, lambda unit: author_of(unit, site.agent, peers)
@@ -159,21 +165,57 @@ async def _lookup(site: CallSite, sent: Sequence[Mapping[str, Any]]) -> AuthorLo
         return lookup
     if not lookup.unexplained(sent) - book.unattributed(session_id):
         return lookup
-    engine = site.plugin.engine
 
     async def read() -> None:
-        store = engine.store
-        if isinstance(store, SliceStore):
-            tail = await store.read_tail(session_id, messages=len(sent) + _TAIL_MARGIN, evidences=0)
-            messages = tail.changes.messages if tail is not None else []
-        else:
-            messages = (await engine.get_session(session_id)).session.messages
-        book.note_stored(session_id, messages)
+        book.note_stored(session_id, await _newest(site, len(sent) + _TAIL_MARGIN))
 
     await guarded(site.plugin, read, session_id=session_id, what="read the session's authors")
     lookup = AuthorLookup(*book.authors(session_id))
     book.note_unattributed(session_id, lookup.unexplained(sent))
     return lookup
+
+
+async def _newest(site: CallSite, count: int) -> list[Message]:
+    """The newest ``count`` messages of the call's session (all of them on a store that
+    cannot read a tail)."""
+    engine = site.plugin.engine
+    store = engine.store
+    if isinstance(store, SliceStore):
+        tail = await store.read_tail(site.session_id, messages=count, evidences=0)
+        return tail.changes.messages if tail is not None else []
+    return (await engine.get_session(site.session_id)).session.messages
+
+
+async def _find_handed(site: CallSite, pending: Pending) -> None:
+    """Note the replies of the parts of peers' replies a handoff passed on to the agent
+    that :data:`~ce.autogen._record.HANDED` does not know (noted by another process, or
+    before this one started: a team resumed with ``load_state``): read from the session's
+    newest messages, as many as the agent's list holds and a few more, once per part and
+    session (a reply the session does not hold is not read for again). A run's own new
+    session is never read."""
+    book, session_id = site.book, site.session_id
+    if session_id.startswith(RUN_SESSION_PREFIX):
+        return
+    unknown: dict[tuple[str, Hashable], AssistantMessage] = {}
+    for j in pending.handed:
+        unit = cast(AssistantMessage, pending.units[j])
+        part = (unit.source, handed_key(unit))
+        if HANDED.reply(*part) is None and not book.sought(session_id, part):
+            unknown[part] = unit
+    if not unknown:
+        return
+    book.note_sought(session_id, unknown)
+
+    async def read() -> None:
+        for message in await _newest(site, len(pending.units) + _TAIL_MARGIN):
+            if message.role is not Role.ASSISTANT or not message.tool_calls:
+                continue
+            reply = stored_reply(message)
+            for (source, key), unit in unknown.items():
+                if source == reply.source and part_of(unit, reply):
+                    HANDED.note(source, key, to_openai([reply])[0])
+
+    await guarded(site.plugin, read, session_id=session_id, what="read the handed replies")
 
 
 def _note_authors(site: CallSite, pending: Any) -> None:

@@ -33,9 +33,9 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
-from ce.autogen._convert import arguments_of, emitted_message
+from ce.autogen._convert import arguments_of, emitted_message, handed_key, part_of, to_openai
 from ce.autogen._inject import CallSite, EngineClient, RecordingClient
-from ce.autogen._record import SHOWN, hits_from_memory, tool_run, write
+from ce.autogen._record import HANDED, SHOWN, hits_from_memory, tool_run, write
 from ce.autogen._scopes import (
     Frame,
     ToolFrame,
@@ -112,6 +112,27 @@ async def _note_shown(agent: Any, name: str, chat_message: Any) -> None:
         SHOWN.note(name, shown, written)
 
 
+async def _note_handed(agent: Any, name: str, chat_message: Any) -> None:
+    """When ``chat_message`` (the end of agent ``name``'s turn) is a ``HandoffMessage`` with
+    a context, note the context's assistant message (the reply's tool calls but the
+    handoffs, or its thought) as a part of the reply the model wrote, the newest assistant
+    message of the agent's model context (see :class:`~ce.autogen._record.HandedParts`): a
+    peer's call then passes it as the reply the session holds, recorded once."""
+    from autogen_agentchat.messages import HandoffMessage
+    from autogen_core.models import AssistantMessage
+
+    model_context = getattr(agent, "_model_context", None)
+    if not isinstance(chat_message, HandoffMessage) or model_context is None:
+        return
+    part = next((m for m in chat_message.context if isinstance(m, AssistantMessage)), None)
+    if part is None:
+        return
+    held = await model_context.get_messages()
+    reply = next((m for m in reversed(held) if isinstance(m, AssistantMessage)), None)
+    if reply is not None and part_of(part, reply):
+        HANDED.note(name, handed_key(part), to_openai([reply])[0])
+
+
 class Patches:
     """The hooks of one install."""
 
@@ -171,13 +192,21 @@ class Patches:
         summary, a handoff message, see :func:`emitted_message`), it is stored now, in the
         order the team emits it, with the agent as author, and noted as the agent's emitted
         message (it never comes back to the agent as its own assistant turn). A structured
-        reply's text as the peers receive it is noted (see :func:`_note_shown`)."""
+        reply's text as the peers receive it is noted (see :func:`_note_shown`), and so is
+        the part of the reply a handoff passes on (see :func:`_note_handed`)."""
         plugin, book = self.plugin, self.book
         frame = self.runs.for_context(getattr(agent, "_model_context", None))
         if frame is None or not plugin.installed:
             return
         name = str(getattr(agent, "name", ""))
         session_id = frame.session_id
+        if getattr(chat_message, "context", None):  # a handoff passing part of the reply on
+            await guarded(
+                plugin,
+                lambda: _note_handed(agent, name, chat_message),
+                session_id=session_id,
+                what="note a handoff's context",
+            )
         message = emitted_message(chat_message, name)
         if message is None:
             await guarded(

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ce.core.integration import (
@@ -35,7 +35,17 @@ if TYPE_CHECKING:
     from autogen_core.models import CreateResult
 
 
-__all__ = ["EMITTED", "SHOWN", "Book", "ShownTexts", "hits_from_memory", "model_name", "write"]
+__all__ = [
+    "EMITTED",
+    "HANDED",
+    "SHOWN",
+    "Book",
+    "HandedParts",
+    "ShownTexts",
+    "hits_from_memory",
+    "model_name",
+    "write",
+]
 
 _URI_KEYS = ("source", "uri", "url", "file_path", "path")
 _SCORE_KEYS = ("score", "relevance", "similarity")
@@ -46,6 +56,7 @@ _PER_SESSION = 4096
 _MEMORY_TEXTS = 4096
 _EMITTED_KEPT = 4096
 _SHOWN_KEPT = 4096
+_HANDED_KEPT = 4096
 
 EMITTED = "autogen_emitted"
 """The meta key of a message the plugin stored for an agent that AutoGen never puts into that
@@ -173,7 +184,8 @@ class Book:
     session (by text, redacted text and tool call id: the engine's input names no author),
     which of them an agent emitted without AutoGen ever putting them into its own model
     context (a tool-call summary, a handoff message), which sessions' stored authors were read,
-    and the system messages memories added to model contexts. Bounded (oldest first out)."""
+    which parts of replies a handoff passed on were looked for in a session, and the system
+    messages memories added to model contexts. Bounded (oldest first out)."""
 
     def __init__(self) -> None:
         self._texts: OrderedDict[str, dict[str, str]] = OrderedDict()
@@ -181,6 +193,7 @@ class Book:
         self._emitted: OrderedDict[str, dict[str, str]] = OrderedDict()
         self._ever_emitted: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._unattributed: OrderedDict[str, set[str]] = OrderedDict()
+        self._sought: OrderedDict[str, set[Hashable]] = OrderedDict()
         self._memory: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -271,6 +284,22 @@ class Book:
                     self._unattributed.popitem(last=False)
             known.update(keys)
 
+    def sought(self, session_id: str, part: Hashable) -> bool:
+        """Whether the reply of ``part`` (a part of a reply a handoff passed on, see
+        :class:`HandedParts`) was looked for in ``session_id`` (see :meth:`note_sought`)."""
+        return part in self._sought.get(session_id, ())
+
+    def note_sought(self, session_id: str, parts: Collection[Hashable]) -> None:
+        """Note parts of replies a handoff passed on whose replies were looked for in
+        ``session_id``: reading the session again would not find them either."""
+        with self._lock:
+            known = self._sought.get(session_id)
+            if known is None:
+                known = self._sought[session_id] = set()
+                while len(self._sought) > _SESSIONS_KEPT:
+                    self._sought.popitem(last=False)
+            known.update(parts)
+
     def note_stored(self, session_id: str, messages: Sequence[Message]) -> None:
         """Note the authors of the assistant messages ``session_id`` stores (written by
         another process, or before this one started): each agent's message by its text as
@@ -332,3 +361,33 @@ class ShownTexts:
 SHOWN = ShownTexts()
 """The process's :class:`ShownTexts`: how AutoGen renders a reply for the peers depends on
 the reply alone, not on an install (the conversions of ``_convert`` read it)."""
+
+
+class HandedParts:
+    """The parts of replies AutoGen passes on to an agent's peers as a handoff's context
+    (the reply's tool calls but the handoffs, with their results, or its thought alone),
+    while the reply itself stays in the agent's own model context (and the session holds it
+    once). By agent and the part's key: the whole reply as its OpenAI dict. Bounded (oldest
+    first out); thread-safe."""
+
+    def __init__(self) -> None:
+        self._replies: OrderedDict[tuple[str, Hashable], dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def note(self, agent: str, part: Hashable, reply: dict[str, Any]) -> None:
+        """Agent ``agent``'s reply ``reply`` reaches its peers as the part keyed ``part``."""
+        with self._lock:
+            self._replies[(agent, part)] = reply
+            self._replies.move_to_end((agent, part))
+            while len(self._replies) > _HANDED_KEPT:
+                self._replies.popitem(last=False)
+
+    def reply(self, agent: str, part: Hashable) -> dict[str, Any] | None:
+        """The reply of agent ``agent`` a handoff passed on as the part keyed ``part``
+        (``None`` when noted as none)."""
+        return self._replies.get((agent, part))
+
+
+HANDED = HandedParts()
+"""The process's :class:`HandedParts`: what a handoff passes on depends on the reply alone,
+not on an install (the conversions of ``_convert`` read it)."""
