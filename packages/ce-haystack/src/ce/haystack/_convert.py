@@ -1,13 +1,17 @@
 """Haystack ``ChatMessage`` <-> the engine's neutral messages (through OpenAI-style dicts,
 which Haystack's own ``ChatMessage.to_openai_dict_format()`` writes).
 
-:func:`to_pending` turns the messages a chat generator would send into dicts;
-:func:`from_sent` turns the engine's input back into a NEW list of ``ChatMessage`` for the one
-call: an app message the engine left unchanged is the app's very object, one whose text alone
-it rewrote is a copy with that text (its images and files kept), anything else is built from
-the dict. The app's own list (an Agent's ``State``) is never changed. A history the app
-continues is converted only for its new messages (:func:`to_openai` and :func:`opaque` are
-what ``plugin.histories`` converts with; :class:`Pending` then carries that history).
+:func:`to_pending` turns the messages a chat generator would send into dicts: a user
+message's or a tool result's pictures and files (``ImageContent``, ``FileContent``) are
+OpenAI content parts in order with its text, which the engine stores with the message and
+counts against the budget. :func:`from_sent` turns the engine's input back into a NEW list of
+``ChatMessage`` for the one call: an app message the engine left unchanged is the app's very
+object, one whose text alone it rewrote is a copy with that text (its pictures and files
+kept unless the engine left them out), anything else is built from the dict (pictures and
+files the session supplies as ``ImageContent`` and ``FileContent``). The app's own list (an
+Agent's ``State``) is never changed. A history the app continues is converted only for its
+new messages (:func:`to_openai` and :func:`opaque` are what ``plugin.histories`` converts
+with; :class:`Pending` then carries that history).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = [
     "is_readable",
     "normalise_usage",
     "opaque",
+    "prompt_text",
     "readable",
     "reply_text",
     "reply_to_message",
@@ -45,11 +50,14 @@ __all__ = [
     "to_pending",
     "tool_schemas",
     "turn_key",
+    "with_prompt_text",
 ]
 
 COMPACTION_META = "context_compaction"
 """The ``meta`` key Haystack's compactors (``CompactionHook``) put on the messages they write:
 an omission note, a summary."""
+_MEDIA_TYPES = ("image_url", "file")
+"""The OpenAI content parts Haystack writes for ``ImageContent`` and ``FileContent``."""
 _URI_KEYS = ("source", "url", "uri", "link", "file_path", "path", "file_name")
 _SMALL = 512
 _DOCUMENT_TYPE = re.compile(r"\bDocument\b")
@@ -73,13 +81,11 @@ def as_messages(messages: Any) -> list[Any]:
 
 @dataclass(frozen=True)
 class Pending:
-    """The OpenAI-style dicts of a call's messages and the app messages that carry content
-    the engine cannot read (images, files): never sent unchanged. ``history``: the
-    :class:`~ce.core.integration.History` the dicts come from (then shared with the next
-    call: read-only), or None when they were converted for this call alone."""
+    """The OpenAI-style dicts of a call's messages and the app messages they stand for.
+    ``history``: the :class:`~ce.core.integration.History` the dicts come from (then shared
+    with the next call: read-only), or None when they were converted for this call alone."""
 
     dicts: list[dict[str, Any]]
-    opaque: list[int]
     messages: list[Any]
     history: History | None = None
 
@@ -96,21 +102,59 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def _entry(message: Any) -> tuple[dict[str, Any], bool]:
-    """One message as the engine reads it (a new dict), and whether it carries content the
-    engine cannot read (images, files in a content-part list)."""
-    entry = dict(message.to_openai_dict_format(require_tool_call_ids=False))
+def _content(parts: list[Any]) -> str | list[dict[str, Any]]:
+    """An OpenAI content-part list as the engine reads it: its text (the text parts joined),
+    or, when it holds pictures or files, those parts in order with one text part holding
+    that text where the first text part was (none when the text is empty)."""
+    text = _text_of(parts)
+    media: list[dict[str, Any]] = []
+    text_at: int | None = None
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and text_at is None:
+            text_at = len(media)
+        elif kind in _MEDIA_TYPES:
+            media.append(part)
+    if not media:
+        return text
+    if text:
+        media.insert(text_at or 0, {"type": "text", "text": text})
+    return media
+
+
+def _media_result(result: Any) -> bool:
+    """Whether a ``ToolCallResult`` holds pictures or files (Haystack's Chat Completions
+    form takes none: its parts are written as a user message's are)."""
+    from haystack.dataclasses import TextContent
+
+    return not isinstance(result.result, str) and any(
+        not isinstance(part, TextContent) for part in result.result
+    )
+
+
+def _entry(message: Any) -> dict[str, Any]:
+    """One message as the engine reads it (a new dict): text, tool calls, tool results, and
+    a user message's or tool result's pictures and files as content parts (see
+    :func:`_content`)."""
+    result = message.tool_call_result
+    if result is not None and _media_result(result):
+        from haystack.dataclasses import ChatMessage
+
+        parts = ChatMessage.from_user(content_parts=result.result).to_openai_dict_format()
+        entry = {"role": "tool", "content": parts["content"]}
+        if result.origin.id is not None:
+            entry["tool_call_id"] = result.origin.id
+    else:
+        entry = dict(message.to_openai_dict_format(require_tool_call_ids=False))
     entry.pop("name", None)
     content = entry.get("content")
-    hidden = False
     if isinstance(content, list):
-        hidden = bool(message.images or message.files)
-        entry["content"] = _text_of(content)
+        entry["content"] = _content(content)
     elif content is None and entry.get("role") != "assistant":
         entry["content"] = ""
     if entry.get("role") == "developer":
         entry["role"] = "system"
-    return entry, hidden
+    return entry
 
 
 def turn_key(message: Any) -> Hashable | None:
@@ -137,30 +181,47 @@ def readable(messages: Sequence[Any]) -> list[Any]:
 
 def to_openai(messages: Sequence[Any]) -> list[dict[str, Any]]:
     """``messages`` as the engine reads them, one new OpenAI-style dict each (text, tool
-    calls with their ids, tool results; images and files are kept by the app's message, not
-    read)."""
-    return [_entry(message)[0] for message in messages]
+    calls with their ids, tool results; a user message's or tool result's pictures and files
+    as OpenAI content parts in order with its text)."""
+    return [_entry(message) for message in messages]
 
 
 def opaque(message: Any) -> bool:
-    """Whether ``message`` carries content the engine cannot read (images, files): it is
-    never sent unchanged."""
-    return bool(message.images or message.files) and _entry(message)[1]
+    """Whether the engine cannot read ``message``: never (it reads what Haystack sends of
+    it, pictures and files included)."""
+    return False
 
 
 def to_pending(messages: Sequence[Any]) -> Pending:
     """The call's messages as the engine reads them (see :func:`to_openai`), converted for
     this call alone. A message a ``CompactionHook`` compactor wrote is left out (see
     :func:`readable`)."""
-    dicts: list[dict[str, Any]] = []
-    hidden: list[int] = []
     kept = readable(messages)
-    for index, message in enumerate(kept):
-        entry, media = _entry(message)
-        if media:
-            hidden.append(index)
-        dicts.append(entry)
-    return Pending(dicts, hidden, kept)
+    return Pending(to_openai(kept), kept)
+
+
+def prompt_text(entry: Mapping[str, Any]) -> str | None:
+    """The text of a system or user message dict as :func:`to_openai` writes it (its string
+    content, or the one text part among its pictures and files); None for another message,
+    or one with no text."""
+    if entry.get("role") not in ("system", "user"):
+        return None
+    content = entry.get("content")
+    if isinstance(content, list):
+        return next((str(p["text"]) for p in content if p.get("type") == "text"), None)
+    return content if isinstance(content, str) else None
+
+
+def with_prompt_text(entry: Mapping[str, Any], text: str) -> dict[str, Any]:
+    """A copy of a system or user message dict that has a :func:`prompt_text`, with
+    ``text`` in its place (its pictures and files kept)."""
+    content = entry.get("content")
+    if isinstance(content, list):
+        return {
+            **entry,
+            "content": [{**p, "text": text} if p.get("type") == "text" else p for p in content],
+        }
+    return {**entry, "content": text}
 
 
 def _calls(sent: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -183,17 +244,76 @@ def _args(function: Mapping[str, Any]) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def _build(entry: Mapping[str, Any], calls: Mapping[str, tuple[str, dict[str, Any]]]) -> Any:
-    """A new ``ChatMessage`` from one assembled OpenAI dict."""
-    from haystack.dataclasses import ChatMessage, ToolCall
+def _data_url(url: Any) -> tuple[str | None, str] | None:
+    """The MIME type and base64 payload of a ``data:<mime>;base64,`` URL; None for another
+    URL."""
+    if not isinstance(url, str) or not url.startswith("data:"):
+        return None
+    header, found, payload = url[5:].partition(",")
+    if not found or not header.endswith(";base64"):
+        return None
+    return header[: -len(";base64")] or None, payload
+
+
+def _parts(content: Any) -> list[Any]:
+    """Haystack content parts for an assembled OpenAI content-part list: text as
+    ``TextContent``, a picture or file given inline (a ``data:`` URL: how Haystack sends
+    them) as ``ImageContent`` / ``FileContent`` (detail, MIME type and file name kept).
+    Parts Haystack cannot hold (a picture or file by URL or file id, audio: another writer of
+    the session stored them) are left out."""
+    from haystack.dataclasses import FileContent, ImageContent, TextContent
+
+    parts: list[Any] = []
+    for part in content if isinstance(content, list) else ():
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text":
+            parts.append(TextContent(str(part.get("text", ""))))
+        elif kind == "image_url":
+            image = part.get("image_url") or {}
+            inline = _data_url(image.get("url"))
+            if inline is not None:
+                parts.append(
+                    ImageContent(
+                        base64_image=inline[1],
+                        mime_type=inline[0],
+                        detail=image.get("detail"),
+                        validation=False,
+                    )
+                )
+        elif kind == "file":
+            file = part.get("file") or {}
+            inline = _data_url(file.get("file_data"))
+            if inline is not None:
+                parts.append(
+                    FileContent(
+                        base64_data=inline[1],
+                        mime_type=inline[0],
+                        filename=file.get("filename"),
+                        validation=False,
+                    )
+                )
+    return parts
+
+
+def _build(
+    entry: Mapping[str, Any], calls: Mapping[str, tuple[str, dict[str, Any]]], tool_media: bool
+) -> Any:
+    """A new ``ChatMessage`` from one assembled OpenAI dict (a user message's pictures and
+    files as Haystack parts, see :func:`_parts`; a tool result's too when ``tool_media``)."""
+    from haystack.dataclasses import ChatMessage, TextContent, ToolCall
 
     role = str(entry.get("role"))
-    text = _text_of(entry.get("content"))
+    content = entry.get("content")
+    text = _text_of(content)
+    parts = _parts(content) if role in ("user", "tool") else []
+    media = any(not isinstance(part, TextContent) for part in parts)
     if role == "tool":
         call_id = str(entry.get("tool_call_id") or "")
         name, arguments = calls.get(call_id, ("tool", {}))
         origin = ToolCall(tool_name=name, arguments=arguments, id=call_id)
-        return ChatMessage.from_tool(tool_result=text, origin=origin)
+        return ChatMessage.from_tool(
+            tool_result=parts if media and tool_media else text, origin=origin
+        )
     if role == "assistant":
         tool_calls = [
             ToolCall(
@@ -205,6 +325,8 @@ def _build(entry: Mapping[str, Any], calls: Mapping[str, tuple[str, dict[str, An
         ]
         return ChatMessage.from_assistant(text=text or None, tool_calls=tool_calls or None)
     if role == "user":
+        if media:
+            return ChatMessage.from_user(content_parts=parts)
         return ChatMessage.from_user(text)
     return ChatMessage.from_system(text)
 
@@ -213,8 +335,8 @@ _rewrites = RewriteMemo()
 
 
 def _with_text(message: Any, text: str, media: bool) -> Any:
-    """A copy of the app's system, user or tool ``message`` with ``text`` (its images and
-    files kept when ``media``). Made once per message and text (see
+    """A copy of the app's system, user or tool ``message`` with ``text`` first (its
+    pictures and files after it, kept when ``media``). Made once per message and text (see
     :class:`~ce.core.integration.RewriteMemo`)."""
     return _rewrites.copy(
         message, (text, media), functools.partial(_copy_with_text, message, text, media)
@@ -222,12 +344,17 @@ def _with_text(message: Any, text: str, media: bool) -> Any:
 
 
 def _copy_with_text(message: Any, text: str, media: bool) -> Any:
-    from haystack.dataclasses import ChatMessage
+    from haystack.dataclasses import ChatMessage, TextContent
 
     result = message.tool_call_result
     if result is not None:
+        held = () if isinstance(result.result, str) or not media else result.result
+        extra = [p for p in held if not isinstance(p, TextContent)]
         return ChatMessage.from_tool(
-            tool_result=text, origin=result.origin, error=result.error, meta=dict(message.meta)
+            tool_result=[TextContent(text), *extra] if extra else text,
+            origin=result.origin,
+            error=result.error,
+            meta=dict(message.meta),
         )
     if message.is_from("user"):
         extra = [*message.images, *message.files] if media else []
@@ -248,19 +375,23 @@ def _unchanged_since(pending: Pending, source: int) -> bool:
     )
 
 
-def from_sent(sent: Sequence[Mapping[str, Any]], pending: Pending) -> list[Any]:
+def from_sent(
+    sent: Sequence[Mapping[str, Any]], pending: Pending, tool_media: bool = True
+) -> list[Any]:
     """The ``ChatMessage`` list holding the engine's input ``sent`` for a call whose own
     messages are ``pending`` (see the module docstring). With the history ``pending`` comes
     from, an app message that would go as it is but was changed in place since it was
-    converted goes as ``sent`` has it."""
+    converted goes as ``sent`` has it. ``tool_media``: whether a tool result built from
+    ``sent`` keeps its pictures and files (false for a generator that takes none in tool
+    messages: Haystack's Chat Completions form refuses them); it then goes as its text."""
     calls = _calls(sent)
-    origins = reconcile_openai(pending.dicts, sent, pending.opaque, history=pending.history)
+    origins = reconcile_openai(pending.dicts, sent, history=pending.history)
     out: list[Any] = []
     for entry, where in zip(sent, origins, strict=True):
         if where.source is None or (
             where.text is None and not _unchanged_since(pending, where.source)
         ):
-            out.append(_build(entry, calls))
+            out.append(_build(entry, calls, tool_media))
         elif where.text is None:
             out.append(pending.messages[where.source])
         else:

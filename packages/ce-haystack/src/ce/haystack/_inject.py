@@ -66,12 +66,14 @@ from ce.haystack._convert import (
     is_readable,
     normalise_usage,
     opaque,
+    prompt_text,
     reply_text,
     reply_to_message,
     to_openai,
     to_pending,
     tool_schemas,
     turn_key,
+    with_prompt_text,
 )
 from ce.haystack._record import write
 from ce.haystack._rendered import HeldReplies, without_rendered_turns
@@ -99,17 +101,18 @@ def inline_evidence(
     dicts: Sequence[Mapping[str, Any]], documents: Sequence[tuple[str, str]]
 ) -> list[dict[str, Any]]:
     """``dicts`` with every inline copy of a document (``(content, evidence id)``) in a
-    system or user message replaced by a pointer to its evidence."""
+    system or user message's text replaced by a pointer to its evidence (its pictures and
+    files kept)."""
     out: list[dict[str, Any]] = []
     for entry in dicts:
-        content = entry.get("content")
-        if entry.get("role") in ("system", "user") and isinstance(content, str):
+        content = prompt_text(entry)
+        if content is not None:
             text = content
             for document, evidence_id in documents:
                 if quotes_document(text, document):
                     text = text.replace(document, document_pointer(evidence_id))
             if text != content:
-                entry = {**entry, "content": text}
+                entry = with_prompt_text(entry, text)
         out.append(dict(entry))
     return out
 
@@ -122,7 +125,7 @@ def _pending(plugin: Plugin, session_id: str, messages: Sequence[Any]) -> Pendin
     history = plugin.histories.convert(session_id, kept, to_openai, opaque)
     if history is None:
         return to_pending(messages)
-    return Pending(history.pending, history.opaque, kept, history)
+    return Pending(history.pending, kept, history)
 
 
 def _quoted_once(
@@ -311,7 +314,7 @@ class Seam:
         if begun is None:
             return original(*args, **kwargs)
         arguments, frame = begun
-        self._prepare_sync(frame, arguments)
+        self._prepare_sync(generator, frame, arguments)
         timer = self._stream(generator, signature, arguments)
         with bound(in_call, True):
             try:
@@ -336,7 +339,7 @@ class Seam:
         if begun is None:
             return await original(*args, **kwargs)
         arguments, frame = begun
-        await self._prepare(frame, arguments)
+        await self._prepare(generator, frame, arguments)
         timer = self._stream(generator, signature, arguments)
         with bound(in_call, True):
             try:
@@ -420,7 +423,9 @@ class Seam:
             if held is not None:
                 self.replies.settle(session_id, unknown, held)
 
-    def _prepare_sync(self, frame: RunFrame, arguments: inspect.BoundArguments) -> None:
+    def _prepare_sync(
+        self, generator: Any, frame: RunFrame, arguments: inspect.BoundArguments
+    ) -> None:
         plugin, session_id = self.plugin, frame.scope.session_id
         messages = self.prompts.own_instruction(frame, as_messages(arguments.arguments["messages"]))
         redact = self._redactor(messages)
@@ -458,6 +463,7 @@ class Seam:
         if sent is not None and question is not None:
             frame.asked.setdefault(question, frame.agent or "")
         self._send(
+            generator,
             arguments,
             sent,
             pending,
@@ -465,7 +471,9 @@ class Seam:
             lambda exc: fail_open_sync(plugin, session_id, "convert messages", exc, redact),
         )
 
-    async def _prepare(self, frame: RunFrame, arguments: inspect.BoundArguments) -> None:
+    async def _prepare(
+        self, generator: Any, frame: RunFrame, arguments: inspect.BoundArguments
+    ) -> None:
         plugin, session_id = self.plugin, frame.scope.session_id
         messages = self.prompts.own_instruction(frame, as_messages(arguments.arguments["messages"]))
         redact = self._redactor(messages)
@@ -503,7 +511,7 @@ class Seam:
         if sent is not None and question is not None:
             frame.asked.setdefault(question, frame.agent or "")
         failed: list[Exception] = []
-        self._send(arguments, sent, pending, frame.agent, lambda exc: failed.append(exc))
+        self._send(generator, arguments, sent, pending, frame.agent, lambda exc: failed.append(exc))
         if failed:
             own = await fail_open(plugin, session_id, "convert messages", failed[0], redact)
             if own is not None:
@@ -511,6 +519,7 @@ class Seam:
 
     def _send(
         self,
+        generator: Any,
         arguments: inspect.BoundArguments,
         sent: list[dict[str, Any]] | None,
         pending: Pending,
@@ -520,13 +529,16 @@ class Seam:
         """Put the engine's input ``sent`` in the call's ``messages`` (nothing when it is
         ``None``: the app's own go, or with ``inject=False``). For an Agent's call, the turns
         another Agent of the session wrote go as that Agent's words (see
-        :func:`~ce.core.integration.peer_turns_as_user`), never as the caller's own."""
+        :func:`~ce.core.integration.peer_turns_as_user`), never as the caller's own. A tool
+        result the session supplies goes without its pictures and files to an OpenAI Chat
+        Completions generator, which takes none in tool messages."""
         if sent is None or not self.inject:
             return
         try:
             if agent:
                 sent = peer_turns_as_user(sent, agent)
-            arguments.arguments["messages"] = from_sent(sent, pending)
+            tool_media = not _chat_completions(generator)
+            arguments.arguments["messages"] = from_sent(sent, pending, tool_media)
         except Exception as exc:
             own = on_error(exc)
             if isinstance(own, list):

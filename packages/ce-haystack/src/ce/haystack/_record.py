@@ -224,10 +224,18 @@ def _component_ended(run: RunFrame, tags: Mapping[str, Any]) -> None:
 
 
 def _result_text(result: Any) -> str:
+    """A tool's result as text: a string, or the text parts of a list joined (its pictures
+    and files go with the tool message, whose parts the engine stores)."""
+    from haystack.dataclasses import FileContent, ImageContent
+
     if isinstance(result, str):
         return result
     if isinstance(result, list):
-        return "\n".join(str(getattr(part, "text", part)) for part in result)
+        return "\n".join(
+            str(getattr(part, "text", part))
+            for part in result
+            if not isinstance(part, (ImageContent, FileContent))
+        )
     return str(result)
 
 

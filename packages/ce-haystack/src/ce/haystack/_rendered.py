@@ -30,6 +30,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from ce.haystack._convert import prompt_text, with_prompt_text
+
 __all__ = [
     "TURNS_POINTER",
     "HeldReplies",
@@ -143,23 +145,23 @@ def without_rendered_turns(
     conversations: Sequence[Rendered],
     holds: Callable[[str], bool],
 ) -> list[Mapping[str, Any]]:
-    """``dicts`` (OpenAI-style) with, in each system or user message, the rendered run of the
-    turns of ``conversations`` the session holds (``holds``: whether it holds a reply of that
-    text; see :func:`held_turns`) replaced by :data:`TURNS_POINTER`. A message with nothing
-    to replace is the same dict; one rendering the turns in another form (a filter that
-    reformats them) is left as it is."""
+    """``dicts`` (OpenAI-style) with, in the text of each system or user message (its
+    pictures and files kept), the rendered run of the turns of ``conversations`` the session
+    holds (``holds``: whether it holds a reply of that text; see :func:`held_turns`) replaced
+    by :data:`TURNS_POINTER`. A message with nothing to replace is the same dict; one
+    rendering the turns in another form (a filter that reformats them) is left as it is."""
     blocks = [b for b in (held_turns(c, holds) for c in conversations) if b]
     if not blocks:
         return list(dicts)
     out: list[Mapping[str, Any]] = []
     for entry in dicts:
-        content = entry.get("content")
-        if entry.get("role") in ("system", "user") and isinstance(content, str):
+        content = prompt_text(entry)
+        if content is not None:
             text = content
             for block in blocks:
                 text = _replaced(text, block)
             if text != content:
-                entry = {**entry, "content": text}
+                entry = with_prompt_text(entry, text)
         out.append(entry)
     return out
 
