@@ -5,21 +5,26 @@ received on the first and the post-tool call, and what the session document hold
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.instrumentation.dispatcher import instrument_tags
 from llama_index.core.llms import mock
+from llama_index.core.objects import ObjectIndex
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.tools import FunctionTool, QueryEngineTool
+from llama_index.llms.openai import OpenAI
 from llamaindex_fakes import NestingLLM, Reply, ScriptedLLM
 
 import ce.llamaindex
 from ce.core.engine import ContextEngine
 from ce.core.schema import EvidenceType, Role, ToolCallStatus
+from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 from ce.core.testing.assertions import fenced, unfenced
 
 SYSTEM = "You are the weather agent."
@@ -192,3 +197,55 @@ async def test_nested_chat_spans_are_recorded_once(llm: Any, engine: ContextEngi
     assert len(await engine.list_turns("s-nest")) == 2
     replies = [m for m in doc.session.messages if m.role is Role.ASSISTANT]
     assert len(replies) == 2
+
+
+def convert(amount: float) -> str:
+    """Convert USD to EUR."""
+    return f"{amount * 0.9:.2f} EUR"
+
+
+def _converting(body: dict[str, Any]) -> ScriptedResponse:
+    last = body["messages"][-1]
+    if last["role"] == "tool":
+        return ScriptedResponse(text=f"That is {last['content']}.")
+    return ScriptedResponse(tool_calls=[("call_c", "convert", json.dumps({"amount": 10}))])
+
+
+async def _convert_twice(server: ScriptedOpenAIServer) -> list[list[dict[str, Any]]]:
+    """Two turns in session ``ann`` of an agent that picks ``convert`` with its tool
+    retriever (an ``ObjectIndex`` of tools over a ``VectorStoreIndex``)."""
+    tools = ObjectIndex.from_objects(
+        [FunctionTool.from_defaults(convert)],
+        index_cls=VectorStoreIndex,
+        embed_model=MockEmbedding(embed_dim=8),
+    )
+    agent = FunctionAgent(
+        tools=[FunctionTool.from_defaults(get_weather)],
+        tool_retriever=tools.as_retriever(similarity_top_k=1),
+        llm=OpenAI(model="gpt-4o", api_base=server.base_url, api_key="sk-test"),
+        system_prompt=SYSTEM,
+    )
+    for question in ("Convert 10 USD.", "And again?"):
+        with instrument_tags({"ce_session_id": "ann"}):
+            await agent.run(question)
+    return [r["messages"] for r in server.requests]
+
+
+async def test_an_agents_tool_retrieval_is_no_evidence(engine: ContextEngine) -> None:
+    """A ``FunctionAgent``'s ``tool_retriever`` picks the tools of each step: the tools it
+    retrieves reach the model as tool schemas only, as LlamaIndex sends them, never as
+    retrieved documents of the session (in the system prompt of every call after)."""
+    with ScriptedOpenAIServer(_converting) as server:
+        native = await _convert_twice(server)
+    with ScriptedOpenAIServer(_converting) as server:
+        ce.llamaindex.install(engine)
+        requests = await _convert_twice(server)
+        tools = [[t["function"]["name"] for t in r["tools"]] for r in server.requests]
+    first_turn = [[{**m, "content": unfenced(m["content"])} for m in r] for r in requests[:2]]
+    assert first_turn == native[:2]
+    assert [r[0] for r in requests] == [{"role": "system", "content": SYSTEM}] * 4
+    assert tools == [["get_weather", "convert"]] * 4
+    await engine.flush()
+    doc = await engine.get_session("ann")
+    assert [e.type for e in doc.evidences.values() if e.type is EvidenceType.RAG_DOC] == []
+    assert len(doc.session.tool_state.tool_calls) == 2  # the tool runs are recorded

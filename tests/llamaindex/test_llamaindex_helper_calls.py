@@ -21,8 +21,9 @@ pytest.importorskip("llama_index.llms.openai")
 
 from llama_index.core.agent.workflow import FunctionAgent
 from llama_index.core.chat_engine import SimpleChatEngine
+from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.dispatcher import instrument_tags
-from llama_index.core.llms import ChatMessage
+from llama_index.core.llms import LLM, ChatMessage
 from llama_index.core.llms.structured_llm import StructuredLLM
 from llama_index.core.memory import (
     ChatMemoryBuffer,
@@ -30,6 +31,7 @@ from llama_index.core.memory import (
     FactExtractionMemoryBlock,
     Memory,
 )
+from llama_index.core.prompts import PromptTemplate
 from llama_index.core.workflow import Event, StartEvent, StopEvent, Workflow, step
 from llama_index.llms.openai import OpenAI
 from pydantic import BaseModel
@@ -37,7 +39,7 @@ from pydantic import BaseModel
 import ce.llamaindex
 from ce.core.config import RuntimeConfig
 from ce.core.engine import ContextEngine
-from ce.core.schema import Role
+from ce.core.schema import Message, Role
 from ce.core.testing import (
     ScriptedOpenAIServer,
     ScriptedResponse,
@@ -45,6 +47,7 @@ from ce.core.testing import (
     no_blocking,
 )
 
+llm_dispatcher = get_dispatcher(__name__)
 BUTLER = "You are a butler."
 FACTS = "<facts><fact>The user likes tea.</fact></facts>"
 QUESTIONS = [
@@ -238,7 +241,7 @@ async def test_an_agents_structured_answer_is_recorded_once(engine: ContextEngin
     assert len(structured) == 2
     for session_id in structured:
         doc = await engine.get_session(session_id)
-        said = [m.content for m in doc.session.messages if m.role is Role.ASSISTANT]
+        said = [_written(m) for m in doc.session.messages if m.role is Role.ASSISTANT]
         assert said == [json.dumps({"city": "Oslo"})]  # as the model wrote it
         records = [
             (u.provider, u.prompt_tokens, u.completion_tokens) for u in doc.session.model_usage
@@ -262,7 +265,16 @@ HELLO = "Hello, who are you?"
 def invoice_script(body: dict[str, Any]) -> ScriptedResponse:
     if body.get("response_format"):
         return ScriptedResponse(text=json.dumps(INVOICE))
+    if body.get("tools"):  # llama-index-llms-openai before 0.6 predicts with a function call
+        name = body["tools"][0]["function"]["name"]
+        return ScriptedResponse(tool_calls=[("call_invoice", name, json.dumps(INVOICE))])
     return ScriptedResponse(text=f"Hi! ({body['messages'][-1]['content']})")
+
+
+def _written(message: Message) -> str:
+    """What the model wrote in a stored reply: its text, or its function call's arguments
+    (the structured prediction of an LLM that predicts with a function call)."""
+    return message.content or " ".join(c.raw_arguments for c in message.tool_calls or ())
 
 
 async def _extract_then_greet(server: ScriptedOpenAIServer, method: str) -> tuple[Any, Any]:
@@ -328,7 +340,7 @@ async def test_a_structured_llms_call_is_a_component_streamed_or_not(
     children = [s for s in await engine.list_sessions() if s != "u"]
     assert len(children) == 1 and children[0].startswith(f"u/StructuredLLM.{method}-")
     child = await engine.get_session(children[0])
-    assert [(m.role, m.content) for m in child.session.messages] == [
+    assert [(m.role, _written(m)) for m in child.session.messages] == [
         (Role.USER, EXTRACT),
         (Role.ASSISTANT, json.dumps(INVOICE)),  # as the model wrote it
     ]
@@ -338,16 +350,29 @@ async def test_a_structured_llms_call_is_a_component_streamed_or_not(
     assert records == [("openai", 10, 5)]
 
 
+@llm_dispatcher.span
+def _predicting(self: OpenAI, *args: Any, **kwargs: Any) -> Any:
+    """A streamed structured prediction an LLM class defines itself."""
+    return OpenAI.stream_structured_predict(self, *args, **kwargs)
+
+
 async def test_the_read_seam_comes_off_exactly_and_an_async_stream_never_blocks(
     engine: ContextEngine,
 ) -> None:
-    """``StructuredLLM.stream_chat`` / ``astream_chat`` read their stream with the call marked
-    (the read seam, also around the async seam): the async stream still awaits the engine at
-    the seam, and ``uninstall()`` puts back the very methods the class held."""
-    originals = {m: vars(StructuredLLM)[m] for m in ("stream_chat", "astream_chat")}
+    """``StructuredLLM.stream_chat`` / ``astream_chat`` and the streamed structured
+    predictions of every LLM class (``LLM``'s, ``OpenAI``'s own, a class made after install)
+    read their stream with the call marked (the read seam, also around the async seam): the
+    async stream still awaits the engine at the seam, and ``uninstall()`` puts back the very
+    methods each class held (and creates later classes unmarked again)."""
+    predicts = ("stream_structured_predict", "astream_structured_predict")
+    read = {(StructuredLLM, m) for m in ("stream_chat", "astream_chat")}
+    read |= {(cls, m) for cls in (LLM, OpenAI) for m in predicts}
+    originals = {(cls, m): vars(cls)[m] for cls, m in read}
     with ScriptedOpenAIServer(invoice_script) as server:
         ce.llamaindex.install(engine)
-        assert all(vars(StructuredLLM)[m] is not o for m, o in originals.items())
+        assert all(vars(cls)[m] is not o for (cls, m), o in originals.items())
+        later = type("LaterLLM", (OpenAI,), {"stream_structured_predict": _predicting})
+        assert getattr(vars(later)["stream_structured_predict"], "ce_read_seam", False)
         structured = OpenAI(
             model="gpt-4o", api_base=server.base_url, api_key="sk-test"
         ).as_structured_llm(Invoice)
@@ -355,13 +380,87 @@ async def test_the_read_seam_comes_off_exactly_and_an_async_stream_never_blocks(
         with no_blocking(engine) as blocking, instrument_tags({"ce_session_id": "u"}):
             chunks = [r async for r in await structured.astream_chat(asked)]
         ce.llamaindex.uninstall()
-        assert all(vars(StructuredLLM)[m] is o for m, o in originals.items())
+        assert all(vars(cls)[m] is o for (cls, m), o in originals.items())
+        again = type("AgainLLM", (OpenAI,), {"stream_structured_predict": _predicting})
+        assert vars(again)["stream_structured_predict"] is _predicting
         assert list(structured.stream_chat(asked))[-1].message.content == chunks[-1].message.content
         requests = server.requests
     assert blocking.used == []
     assert [r["messages"] for r in requests] == [[{"role": "user", "content": EXTRACT}]] * 2
     (session_id,) = await engine.list_sessions()
     assert session_id.startswith("u/StructuredLLM.astream_chat-")
+
+
+def predict_script(body: dict[str, Any]) -> ScriptedResponse:
+    """The extraction (a tool call when LlamaIndex offers the output class as a tool, else
+    JSON text), a greeting for any other request."""
+    if body.get("tools"):
+        return ScriptedResponse(tool_calls=[("call_inv", "Invoice", json.dumps(INVOICE))])
+    if body.get("response_format"):
+        return ScriptedResponse(text=json.dumps(INVOICE))
+    return ScriptedResponse(text=f"Hi! ({body['messages'][-1]['content']})")
+
+
+async def _predict_then_greet(server: ScriptedOpenAIServer, method: str) -> tuple[Any, Any]:
+    """In session ``u``: the LLM's streamed structured prediction (``method``), read to its
+    end, then a plain chat of the same LLM (sync after a sync prediction, async after an
+    async one)."""
+    llm = OpenAI(
+        model="gpt-4o",
+        api_base=server.base_url,
+        api_key="sk-test",
+        additional_kwargs={"stream_options": {"include_usage": True}},
+    )
+    prompt = PromptTemplate("Extract the invoice: {text}")
+    greeting = [
+        ChatMessage(role="system", content=FRIENDLY),
+        ChatMessage(role="user", content=HELLO),
+    ]
+    with instrument_tags({"ce_session_id": "u"}):
+        if method == "stream_structured_predict":
+            predicted = list(llm.stream_structured_predict(Invoice, prompt, text="INV-7"))[-1]
+            reply = llm.chat(greeting)
+        else:
+            stream = await llm.astream_structured_predict(Invoice, prompt, text="INV-7")
+            predicted = [p async for p in stream][-1]
+            reply = await llm.achat(greeting)
+    return predicted, reply.message.content
+
+
+@pytest.mark.parametrize("method", ["stream_structured_predict", "astream_structured_predict"])
+async def test_a_streamed_structured_prediction_is_a_component(
+    engine: ContextEngine, method: str
+) -> None:
+    """``llm.stream_structured_predict`` / ``astream_structured_predict`` in a named session
+    make their model call when the app reads the stream, after their span closed: that call
+    is still the prediction's, a component in its own child scope, sent as LlamaIndex builds
+    it and recorded once; the session's next call never receives the extraction."""
+    with ScriptedOpenAIServer(predict_script) as server:
+        native_out = await _predict_then_greet(server, method)
+        native = [r["messages"] for r in server.requests]
+    with ScriptedOpenAIServer(predict_script) as server:
+        ce.llamaindex.install(engine)
+        out = await _predict_then_greet(server, method)
+        requests = server.requests
+    assert out == native_out
+    assert [r["messages"] for r in requests] == native
+    assert requests[1]["messages"] == [
+        {"role": "system", "content": FRIENDLY},
+        {"role": "user", "content": HELLO},
+    ]
+    await engine.flush()
+    doc = await engine.get_session("u")
+    assert [(m.role, m.content) for m in doc.session.messages] == [
+        (Role.SYSTEM, FRIENDLY),
+        (Role.USER, HELLO),
+        (Role.ASSISTANT, out[1]),
+    ]
+    assert len(doc.session.model_usage) == 1
+    children = [s for s in await engine.list_sessions() if s != "u"]
+    assert len(children) == 1 and children[0].startswith(f"u/OpenAI.{method}-")
+    child = await engine.get_session(children[0])
+    assert [m.role for m in child.session.messages] == [Role.USER, Role.ASSISTANT]
+    assert len(child.session.model_usage) == 1
 
 
 class Drafted(Event):

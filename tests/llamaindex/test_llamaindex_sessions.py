@@ -38,7 +38,12 @@ from llama_index.core.llms import (
     LLMMetadata,
 )
 from llama_index.core.llms.callbacks import llm_completion_callback
-from llama_index.core.memory import ChatMemoryBuffer, Memory
+from llama_index.core.memory import (
+    ChatMemoryBuffer,
+    Memory,
+    SimpleComposableMemory,
+    VectorMemory,
+)
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.core.storage.chat_store import SimpleChatStore
@@ -669,6 +674,57 @@ async def test_two_chat_engines_with_their_own_memories_never_mix(
     assert "alice turn 0" in _text(requests[2]) and "bob turn 0" in _text(requests[3])
     sessions = await _sessions(engine)
     assert len(sessions) == 2 and not any(s.startswith("run:") for s in sessions)
+
+
+def _composable_chats(llm: OpenAI, store: SimpleChatStore) -> dict[str, SimpleChatEngine]:
+    """Per user, a chat engine on ``SimpleComposableMemory`` whose primary memory is a buffer
+    keyed by the user (LlamaIndex's documented composition: a ``VectorMemory`` as secondary)."""
+    chats = {}
+    for user in ("ann", "bob"):
+        memory = SimpleComposableMemory.from_defaults(
+            primary_memory=ChatMemoryBuffer.from_defaults(chat_store=store, chat_store_key=user),
+            secondary_memory_sources=[
+                VectorMemory.from_defaults(
+                    vector_store=None, embed_model=MockEmbedding(embed_dim=8)
+                )
+            ],
+        )
+        chats[user] = SimpleChatEngine.from_defaults(llm=llm, memory=memory, system_prompt="SYS")
+    return chats
+
+
+async def test_a_composable_memory_names_the_conversation_its_primary_memory_names(
+    engine: ContextEngine,
+) -> None:
+    """Each user's ``SimpleComposableMemory`` wraps a ``ChatMemoryBuffer`` keyed by the user,
+    under ``install(session_id="app")``: each user's conversation is the session the primary
+    buffer names (as a bare keyed buffer's is), so Bob's requests are what LlamaIndex sends
+    him, never Ann's turns; a reset of Ann's memory starts Ann's conversation over only."""
+
+    def converse(server: ScriptedOpenAIServer) -> list[list[dict[str, Any]]]:
+        chats = _composable_chats(_openai(server), SimpleChatStore())
+        for user, chat in chats.items():
+            chat.chat(f"I am {user}, my secret is {user}-1234")
+            chat.chat("what is my secret?")
+        chats["ann"].reset()
+        for chat in chats.values():
+            chat.chat("and now?")
+        return [r["messages"] for r in server.requests]
+
+    with ScriptedOpenAIServer(_echo) as server:
+        native = converse(server)
+    with ScriptedOpenAIServer(_echo) as server:
+        ce.llamaindex.install(engine, session_id="app")
+        requests = converse(server)
+    assert requests == native
+    assert "ann-1234" not in json.dumps(requests[2:4] + requests[5:])
+    assert [m["content"] for m in requests[4]] == ["SYS", "and now?"]
+    assert sorted(await _sessions(engine)) == ["ann", "bob"]
+    assert await _contents(engine, "bob", Role.USER) == [
+        "I am bob, my secret is bob-1234",
+        "what is my secret?",
+        "and now?",
+    ]
 
 
 async def test_calls_without_any_identity_are_scoped_to_their_own_run(

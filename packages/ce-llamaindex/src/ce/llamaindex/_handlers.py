@@ -12,7 +12,8 @@ provider reads the list (the dispatcher calls span handlers synchronously: a han
 block). A completion's prompt (a string no handler can rewrite) is passed through the
 configured redactor by the completion seam (:meth:`SpanTracker.redact_prompt_sync` /
 :meth:`SpanTracker.redact_prompt`). The event handler records LLM calls (usage, the reply,
-streaming included) and retrieval hits. The dispatcher swallows handler errors, so both
+streaming included) and retrieval hits (not those of an ``ObjectRetriever``: objects, e.g.
+an agent's tools, no documents). The dispatcher swallows handler errors, so both
 handlers fail open by construction; engine failures are also logged and reported as
 ``Degraded`` events by the integration kit's guards.
 """
@@ -65,6 +66,7 @@ from ce.llamaindex._scopes import (
     CHAT_METHODS,
     WRITE_METHODS,
     SpanInfo,
+    in_object_retrieval,
     in_structured_stream,
     is_tool,
     method_of,
@@ -247,19 +249,17 @@ class SpanTracker(BaseSpanHandler[BaseSpan]):
 
     def _parent(self, span_id: str | None) -> tuple[str | None, SpanInfo | None]:
         """The id and :class:`SpanInfo` of the parent of a span opening under the active span
-        ``span_id``: that span (see :meth:`Tracker.parent`), except while a
-        ``StructuredLLM``'s stream is read (:data:`in_structured_stream`): a span opening
-        there outside that call (with no parent, or under a span of the app's) is part of it,
-        the ``StructuredLLM``'s span its parent."""
+        ``span_id``: that span (see :meth:`Tracker.parent`), except while a streaming span's
+        stream is read (a ``StructuredLLM``'s chat, a streamed structured prediction:
+        :data:`in_structured_stream`): a span opening there outside that span's read (with no
+        parent, or under a span of the app's) is part of it, the streaming span its parent."""
         tracker = self.tracker
         parent = tracker.parent(span_id)
         reading = in_structured_stream.get()
-        if reading is None:
+        if reading is None or (parent is not None and parent.in_stream == reading):
             return span_id, parent
         stream = tracker.parent(reading)
-        if stream is None or (parent is not None and parent.call is stream.call):
-            return span_id, parent
-        return reading, stream
+        return (span_id, parent) if stream is None else (reading, stream)
 
     def _enter_llm(
         self,
@@ -582,7 +582,12 @@ class EventRecorder(BaseEventHandler):
                 tracker.record_completion(event.span_id or "", info, event.response)
         elif isinstance(event, RetrievalEndEvent):
             info = tracker.span(event.span_id)
-            if info is not None and not info.in_query and not is_suppressed():
+            if (
+                info is not None
+                and not info.in_query
+                and not in_object_retrieval.get()  # objects (an agent's tools), no documents
+                and not is_suppressed()
+            ):
                 tracker.record_hits(info, event.nodes)
         elif isinstance(event, QueryEndEvent):
             info = tracker.span(event.span_id)

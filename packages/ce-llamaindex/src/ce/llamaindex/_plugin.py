@@ -37,8 +37,11 @@ class LlamaIndexPlugin(Plugin):
     LLM classes created later too); so that a memory's reset (``chat_engine.reset()``) clears
     the session its conversation was recorded in, every memory class's ``reset`` / ``areset``
     (see :mod:`ce.llamaindex._memory`); so that the model call a ``StructuredLLM``'s stream
-    makes as it is read is that call's, ``StructuredLLM.stream_chat`` / ``astream_chat`` (see
-    :mod:`ce.llamaindex._seam`); :meth:`uninstall` removes exactly those. With
+    or a streamed structured prediction makes as it is read is that call's,
+    ``StructuredLLM.stream_chat`` / ``astream_chat`` and the ``stream_structured_predict`` /
+    ``astream_structured_predict`` of every LLM class (see :mod:`ce.llamaindex._seam`); so
+    that the tools an agent's ``tool_retriever`` picks are no retrieved documents,
+    ``ObjectRetriever.retrieve`` / ``aretrieve``; :meth:`uninstall` removes exactly those. With
     ``mode="augment"`` the model receives the app's own messages plus the engine's context (see
     :func:`ce.core.integration.augment_openai`). Option of :meth:`install`: ``inject=False``
     records only (inject with :func:`wrap` instead). Calls inside
@@ -69,6 +72,7 @@ class LlamaIndexPlugin(Plugin):
         self.tracker = tracker
         self.ledger.register(self._forget_tracker, "tracker")
         self._mark_memory_work()
+        self._mark_object_retrieval()
         from ce.llamaindex._memory import clear_on_reset
 
         clear_on_reset(self.ledger)  # a memory's reset clears its session
@@ -85,16 +89,22 @@ class LlamaIndexPlugin(Plugin):
             self._raise_from_span_enter()
 
     def _mark_structured_reads(self) -> None:
-        """A ``StructuredLLM``'s stream is read with
-        :data:`~ce.llamaindex._scopes.in_structured_stream` set to its chat span's id: its
-        model call, made as the app reads the stream after that span closed, is that call's
-        (see ``_seam``: the read seam)."""
+        """A ``StructuredLLM``'s stream and an LLM's streamed structured prediction (of every
+        LLM class, those created later too) are read with
+        :data:`~ce.llamaindex._scopes.in_structured_stream` set to their span's id: the model
+        call made as the app reads the stream, after that span closed, is that call's (see
+        ``_seam``: the read seam)."""
+        from llama_index.core.base.llms.base import BaseLLM
         from llama_index.core.llms.structured_llm import StructuredLLM
 
         from ce.llamaindex._scopes import in_structured_stream
-        from ce.llamaindex._seam import mark_reads
+        from ce.llamaindex._seam import PREDICT_READS, STRUCTURED_READS, mark_reads
 
-        mark_reads(self.ledger, StructuredLLM, in_structured_stream)
+        ledger = self.ledger
+        mark_reads(ledger, StructuredLLM, in_structured_stream, STRUCTURED_READS)
+        ledger.for_subclasses(
+            BaseLLM, lambda cls: mark_reads(ledger, cls, in_structured_stream, PREDICT_READS)
+        )
 
     def _mark_memory_work(self) -> None:
         """A memory's own work (``FactExtractionMemoryBlock`` extracting the facts of the
@@ -111,6 +121,18 @@ class LlamaIndexPlugin(Plugin):
         self.ledger.wrap(BaseMemoryBlock, "aput", marking(in_memory_work, True))
         self.ledger.wrap(ChatSummaryMemoryBuffer, "get", marking(in_memory_work, True))
         self.ledger.wrap(VectorMemory, "set", marking(in_memory_work, True))
+
+    def _mark_object_retrieval(self) -> None:
+        """An ``ObjectRetriever``'s retrieval (an agent's ``tool_retriever`` picking the tools
+        of a step) runs with :data:`~ce.llamaindex._scopes.in_object_retrieval` set: the
+        retriever inside it emits the usual retrieval events, but its hits are the objects'
+        texts (a tool's name, description and schema), never documents of the session."""
+        from llama_index.core.objects.base import ObjectRetriever
+
+        from ce.llamaindex._scopes import in_object_retrieval
+
+        self.ledger.wrap(ObjectRetriever, "retrieve", marking(in_object_retrieval, True))
+        self.ledger.wrap(ObjectRetriever, "aretrieve", marking(in_object_retrieval, True))
 
     def _forget_tracker(self) -> None:
         if self.tracker is not None:

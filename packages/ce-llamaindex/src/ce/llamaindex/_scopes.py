@@ -33,12 +33,14 @@ A span's scope is its parent span's, except where something changes it:
 A closed span is no parent (LlamaIndex versions that leave a finished workflow run's span
 active in the caller's context would make later calls its children), except a chat engine's
 streaming span, whose stream is read after it closed, and a ``StructuredLLM``'s streaming
-span: the spans its stream opens as the app reads it (its LLM's structured prediction and
-chat) open with no parent, or under a span of the app's, and are that span's children (see
-:data:`in_structured_stream`); and a workflow run opened right under another workflow run's
-span is a top-level run (that parent is such a left-behind span). A span inside an LLM chat
-call is part of that call (:attr:`SpanInfo.call`): a chat span opening in it, also under the
-prompt call a ``StructuredLLM`` makes between its chat and its LLM's, is no call of its own.
+span or an LLM's streamed structured prediction (``stream_structured_predict`` /
+``astream_structured_predict``): the spans its stream opens as the app reads it (its LLM's
+structured prediction and chat) open with no parent, or under a span of the app's, and are
+that span's children (see :data:`in_structured_stream`); and a workflow run opened right
+under another workflow run's span is a top-level run (that parent is such a left-behind
+span). A span inside an LLM chat call is part of that call (:attr:`SpanInfo.call`): a chat
+span opening in it, also under the prompt call a ``StructuredLLM`` makes between its chat and
+its LLM's, is no call of its own.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.chat_engine.types import BaseChatEngine, StreamingAgentChatResponse
 from llama_index.core.llms.structured_llm import StructuredLLM
+from llama_index.core.memory.simple_composable_memory import SimpleComposableMemory
 from llama_index.core.memory.types import BaseMemory
 from llama_index.core.response_synthesizers.base import BaseSynthesizer
 from llama_index.core.tools.types import BaseTool
@@ -72,6 +75,7 @@ __all__ = [
     "SpanInfo",
     "explicit_session",
     "in_memory_work",
+    "in_object_retrieval",
     "in_structured_stream",
     "is_tool",
     "memory_session",
@@ -85,11 +89,20 @@ in_memory_work: ContextVar[bool] = ContextVar("ce_llamaindex_in_memory_work", de
 ``ChatSummaryMemoryBuffer.get``, wrapped by the plugin): a model call made there is the
 memory's, not a turn of the conversation."""
 
+in_object_retrieval: ContextVar[bool] = ContextVar(
+    "ce_llamaindex_in_object_retrieval", default=False
+)
+"""True while an ``ObjectRetriever`` retrieves objects (``retrieve`` / ``aretrieve``, wrapped
+by the plugin: an agent's ``tool_retriever`` picking the tools of a step, an ``ObjectIndex``
+of tables): its hits are the objects it returns, never retrieved documents."""
+
 in_structured_stream: ContextVar[str | None] = ContextVar(
     "ce_llamaindex_in_structured_stream", default=None
 )
-"""The id of the ``StructuredLLM`` streaming span whose stream is being read (set for each
-step of the read by the plugin's read seam): a span opening there is that call's."""
+"""The id of the streaming span (a ``StructuredLLM``'s ``stream_chat`` / ``astream_chat``,
+an LLM's ``stream_structured_predict`` / ``astream_structured_predict``) whose stream is
+being read (set for each step of the read by the plugin's read seam): a span opening there is
+that call's."""
 
 SESSION_TAGS = ("ce_session_id", "session_id")
 """``instrument_tags`` keys naming the session of everything run inside them."""
@@ -113,6 +126,7 @@ _PROMPT_METHODS = frozenset(
 )
 _STREAM_METHODS = frozenset({"stream", "astream"})
 _STREAM_CHAT_METHODS = frozenset({"stream_chat", "astream_chat"})
+_STREAM_PREDICT_METHODS = frozenset({"stream_structured_predict", "astream_structured_predict"})
 WRITE_METHODS = frozenset({"write_response_to_history", "awrite_response_to_history"})
 _TOOL_METHODS = frozenset({"call", "acall"})
 _QUERY_METHODS = frozenset({"query", "aquery"})
@@ -165,7 +179,11 @@ class SpanInfo:
     prompt_call: bool = False
     streams: bool = False
     """A span whose stream is read after it closed (a chat engine's streaming ``chat``, a
-    ``StructuredLLM``'s ``stream_chat``): kept as the parent of the spans of that read."""
+    ``StructuredLLM``'s ``stream_chat``, a ``stream_structured_predict``): kept as the parent
+    of the spans of that read."""
+    in_stream: str | None = None
+    """The streaming span this span is (``streams``) or opened in: a span opening while that
+    span's stream is read, under this one, is part of the read already."""
     workflow_run: bool = False
     prompt_handled: bool = False
     """Inside a completion whose prompt already went through the redactor (the completion
@@ -198,13 +216,24 @@ def method_of(span_id: str) -> str:
     return span_id.split("-", 1)[0].rsplit(".", 1)[-1]
 
 
+def _primary(memory: Any) -> Any:
+    """The memory that holds the conversation of ``memory``: a ``SimpleComposableMemory``'s
+    primary memory (its secondary sources only add recalled messages to the system prompt),
+    any other memory itself."""
+    while isinstance(memory, SimpleComposableMemory):
+        memory = memory.primary_memory
+    return memory
+
+
 def memory_session(memory: Any) -> str | None:
     """The conversation a LlamaIndex memory stands for, when it names one: a
     :class:`~ce.llamaindex.ContextEngineMemory`'s session (its ``session_id``, else the id it
     generated for itself), a ``Memory``'s ``session_id`` (the random UUID LlamaIndex generates
     counts too: it is unique to that memory object, so it joins the runs that share the memory
     and no others), a ``ChatMemoryBuffer``'s ``chat_store_key`` unless it is the default
-    ``"chat_history"`` (every buffer has that key: it names no conversation)."""
+    ``"chat_history"`` (every buffer has that key: it names no conversation), a
+    ``SimpleComposableMemory``'s: the one its primary memory names."""
+    memory = _primary(memory)
     if not isinstance(memory, BaseMemory):
         return None
     if getattr(type(memory), "ce_memory", False):  # ContextEngineMemory
@@ -257,8 +286,9 @@ def run_memories(id_: str, instance: Any, arguments: Mapping[str, Any]) -> list[
 
 
 def _given_memory_session(memories: list[Any]) -> str | None:
-    """A ContextEngineMemory's own ``session_id``: the user named a ce session with it."""
-    for memory in memories:
+    """A ContextEngineMemory's own ``session_id`` (also as a ``SimpleComposableMemory``'s
+    primary memory): the user named a ce session with it."""
+    for memory in map(_primary, memories):
         if isinstance(memory, BaseMemory) and getattr(type(memory), "ce_memory", False):
             given = getattr(memory, "session_id", None)
             if isinstance(given, str) and given:
@@ -351,6 +381,7 @@ def span_scope(
             prompt_handled=parent.prompt_handled,
             chat_turn=parent.chat_turn,
             nodes=parent.nodes,
+            in_stream=parent.in_stream,
         )
         component = _component(id_, method, instance, arguments, parent)
         if (
@@ -385,6 +416,8 @@ def span_scope(
     info.named, info.engine_named = named, in_engine
     info.framework = own or info.framework
     _mark(info, method, instance)
+    if info.streams:
+        info.in_stream = id_
     if info.chat_turn is None and isinstance(instance, BaseChatEngine) and method in CHAT_METHODS:
         question = arguments.get("message")
         if isinstance(question, str):
@@ -399,6 +432,8 @@ def _mark(info: SpanInfo, method: str, instance: Any) -> None:
     """What the span runs inside, for its children."""
     if isinstance(instance, BaseLLM) and method in _PROMPT_METHODS:
         info.prompt_call = True
+        # a streamed prediction's model call is made as its stream is read, after it closed
+        info.streams = method in _STREAM_PREDICT_METHODS
     elif isinstance(instance, BaseChatEngine) and method in CHAT_METHODS:
         info.in_chat_engine, info.answer = True, False
         info.streams = method in _STREAM_CHAT_METHODS

@@ -29,11 +29,14 @@ with it and the other arguments as they were.
 
 The read seam: a ``StructuredLLM``'s ``stream_chat`` / ``astream_chat`` returns a stream whose
 body makes the model call (its ``stream_structured_predict`` and the LLM's chat) only when the
-app reads it, after the ``StructuredLLM``'s span closed; those spans open with no parent (or
-under whatever span of the app's is active there), nothing links them to that call. So the
-plugin makes its chat methods the same span around a function that runs the original inner
-function and returns its stream read with a context variable set to the span's id for each
-step (:func:`mark_reads`, installed with or without injection: it decides the scope).
+app reads it, after the ``StructuredLLM``'s span closed, and so does every LLM's
+``stream_structured_predict`` / ``astream_structured_predict`` (their generator's body calls
+the LLM's ``stream_chat_with_tools`` or its streamed structured program); those spans open
+with no parent (or under whatever span of the app's is active there), nothing links them to
+that call. So the plugin makes those methods the same span around a function that runs the
+original inner function and returns its stream read with a context variable set to the
+span's id for each step (:func:`mark_reads`, installed with or without injection: it decides
+the scope; the prediction methods of every LLM class, those created later too).
 """
 
 from __future__ import annotations
@@ -53,7 +56,15 @@ from llama_index.core.instrumentation.span import active_span_id
 if TYPE_CHECKING:
     from ce.core.integration import PatchLedger
 
-__all__ = ["ASYNC_CHAT_METHODS", "COMPLETION_METHODS", "Seams", "mark_reads", "seamed"]
+__all__ = [
+    "ASYNC_CHAT_METHODS",
+    "COMPLETION_METHODS",
+    "PREDICT_READS",
+    "STRUCTURED_READS",
+    "Seams",
+    "mark_reads",
+    "seamed",
+]
 
 logger = logging.getLogger("ce.llamaindex")
 
@@ -62,7 +73,10 @@ ASYNC_CHAT_METHODS = frozenset({"achat", "astream_chat"})
 COMPLETION_METHODS = frozenset({"complete", "acomplete", "stream_complete", "astream_complete"})
 """The methods every completion of an LLM ends in (its prompt is passed through the seam)."""
 
-_READ_METHODS = ("stream_chat", "astream_chat")
+STRUCTURED_READS = ("stream_chat", "astream_chat")
+"""A ``StructuredLLM``'s streamed chats: read with the call marked (the read seam)."""
+PREDICT_READS = ("stream_structured_predict", "astream_structured_predict")
+"""Every LLM's streamed structured predictions: read with the call marked (the read seam)."""
 
 _MARK = "ce_async_seam"
 _PROMPT_MARK = "ce_prompt_seam"
@@ -220,7 +234,7 @@ async def _aread(
 
 
 def _reader(inner: Callable[..., Any], var: ContextVar[str | None]) -> Any:
-    """``inner`` (a chat method) returning its stream read with ``var`` set to the id of the
+    """``inner`` (a streaming method) returning its stream read with ``var`` set to the id of the
     span it runs in (:func:`_read`); any other result as it is."""
     if inspect.iscoroutinefunction(inner):
 
@@ -243,15 +257,18 @@ def _reader(inner: Callable[..., Any], var: ContextVar[str | None]) -> Any:
     return read
 
 
-def mark_reads(ledger: PatchLedger, cls: type, var: ContextVar[str | None]) -> None:
-    """Make the ``stream_chat`` / ``astream_chat`` ``cls`` defines itself return their stream
-    read with ``var`` set to the chat span's id (the read seam, see the module's docstring);
-    an async seam already there stays inside (the call still awaits the engine there). Never
-    raises: a method that cannot be wrapped is logged and left as it is."""
-    for method in _READ_METHODS:
+def mark_reads(
+    ledger: PatchLedger, cls: type, var: ContextVar[str | None], methods: tuple[str, ...]
+) -> None:
+    """Make those of ``methods`` (:data:`STRUCTURED_READS`, :data:`PREDICT_READS`) ``cls``
+    defines itself return their stream read with ``var`` set to the method's span id (the
+    read seam, see the module's docstring); an async seam already there stays inside (the call
+    still awaits the engine there). Never raises: a method that cannot be wrapped is logged
+    and left as it is."""
+    for method in methods:
         current = vars(cls).get(method)
         inner = _span_inner(current)
-        if inner is None:
+        if inner is None or getattr(current, _READ_MARK, False):
             continue
         try:
             reader = _reader(inner, var)
