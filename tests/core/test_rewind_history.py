@@ -20,6 +20,7 @@ from test_cut_history import (
     make_engine,
     removed_decisions,
     reply,
+    result,
     texts,
     user,
 )
@@ -223,6 +224,32 @@ async def test_what_is_no_going_back_takes_nothing_back() -> None:
     assert "answer 1, again" in texts(kept.assembled_input.parts)
     doc = await engine.get_session("s")
     assert doc.session.summary is None
+    await engine.close()
+
+
+async def test_a_conversation_run_again_from_a_tools_result_gets_what_followed_taken_back() -> None:
+    """A graph run again from its checkpoint after a tool step (LangGraph's time travel):
+    the app's conversation ends with the tool's result the session holds, and the turns after
+    it are taken back, the model asked to answer that result again."""
+    engine = make_engine()
+    called = reply("", "c1")
+    asked = [user("weather in Paris?"), called]
+    await engine.prepare_call("s", [SYSTEM, user("weather in Paris?")], rewind=True)
+    await engine.commit_assistant_message("s", called)
+    looked_up = [*asked, result("c1")]
+    await talk(engine, looked_up, "sunny in Paris")
+    looked_up.append(user("thanks"))
+    await talk(engine, looked_up, "you are welcome")
+
+    replayed = await engine.prepare_call("s", [SYSTEM, *asked, result("c1")], rewind=True)
+
+    sent = texts(replayed.assembled_input.parts)
+    assert sent[:2] == ["weather in Paris?", ""] and len(sent) == 3
+    assert "result of c1" in sent[2]  # the tool's result, fenced
+    assert_tool_pairs_intact(replayed.assembled_input.parts)
+    doc = await engine.get_session("s")
+    assert doc is not None and doc.session.summary is not None
+    assert [(w.from_index, w.to_index) for w in doc.session.summary.withdrawn] == [(4, 7)]
     await engine.close()
 
 

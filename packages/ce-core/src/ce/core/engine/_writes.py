@@ -605,8 +605,8 @@ class HistoryWriter:
         if point is None or point >= newest:
             return None
         after = asked[j + 1] if j + 1 < len(asked) else None
-        if after is None and messages[point - base].role is not Role.USER:
-            return None
+        if after is None and messages[point - base].role not in (Role.USER, Role.TOOL):
+            return None  # asked again: a question, or a tool's result (a graph replayed)
         if after is not None and after.role is not Role.USER:
             return None
         following = point - base + 1
