@@ -132,3 +132,41 @@ async def test_a_rejected_tool_call_reaches_the_model_as_an_error(
     doc = await engine.get_session("trip")
     records = {r.tool_call_id: r.status for r in doc.session.tool_state.tool_calls}
     assert records["call_1"] is ToolCallStatus.ERROR
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+async def test_a_failed_call_earlier_in_a_passed_history_reaches_the_model_as_an_error(
+    engine: ContextEngine, use_async: bool
+) -> None:
+    """A history the session has not recorded, passed whole (a chat app's stored
+    conversation), holds a rejected tool call before the newest question; the next call adds
+    another failed one, again before its newest question: the model gets each as a failed
+    call's result, and the store records both calls as failed."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    def failed(call_id: str, question: str) -> list[Any]:
+        return [
+            HumanMessage(question),
+            AIMessage("", tool_calls=[{"id": call_id, "name": "book_hotel", "args": {}}]),
+            ToolMessage("User rejected the tool call", tool_call_id=call_id, status="error"),
+            AIMessage("not booked"),
+        ]
+
+    first = [SystemMessage("You book hotels."), *failed("c1", "book it"), HumanMessage("why?")]
+    second = [*first, AIMessage("you said no"), *failed("c2", "book again"), HumanMessage("ok")]
+    config: Any = {"metadata": {"ce_session_id": "s"}}
+    with ScriptedOpenAIServer(lambda body: ScriptedResponse(text="ok")) as server:
+        ce.langchain.install(engine)
+        model = ChatOpenAI(model="gpt-4o", base_url=server.base_url, api_key="sk-test")
+        for history in (first, second):
+            if use_async:
+                await model.ainvoke(history, config)
+            else:
+                model.invoke(history, config)
+        requests = server.requests
+
+    assert tool_statuses(requests[0]) == {"c1": "error"}
+    assert tool_statuses(requests[1]) == {"c1": "error", "c2": "error"}
+    doc = await engine.get_session("s")
+    records = {r.tool_call_id: r.status for r in doc.session.tool_state.tool_calls}
+    assert records == {"c1": ToolCallStatus.ERROR, "c2": ToolCallStatus.ERROR}

@@ -207,18 +207,10 @@ def ai_to_message(message: AIMessage, provider: str, model: str) -> Message:
 
 
 def failed_results(messages: Sequence[BaseMessage]) -> list[ToolMessage]:
-    """The tool messages closing ``messages`` (the results the call answers: what is new
-    since the model's last request) that LangChain marks as failed (``status="error"``): the
-    error of a tool that raised, a call ``HumanInTheLoopMiddleware`` rejected, a call of an
-    unknown tool. Their OpenAI form does not say so (:func:`to_openai`)."""
-    failed: list[ToolMessage] = []
-    for message in reversed(messages):
-        if not isinstance(message, ToolMessage):
-            break
-        if message.status == "error":
-            failed.append(message)
-    failed.reverse()
-    return failed
+    """The tool messages of ``messages`` that LangChain marks as failed (``status="error"``),
+    in order: the error of a tool that raised, a call ``HumanInTheLoopMiddleware`` rejected, a
+    call of an unknown tool. Their OpenAI form does not say so (:func:`to_openai`)."""
+    return [m for m in messages if isinstance(m, ToolMessage) and m.status == "error"]
 
 
 def message_text(message: BaseMessage) -> str:

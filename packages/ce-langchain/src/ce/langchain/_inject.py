@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -149,13 +150,17 @@ def call_scope(
 
 
 class ToolOutcomes:
-    """The tool calls whose outcome the plugin has recorded, by session and ``tool_call_id``.
+    """The tool calls whose outcome the plugin has recorded, by session and ``tool_call_id``,
+    and how far each session's calls were read for failed results (:meth:`unread`).
     Bounded: past ``size`` calls it starts over, and a call forgotten is recorded again,
-    which changes nothing (a call's first record in a session wins)."""
+    which changes nothing (a call's first record in a session wins); past ``sessions``
+    sessions the oldest one's next call is read whole."""
 
-    def __init__(self, size: int = 8192) -> None:
+    def __init__(self, size: int = 8192, sessions: int = 4096) -> None:
         self._size = size
+        self._sessions = sessions
         self._calls: set[tuple[str, str]] = set()
+        self._read: OrderedDict[str, tuple[int, object]] = OrderedDict()
         self._lock = threading.Lock()
 
     def add(self, session_id: str, tool_call_id: str) -> bool:
@@ -170,9 +175,27 @@ class ToolOutcomes:
             self._calls.add(key)
             return True
 
+    def unread(self, session_id: str, messages: Sequence[BaseMessage]) -> Sequence[BaseMessage]:
+        """The messages of a call in ``session_id`` its previous call did not pass: those
+        after the previous call's when ``messages`` continue them (the previous call's last
+        message object in its place: a history the app goes on with), else all of them (a
+        history passed for the first time, one the app went back in)."""
+        with self._lock:
+            held = self._read.pop(session_id, None)
+            if messages:
+                self._read[session_id] = (len(messages), messages[-1])
+                while len(self._read) > self._sessions:
+                    self._read.popitem(last=False)
+        if held is not None:
+            count, last = held
+            if count <= len(messages) and messages[count - 1] is last:
+                return messages[count:]
+        return messages
+
     def clear(self) -> None:
         with self._lock:
             self._calls.clear()
+            self._read.clear()
 
 
 def _record_failed_results(
@@ -180,12 +203,15 @@ def _record_failed_results(
 ) -> None:
     """Record a failed tool run for each tool message of ``messages`` that LangChain marks as
     failed (:func:`~ce.langchain._convert.failed_results`) and no recorded run answers: a
-    call ``HumanInTheLoopMiddleware`` rejected, a call of an unknown tool (no tool ran). It
-    is queued before the call is prepared, so the session holds the result as the call's
-    failure and the model receives it fenced with ``status="error"``."""
+    call ``HumanInTheLoopMiddleware`` rejected, a call of an unknown tool (no tool ran), one
+    of a history the session has not recorded (a stored conversation the app passes). Only
+    the messages the session's previous call did not pass are read
+    (:meth:`ToolOutcomes.unread`). It is queued before the call is prepared, so the session
+    holds the result as the call's failure and the model receives it fenced with
+    ``status="error"``."""
     failed = [
         result
-        for result in failed_results(messages)
+        for result in failed_results(plugin.outcomes.unread(session_id, messages))
         if plugin.outcomes.add(session_id, result.tool_call_id)
     ]
     if not failed:

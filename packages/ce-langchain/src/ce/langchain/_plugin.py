@@ -45,7 +45,9 @@ class LangChainPlugin(Plugin):
     ``session_id`` given to ``install()``, else the call's own root run (``run:<run id>``).
     A call inside a tool or retriever run gets the child scope ``<outer>/<tool_call_id>``; a
     LangGraph node run beside others in one superstep (its input state holding messages), the
-    branch ``<outer>/<node>:<task id>``.
+    branch ``<outer>/<node>:<task id>``; a LangGraph run handed messages of its own (a
+    ``Send``'s payload, a compiled graph a node asks a question of its own), the child scope
+    ``<outer>/<node>:<task or run id>``.
     """
 
     name: ClassVar[str] = "langchain"

@@ -48,6 +48,7 @@ from ce.langchain._scopes import (
     ScopeTracker,
     explicit_session,
     framework_identity,
+    handed_messages,
     in_blocking_call,
     in_hook_node,
     keeps_replies,
@@ -567,6 +568,7 @@ class RecordingHandler(BaseCallbackHandler):
             state=state,
             keeper=keeper,
             inputs=held if isinstance(held, list) else None,
+            handed=handed_messages(inputs, metadata),
         )
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:

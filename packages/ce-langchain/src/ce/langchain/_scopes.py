@@ -25,6 +25,13 @@ tools, retrievers, chat models: parent link and scope, dropped when the run ends
   assembles a branch's call from, nor records into it, what a sibling does meanwhile, and
   gets a branch's messages when a later call passes the state that merged them
   (:meth:`ScopeTracker.run_beside`);
+- a LangGraph run handed messages of its own is a conversation of its own (see
+  :func:`handed_messages`): a ``Send``'s task whose payload's messages no state's reducer has
+  given an id (a map step's ``{"messages": [HumanMessage(slice)]}`` to a ``create_agent``
+  node), ``<outer>/<node>:<task id>``; a run inside a node's task (a compiled graph, a chain
+  the node invokes) handed none of the newest messages of the node's input (a
+  ``researcher.invoke({"messages": [HumanMessage(question)]})``), ``<outer>/<node>:<run id>``;
+  it and everything under it. A run handed the node's messages continues the thread;
 - a chat-model call in a LangGraph node whose input state holds messages, that passes none
   of the newest of them (a grader, a query rewriter, an answer prompt the node builds from
   scratch: LangGraph's agentic RAG), or passes messages of its own after the newest of them
@@ -69,6 +76,7 @@ __all__ = [
     "ScopeTracker",
     "explicit_session",
     "framework_identity",
+    "handed_messages",
     "in_blocking_call",
     "in_hook_node",
     "keeps_replies",
@@ -96,6 +104,7 @@ _STATE_TAIL = 16  # the newest messages of a LangGraph node's state a conversati
 _PENDING_MAX = 4096
 _BESIDE_MAX = 4096  # the newest LangGraph tasks noted as running beside others
 _TASK_ID_TAIL = 12  # how much of a task's id names its branch
+_PUSH = "__pregel_push"  # the head of the path of a LangGraph task a Send (or a call) started
 _NODES_MAX = 65536  # runs never ended (an abandoned stream) are forgotten beyond this
 _KEEPER_DEPTH = 64  # how far up a chat-model run its keeper is looked for
 _HISTORY_RUN = "RunnableWithMessageHistory"
@@ -149,6 +158,21 @@ def in_hook_node(metadata: Mapping[str, Any] | None) -> bool:
     return isinstance(node, str) and node.endswith(_HOOK_NODE_SUFFIXES)
 
 
+def handed_messages(inputs: Any, metadata: Mapping[str, Any] | None) -> frozenset[str] | None:
+    """For a run in a LangGraph node (``langgraph_node`` in its metadata) whose input holds
+    ``messages``: the ids of the newest of them (LangGraph's ``add_messages`` gives every
+    message of a state one; none: messages made for the run, a ``Send``'s payload, a
+    question a node asks a compiled graph); ``None`` otherwise."""
+    if not isinstance((metadata or {}).get("langgraph_node"), str):
+        return None
+    messages = inputs.get("messages") if isinstance(inputs, Mapping) else None
+    if not isinstance(messages, list) or not messages:
+        return None
+    return frozenset(
+        i for m in messages[-_STATE_TAIL:] if isinstance(i := getattr(m, "id", None), str)
+    )
+
+
 def node_state(
     inputs: Any, metadata: Mapping[str, Any] | None, name: str | None = None
 ) -> tuple[str, frozenset[str]] | None:
@@ -164,12 +188,7 @@ def node_state(
         return None
     if "messages" not in inputs:
         return (node, frozenset()) if name == node else None
-    messages = inputs.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return None
-    ids = frozenset(
-        i for m in messages[-_STATE_TAIL:] if isinstance(i := getattr(m, "id", None), str)
-    )
+    ids = handed_messages(inputs, metadata)
     return (node, ids) if ids else None
 
 
@@ -208,6 +227,19 @@ def _task_id(metadata: Mapping[str, Any] | None) -> str | None:
     if not isinstance(namespace, str):
         return None
     return namespace.rpartition(":")[2] or None
+
+
+def _sent(metadata: Mapping[str, Any] | None) -> bool:
+    """Whether a run's metadata places it in a LangGraph task a ``Send`` started: its
+    ``langgraph_path`` is ``("__pregel_push", <the Send's index>, ...)`` (a functional API
+    task's holds its caller's path there)."""
+    path = (metadata or {}).get("langgraph_path")
+    return (
+        isinstance(path, (tuple, list))
+        and len(path) > 1
+        and path[0] == _PUSH
+        and type(path[1]) is int
+    )
 
 
 def parent_run_id(config: Mapping[str, Any] | None) -> UUID | None:
@@ -250,6 +282,7 @@ class _Node:
     keeper: str | None = None  # its output says which replies join the conversation: keeps_replies
     inputs: Sequence[Any] | None = None  # a node's input messages (see ScopeTracker.start)
     joins: str | None = None  # a branch's: the session its state joins (see ScopeTracker.start)
+    task: str | None = None  # a chain's: the id of the LangGraph task it runs in
 
 
 class ScopeTracker:
@@ -345,19 +378,24 @@ class ScopeTracker:
         messages: Sequence[Any] = (),
         keeper: str | None = None,
         inputs: Sequence[Any] | None = None,
+        handed: frozenset[str] | None = None,
     ) -> Scope:
         """Follow run ``run_id`` (``kind``: chain, tool, retriever, model; a tool run's
         ``call_id``: its ``tool_call_id``; a LangGraph node's ``state``, see
         :func:`node_state`; ``keeper``: see :func:`keeps_replies`; ``inputs``: a node's input
-        messages, held until it ends, see :meth:`pop`) until :meth:`end`; its
+        messages, held until it ends, see :meth:`pop`; ``handed``: see
+        :func:`handed_messages`) until :meth:`end`; its
         scope: the one :meth:`for_call`
         registered for it (by run id, else by ``pending_key``), else :meth:`resolve`'s (a
         chat model's ``messages`` tell a node's own call, see :meth:`side_call`); for a
         LangGraph node's own run whose task runs beside others (:meth:`run_beside`), the
-        branch ``<that scope>/<node>:<task id>``."""
+        branch ``<that scope>/<node>:<task id>``; for a LangGraph run handed messages of its
+        own, a child scope of that scope (see :meth:`_apart`)."""
         by_id, by_key = self._take(run_id), self._take(pending_key)
         scope = by_id or by_key
         joins = None
+        apart = False
+        task = _task_id(metadata) if kind == "chain" else None
         if scope is None and kind == "model":
             scope = self._model_scope(run_id, parent, metadata, tags, messages)
         if scope is None:
@@ -366,13 +404,19 @@ class ScopeTracker:
                 branch = self._branch(scope, state[0], metadata)
                 if branch is not None:
                     scope, joins = branch, scope.session_id
+            elif handed is not None:
+                own = self._apart(run_id, parent, scope, handed, metadata, task)
+                if own is not None:
+                    scope, apart = own, True
         named = str(run_id) if call_id is None else self._call_ids.take(scope.session_id, call_id)
         hook = in_hook_node(metadata)
         with self._lock:
             outer = self._nodes.get(parent) if parent is not None else None
             hook = hook or (outer is not None and outer.hook)
-            if state is None and outer is not None and kind not in _NESTING_KINDS:
-                state = outer.state  # a tool's runs are the tool call's, not the node's
+            if state is None and outer is not None and kind not in _NESTING_KINDS and not apart:
+                # a tool's runs are the tool call's, not the node's; a conversation of its
+                # own is none of the node's
+                state = outer.state
             self._nodes[run_id] = _Node(
                 parent=parent,
                 kind=kind,
@@ -383,6 +427,7 @@ class ScopeTracker:
                 keeper=keeper,
                 inputs=inputs,
                 joins=joins,
+                task=task,
             )
             if len(self._nodes) > _NODES_MAX:
                 del self._nodes[next(iter(self._nodes))]
@@ -417,6 +462,43 @@ class ScopeTracker:
                 return None
         name = f"{node}:{task_id[-_TASK_ID_TAIL:]}"
         return None if scope.parent_call_id == name else scope.child(name)
+
+    def _apart(
+        self,
+        run_id: UUID,
+        parent: UUID | None,
+        scope: Scope,
+        handed: frozenset[str],
+        metadata: Mapping[str, Any] | None,
+        task: str | None,
+    ) -> Scope | None:
+        """The scope of a LangGraph chain run handed messages of its own (``handed``: the ids
+        of the newest of them, see :func:`handed_messages`), when it inherits ``scope`` from
+        its ``parent`` run (a run naming a session of its own keeps it), else ``None``:
+
+        - in a task a ``Send`` started, messages none of which has an id (the ``Send``'s
+          payload, made for the task: no state's reducer saw them): the task's own
+          conversation ``<scope>/<node>:<task id>``, as a branch is named (``None`` in it
+          already: the compiled graph run as the node is the node's run too);
+        - inside a node's task (a compiled graph, a chain the node's function invokes: the
+          task of its parent), none of the newest messages of the node's input (a question
+          of its own; a node whose input holds no messages hands messages of its own only):
+          ``<scope>/<node>:<run id>``. A run handed the node's messages (the agent of a
+          supervisor, a subgraph added as a node) continues the node's conversation, and so
+          does one under a node whose input's messages carry no ids (a state of messages
+          without LangGraph's reducer: nothing tells what the run is handed)."""
+        outer = self._node(parent)
+        if outer is None or outer.kind in _NESTING_KINDS or outer.hook or outer.scope != scope:
+            return None
+        node = (metadata or {}).get("langgraph_node")
+        if not handed and _sent(metadata):
+            if task is None:
+                return None
+            name = f"{node}:{task[-_TASK_ID_TAIL:]}"
+            return None if scope.parent_call_id == name else scope.child(name)
+        if task is None or task != outer.task or outer.state is None or handed & outer.state[1]:
+            return None
+        return scope.child(f"{node}:{run_id.hex[-12:]}")
 
     def end(self, run_id: UUID) -> None:
         """Stop following run ``run_id`` (a no-op for a run never started)."""
