@@ -1,5 +1,6 @@
 """``ContextEngineMemory``: a LlamaIndex ``BaseMemory`` whose history is the engine's session;
-and the resets of LlamaIndex's own memories, which clear the session they were recorded in.
+the resets of LlamaIndex's own memories, which clear the session they were recorded in; and
+a ``Memory``'s flush to its memory blocks, which cuts the flushed messages from that session.
 
 LlamaIndex emits no event when a memory is reset (``chat_engine.reset()`` calls
 ``memory.reset()``, the documented way to start a new conversation), so at install the plugin
@@ -10,6 +11,17 @@ starts from what the app passes then. That session is the one the last top-level
 the memory was in (the span handler notes it per memory object, held weakly), else the
 conversation the memory names itself; never another (two users' memories never clear each
 other's sessions).
+
+A ``Memory`` with memory blocks moves the messages that outgrow its chat history into its blocks
+when a message is put (its flush hands them to each block's ``aput`` with
+``from_short_term_memory``) and drops them from the history it returns: the model gets them
+once, as the blocks render them in the memory's system message. The session would send them
+again as history turns, so the plugin wraps ``Memory.aput`` / ``aput_messages`` (which the sync
+``put`` / ``put_messages`` run on an event loop of LlamaIndex's own) and cuts what the put
+flushed from the session (:meth:`ce.core.engine.ContextEngine.cut_history`). A ``Memory``
+without blocks (or whose blocks refuse flushed messages) only trims: nothing holds what it
+drops, and the engine's budget keeps what the session sends within the model's window
+instead.
 """
 
 from __future__ import annotations
@@ -17,35 +29,45 @@ from __future__ import annotations
 import functools
 import inspect
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.memory.memory import BaseMemoryBlock, Memory
 from llama_index.core.memory.types import BaseMemory
+from llama_index.core.storage.chat_store.sql import (  # type: ignore[attr-defined]
+    MessageStatus,  # where llama_index.core.memory.memory imports it from
+)
 
 from ce.core.engine import ContextEngine
 from ce.core.formats import to_openai_messages
 from ce.core.integration import (
     CLEAR_HISTORY,
+    Recorder,
     assembled_to_openai,
     clear_sessions,
     clear_sessions_sync,
     guarded,
     guarded_sync,
+    is_suppressed,
     marking,
+    openai_key,
     openai_to_messages,
+    record_sync,
     resolve_scope,
 )
 from ce.core.schema import MessagePart, Role, SessionDocument
 from ce.llamaindex._convert import from_openai, to_openai
 from ce.llamaindex._plugin import LlamaIndexPlugin
-from ce.llamaindex._scopes import explicit_session, in_memory_work, memory_session
+from ce.llamaindex._scopes import explicit_session, in_memory_work, memory_session, method_of
 
 if TYPE_CHECKING:
     from ce.core.integration import PatchLedger
+    from ce.llamaindex._scopes import SpanInfo
 
-__all__ = ["ContextEngineMemory", "clear_on_reset"]
+__all__ = ["ContextEngineMemory", "clear_on_reset", "cut_on_flush"]
 
 
 class ContextEngineMemory(BaseMemory):
@@ -293,3 +315,157 @@ def _sessions_of(memory: BaseMemory) -> list[str]:
     used = tracker.memory_session(memory) if tracker is not None else None
     session_id = used or memory_session(memory)
     return [] if session_id is None else [session_id]
+
+
+# -- a Memory's flush to its memory blocks ----------------------------------------------------
+
+_CUT_SENT = 16  # the newest flushed messages a cut names (the engine looks for those)
+_CUT_HISTORY = "cut history"
+
+_flushed: ContextVar[list[list[ChatMessage]] | None] = ContextVar(
+    "ce_llamaindex_flushed", default=None
+)
+"""While a message is put into a ``Memory`` (see :func:`cut_on_flush`): each batch of messages
+its flush handed to a memory block that keeps them, once (every block gets the same list)."""
+
+_blocking_put: ContextVar[bool] = ContextVar("ce_llamaindex_blocking_put", default=False)
+"""True inside a sync ``Memory.put`` / ``put_messages``: a blocking call, which runs the put
+on an event loop of LlamaIndex's own."""
+
+
+def cut_on_flush(ledger: PatchLedger) -> None:
+    """Wrap, in ``ledger``, ``BaseMemoryBlock.aput`` with :func:`_into_block` (a block's own
+    work, noting what a flush hands it), ``Memory.aput`` / ``aput_messages`` (which flush)
+    with :func:`_cutting`, and the sync ``Memory.put`` / ``put_messages`` (which run those)
+    with :data:`_blocking_put` set."""
+    ledger.wrap(BaseMemoryBlock, "aput", _into_block)
+    for name in ("aput", "aput_messages"):
+        ledger.wrap(Memory, name, _cutting)
+    for name in ("put", "put_messages"):
+        ledger.wrap(Memory, name, marking(_blocking_put, True))
+
+
+def _into_block(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A memory block's ``aput``: ``original`` runs as the memory's own work
+    (:data:`~ce.llamaindex._scopes.in_memory_work`: a ``FactExtractionMemoryBlock``'s model
+    call is no turn of the conversation); the messages a ``Memory``'s flush gives it
+    (``from_short_term_memory``) are noted first when the block keeps them
+    (``accept_short_term_memory``)."""
+    marked = marking(in_memory_work, True)(original)
+
+    @functools.wraps(original)
+    async def aput(block: BaseMemoryBlock[Any], *args: Any, **kwargs: Any) -> Any:
+        batches = _flushed.get()
+        messages = args[0] if args else kwargs.get("messages")
+        flushed = kwargs.get("from_short_term_memory", args[1] if len(args) > 1 else False)
+        if (
+            batches is not None
+            and flushed
+            and block.accept_short_term_memory
+            and isinstance(messages, list)
+            and not any(batch is messages for batch in batches)
+        ):
+            batches.append(messages)
+        return await marked(block, *args, **kwargs)
+
+    return aput
+
+
+def _cutting(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A ``Memory``'s ``aput`` / ``aput_messages`` (given the message or the messages put):
+    it collects the batches its flush hands to the memory's blocks (:func:`_into_block`) and,
+    once ``original`` returned, cuts them from the session (:func:`_cut_flushed`)."""
+
+    @functools.wraps(original)
+    async def aput(memory: Memory, *args: Any, **kwargs: Any) -> Any:
+        batches: list[list[ChatMessage]] = []
+        token = _flushed.set(batches)
+        try:
+            result = await original(memory, *args, **kwargs)
+        finally:
+            _flushed.reset(token)
+        if batches:
+            put = args[0] if args else kwargs.get("message", kwargs.get("messages"))
+            await _cut_flushed(memory, put, [m for batch in batches for m in batch])
+        return result
+
+    return aput
+
+
+async def _cut_flushed(memory: Memory, put: Any, flushed: list[ChatMessage]) -> None:
+    """Cut the ``flushed`` messages (:func:`_cut_of`) from the session of ``memory``'s
+    conversation: the one the plugin resolved for the span the put runs in (a run's; a tool
+    call's child scope for a sub-agent's memory), else the one a reset of the memory clears
+    (:func:`_sessions_of`). Written through the session's ordered writes
+    (:func:`~ce.core.integration.record_sync`: queued on an event loop, inline inside a sync
+    put), fail-open (raised with the plugin's ``fail_closed``)."""
+    plugin = LlamaIndexPlugin()
+    tracker = plugin.tracker
+    if tracker is None or not plugin.installed or is_suppressed():
+        return
+    from llama_index.core.instrumentation.span import active_span_id
+
+    span_id = active_span_id.get()
+    info = tracker.span(span_id)
+    session_id = info.session_id if info is not None else next(iter(_sessions_of(memory)), None)
+    if session_id is None:
+        return
+    asked = _unasked(span_id, info)
+    cut = await guarded(
+        plugin,
+        lambda: _cut_of(memory, put, flushed, asked),
+        session_id=session_id,
+        what=_CUT_HISTORY,
+    )
+    if cut is not None:
+        record_sync(plugin, session_id, _CUT_HISTORY, cut, blocking=_blocking_put.get())
+
+
+async def _cut_of(
+    memory: Memory, put: Any, flushed: list[ChatMessage], asked: bool
+) -> Callable[[Recorder], Coroutine[Any, Any, Any]] | None:
+    """The write that cuts ``flushed`` from the session (``None``: nothing to cut).
+
+    The engine cuts up to the newest stored message that reads as one of those it is given;
+    LlamaIndex messages carry no ids, so a flushed message that reads as one the memory keeps
+    (an answer given twice) is left out of them (the newest :data:`_CUT_SENT` of the others,
+    converted as the messages of a model call are): the cut never takes a kept turn. A cut
+    never reaches the session's newest user message either: when ``put`` (the message or the
+    messages put) ends with a question no model call asked yet (``asked``, see
+    :func:`_unasked`) and the flush took every user message before it, the session's newest
+    one is the previous question, flushed with its turn; the question is then recorded first
+    (the model call finds it recorded), so the cut takes that turn too."""
+    kept = await memory.aget_all(status=MessageStatus.ACTIVE)
+    kept_keys = {openai_key(m) for m in to_openai(kept)}
+    removed = [m for m in to_openai(flushed) if openai_key(m) not in kept_keys][-_CUT_SENT:]
+    if not removed:
+        return None
+    last = put[-1] if isinstance(put, list) and put else put
+    first = (
+        openai_to_messages(to_openai([last]))
+        if asked
+        and isinstance(last, ChatMessage)
+        and last.role is MessageRole.USER
+        and sum(m.role is MessageRole.USER for m in kept) == 1
+        else []
+    )
+    cut = openai_to_messages(removed)
+
+    async def write(recorder: Recorder) -> None:
+        if first:
+            await recorder.engine.record_messages(recorder.session_id, first)
+        await recorder.cut_history(cut)
+
+    return write
+
+
+def _unasked(span_id: str | None, info: SpanInfo | None) -> bool:
+    """Whether a question put into a memory in span ``span_id`` is asked by no model call yet:
+    in a workflow agent's ``init_run`` (it puts the run's question before the run's first
+    call), or in a chat engine's ``chat`` that answers with its own model call and made none
+    yet (``SimpleChatEngine`` puts the question first; ``ContextChatEngine`` and
+    ``CondensePlusContextChatEngine`` put it with the answer)."""
+    if span_id is not None and method_of(span_id) == "init_run":
+        return True
+    turn = info.chat_turn if info is not None else None
+    return turn is not None and not turn.answered and not turn.queried

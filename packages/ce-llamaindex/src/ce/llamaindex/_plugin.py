@@ -36,8 +36,11 @@ class LlamaIndexPlugin(Plugin):
     ``astream_complete``: a chat engine's condense step), their completion methods (those of
     LLM classes created later too); so that a memory's reset (``chat_engine.reset()``) clears
     the session its conversation was recorded in, every memory class's ``reset`` / ``areset``
-    (see :mod:`ce.llamaindex._memory`); so that the model call a ``StructuredLLM``'s stream
-    or a streamed structured prediction makes as it is read is that call's,
+    (see :mod:`ce.llamaindex._memory`); so that what a ``Memory`` flushes to its memory blocks
+    leaves the session's history too (the model gets it once, in the blocks), ``Memory.aput``
+    / ``aput_messages`` / ``put`` / ``put_messages`` and ``BaseMemoryBlock.aput`` (ibid.); so
+    that the model call a ``StructuredLLM``'s stream or a streamed structured prediction
+    makes as it is read is that call's,
     ``StructuredLLM.stream_chat`` / ``astream_chat`` and the ``stream_structured_predict`` /
     ``astream_structured_predict`` of every LLM class (see :mod:`ce.llamaindex._seam`); so
     that the tools an agent's ``tool_retriever`` picks are no retrieved documents,
@@ -112,13 +115,15 @@ class LlamaIndexPlugin(Plugin):
         oldest messages when the chat engine reads it, then resetting its buffer;
         ``VectorMemory.set`` resetting its store before it puts the messages) runs with
         :data:`~ce.llamaindex._scopes.in_memory_work` set: LlamaIndex opens no span there
-        to tell its model calls from the conversation's, and its resets are no app's."""
+        to tell its model calls from the conversation's, and its resets are no app's. What a
+        ``Memory`` flushes to its blocks is cut from the session its conversation is recorded
+        in (see :mod:`ce.llamaindex._memory`)."""
         from llama_index.core.memory import ChatSummaryMemoryBuffer, VectorMemory
-        from llama_index.core.memory.memory import BaseMemoryBlock
 
+        from ce.llamaindex._memory import cut_on_flush
         from ce.llamaindex._scopes import in_memory_work
 
-        self.ledger.wrap(BaseMemoryBlock, "aput", marking(in_memory_work, True))
+        cut_on_flush(self.ledger)  # a block's aput is marked there too
         self.ledger.wrap(ChatSummaryMemoryBuffer, "get", marking(in_memory_work, True))
         self.ledger.wrap(VectorMemory, "set", marking(in_memory_work, True))
 
