@@ -17,7 +17,7 @@ session of its own.
 from __future__ import annotations
 
 import json
-import time
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
@@ -32,41 +32,44 @@ from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.types import Send
+from wire import message_text, read, reads
 
 import ce.langchain
 from ce.core.engine import ContextEngine
 from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
-from ce.core.testing.assertions import unfenced
-
-Read = tuple[str, str | None, str]  # role, name, text (a tool call: its id)
 
 
-def _text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return str(unfenced(content or ""))
+class _Answered:
+    """The topics the workers answered, so that the worker of slice ``k`` looks its slice up
+    only once the worker of slice ``k - 1`` answered (the workers of a map step interleave
+    the same way on every run)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._topics: set[str] = set()
+
+    def add(self, topic: str) -> None:
+        with self._changed:
+            self._topics.add(topic)
+            self._changed.notify_all()
+
+    def wait_for_slice_before(self, topic: str) -> None:
+        head, _, index = topic.rpartition(" ")
+        if not index.isdigit() or index == "0":
+            return
+        before = f"{head} {int(index) - 1}"
+        with self._changed:
+            assert self._changed.wait_for(lambda: before in self._topics, timeout=60)
 
 
-def _read(request: dict[str, Any]) -> list[Read]:
-    """A request's messages as (role, name, text), a tool call as its ids, a result unfenced."""
-    out: list[Read] = []
-    for m in request["messages"]:
-        calls = [c["id"] for c in m.get("tool_calls") or ()]
-        out.append((m["role"], m.get("name"), " ".join(calls) if calls else _text(m)))
-    return out
-
-
-def _reads(requests: Sequence[dict[str, Any]]) -> list[list[Read]]:
-    """Every request read, in an order that does not depend on which call came first."""
-    return sorted(map(_read, requests), key=repr)
+_answered = [_Answered()]
 
 
 @tool
 def lookup(topic: str) -> str:
     """Look up a topic."""
-    time.sleep(0.05 * (int(topic[-1]) if topic[-1].isdigit() else 0))
+    _answered[0].wait_for_slice_before(topic)
     return f"facts about {topic}"
 
 
@@ -74,12 +77,13 @@ def _script(body: dict[str, Any]) -> ScriptedResponse:
     """An agent (a worker, a researcher: a system prompt of "worker" or "researcher") looks
     its newest question up, then answers; anyone else answers with what it was given."""
     messages = body["messages"]
-    system = _text(messages[0])
+    system = message_text(messages[0])
     if "worker" in system or "researcher" in system:
-        last = _text(messages[-1])
+        last = message_text(messages[-1])
         if messages[-1]["role"] == "user":
             call = f"call_{len(messages)}_{last.replace(' ', '_')}"
             return ScriptedResponse(tool_calls=[(call, "lookup", json.dumps({"topic": last}))])
+        _answered[0].add(last.removeprefix("facts about "))
         return ScriptedResponse(text=f"found from {len(messages)} messages: {last}")
     return ScriptedResponse(text=f"answer from {len(messages)} messages")
 
@@ -92,6 +96,7 @@ async def _run(
 ) -> list[dict[str, Any]]:
     """The request bodies of ``inputs`` run in turn on one thread of the graph ``build`` makes
     (with the plugin installed on ``engine``, when given)."""
+    _answered[0] = _Answered()
     with ScriptedOpenAIServer(_script) as server:
         if engine is not None:
             ce.langchain.install(engine)
@@ -172,8 +177,8 @@ async def test_workers_sent_their_own_messages_get_only_those(
     plain = await _run(build, questions, path, None)
     sent = await _run(build, questions, path, engine)
 
-    assert _reads(sent) == _reads(plain)
-    workers = [r for r in map(_read, sent) if r[0][2] == "You are a worker."]
+    assert reads(sent) == reads(plain)
+    workers = [r for r in map(read, sent) if r[0][2] == "You are a worker."]
     assert len(workers) == 2 * 2 * slices
     for request in workers:
         assert [m for m in request if m[0] == "user"] == [request[1]]
@@ -234,8 +239,8 @@ async def test_an_agent_a_node_asks_a_question_of_its_own_gets_that_question_onl
     plain = await _run(build, questions, path, None)
     sent = await _run(build, questions, path, engine)
 
-    assert _reads(sent) == _reads(plain)
-    for request in map(_read, sent):
+    assert reads(sent) == reads(plain)
+    for request in map(read, sent):
         assert len([m for m in request if m[0] == "user"]) == 1
     asked = [f"{q['question']} {key.upper()}" for q in questions for key in nodes]
     assert await _own_runs(engine) == sorted(([a], [json.dumps({"topic": a})]) for a in asked)
@@ -288,7 +293,7 @@ async def test_an_agent_handed_the_threads_messages_continues_the_thread(
     plain = await _run(build, questions, path, None)
     sent = await _run(build, questions, path, engine)
 
-    assert _reads(sent) == _reads(plain)
+    assert reads(sent) == reads(plain)
     assert await _own_runs(engine) == [
         (["about Paris"], [json.dumps({"topic": "about Paris"})]),
         (["about Rome"], [json.dumps({"topic": "about Rome"})]),

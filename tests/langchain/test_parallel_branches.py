@@ -8,7 +8,7 @@ with the nodes' names."""
 from __future__ import annotations
 
 import json
-import time
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,37 +23,38 @@ from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import START, MessagesState, StateGraph
 from scripted import ask_graph
+from wire import Read, message_text, read, reads
 
 import ce.langchain
 from ce.core.engine import ContextEngine
 from ce.core.schema import Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
-from ce.core.testing.assertions import unfenced
-
-Read = tuple[str, str | None, str]  # role, name, text (a tool call: its id)
-
-SLOW = 0.2  # the hotel search takes longer: the flight agent answers meanwhile
 
 
-def _text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return str(unfenced(content or ""))
+class _After:
+    """The n-th :meth:`wait` returns once :meth:`done` was called n times: one side of a
+    parallel step waits for the other's n-th answer, so that answer is made (and, with the
+    plugin, recorded) first, on every run."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._done = 0
+        self._waits = 0
+
+    def done(self) -> None:
+        with self._changed:
+            self._done += 1
+            self._changed.notify_all()
+
+    def wait(self) -> None:
+        with self._changed:
+            self._waits += 1
+            wanted = self._waits
+            assert self._changed.wait_for(lambda: self._done >= wanted, timeout=60)
 
 
-def _read(request: dict[str, Any]) -> list[Read]:
-    """A request's messages as (role, name, text), a tool call as its ids, a result unfenced."""
-    out: list[Read] = []
-    for m in request["messages"]:
-        calls = [c["id"] for c in m.get("tool_calls") or ()]
-        out.append((m["role"], m.get("name"), " ".join(calls) if calls else _text(m)))
-    return out
-
-
-def _reads(requests: Sequence[dict[str, Any]]) -> list[list[Read]]:
-    """Every request read, in an order that does not depend on which call came first."""
-    return sorted(map(_read, requests), key=repr)
+# the flight agent answers before the hotel search ends; the pessimist before the optimist
+_order = {"flights": _After(), "pessimist": _After()}
 
 
 def _state(messages: Sequence[BaseMessage]) -> list[Read]:
@@ -76,7 +77,7 @@ def find_flights(dest: str) -> str:
 @tool
 def find_hotels(dest: str) -> str:
     """Find hotels at a destination."""
-    time.sleep(SLOW)
+    _order["flights"].wait()
     return f"hotel Ritz in {dest}"
 
 
@@ -84,12 +85,14 @@ def _agents_script(body: dict[str, Any]) -> ScriptedResponse:
     """The flight or hotel agent (by its system prompt): a question gets its search, a result
     the agent's answer."""
     messages = body["messages"]
-    agent = "flights" if "flight" in _text(messages[0]) else "hotels"
+    agent = "flights" if "flight" in message_text(messages[0]) else "hotels"
     if messages[-1]["role"] == "user":
         turn = sum(m["role"] == "user" for m in messages)
-        dest = _text(messages[-1]).split()[-1]
+        dest = message_text(messages[-1]).split()[-1]
         args = json.dumps({"dest": dest})
         return ScriptedResponse(tool_calls=[(f"call_{agent}_{turn}", f"find_{agent}", args)])
+    if agent == "flights":
+        _order["flights"].done()
     return ScriptedResponse(text=f"{agent} agent done")
 
 
@@ -112,10 +115,13 @@ def _panel_script(body: dict[str, Any]) -> ScriptedResponse:
     """The optimist, the pessimist and the judge (by their system prompts); the optimist
     answers later than the pessimist."""
     messages = body["messages"]
-    who = _text(messages[0]).split()[-1].rstrip(".")
+    who = message_text(messages[0]).split()[-1].rstrip(".")
     if who == "optimist":
-        time.sleep(SLOW / 2)
-    return ScriptedResponse(text=f"{who} reply #{len(messages)}")
+        _order["pessimist"].wait()
+    reply = ScriptedResponse(text=f"{who} reply #{len(messages)}")
+    if who == "pessimist":
+        _order["pessimist"].done()
+    return reply
 
 
 def _panel_graph(model: ChatOpenAI, path: str) -> Any:
@@ -153,6 +159,7 @@ async def _run(
 ) -> tuple[list[dict[str, Any]], list[BaseMessage]]:
     """The request bodies of ``questions`` asked on ``thread`` of the graph ``build`` makes
     (with the plugin installed on ``engine``, when given) and the thread's final messages."""
+    _order.update(flights=_After(), pessimist=_After())
     with ScriptedOpenAIServer(script) as server:
         if engine is not None:
             ce.langchain.install(engine)
@@ -181,8 +188,8 @@ async def test_parallel_agents_never_get_each_others_exchanges(
     plain, _ = await _run(_agents_script, _agents_graph, questions, "trip", path, None)
     sent, state = await _run(_agents_script, _agents_graph, questions, "trip", path, engine)
 
-    assert _reads(sent) == _reads(plain)
-    hotel_results = [r for r in map(_read, sent) if r[-1] == ("tool", None, "hotel Ritz in Paris")]
+    assert reads(sent) == reads(plain)
+    hotel_results = [r for r in map(read, sent) if r[-1] == ("tool", None, "hotel Ritz in Paris")]
     # (the name on the agent's reply: create_agent sets it in later langchain releases only)
     assert [[(role, text) for role, _, text in r] for r in hotel_results] == [
         [
@@ -193,7 +200,7 @@ async def test_parallel_agents_never_get_each_others_exchanges(
         ]
     ]
     before_rome = _state(state)[: _state(state).index(("user", None, "trip to Rome")) + 1]
-    rome = [r[1:] for r in map(_read, sent) if r[-1] == ("user", None, "trip to Rome")]
+    rome = [r[1:] for r in map(read, sent) if r[-1] == ("user", None, "trip to Rome")]
     assert rome == [before_rome, before_rome]
 
     # each agent's turn is recorded in a branch of the thread: the state it was given, then
@@ -229,8 +236,8 @@ async def test_parallel_nodes_replies_reach_the_judge_in_the_states_order(
     plain, _ = await _run(_panel_script, build, questions, "t1", path, None)
     sent, state = await _run(_panel_script, build, questions, "t1", path, engine)
 
-    assert _reads(sent) == _reads(plain)
-    judge = [_read(r) for r in sent if _text(r["messages"][0]) == "You are the judge."]
+    assert reads(sent) == reads(plain)
+    judge = [read(r) for r in sent if message_text(r["messages"][0]) == "You are the judge."]
     assert [r[1:] for r in judge] == [
         [
             ("user", None, "Should I buy a boat?"),
@@ -279,8 +286,8 @@ async def test_a_node_beside_another_that_removes_the_oldest_messages_cuts_the_t
     graph passes."""
 
     def script(body: dict[str, Any]) -> ScriptedResponse:
-        return ScriptedResponse(text=f"ANSWER to {_text(body['messages'][-1])}")
+        return ScriptedResponse(text=f"ANSWER to {message_text(body['messages'][-1])}")
 
     questions = ["q1", "q2", "q3"]
     sent, _ = await _run(script, _trimmed_graph, questions, "t", "invoke", engine)
-    assert [r[2] for r in _read(sent[-1])] == ["q2", "ANSWER to q2", "q3"]
+    assert [r[2] for r in read(sent[-1])] == ["q2", "ANSWER to q2", "q3"]
