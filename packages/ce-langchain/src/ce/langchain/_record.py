@@ -179,6 +179,15 @@ def _holds(value: Any, reply: AIMessage, text: str, depth: int) -> bool:
 
 
 _REMOVE_ALL = "__remove_all__"  # langgraph.graph.message.REMOVE_ALL_MESSAGES
+_BUBBLE_UP = "GraphBubbleUp"  # langgraph.errors: an interrupt, a command for a parent graph
+
+
+def _bubbles(error: BaseException) -> bool:
+    """Whether ``error`` is LangGraph's control flow (an interrupt, a ``Command`` for the
+    parent graph), not a failure."""
+    return any(cls.__name__ == _BUBBLE_UP for cls in type(error).__mro__)
+
+
 _CUT_SENT = 16  # the newest messages of a removed prefix the engine looks for
 
 
@@ -580,8 +589,25 @@ class RecordingHandler(BaseCallbackHandler):
                 self._write(node.joins or node.scope.session_id, *removal)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self.tracker.end(run_id)
+        node = self.tracker.pop(run_id)
         self._decide(run_id, None)
+        if node is not None and node.parent is None and self.plugin.installed:
+            self._ended_unfinished(node.scope.session_id, error)
+
+    def _ended_unfinished(self, session_id: str, error: BaseException) -> None:
+        """The app's top-level run (an agent, a graph, a chain) raised: the session's run in
+        flight ends (``ContextEngine.end_run``: ``failed`` with the error, ``aborted`` for a
+        cancellation or an exit; a model call that failed ended it already), so the turn run
+        again is read against the conversation as it stood. A LangGraph interrupt or
+        command that bubbles up is no end of the run."""
+        if isinstance(error, GeneratorExit) or _bubbles(error):
+            return
+        text, cancelled = error_text(error), not isinstance(error, Exception)
+
+        async def end(recorder: Recorder) -> None:
+            await recorder.engine.end_run(recorder.session_id, text, cancelled=cancelled)
+
+        self._write(session_id, "end run", end)
 
     def _decide(self, run_id: UUID, outputs: Any) -> None:
         """Record the replies held for keeper run ``run_id``, which ended with ``outputs``
