@@ -1,9 +1,10 @@
 """Agents built from other agents, on the real AutoGen, each compared with plain AutoGen's
 requests (system text aside: each call's instruction is the engine's): a
 ``SocietyOfMindAgent``'s inner team runs nested in each of its turns (a child session per
-turn, never the outer conversation); an agent a ``MessageFilterAgent`` wraps in a
-``GraphFlow`` is the team's agent and receives only what its filter lets through; a
-structured reply (``output_content_type``) reaches a peer once and is stored once."""
+turn, never the outer conversation), and run on its own its turns are its session's; an
+agent a ``MessageFilterAgent`` wraps in a ``GraphFlow`` is the team's agent and receives only
+what its filter lets through; a structured reply (``output_content_type``) reaches a peer
+once and is stored once."""
 
 from __future__ import annotations
 
@@ -16,16 +17,17 @@ from autogen_agentchat.agents import (
     MessageFilterAgent,
     MessageFilterConfig,
     PerSourceFilter,
+    SocietyOfMindAgent,
 )
-from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
 from autogen_agentchat.messages import StructuredMessage
 from autogen_agentchat.teams import DiGraphBuilder, GraphFlow, RoundRobinGroupChat
-from autogen_apps import STORY, client, som_app, som_script
+from autogen_apps import SOM_SYSTEMS, STORY, client, som_app, som_script
 from pydantic import BaseModel
 
 import ce.autogen
 from ce.core.engine import ContextEngine
-from ce.core.schema import Message, Role
+from ce.core.schema import AuthorKind, Message, Role
 from ce.core.testing import ScriptedOpenAIServer, ScriptedResponse
 
 App = Callable[[ScriptedOpenAIServer], Awaitable[Any]]
@@ -101,6 +103,59 @@ async def test_society_of_mind_inner_team_runs_nested_in_each_turn(
     assert [t for t in _texts(second) if t[0] == "assistant"] == [
         ("assistant", "writer", "writer-says-4"),
         ("assistant", "editor", "APPROVE (editor saw 5)"),
+    ]
+
+
+TOPICS = ("topic one", "topic two")
+
+
+async def _som_alone_app(server: ScriptedOpenAIServer) -> None:
+    """A ``SocietyOfMindAgent`` (a writer and an editor inside) run on its own, one task
+    after another."""
+    writer, editor = (
+        AssistantAgent(name, model_client=client(server), system_message=SOM_SYSTEMS[name])
+        for name in ("writer", "editor")
+    )
+    inner = RoundRobinGroupChat(
+        [writer, editor], termination_condition=TextMentionTermination("APPROVE")
+    )
+    som = SocietyOfMindAgent("society_of_mind", team=inner, model_client=client(server))
+    for topic in TOPICS:
+        await som.run(task=topic)
+
+
+async def test_a_standalone_society_of_mind_agents_turns_are_its_sessions(
+    engine: ContextEngine,
+) -> None:
+    """Run on its own in a named session, the agent's conversation with the app (each task
+    and the agent's answer, by the agent) is that session's; the inner team's runs stay in
+    their child scopes, and every request is plain AutoGen's."""
+    plain, requests = await _both(som_script, _som_alone_app, engine, "som-s")
+    assert [_view(r) for r in requests] == [_view(r) for r in plain]
+    assert len(requests) == 6  # two turns: writer, editor, summary
+
+    stored = (await engine.get_session("som-s")).session.messages
+    assert _texts(stored) == [
+        ("user", "user", TOPICS[0]),
+        ("assistant", "society_of_mind", "som-says-4"),
+        ("user", "user", TOPICS[1]),
+        ("assistant", "society_of_mind", "som-says-4"),
+    ]
+    assert [m.author.kind for m in stored if m.author] == [
+        AuthorKind.USER,
+        AuthorKind.AGENT,
+        AuthorKind.USER,
+        AuthorKind.AGENT,
+    ]
+    first = (await engine.get_session("som-s/society_of_mind")).session.messages
+    assert [t for t in _texts(first) if t[0] == "assistant"] == [
+        ("assistant", "writer", "writer-says-2"),
+        ("assistant", "editor", "APPROVE (editor saw 3)"),
+    ]
+    assert sorted(await engine.list_sessions()) == [
+        "som-s",
+        "som-s/society_of_mind",
+        "som-s/society_of_mind~2",
     ]
 
 

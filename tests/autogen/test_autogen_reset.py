@@ -4,7 +4,8 @@ next run's model calls receive only the new conversation (with a named session a
 ``install(session_id=...)``); a team's reset clears the team's session once; a reset clears
 only the session its object used (three users at once, one resets; an agent run as an
 ``AgentTool``); a ``SocietyOfMindAgent``'s inner team, which AutoGen resets after every
-answer, clears its own turn's scope, never the outer conversation; ``save_state`` /
+answer, clears its own turn's scope, never the outer conversation, and the agent's own reset
+(run on its own) clears its session; ``save_state`` /
 ``load_state`` around a reset send what plain AutoGen sends; an engine failure never breaks
 the app's reset."""
 
@@ -304,6 +305,38 @@ async def test_society_of_mind_inner_resets_clear_only_their_own_turn(
     assert _view(inner[0]) == [("user", "user", STORY)]
     assert clears == ["story/society_of_mind", "story/society_of_mind~2"]  # never "story"
     await later.close()
+
+
+async def test_a_standalone_society_of_mind_agents_reset_clears_its_session(
+    engine: ContextEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``SocietyOfMindAgent`` run on its own records its turns in the named session; its
+    reset clears that session (after the inner turn's own scope), so an agent that takes up
+    the session next receives only its own task."""
+    from autogen_agentchat.agents import SocietyOfMindAgent
+    from autogen_agentchat.conditions import TextMentionTermination
+
+    clears = _clears(engine, monkeypatch)
+    with ScriptedOpenAIServer(som_script) as server:
+        ce.autogen.install(engine)
+        writer, editor = (
+            AssistantAgent(name, model_client=client(server), system_message=SOM_SYSTEMS[name])
+            for name in ("writer", "editor")
+        )
+        inner = RoundRobinGroupChat(
+            [writer, editor], termination_condition=TextMentionTermination("APPROVE")
+        )
+        som = SocietyOfMindAgent("society_of_mind", team=inner, model_client=client(server))
+        translator = AssistantAgent(
+            "translator", model_client=client(server), system_message=SOM_SYSTEMS["translator"]
+        )
+        with engine.session("som-s"):
+            await som.run(task=STORY)
+            await som.on_reset(CancellationToken())
+            await translator.run(task=SECOND)
+        requests = server.requests
+    assert clears == ["som-s/society_of_mind", "som-s"]
+    assert _view(requests[-1]) == [("user", "user", SECOND)]
 
 
 def _alice(kind: str, server: ScriptedOpenAIServer) -> Any:

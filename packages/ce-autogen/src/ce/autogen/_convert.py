@@ -71,6 +71,7 @@ __all__ = [
     "redacted_natively",
     "reply_text",
     "reply_to_message",
+    "society_turn",
     "stored_reply",
     "to_openai",
     "to_pending",
@@ -607,6 +608,21 @@ def emitted_message(message: Any, agent: str) -> Message | None:
         author=agent_author(agent),
         meta={EMITTED: type(message).__name__},
     )
+
+
+def society_turn(incoming: Sequence[Any], answer: Any, agent: str) -> list[Message]:
+    """A ``SocietyOfMindAgent``'s turn as the neutral messages of its conversation: each
+    chat message the turn received that has text, as a user message by its source, then the
+    agent's answer ``answer`` (when it has text) as the assistant message ``agent`` wrote."""
+    turn = [
+        Message(role=Role.USER, content=text, author=user_author(str(message.source)))
+        for message in incoming
+        if (text := _text(message.to_model_message().content)).strip()
+    ]
+    text = _text(answer.to_model_message().content)
+    if text.strip():
+        turn.append(Message(role=Role.ASSISTANT, content=text, author=agent_author(agent)))
+    return turn
 
 
 def redacted_natively(redactor: Any, messages: Sequence[LLMMessage]) -> list[LLMMessage] | None:

@@ -8,8 +8,9 @@ runs each tool call (AutoGen's call id, ``is_error``), its static
 class attributes, and ``on_messages_stream`` (a turn of a standalone agent starts a run; a
 team agent's turn that ends with a tool-call summary or a handoff message stores it) and
 ``BaseGroupChat.run_stream`` (a team's run), ``SocietyOfMindAgent.on_messages_stream`` (the
-inner team's run is nested in the turn), and ``SelectorGroupChatManager._select_speaker``
-(the speaker-selection prompt, recorded only), ``AssistantAgent.on_reset`` and
+inner team's run is nested in the turn; a turn outside a team stores the task and the answer)
+and ``SelectorGroupChatManager._select_speaker`` (the speaker-selection prompt, recorded
+only), ``AssistantAgent.on_reset``, ``SocietyOfMindAgent.on_reset`` and
 ``BaseGroupChat.reset`` (the reset of an agent or a team clears the session of its last run:
 AutoGen has no reset hook, and every team's ``reset`` is ``BaseGroupChat``'s), each by a
 function that does its part around the original; and ``FunctionTool.run``, whose sync tool
@@ -33,7 +34,14 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
-from ce.autogen._convert import arguments_of, emitted_message, handed_key, part_of, to_openai
+from ce.autogen._convert import (
+    arguments_of,
+    emitted_message,
+    handed_key,
+    part_of,
+    society_turn,
+    to_openai,
+)
 from ce.autogen._inject import CallSite, EngineClient, RecordingClient
 from ce.autogen._record import HANDED, SHOWN, hits_from_memory, tool_run, write
 from ce.autogen._scopes import (
@@ -83,6 +91,7 @@ def _hooks() -> list[tuple[Any, str, str]]:
         (AssistantAgent, "on_messages_stream", "_make_on_messages_stream"),
         (AssistantAgent, "on_reset", "_make_on_reset"),
         (SocietyOfMindAgent, "on_messages_stream", "_make_society_turn"),
+        (SocietyOfMindAgent, "on_reset", "_make_on_reset"),
         (BaseGroupChat, "run_stream", "_make_run_stream"),
         (BaseGroupChat, "reset", "_make_reset"),
         (SelectorGroupChatManager, "_select_speaker", "_make_select_speaker"),
@@ -259,7 +268,9 @@ class Patches:
         return run_stream
 
     def _make_society_turn(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        runs = self.runs
+        from autogen_agentchat.base import Response
+
+        runs, turn = self.runs, self._society_turn
 
         async def on_messages_stream(
             agent: Any, *args: Any, **kwargs: Any
@@ -268,19 +279,40 @@ class Patches:
             # turn's messages (the earlier ones as one handoff's context) and resets it after
             # the answer, so it never shares the conversation the agent takes part in
             team = getattr(agent, "_team", None)
+            name = str(getattr(agent, "name", ""))
             nested: ToolFrame | None = None
+            alone: str | None = None  # the session a turn outside a team is recorded in
             if team is not None and not is_suppressed():
                 outer = runs.team_frame(agent)
                 parent = outer.scope if outer is not None else runs.new_scope()
-                nested = runs.nest(team, parent, str(getattr(agent, "name", "")))
+                nested = runs.nest(team, parent, name)
+                if outer is None and runs.targeted(agent):
+                    alone = parent.session_id
+                    runs.ran(agent, alone)
+            incoming = args[0] if args else kwargs.get("messages", ())
             try:
                 async for item in original(agent, *args, **kwargs):
+                    if alone is not None and isinstance(item, Response):
+                        await turn(alone, name, incoming, item.chat_message)
                     yield item
             finally:
                 if nested is not None:
                     runs.unnest(team, nested)
 
         return on_messages_stream
+
+    async def _society_turn(self, session_id: str, name: str, incoming: Any, answer: Any) -> None:
+        """A turn of the ``SocietyOfMindAgent`` named ``name`` outside a team ended with
+        ``answer``: the turn's messages (the app's task) and the answer, written by the
+        agent, are stored as a turn of ``session_id``, the agent's conversation with the app.
+        No model call carries them: the inner team's calls are nested, and the agent's summary
+        call is neither injected nor recorded."""
+
+        async def record(recorder: Recorder) -> None:
+            messages = society_turn(incoming, answer, name)
+            await recorder.engine.record_messages(session_id, messages)
+
+        await write(self.plugin, session_id, "record society-of-mind turn", record)
 
     # -- resets -----------------------------------------------------------------------------
 
