@@ -1,6 +1,7 @@
 """A direct ``LLM.call`` / ``acall`` in a session a crew's agents wrote to (a Flow's step
-after a crew, in one named session): it reads the agents' turns as theirs and never takes on
-an agent's system prompt; a system prompt of its own is its instruction."""
+before or after a crew, in one named session): it reads the agents' turns as theirs and never
+takes on an agent's system prompt; a system prompt of its own is its instruction; an agent
+reads its reply as another's turn, never as its own."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from crew_apps import llm, request_text, weather
+from crew_apps import answers, llm, request_text, weather
 from crewai import Agent, Crew, Process, Task
 from crewai.events import crewai_event_bus
 from crewai.flow.flow import Flow, listen, start
@@ -184,3 +185,70 @@ async def test_a_direct_call_gets_none_of_an_agents_prompt_the_engine_redacted(
     assert "BACKSTORY-9931" not in direct
     assert [m["role"] for m in requests[1]["messages"]] == ["user", "user", "user"]
     assert requests[1]["messages"][1]["content"] == "[Clerk wrote:]\nSUMMARY: sunny"
+
+
+def _classified_flow(server: ScriptedOpenAIServer, path: str) -> Flow[dict[str, Any]]:
+    """@start: a direct model call classifies the request; @listen: a hierarchical crew
+    reports on it; @listen: a direct call asks a follow-up."""
+
+    async def direct(content: str) -> str:
+        asked = [{"role": "user", "content": content}]
+        if path == "call":
+            return str(await asyncio.to_thread(llm(server).call, asked))
+        return str(await llm(server).acall(asked))
+
+    class Classified(Flow[dict[str, Any]]):
+        @start()
+        async def classify(self) -> str:
+            return await direct("Classify this request: weather please")
+
+        @listen(classify)
+        def report(self, topic: str) -> str:
+            task = Task(name="report", description="Report the weather.", expected_output="a line")
+            crew = Crew(
+                agents=[_researcher(server)],
+                tasks=[task],
+                process=Process.hierarchical,
+                manager_llm=llm(server),
+            )
+            return str(crew.kickoff().raw)
+
+        @listen(report)
+        async def follow_up(self, report: str) -> str:
+            return await direct("Anything else?")
+
+    return Classified()
+
+
+@pytest.mark.parametrize("path", ["call", "acall"])
+async def test_a_direct_calls_reply_reaches_an_agent_as_anothers_turn(
+    engine: ContextEngine, path: str
+) -> None:
+    """A Flow's direct call classifies, a hierarchical crew reports, a direct call follows up,
+    all in one session: the direct call's reply is stored authored ``LLM.call`` and reaches
+    the manager as ``[LLM.call wrote:]``, never as the manager's own assistant turn; the
+    later direct call reads that reply as its own turn and the manager's as the manager's."""
+    ce.crewai.install(engine)
+    with ScriptedOpenAIServer(_script) as server:
+
+        def run() -> Any:
+            with engine.session("s-classified"):
+                return _classified_flow(server, path).kickoff()
+
+        await asyncio.to_thread(run)
+        crewai_event_bus.flush()
+        requests = server.requests
+    manager = [r for r in requests if "delegate_work_to_coworker" in json.dumps(r.get("tools"))]
+    assert len(manager) == 2
+    for request in manager:
+        messages = request["messages"]
+        assert {"role": "user", "content": "[LLM.call wrote:]\nSUMMARY: sunny"} in messages
+        assert not [m for m in messages if m["role"] == "assistant" and "SUMMARY" in str(m)]
+    follow_up = requests[-1]["messages"]
+    assert follow_up[-1] == {"role": "user", "content": "Anything else?"}
+    assistant = [m for m in follow_up if m["role"] == "assistant"]
+    assert assistant == [{"role": "assistant", "content": "SUMMARY: sunny"}]
+    (turn,) = [m for m in follow_up if "[called delegate_work_to_coworker(" in str(m["content"])]
+    assert turn["role"] == "user" and turn["content"].startswith("[Crew Manager wrote:]\n")
+    stored = answers(await engine.get_session("s-classified"))
+    assert stored[0] == ("LLM.call", "SUMMARY: sunny")

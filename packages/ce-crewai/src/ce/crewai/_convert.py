@@ -12,8 +12,10 @@ from ce.core.schema import Author, AuthorKind, Role, Task, TaskStatus
 from ce.crewai._scopes import Run
 
 __all__ = [
+    "DIRECT_CALL",
     "agent_author",
     "authors_of",
+    "caller",
     "context_divider",
     "context_marker",
     "final_answer",
@@ -40,18 +42,28 @@ def tool_schemas(tools: Any) -> list[dict[str, Any]] | None:
     return [dict(t) for t in schemas] or None
 
 
-def agent_author(role: str | None) -> Author | None:
-    """The author of what the agent with ``role`` writes."""
-    return Author(kind=AuthorKind.AGENT, id=role) if role else None
+DIRECT_CALL = "LLM.call"
+"""The name a model call of no agent writes under (a direct ``LLM.call`` / ``acall``, such as
+a Flow's step): its replies are stored with it as author, so an agent that shares the session
+reads them as another's turn (``[LLM.call wrote:]``), never as its own."""
 
 
-def authors_of(messages: list[dict[str, Any]], role: str | None) -> list[Author | None] | None:
-    """Who wrote each pending message: the calling agent its assistant messages (tool
-    requests of its own loop), nobody else. A message the session holds already keeps the
-    author it was stored with."""
-    author = agent_author(role)
-    if author is None:
-        return None
+def caller(role: str | None) -> str:
+    """The name a model call by the agent with ``role`` writes under: the role, else (a call
+    of no agent) :data:`DIRECT_CALL`."""
+    return role or DIRECT_CALL
+
+
+def agent_author(name: str) -> Author:
+    """The author of what a call writing under ``name`` (see :func:`caller`) writes."""
+    return Author(kind=AuthorKind.AGENT, id=name)
+
+
+def authors_of(messages: list[dict[str, Any]], name: str) -> list[Author | None]:
+    """Who wrote each pending message: the caller writing under ``name`` its assistant
+    messages (tool requests of its own loop, a direct call's earlier replies), nobody else.
+    A message the session holds already keeps the author it was stored with."""
+    author = agent_author(name)
     return [author if m.get("role") == Role.ASSISTANT.value else None for m in messages]
 
 

@@ -8,7 +8,8 @@ the provider's call instead: the model gets the engine's messages, the executor 
 The async path awaits the engine inside ``acall``; the sync path calls it from CrewAI's own
 thread (in an ``akickoff``, whose agent steps run on worker threads, the engine is awaited on
 the kickoff's loop while only the worker waits). A call of no agent (a direct ``LLM.call``)
-reads the agents' turns as theirs and gets none of their system prompts.
+writes under ``LLM.call``: it reads the agents' turns as theirs, they read its replies as its,
+and it gets none of their system prompts.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from ce.core.integration import (
     tool_chains_as_text,
 )
 from ce.crewai._convert import (
+    DIRECT_CALL,
     authors_of,
+    caller,
     context_divider,
     context_marker,
     final_answer,
@@ -174,17 +177,18 @@ def said_once(sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
     )
 
 
-def _for_call(sent: list[dict[str, Any]], tools: Any, role: str | None) -> list[dict[str, Any]]:
-    """The engine's messages for a call of the agent with ``role`` (None: a call of no agent)
-    with ``tools``. What a task prompt quotes of the earlier answers is said once, in the
-    prompt (see :func:`said_once`). In a session the crew's agents share, the turns another
-    agent wrote (its answer, its tool calls and their results) go as that agent's: a user
-    message ``[<role> wrote:]`` with them as text, never as the caller's own assistant turn
-    (see :func:`~ce.core.integration.peer_turns_as_user`); for a call of no agent every
-    agent's turn is another's. A call without tools gets its own tool calls and results as
-    plain assistant text too: Anthropic and Bedrock reject tool blocks in a request that
-    defines no tools (CrewAI itself never sends them one)."""
-    sent = peer_turns_as_user(said_once(sent), role or "")
+def _for_call(sent: list[dict[str, Any]], tools: Any, name: str) -> list[dict[str, Any]]:
+    """The engine's messages for a call writing under ``name`` (an agent's role, or
+    :data:`~ce.crewai._convert.DIRECT_CALL` for a call of no agent) with ``tools``. What a
+    task prompt quotes of the earlier answers is said once, in the prompt (see
+    :func:`said_once`). In a session the crew's agents share, the turns another wrote (an
+    agent's answer, its tool calls and their results; a direct call's reply) go as that
+    writer's: a user message ``[<name> wrote:]`` with them as text, never as the caller's own
+    assistant turn (see :func:`~ce.core.integration.peer_turns_as_user`). A call without
+    tools gets its own tool calls and results as plain assistant text too: Anthropic and
+    Bedrock reject tool blocks in a request that defines no tools (CrewAI itself never sends
+    them one)."""
+    sent = peer_turns_as_user(said_once(sent), name)
     return sent if tools else tool_chains_as_text(sent)
 
 
@@ -335,7 +339,7 @@ class Injector:
         if target.role:
             self.prompts.note(target.session_id, target.role, pending, sent)
             return _for_call(sent, tools, target.role)
-        chosen = _for_call(sent, tools, None)
+        chosen = _for_call(sent, tools, DIRECT_CALL)
         if _instruction(pending) is None:
             chosen = self.prompts.left_out(target.session_id, chosen)
         return chosen
@@ -350,7 +354,7 @@ class Injector:
         messages: list[dict[str, Any]],
         schemas: list[dict[str, Any]] | None,
     ) -> list[dict[str, Any]] | None:
-        authors = authors_of(messages, target.role)
+        authors = authors_of(messages, caller(target.role))
         loop = target.run.loop
         if loop is not None and loop.is_running() and not _on_loop(loop):
             work = prepare_openai(self.plugin, target.session_id, messages, schemas, authors)
@@ -398,7 +402,7 @@ class Injector:
                 target.session_id,
                 pending,
                 tool_schemas(tools),
-                authors_of(pending, target.role),
+                authors_of(pending, caller(target.role)),
             )
             chosen = injector._chosen(target, messages, pending, sent, tools)
             run_token = current_run.set(target.run)

@@ -34,7 +34,7 @@ from ce.core.schema import (
     SourceKind,
     TaskStatus,
 )
-from ce.crewai._convert import agent_author, task_record
+from ce.crewai._convert import agent_author, caller, task_record
 from ce.crewai._scopes import Run, Runs, Target, current_call, current_run
 
 if TYPE_CHECKING:
@@ -246,11 +246,11 @@ class Recorders:
         # request carries it); a tool request or a ReAct step comes back in the next request
         reply = None
         if isinstance(response, str) and response.strip() and not is_react_step(response):
-            role = target.role or str(getattr(event, "agent_role", "") or "") or None
+            name = caller(target.role or str(getattr(event, "agent_role", "") or ""))
             reply = Message(
                 role=Role.ASSISTANT,
                 content=response,
-                author=agent_author(role),
+                author=agent_author(name),
                 invocation=ModelInvocation(provider=call.provider, model=call.model or "unknown"),
             )
         task_id = target.task_id
