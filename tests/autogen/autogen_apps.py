@@ -88,9 +88,9 @@ def som_script(body: dict[str, Any]) -> ScriptedResponse:
     return ScriptedResponse(text=f"{speaker}-says-{n}")
 
 
-async def som_app(server: ScriptedOpenAIServer) -> None:
-    """AutoGen's society-of-mind example: a writer and an editor as the inner team of a
-    ``SocietyOfMindAgent``, which takes turns with a translator on :data:`STORY`."""
+def society_of_mind(server: ScriptedOpenAIServer) -> Any:
+    """AutoGen's society-of-mind example's agent: a writer and an editor as the inner team of
+    a ``SocietyOfMindAgent``."""
     from autogen_agentchat.agents import AssistantAgent, SocietyOfMindAgent
     from autogen_agentchat.conditions import TextMentionTermination
     from autogen_agentchat.teams import RoundRobinGroupChat
@@ -102,7 +102,16 @@ async def som_app(server: ScriptedOpenAIServer) -> None:
     inner = RoundRobinGroupChat(
         [writer, editor], termination_condition=TextMentionTermination("APPROVE")
     )
-    som = SocietyOfMindAgent("society_of_mind", team=inner, model_client=client(server))
+    return SocietyOfMindAgent("society_of_mind", team=inner, model_client=client(server))
+
+
+async def som_app(server: ScriptedOpenAIServer) -> None:
+    """AutoGen's society-of-mind example: the :func:`society_of_mind` agent takes turns with a
+    translator on :data:`STORY`."""
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.teams import RoundRobinGroupChat
+
+    som = society_of_mind(server)
     translator = AssistantAgent(
         "translator", model_client=client(server), system_message=SOM_SYSTEMS["translator"]
     )

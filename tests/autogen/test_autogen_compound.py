@@ -17,12 +17,11 @@ from autogen_agentchat.agents import (
     MessageFilterAgent,
     MessageFilterConfig,
     PerSourceFilter,
-    SocietyOfMindAgent,
 )
-from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
+from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.messages import StructuredMessage
 from autogen_agentchat.teams import DiGraphBuilder, GraphFlow, RoundRobinGroupChat
-from autogen_apps import SOM_SYSTEMS, STORY, client, som_app, som_script
+from autogen_apps import STORY, client, society_of_mind, som_app, som_script
 from pydantic import BaseModel
 
 import ce.autogen
@@ -112,14 +111,7 @@ TOPICS = ("topic one", "topic two")
 async def _som_alone_app(server: ScriptedOpenAIServer) -> None:
     """A ``SocietyOfMindAgent`` (a writer and an editor inside) run on its own, one task
     after another."""
-    writer, editor = (
-        AssistantAgent(name, model_client=client(server), system_message=SOM_SYSTEMS[name])
-        for name in ("writer", "editor")
-    )
-    inner = RoundRobinGroupChat(
-        [writer, editor], termination_condition=TextMentionTermination("APPROVE")
-    )
-    som = SocietyOfMindAgent("society_of_mind", team=inner, model_client=client(server))
+    som = society_of_mind(server)
     for topic in TOPICS:
         await som.run(task=topic)
 

@@ -20,7 +20,16 @@ import pytest
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
-from autogen_apps import SOM_SYSTEMS, STORY, client, expert_and_planner, som_app, som_script, wire
+from autogen_apps import (
+    SOM_SYSTEMS,
+    STORY,
+    client,
+    expert_and_planner,
+    society_of_mind,
+    som_app,
+    som_script,
+    wire,
+)
 from autogen_core import CancellationToken
 
 import ce.autogen
@@ -313,20 +322,11 @@ async def test_a_standalone_society_of_mind_agents_reset_clears_its_session(
     """A ``SocietyOfMindAgent`` run on its own records its turns in the named session; its
     reset clears that session (after the inner turn's own scope), so an agent that takes up
     the session next receives only its own task."""
-    from autogen_agentchat.agents import SocietyOfMindAgent
-    from autogen_agentchat.conditions import TextMentionTermination
 
     clears = _clears(engine, monkeypatch)
     with ScriptedOpenAIServer(som_script) as server:
         ce.autogen.install(engine)
-        writer, editor = (
-            AssistantAgent(name, model_client=client(server), system_message=SOM_SYSTEMS[name])
-            for name in ("writer", "editor")
-        )
-        inner = RoundRobinGroupChat(
-            [writer, editor], termination_condition=TextMentionTermination("APPROVE")
-        )
-        som = SocietyOfMindAgent("society_of_mind", team=inner, model_client=client(server))
+        som = society_of_mind(server)
         translator = AssistantAgent(
             "translator", model_client=client(server), system_message=SOM_SYSTEMS["translator"]
         )
