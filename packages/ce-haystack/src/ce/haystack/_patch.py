@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ce.core.integration import SESSION_KEY, Recorder, error_text, is_suppressed, record_sync
+from ce.core.integration import SESSION_KEY, is_suppressed, record_run_ended
 from ce.haystack._inject import Seam
 from ce.haystack._record import HOOK_TYPE, SpanObserver, ToolRunHook, blocking, targeted
 from ce.haystack._scopes import (
@@ -251,18 +251,10 @@ class Patches:
 
     def _ended_unfinished(self, frame: RunFrame, exc: BaseException, sync: bool) -> None:
         """An Agent run that raised (a tool's error raised out of it, the run cancelled) ends
-        its session's run in flight (``ContextEngine.end_run``; a model call that failed
-        ended it already), so the app's next call, the turn run again or another question,
-        is read against the conversation as it stood. Written as a hook's records are:
-        inline from ``run``, queued on the loop from ``run_async``."""
-        if not self.active() or isinstance(exc, GeneratorExit):
-            return
-        error, cancelled = error_text(exc), not isinstance(exc, Exception)
-
-        async def end(recorder: Recorder) -> None:
-            await recorder.engine.end_run(recorder.session_id, error, cancelled=cancelled)
-
-        record_sync(self.plugin, frame.scope.session_id, "end run", end, blocking=sync)
+        its session's run in flight (:func:`~ce.core.integration.record_run_ended`: inline
+        from ``run``, queued on the loop from ``run_async``)."""
+        if self.active():
+            record_run_ended(self.plugin, frame.scope.session_id, exc, blocking=sync)
 
     def _agent_run(self, original: Callable[..., Any], instance: Any = None) -> Callable[..., Any]:
         patches = self

@@ -38,6 +38,7 @@ from ce.core.integration import (
     is_suppressed,
     openai_to_messages,
     record_awaited,
+    record_run_ended,
     record_sync,
     resolve_scope,
 )
@@ -179,15 +180,6 @@ def _holds(value: Any, reply: AIMessage, text: str, depth: int) -> bool:
 
 
 _REMOVE_ALL = "__remove_all__"  # langgraph.graph.message.REMOVE_ALL_MESSAGES
-_BUBBLE_UP = "GraphBubbleUp"  # langgraph.errors: an interrupt, a command for a parent graph
-
-
-def _bubbles(error: BaseException) -> bool:
-    """Whether ``error`` is LangGraph's control flow (an interrupt, a ``Command`` for the
-    parent graph), not a failure."""
-    return any(cls.__name__ == _BUBBLE_UP for cls in type(error).__mro__)
-
-
 _CUT_SENT = 16  # the newest messages of a removed prefix the engine looks for
 
 
@@ -596,18 +588,10 @@ class RecordingHandler(BaseCallbackHandler):
 
     def _ended_unfinished(self, session_id: str, error: BaseException) -> None:
         """The app's top-level run (an agent, a graph, a chain) raised: the session's run in
-        flight ends (``ContextEngine.end_run``: ``failed`` with the error, ``aborted`` for a
-        cancellation or an exit; a model call that failed ended it already), so the turn run
-        again is read against the conversation as it stood. A LangGraph interrupt or
-        command that bubbles up is no end of the run."""
-        if isinstance(error, GeneratorExit) or _bubbles(error):
-            return
-        text, cancelled = error_text(error), not isinstance(error, Exception)
-
-        async def end(recorder: Recorder) -> None:
-            await recorder.engine.end_run(recorder.session_id, text, cancelled=cancelled)
-
-        self._write(session_id, "end run", end)
+        flight ends (:func:`~ce.core.integration.record_run_ended`), unless LangGraph left a
+        node early (an interrupt, a ``Command`` for the parent graph: no failure)."""
+        if not _bubbles_up(error):
+            record_run_ended(self.plugin, session_id, error, blocking=in_blocking_call())
 
     def _decide(self, run_id: UUID, outputs: Any) -> None:
         """Record the replies held for keeper run ``run_id``, which ended with ``outputs``

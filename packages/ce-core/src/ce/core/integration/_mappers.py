@@ -50,6 +50,7 @@ __all__ = [
     "model_usage_from_call",
     "provider_of",
     "record_awaited",
+    "record_run_ended",
     "record_sync",
     "tool_call_from_run",
     "tool_result_evidence",
@@ -414,6 +415,26 @@ def record_sync(
     task = loop.create_task(engine._write_deferred(session_id))
     _flushes.add(task)
     task.add_done_callback(_flushes.discard)
+
+
+def record_run_ended(
+    plugin: Plugin, session_id: str, error: BaseException, *, blocking: bool = False
+) -> None:
+    """From a framework hook: the app's run (an agent, a graph) raised ``error`` outside a
+    model call (a tool's error raised out of it, a cancellation): end the session's run in
+    flight (:meth:`ContextEngine.end_run`: ``failed`` with the error, ``aborted`` for a
+    cancellation or an exit; a model call that failed ended it already), so the app's next
+    call, the turn run again or another question, is read against the conversation as it
+    stood. Written as :func:`record_sync` writes (``blocking`` likewise), fail-open. A
+    generator closed early is no end of the run."""
+    if isinstance(error, GeneratorExit):
+        return
+    text, cancelled = error_text(error), not isinstance(error, Exception)
+
+    async def end(recorder: Recorder) -> None:
+        await recorder.engine.end_run(recorder.session_id, text, cancelled=cancelled)
+
+    record_sync(plugin, session_id, "end run", end, blocking=blocking)
 
 
 CLEAR_HISTORY = "clear history"
