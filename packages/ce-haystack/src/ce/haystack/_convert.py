@@ -27,6 +27,7 @@ from ce.core.integration import (
     History,
     RetrievalHit,
     RewriteMemo,
+    content_with_media,
     message_from_openai,
     reconcile_openai,
 )
@@ -56,8 +57,9 @@ __all__ = [
 COMPACTION_META = "context_compaction"
 """The ``meta`` key Haystack's compactors (``CompactionHook``) put on the messages they write:
 an omission note, a summary."""
-_MEDIA_TYPES = ("image_url", "file")
-"""The OpenAI content parts Haystack writes for ``ImageContent`` and ``FileContent``."""
+_READ_TYPES = ("text", "image_url", "file")
+"""The OpenAI content parts the engine reads of Haystack's: text, and those Haystack writes
+for ``ImageContent`` and ``FileContent``."""
 _URI_KEYS = ("source", "url", "uri", "link", "file_path", "path", "file_name")
 _SMALL = 512
 _DOCUMENT_TYPE = re.compile(r"\bDocument\b")
@@ -106,20 +108,11 @@ def _content(parts: list[Any]) -> str | list[dict[str, Any]]:
     """An OpenAI content-part list as the engine reads it: its text (the text parts joined),
     or, when it holds pictures or files, those parts in order with one text part holding
     that text where the first text part was (none when the text is empty)."""
-    text = _text_of(parts)
-    media: list[dict[str, Any]] = []
-    text_at: int | None = None
-    for part in parts:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and text_at is None:
-            text_at = len(media)
-        elif kind in _MEDIA_TYPES:
-            media.append(part)
-    if not media:
-        return text
-    if text:
-        media.insert(text_at or 0, {"type": "text", "text": text})
-    return media
+    kinds = [(p.get("type") if isinstance(p, dict) else None, p) for p in parts]
+    return content_with_media(
+        _text_of(parts),
+        (None if kind == "text" else part for kind, part in kinds if kind in _READ_TYPES),
+    )
 
 
 def _media_result(result: Any) -> bool:

@@ -12,7 +12,7 @@ import base64
 import functools
 import json
 import threading
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -24,7 +24,13 @@ from llama_index.core.base.llms.types import (
     TextBlock,
 )
 
-from ce.core.integration import History, RewriteMemo, message_from_openai, reconcile_openai
+from ce.core.integration import (
+    History,
+    RewriteMemo,
+    content_with_media,
+    message_from_openai,
+    reconcile_openai,
+)
 from ce.core.schema import Message, ModelInvocation
 
 __all__ = [
@@ -216,20 +222,17 @@ def _content(message: ChatMessage) -> str | list[dict[str, Any]]:
     """The OpenAI content of ``message``: its text (the text blocks joined), or, when it has
     images, audio or documents, the content parts in order (the text where its first block
     was)."""
-    text = message_text(message)
-    media: list[dict[str, Any]] = []
-    text_at: int | None = None
+    return content_with_media(message_text(message), _parts(message))
+
+
+def _parts(message: ChatMessage) -> Iterator[dict[str, Any] | None]:
+    """``message``'s blocks as :func:`~ce.core.integration.content_with_media` reads them: a
+    media part, or ``None`` for a text block (a block of another kind is left out)."""
     for block in message.blocks:
         if isinstance(block, TextBlock):
-            if text_at is None:
-                text_at = len(media)
+            yield None
         elif (part := _media_part(block)) is not None:
-            media.append(part)
-    if not media:
-        return text
-    if text:
-        media.insert(text_at or 0, {"type": "text", "text": text})
-    return media
+            yield part
 
 
 def fingerprint(message: ChatMessage) -> tuple[Any, ...]:

@@ -16,6 +16,7 @@ from ce.core._flatten import peer_turns_as_user, tool_chains_as_text
 from ce.core.integration._asked import AskedToolCalls, arguments_key
 from ce.core.integration._convert import (
     assembled_to_openai,
+    content_with_media,
     message_from_openai,
     message_from_part,
     openai_to_messages,
@@ -121,6 +122,7 @@ __all__ = [
     "child_session_id",
     "clear_sessions",
     "clear_sessions_sync",
+    "content_with_media",
     "emit_failure",
     "emit_failure_sync",
     "error_text",

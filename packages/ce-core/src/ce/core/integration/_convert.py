@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ce.core.formats import from_openai_messages, to_openai_messages
@@ -12,6 +12,7 @@ from ce.core.schema import AssembledInput, Author, Message, MessagePart, Role
 
 __all__ = [
     "assembled_to_openai",
+    "content_with_media",
     "message_from_openai",
     "message_from_part",
     "openai_to_messages",
@@ -50,6 +51,29 @@ def assembled_to_openai(assembled: AssembledInput) -> SentMessages:
         keys.append(held[2])
         authors.append(held[4])
     return SentMessages(messages, keys, authors)
+
+
+def content_with_media(
+    text: str, parts: Iterable[Mapping[str, Any] | None]
+) -> str | list[dict[str, Any]]:
+    """A framework message's OpenAI content as the engine reads it: ``text`` (its text
+    parts joined) alone, or, when ``parts`` (the message's parts in order: an OpenAI media
+    part, or ``None`` for a text part) hold pictures, files or audio, those parts in order
+    with one text part holding ``text`` where the first text part was (none when ``text``
+    is empty)."""
+    media: list[dict[str, Any]] = []
+    text_at: int | None = None
+    for part in parts:
+        if part is None:
+            if text_at is None:
+                text_at = len(media)
+        else:
+            media.append(dict(part))
+    if not media:
+        return text
+    if text:
+        media.insert(text_at or 0, {"type": "text", "text": text})
+    return media
 
 
 def _copied(value: Any) -> Any:
